@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create ./.venv and install capgate (editable) with every extra its tests and examples use.
+# Safe to re-run: an existing .venv is reused and only what is missing is installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; }
+pip_install --upgrade pip
+# The CPU build of torch; a bare "torch" would pull a multi-GB CUDA build.
+pip_install "torch==2.13.0"
+pip_install -e '.[dev,plots,local]'

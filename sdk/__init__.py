@@ -1,0 +1,33 @@
+"""capgate: predict an LLM's capability on a query, and act on it.
+
+The capability µ(x) is the expected accuracy of a response sampled from the model on query x.
+capgate estimates it (a probe on hidden states, verbalized confidence, P(True), consistency),
+measures how well-calibrated those estimates are, and lets policies act on them.
+
+Importing capgate is light: heavy optional dependencies (torch, transformers, vllm, langgraph,
+langchain, openai) load only inside the modules that need them.
+"""
+
+from capgate._types import Cost, Estimate, LabelledQuery, Sample
+from capgate.backend import AsyncBackend, Backend, Generation, SamplingParams
+from capgate.errors import CapgateError, DataError, NotFittedError, ProbeMismatchError
+from capgate.estimators.base import CapabilityEstimator
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncBackend",
+    "Backend",
+    "CapabilityEstimator",
+    "CapgateError",
+    "Cost",
+    "DataError",
+    "Estimate",
+    "Generation",
+    "LabelledQuery",
+    "NotFittedError",
+    "ProbeMismatchError",
+    "Sample",
+    "SamplingParams",
+    "__version__",
+]

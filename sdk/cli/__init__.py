@@ -1,0 +1,31 @@
+"""The ``capgate`` command line.
+
+Each command lives in its own module exposing ``register(app)``; this module only assembles them.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="capgate",
+    help="Predict an LLM's capability on queries, report calibration, and act on it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register_commands() -> None:
+    from capgate.cli import budget_cmd, eval_cmd
+
+    for module in (eval_cmd, budget_cmd):
+        module.register(app)
+
+
+_register_commands()
+
+
+def main() -> None:
+    """Entry point of the ``capgate`` console script."""
+    app()

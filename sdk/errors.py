@@ -1,0 +1,66 @@
+"""Exceptions raised by capgate.
+
+Every error that concerns user input names *where* the problem is (file, line, field) and
+*what* was expected versus what was found, so that a bad row can be fixed without guessing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["CapgateError", "DataError", "NotFittedError", "ProbeMismatchError"]
+
+
+class CapgateError(Exception):
+    """Base class of every error capgate raises on purpose."""
+
+
+class DataError(CapgateError, ValueError):
+    """Bad input data, located by file, line and field.
+
+    Args:
+        message: What is wrong, including what was expected and what was got.
+        path: The file the data came from, if any.
+        line: 1-based line number within ``path``, if known.
+        field: The field (column, key) at fault, if known.
+
+    Example:
+        >>> str(DataError("must be in [0, 1]; got 1.5", path="x.jsonl", line=3, field="p"))
+        "x.jsonl:3: field 'p': must be in [0, 1]; got 1.5"
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.message = message
+        self.path = None if path is None else str(path)
+        self.line = line
+        self.field = field
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = ""
+        if self.path is not None:
+            where = self.path if self.line is None else f"{self.path}:{self.line}"
+        elif self.line is not None:
+            where = f"line {self.line}"
+        parts = [p for p in (where, f"field {self.field!r}" if self.field else "") if p]
+        prefix = ": ".join(parts)
+        return f"{prefix}: {self.message}" if prefix else self.message
+
+
+class NotFittedError(CapgateError, AttributeError):
+    """An estimator was used before ``fit`` (scikit-learn's contract)."""
+
+    def __init__(self, estimator: object) -> None:
+        name = type(estimator).__name__
+        super().__init__(f"This {name} instance is not fitted yet; call fit(X, y) before using it.")
+
+
+class ProbeMismatchError(CapgateError, ValueError):
+    """A saved probe does not match the model or feature spec it is asked to serve."""

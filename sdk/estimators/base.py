@@ -1,0 +1,51 @@
+"""The interface every capability estimator implements."""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TypeAlias
+
+from capgate._types import Estimate
+from capgate.backend import ChatMessage, Prompt, as_messages
+
+__all__ = ["CapabilityEstimator", "Query", "query_text"]
+
+Query: TypeAlias = Prompt
+"""What an estimator judges: a bare question, or the chat transcript of the step."""
+
+
+def query_text(query: Query) -> str:
+    """The text of the last user turn of a query (the question being asked)."""
+    messages: list[ChatMessage] = as_messages(query)
+    for message in reversed(messages):
+        if message["role"] == "user":
+            return message["content"]
+    return messages[-1]["content"] if messages else ""
+
+
+class CapabilityEstimator(ABC):
+    """Predicts the capability µ(x) for queries.
+
+    Subclasses implement :meth:`estimate` (batched). :meth:`aestimate` runs it in a worker
+    thread by default; I/O-bound estimators override it with a native async path.
+    An estimator never raises for a single bad query: it returns a degraded
+    :class:`~capgate.Estimate` naming the reason, and raises only for misuse
+    (wrong types, an unfitted model).
+    """
+
+    #: Short name recorded in every Estimate this estimator returns.
+    method: str = "estimator"
+
+    @abstractmethod
+    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+        """Estimate capability for each query; ``result[i]`` belongs to ``queries[i]``."""
+
+    async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
+        """Async twin of :meth:`estimate`."""
+        return await asyncio.to_thread(self.estimate, queries)
+
+    def estimate_one(self, query: Query) -> Estimate:
+        """Estimate capability for a single query."""
+        return self.estimate([query])[0]
