@@ -1,0 +1,1 @@
+"""Data files shipped with capgate (the default model's labels and probe)."""

@@ -1,0 +1,1 @@
+"""Confidence-based adaptive sampling (CAS) and composable stop rules."""

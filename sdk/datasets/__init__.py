@@ -1,0 +1,1 @@
+"""Query datasets: the JSONL format and loaders for real benchmarks."""

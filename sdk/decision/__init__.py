@@ -1,0 +1,1 @@
+"""Decision records, the decision log, replay and monitoring."""

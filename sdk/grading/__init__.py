@@ -1,0 +1,1 @@
+"""Graders: decide whether a sampled response answers a query correctly."""
