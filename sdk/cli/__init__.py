@@ -5,6 +5,8 @@ Each command lives in its own module exposing ``register(app)``; this module onl
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import typer
 
 app = typer.Typer(
@@ -17,9 +19,8 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from capgate.cli import budget_cmd, eval_cmd
-
-    for module in (eval_cmd, budget_cmd):
+    modules: tuple[ModuleType, ...] = ()
+    for module in modules:
         module.register(app)
 
 

@@ -1,0 +1,1 @@
+"""Metrics of capability calibration: vectorized numpy functions with keyword-only options."""
