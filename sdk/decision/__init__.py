@@ -1,1 +1,5 @@
 """Decision records, the decision log, replay and monitoring."""
+
+from capgate.decision.types import Action, Decision, Outcome
+
+__all__ = ["Action", "Decision", "Outcome"]
