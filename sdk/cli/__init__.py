@@ -9,6 +9,8 @@ from types import ModuleType
 
 import typer
 
+from capgate.cli import policy_cmd, simulate_cmd
+
 app = typer.Typer(
     name="capgate",
     help="Predict an LLM's capability on queries, report calibration, and act on it.",
@@ -19,7 +21,7 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    modules: tuple[ModuleType, ...] = ()
+    modules: tuple[ModuleType, ...] = (policy_cmd, simulate_cmd)
     for module in modules:
         module.register(app)
 
