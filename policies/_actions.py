@@ -35,7 +35,7 @@ class _Prob:
         self.p = p
 
     def __format__(self, spec: str) -> str:
-        return tpl.UNAVAILABLE if self.p is None else format(self.p, spec)
+        return tpl.UNAVAILABLE if self.p is None else format(self.p, spec or ".3f")
 
     def __str__(self) -> str:
         return tpl.UNAVAILABLE if self.p is None else f"{self.p:.3f}"

@@ -83,10 +83,6 @@ def check_edges(edges: Sequence[tuple[float | None, float | None]]) -> list[tupl
     if first_at_least is not None and first_at_least > 0.0:
         msg = f"bands do not cover [0, {fmt(first_at_least)}): the first band must start at 0 (omit at_least)"
         issues.append(((0, "at_least"), msg))
-    last_below = edges[last][0]
-    if last_below is not None:
-        msg = f"bands do not cover [{fmt(last_below)}, 1]: the last band must reach 1 (omit its below)"
-        issues.append(((last, "below"), msg))
     lower: float | None = 0.0 if first_at_least is None else first_at_least
     for i in range(last):
         below, next_at_least = edges[i][0], edges[i + 1][1]
@@ -122,6 +118,16 @@ def check_edges(edges: Sequence[tuple[float | None, float | None]]) -> list[tupl
             )
             issues.append(((where, key), msg))
         lower = edge
+    last_below = edges[last][0]
+    if last_below is not None:
+        if lower is not None and last_below <= lower:
+            msg = (
+                f"bands must be listed in ascending order of p, each non-empty: bands[{last}].below="
+                f"{fmt(last_below)} is not above the lower edge {fmt(lower)} of bands[{last}]"
+            )
+        else:
+            msg = f"bands do not cover [{fmt(last_below)}, 1]: the last band must reach 1 (omit its below)"
+        issues.append(((last, "below"), msg))
     return issues
 
 
