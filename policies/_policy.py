@@ -105,6 +105,7 @@ class Policy(Strict):
 
     Example:
         >>> from capgate import Estimate
+        >>> from capgate.policies import AbstainBand, AnswerBand, ClarifyBand, EscalateAction
         >>> policy = Policy(
         ...     name="demo",
         ...     bands=[AbstainBand(below=0.3), ClarifyBand(below=0.6), AnswerBand()],

@@ -112,6 +112,12 @@ def calibrate_cmd(
             help="auto | sampled (one graded response per query) | expected (1 - µ̂; Hoeffding–Bentkus only).",
         ),
     ] = "auto",
+    procedure: Annotated[
+        str, typer.Option("--procedure", help="fallback (robust) | fixed-sequence (classic LTT).")
+    ] = "fallback",
+    start: Annotated[
+        float | None, typer.Option("--start", help="fixed-sequence only: the threshold to start testing at.")
+    ] = None,
     grid: Annotated[int, typer.Option("--grid", help="Thresholds tested, evenly spaced in [0, 1].")] = 1001,
     min_answered: Annotated[
         int | None,
@@ -122,17 +128,19 @@ def calibrate_cmd(
 ) -> None:
     """Set the answer threshold so that the error rate among answered queries is <= RISK w.p. >= 1-DELTA.
 
-    Learn-then-Test: fixed-sequence testing of the thresholds from high to low with a binomial
-    (or Hoeffding–Bentkus) p-value. The threshold becomes the answer band's lower edge.
+    Learn-then-Test: the thresholds are tested from high to low (fixed-sequence testing, by default
+    with fallback) with a binomial (or Hoeffding–Bentkus) p-value. The certified threshold becomes
+    the answer band's lower edge in the policy written to --out.
     """
     from capgate.decision._data import load_labelled
-    from capgate.decision.risk import Loss, PValue, calibrate_threshold
+    from capgate.decision.risk import Loss, Procedure, PValue, calibrate_threshold
     from capgate.policies import Policy, PolicyError, load_policy
 
     try:
         _choice("--below", below, ("abstain", "escalate"))
         _choice("--pvalue", pvalue, get_args(PValue))
         _choice("--loss", loss, get_args(Loss))
+        _choice("--procedure", procedure, get_args(Procedure))
         base = (
             load_policy(policy)
             if policy is not None
@@ -153,6 +161,8 @@ def calibrate_cmd(
             delta=delta,
             pvalue=cast(PValue, pvalue),
             loss=cast(Loss, loss),
+            procedure=cast(Procedure, procedure),
+            start="auto" if start is None else start,
             grid=grid,
             min_answered=min_answered,
             seed=seed,
@@ -166,6 +176,7 @@ def calibrate_cmd(
         "delta": result.delta,
         "pvalue": result.pvalue,
         "loss": result.loss,
+        "procedure": result.procedure,
         "n": result.n,
         "n_unusable": result.n_unusable,
         "n_answered": result.n_answered,
@@ -176,13 +187,15 @@ def calibrate_cmd(
         "out": None,
     }
     if result.threshold is None:
-        first = result.tests[0] if result.tests else None
-        where = (
-            f"the first test (threshold {first.threshold:g}, {first.n_answered} answered, "
-            f"risk {first.risk:.4f}, p-value {first.pvalue:.3g}) already failed"
-            if first is not None
-            else f"no threshold answers the {result.min_answered} queries needed to certify anything"
-        )
+        if result.tests:
+            best = min(result.tests, key=lambda t: t.pvalue / t.level)
+            where = (
+                f"none of {len(result.tests)} tests rejected (closest: threshold {best.threshold:g}, "
+                f"{best.n_answered} answered, risk {best.risk:.4f}, "
+                f"p-value {best.pvalue:.3g} at level {best.level:.3g})"
+            )
+        else:
+            where = f"no threshold answers the {result.min_answered} queries needed to certify anything"
         msg = (
             f"no threshold keeps the risk <= {risk:g} with probability >= {1 - delta:g} on this data: "
             f"{where}. Answering nothing is the only certified choice; use more calibration data, "
@@ -200,7 +213,7 @@ def calibrate_cmd(
             f"Data: {data} (confidence field {confidence!r}; {result.n} queries with a confidence).",
             f"Answer when p >= {result.threshold:g}: the error rate among answered queries is <= {risk:g} "
             f"with probability >= {1 - delta:g}",
-            f"(Learn-then-Test, fixed-sequence, {result.pvalue} p-value, {result.loss} loss).",
+            f"(Learn-then-Test, {result.procedure} testing, {result.pvalue} p-value, {result.loss} loss).",
             f"On the calibration data: coverage {result.coverage:.3f}, "
             f"mean µ̂ of answered {result.mean_mu:.4f}.",
             f"Based on: {policy if policy is not None else 'a new two-band policy'}.",

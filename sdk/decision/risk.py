@@ -10,9 +10,18 @@ at or below ``alpha`` with probability at least ``1 - delta`` over the calibrati
 
 Procedure (Angelopoulos, Bates, Candès, Jordan & Lei, "Learn then Test", 2021): for each λ of a
 fixed grid, test H_λ: R(λ) > alpha with a p-value computed from the n_λ calibration queries that
-λ answers; walk the grid from high to low λ (fixed-sequence testing), rejecting while p_λ <= delta,
-and return the last λ rejected. Fixed-sequence testing controls the family-wise error at delta
-without any multiplicity correction, so P(R(λ̂) > alpha) <= delta.
+λ answers, walking the grid from high to low λ, and return the lowest λ rejected. Any procedure
+that controls the family-wise error rate at delta gives P(R(λ̂) > alpha) <= delta. Two are offered:
+
+* ``procedure="fixed-sequence"``: reject while p_λ <= delta, stop at the first failure. No
+  multiplicity correction at all, but one chance error among the few most confident queries at the
+  start stops everything.
+* ``procedure="fallback"`` (default): fixed-sequence testing with fallback (Wiens, 2003; Wiens &
+  Dmitrienko, 2005). delta is split equally over J checkpoints down the sequence; a hypothesis is
+  tested at its own share plus the whole level of the previous hypothesis if that one was rejected,
+  so after a failure the walk resumes at the next checkpoint instead of stopping, and while it
+  rejects, its level grows back towards delta. The fallback procedure controls the family-wise
+  error at delta under any dependence between the p-values.
 
 The loss of an answered query, and how µ̂ enters
 ------------------------------------------------
@@ -31,16 +40,17 @@ expected value 1 - µ(x), and R(λ) is its mean over answered queries. Two valid
   p-value valid for bounded losses: the Hoeffding–Bentkus p-value (``pvalue="hoeffding-bentkus"``,
   which also accepts sampled losses). The binomial p-value refuses expected losses.
 
-Where the sequence starts
--------------------------
-With fewer than n_min answered queries, where (1 - alpha)^n_min <= delta, no p-value can reach
-delta even with zero errors, and a fixed sequence started there would stop at once. By default
-(``start="auto"``) the walk therefore begins at the highest grid threshold answering at least
-n_min calibration queries. That start depends on the calibration confidences (never on their
-labels); it keeps the guarantee whenever the risk of the queries above a threshold does not exceed
-the risk of those just below it (an informative confidence), and it is checked empirically in the
-tests, including a miscalibrated case. ``start=<λ0>`` begins at a fixed threshold instead, which
-keeps the guarantee with no condition at all.
+Where the tests start
+---------------------
+With fewer than n_min answered queries, where (1 - alpha)^n_min <= level, no p-value can reach the
+level even with zero errors. The fixed sequence (``start="auto"``) therefore begins at the highest
+grid threshold answering at least n_min calibration queries; the fallback checkpoints sit where the
+answered count first reaches n_min, 2 n_min, 4 n_min, ... (with n_min computed for the share
+delta / J). These positions depend on the calibration confidences, never on their labels; that
+keeps the guarantee whenever the risk of the queries above a threshold does not exceed the risk of
+those just below it (an informative confidence), and the tests check it empirically, including a
+case whose most confident queries are its worst. ``procedure="fixed-sequence", start=<λ0>`` begins
+at a fixed threshold instead, which keeps the guarantee with no condition at all.
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ from numpy.typing import ArrayLike, NDArray
 __all__ = [
     "Loss",
     "PValue",
+    "Procedure",
     "RiskControl",
     "ThresholdTest",
     "binomial_cdf",
@@ -67,6 +78,9 @@ __all__ = [
 
 PValue: TypeAlias = Literal["binomial", "hoeffding-bentkus"]
 """Which p-value tests H_λ: R(λ) > alpha."""
+
+Procedure: TypeAlias = Literal["fallback", "fixed-sequence"]
+"""How the thresholds are tested in sequence (see the module docstring)."""
 
 Loss: TypeAlias = Literal["auto", "sampled", "expected"]
 """The loss of an answered query: one sampled response's error, or the expected error 1 - µ̂.
@@ -158,12 +172,19 @@ class ThresholdTest:
         n_answered: Calibration queries answered at λ.
         risk: Mean loss among them.
         pvalue: p-value of H_λ: R(λ) > alpha.
+        level: The level it was tested at (rejected when ``pvalue <= level``).
     """
 
     threshold: float
     n_answered: int
     risk: float
     pvalue: float
+    level: float
+
+    @property
+    def rejected(self) -> bool:
+        """Whether H_λ was rejected: λ is certified."""
+        return self.pvalue <= self.level
 
 
 @dataclass(frozen=True)
@@ -177,13 +198,14 @@ class RiskControl:
         delta: Allowed probability that the risk exceeds ``alpha``.
         pvalue: The p-value used.
         loss: The loss used (``sampled`` or ``expected``).
+        procedure: The multiple-testing procedure used.
         n: Calibration queries with a usable confidence.
         n_unusable: Queries skipped because their confidence is missing (NaN).
         n_answered: Calibration queries answered at λ̂ (0 when ``threshold`` is None).
         risk: Mean loss of those (NaN when none).
         mean_mu: Mean µ̂ of those: the expected accuracy of answering them (NaN when none).
-        min_answered: The answered count at which the ``"auto"`` start begins.
-        tests: Every hypothesis tested, in order (the last one failed, unless the grid ran out).
+        min_answered: The answered count at which testing begins (the first checkpoint).
+        tests: Every hypothesis tested, in order.
     """
 
     threshold: float | None
@@ -191,6 +213,7 @@ class RiskControl:
     delta: float
     pvalue: PValue
     loss: Literal["sampled", "expected"]
+    procedure: Procedure
     n: int
     n_unusable: int
     n_answered: int
@@ -225,6 +248,7 @@ def calibrate_threshold(
     delta: float,
     pvalue: PValue = "binomial",
     loss: Loss = "auto",
+    procedure: Procedure = "fallback",
     grid: int | Sequence[float] = 1001,
     start: float | Literal["auto"] = "auto",
     min_answered: int | None = None,
@@ -242,13 +266,13 @@ def calibrate_threshold(
         delta: Allowed failure probability, in (0, 1).
         pvalue: ``"binomial"`` (exact, needs sampled 0/1 losses) or ``"hoeffding-bentkus"``.
         loss: ``"sampled"``, ``"expected"`` or ``"auto"`` (see :data:`Loss`).
+        procedure: ``"fallback"`` or ``"fixed-sequence"`` (see the module docstring).
         grid: Number of evenly spaced thresholds in [0, 1], or the thresholds themselves.
-        start: ``"auto"``: begin at the highest threshold answering at least ``min_answered``
-            calibration queries; or a fixed threshold to begin at.
-        min_answered: The answered count of the ``"auto"`` start; default n_min, the fewest that
-            can be certified (:func:`min_answered_to_reject`). A larger value makes the first tests
-            less fragile to a chance error among the most confident queries, at the price of
-            never certifying thresholds that answer fewer.
+        start: Fixed sequence only: ``"auto"`` begins at the highest threshold answering at least
+            ``min_answered`` calibration queries; a number begins at that threshold.
+        min_answered: The answered count where testing begins (the first fallback checkpoint, or
+            the ``"auto"`` start); default n_min, the fewest that can be certified at the level
+            there (:func:`min_answered_to_reject`).
         seed: Seed of the one-response draw of ``loss="sampled"``.
 
     Returns:
@@ -258,12 +282,12 @@ def calibrate_threshold(
         ValueError: Mismatched or out-of-range inputs, or an invalid loss/p-value pair.
 
     Example:
-        >>> rng = np.random.default_rng(0)
-        >>> conf = rng.uniform(size=2000)
-        >>> mu = conf  # a perfectly calibrated estimator: R(λ) = (1 - λ) / 2
-        >>> result = calibrate_threshold(conf, mu, alpha=0.1, delta=0.05)
-        >>> 0.8 <= result.threshold <= 0.9
-        True
+        >>> rng = np.random.default_rng(1)
+        >>> conf = rng.beta(5, 1.5, size=3000)
+        >>> mu_hat = rng.binomial(10, conf) / 10  # a calibrated estimator, 10 graded responses each
+        >>> result = calibrate_threshold(conf, mu_hat, alpha=0.1, delta=0.1)
+        >>> result.threshold, round(result.coverage, 2)
+        (0.869, 0.32)
     """
     _check_level("alpha", alpha)
     _check_level("delta", delta)
@@ -288,9 +312,15 @@ def calibrate_threshold(
             "the binomial p-value needs 0/1 losses: use loss='sampled' (one response per query) or "
             "pvalue='hoeffding-bentkus' for the expected loss 1 - µ̂"
         )
+    if procedure not in ("fallback", "fixed-sequence"):
+        raise ValueError(f"`procedure` must be 'fallback' or 'fixed-sequence'; got {procedure!r}")
     thresholds = _grid(grid)
     if start != "auto" and not (isinstance(start, int | float) and 0.0 <= start <= 1.0):
         raise ValueError(f"`start` must be 'auto' or a threshold in [0, 1]; got {start!r}")
+    if start != "auto" and procedure != "fixed-sequence":
+        raise ValueError("a fixed `start` needs procedure='fixed-sequence'")
+    if min_answered is not None and not (isinstance(min_answered, int) and min_answered >= 1):
+        raise ValueError(f"`min_answered` must be a positive integer; got {min_answered!r}")
 
     conf_u, mu_u = conf[usable], mu[usable]
     if resolved == "sampled":
@@ -301,35 +331,57 @@ def calibrate_threshold(
     neg_sorted = -conf_u[order]
     cum_loss = np.concatenate(([0.0], np.cumsum(losses[order])))
     cum_mu = np.concatenate(([0.0], np.cumsum(mu_u[order])))
-    n_min = min_answered_to_reject(alpha, delta)
-    if min_answered is not None:
-        if not (isinstance(min_answered, int) and min_answered >= 1):
-            raise ValueError(f"`min_answered` must be a positive integer; got {min_answered!r}")
-        n_min = min_answered
+    counts = np.searchsorted(neg_sorted, -thresholds, side="right")
 
-    tests: list[ThresholdTest] = []
-    best: tuple[float, int] | None = None
     cache: dict[int, float] = {}
-    for lam in thresholds:
-        n_ans = int(np.searchsorted(neg_sorted, -lam, side="right"))
-        if start == "auto":
-            if n_ans < n_min:
-                continue
-        elif lam > start:
-            continue
-        total = float(cum_loss[n_ans])
+
+    def pvalue_at(n_ans: int) -> float:
         if n_ans not in cache:
+            total = float(cum_loss[n_ans])
             if n_ans == 0:
                 cache[n_ans] = 1.0
             elif pvalue == "binomial":
                 cache[n_ans] = binomial_tail_pvalue(round(total), n_ans, alpha)
             else:
                 cache[n_ans] = hoeffding_bentkus_pvalue(total / n_ans, n_ans, alpha)
-        pv = cache[n_ans]
-        tests.append(ThresholdTest(float(lam), n_ans, total / n_ans if n_ans else math.nan, pv))
-        if pv > delta:
+        return cache[n_ans]
+
+    # fresh level granted at each grid threshold: all of delta at the start of a fixed sequence, or
+    # delta / J at each fallback checkpoint (where the answered count first reaches m0 * 2^j)
+    fresh = np.zeros(thresholds.size)
+    if procedure == "fixed-sequence":
+        n_first = min_answered if min_answered is not None else min_answered_to_reject(alpha, delta)
+        eligible = counts >= n_first if start == "auto" else thresholds <= start
+        if eligible.any():
+            fresh[int(np.argmax(eligible))] = delta
+        carry_after_failure = False
+    else:
+        checkpoints = _checkpoints(int(conf_u.size), alpha, delta, min_answered)
+        n_first = checkpoints[0] if checkpoints else min_answered_to_reject(alpha, delta)
+        share = delta / len(checkpoints) if checkpoints else 0.0
+        for m in checkpoints:
+            reached = counts >= m
+            if reached.any():
+                fresh[int(np.argmax(reached))] += share
+        carry_after_failure = True
+
+    tests: list[ThresholdTest] = []
+    best: tuple[float, int] | None = None
+    level, previous_rejected = 0.0, False
+    for lam, n_ans, grant in zip(thresholds, counts, fresh, strict=True):
+        level = grant + (level if previous_rejected else 0.0)
+        if level <= 0.0:
+            previous_rejected = False
+            continue
+        n_ans = int(n_ans)
+        risk = float(cum_loss[n_ans]) / n_ans if n_ans else math.nan
+        test = ThresholdTest(float(lam), n_ans, risk, pvalue_at(n_ans), float(level))
+        tests.append(test)
+        previous_rejected = test.rejected
+        if test.rejected:
+            best = (float(lam), n_ans)
+        elif not carry_after_failure:
             break
-        best = (float(lam), n_ans)
 
     if best is None:
         threshold, n_ans, risk, mean_mu = None, 0, math.nan, math.nan
@@ -343,14 +395,40 @@ def calibrate_threshold(
         delta=float(delta),
         pvalue=pvalue,
         loss=resolved,
+        procedure=procedure,
         n=int(conf_u.size),
         n_unusable=int(conf.size - conf_u.size),
         n_answered=n_ans,
         risk=risk,
         mean_mu=mean_mu,
-        min_answered=n_min,
+        min_answered=n_first,
         tests=tuple(tests),
     )
+
+
+def _checkpoints(n: int, alpha: float, delta: float, first: int | None) -> list[int]:
+    """Answered counts m0, 2 m0, 4 m0, ... (up to n) that each receive an equal share of delta.
+
+    m0 is ``first`` or the fewest queries that can be certified at the share delta / J, and J, the
+    number of checkpoints, is the number of doublings of m0 that fit in n: a fixed point, found by
+    raising J until it no longer grows (m0 grows with J, so this ends within log2(n) steps).
+    """
+    parts = 1
+    while True:
+        m0 = first if first is not None else min_answered_to_reject(alpha, delta / parts)
+        points = _doublings(m0, n)
+        if len(points) <= parts:
+            return points
+        parts = len(points)
+
+
+def _doublings(m0: int, n: int) -> list[int]:
+    out: list[int] = []
+    m = m0
+    while m <= n:
+        out.append(m)
+        m *= 2
+    return out
 
 
 def _grid(grid: int | Sequence[float]) -> NDArray[np.float64]:

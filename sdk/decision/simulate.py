@@ -81,8 +81,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     For k > n, the plug-in 1 - (1 - c/n)^k.
 
     Example:
-        >>> pass_at_k(4, 2, 2)
-        0.8333333333333334
+        >>> round(pass_at_k(4, 2, 2), 6)  # 1 - C(2, 2) / C(4, 2)
+        0.833333
     """
     if n < 1 or not 0 <= c <= n or k < 1:
         raise ValueError(f"need n >= 1, 0 <= c <= n and k >= 1; got n={n}, c={c}, k={k}")
