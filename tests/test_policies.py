@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import json
 import textwrap
 from pathlib import Path
@@ -50,6 +52,14 @@ def only_error(text: str) -> DataError:
     errors = errors_of(text)
     assert len(errors) == 1, [str(e) for e in errors]
     return errors[0]
+
+
+@pytest.mark.parametrize("module", ["__init__", "_actions", "_base", "_policy"])
+def test_doctests(module: str) -> None:
+    name = "capgate.policies" if module == "__init__" else f"capgate.policies.{module}"
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0
+    assert result.failed == 0
 
 
 # ----------------------------------------------------------------------------- presets

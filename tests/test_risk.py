@@ -3,6 +3,7 @@ empirically over repeated calibration draws on synthetic data (exact population 
 
 from __future__ import annotations
 
+import doctest
 import math
 from collections.abc import Callable
 from fractions import Fraction
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+import capgate.decision.risk as risk_module
 from capgate.decision._data import load_labelled
 from capgate.decision.risk import (
     binomial_cdf,
@@ -23,6 +25,12 @@ from capgate.decision.risk import (
 
 MATH500 = Path(__file__).resolve().parents[1] / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
 Array = NDArray[np.float64]
+
+
+def test_doctests() -> None:
+    result = doctest.testmod(risk_module)
+    assert result.attempted > 0
+    assert result.failed == 0
 
 
 # ----------------------------------------------------------------------------- p-values

@@ -46,9 +46,15 @@ def simulate_cmd(
     grid: Annotated[
         int, typer.Option("--grid", help="Sweep this many evenly spaced thresholds in [0, 1].")
     ] = 11,
-    step: Annotated[str | None, typer.Option("--step", help="Replay as queries of this agent step.")] = None,
-    tool: Annotated[str | None, typer.Option("--tool", help="Replay as calls gated for this tool.")] = None,
-    no_sweep: Annotated[bool, typer.Option("--no-sweep", help="Replay only the policy as written.")] = False,
+    step: Annotated[
+        str | None, typer.Option("--step", help="Replay as queries of this agent step.")
+    ] = None,
+    tool: Annotated[
+        str | None, typer.Option("--tool", help="Replay as calls gated for this tool.")
+    ] = None,
+    no_sweep: Annotated[
+        bool, typer.Option("--no-sweep", help="Replay only the policy as written.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Replay a policy on labelled data: coverage, accuracy among answered, action rates, samples.
@@ -57,13 +63,13 @@ def simulate_cmd(
     threshold of the sweep (the coverage/accuracy frontier).
     """
     from capgate.decision._data import load_labelled
-    from capgate.decision.simulate import frontier, simulate
+    from capgate.decision.simulate import frontier, replay
     from capgate.policies import PolicyError, load_policy
 
     try:
         chosen = load_policy(policy)
         labels = load_labelled(data, confidence)
-        as_written = simulate(chosen, labels.p, labels.mu_hat, n_samples=labels.k, step=step, tool=tool)
+        as_written = replay(chosen, labels.p, labels.mu_hat, n_samples=labels.k, step=step, tool=tool)
         rows = [as_written]
         if not no_sweep:
             sweep: list[float] | int = _parse_thresholds(thresholds) if thresholds is not None else grid

@@ -5,16 +5,16 @@ Replay (:mod:`capgate.decision.simulate`) and risk-controlled thresholds
 """
 
 from capgate.decision.risk import RiskControl, calibrate_threshold
-from capgate.decision.simulate import Replay, frontier, simulate
+from capgate.decision.simulate import ReplaySummary, frontier, replay
 from capgate.decision.types import Action, Decision, Outcome
 
 __all__ = [
     "Action",
     "Decision",
     "Outcome",
-    "Replay",
+    "ReplaySummary",
     "RiskControl",
     "calibrate_threshold",
     "frontier",
-    "simulate",
+    "replay",
 ]

@@ -32,13 +32,13 @@ from capgate.decision.types import Action
 if TYPE_CHECKING:
     from capgate.policies import Policy
 
-__all__ = ["ACTIONS", "Replay", "frontier", "pass_at_k", "simulate"]
+__all__ = ["ACTIONS", "ReplaySummary", "frontier", "pass_at_k", "replay"]
 
 ACTIONS: tuple[Action, ...] = ("answer", "abstain", "clarify", "escalate", "resample")
 
 
 @dataclass(frozen=True)
-class Replay:
+class ReplaySummary:
     """What a policy would have done on a labelled set.
 
     Attributes:
@@ -120,7 +120,7 @@ def _arrays(
     return conf, mu, ks, flag | ~ok
 
 
-def simulate(
+def replay(
     policy: Policy,
     p: ArrayLike,
     mu_hat: ArrayLike,
@@ -130,7 +130,7 @@ def simulate(
     step: str | None = None,
     tool: str | None = None,
     threshold: float | None = None,
-) -> Replay:
+) -> ReplaySummary:
     """Replay a policy on labelled queries.
 
     Args:
@@ -148,7 +148,7 @@ def simulate(
 
     Example:
         >>> from capgate.policies import load_policy
-        >>> r = simulate(load_policy("balanced"), [0.1, 0.5, 0.9, float("nan")], [0.0, 0.5, 1.0, 1.0])
+        >>> r = replay(load_policy("balanced"), [0.1, 0.5, 0.9, float("nan")], [0.0, 0.5, 1.0, 1.0])
         >>> r.rates["abstain"], r.coverage, r.accuracy
         (0.5, 0.25, 1.0)
     """
@@ -180,7 +180,7 @@ def simulate(
             else:
                 correct_mass += 1.0 - (1.0 - float(mu[i])) ** k
     n = int(conf.size)
-    return Replay(
+    return ReplaySummary(
         threshold=threshold,
         n=n,
         n_degraded=int(is_degraded.sum()),
@@ -202,7 +202,7 @@ def frontier(
     degraded: ArrayLike | None = None,
     step: str | None = None,
     tool: str | None = None,
-) -> list[Replay]:
+) -> list[ReplaySummary]:
     """Replay the policy with its answer band moved to each threshold: the coverage/accuracy frontier.
 
     Each threshold t rewrites the policy with :meth:`~capgate.policies.Policy.with_answer_threshold`
@@ -213,7 +213,7 @@ def frontier(
         p: Predicted capability per query (NaN: unavailable).
         mu_hat: Empirical capability per query.
         thresholds: The thresholds, or how many evenly spaced ones in [0, 1].
-        n_samples: Graded responses per query (see :func:`simulate`).
+        n_samples: Graded responses per query (see :func:`replay`).
         degraded: Per-query degraded flags.
         step: Agent step to replay as.
         tool: Gated tool to replay as.
@@ -235,11 +235,11 @@ def frontier(
         values = [round(float(t), 12) for t in np.linspace(0.0, 1.0, thresholds)]
     else:
         values = [float(t) for t in thresholds]
-    out: list[Replay] = []
+    out: list[ReplaySummary] = []
     for t in values:
         moved, _ = policy.with_answer_threshold(t, step=step, tool=tool)
         out.append(
-            simulate(
+            replay(
                 moved, p, mu_hat, n_samples=n_samples, degraded=degraded, step=step, tool=tool, threshold=t
             )
         )
