@@ -215,6 +215,7 @@ def test_cas_stochastic_stops_with_probability_p_stop() -> None:
     rng = np.random.default_rng(1234)
     s = state({"a": 2, "b": 1}, {"a": (0.8, 0.8), "b": (0.2,)}, rng=rng)  # gap 0.6 -> σ(1) ≈ 0.731
     p = rule.stop_probability(s)
+    assert p is not None
     assert p == pytest.approx(1 / (1 + math.exp(-1.0)))
     n = 4000
     hits = sum(rule(s) for _ in range(n))
