@@ -200,6 +200,11 @@ def test_empty_backend_answer_is_an_error_not_a_hang() -> None:
         adaptive_sample(Scripted([]), "q", extract=first_word)
 
 
+def test_extractor_returning_a_non_string_is_an_error() -> None:
+    with pytest.raises(TypeError, match="`extract` must return a string or None; it returned int 4"):
+        adaptive_sample(Scripted(["4"]), "q", extract=lambda t: int(t))  # type: ignore[arg-type,return-value]
+
+
 def test_bad_loop_settings_are_rejected() -> None:
     with pytest.raises(ValueError, match="`batch_size` must be a positive integer; got 0"):
         adaptive_sample(Scripted(["a"]), "q", extract=first_word, batch_size=0)

@@ -193,7 +193,9 @@ def _drawn(
     generation: Generation, *, extract: Extractor, confidence: ConfidenceSource | None, keep_text: bool
 ) -> DrawnSample:
     raw = extract(strip_confidence_tag(generation.text))
-    answer = raw.strip() if isinstance(raw, str) and raw.strip() else None
+    if raw is not None and not isinstance(raw, str):
+        raise TypeError(f"`extract` must return a string or None; it returned {type(raw).__name__} {raw!r}")
+    answer = raw.strip() if raw is not None and raw.strip() else None
     conf = confidence(generation) if confidence is not None else None
     if conf is not None and not (math.isfinite(conf) and 0.0 <= conf <= 1.0):
         raise ValueError(
