@@ -29,10 +29,10 @@ from capgate.policies._actions import (
     ActionSpec,
     AnswerAction,
     ClarifyAction,
+    ConfidenceGap,
     EscalateAction,
     ResampleAction,
     StopSettings,
-    samples_for_target,
 )
 from capgate.policies._bands import AbstainBand, AnswerBand, Band, ClarifyBand, EscalateBand, ResampleBand
 from capgate.policies._base import expand_shorthand
@@ -49,6 +49,7 @@ __all__ = [
     "Band",
     "ClarifyAction",
     "ClarifyBand",
+    "ConfidenceGap",
     "EscalateAction",
     "EscalateBand",
     "Match",
@@ -63,7 +64,6 @@ __all__ = [
     "load_policy",
     "policy_json_schema",
     "preset_path",
-    "samples_for_target",
 ]
 
 PRESETS: tuple[str, ...] = ("balanced", "conservative", "cost-saver")

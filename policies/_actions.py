@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import string
 from typing import Annotated, Literal, TypeAlias
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
+from capgate.cas.stop import CASMode, StopRule
 from capgate.decision.types import Action
 from capgate.policies import _templates as tpl
 from capgate.policies._base import Loc, PolicyIssueError, Strict, expand_shorthand
@@ -18,13 +18,13 @@ __all__ = [
     "AnswerAction",
     "AnyAction",
     "ClarifyAction",
+    "ConfidenceGap",
     "DegradedAction",
     "EscalateAction",
     "ResampleAction",
     "StopSettings",
     "message_template",
     "render",
-    "samples_for_target",
 ]
 
 
@@ -112,17 +112,61 @@ class EscalateAction(Strict):
     summary: Template = tpl.ESCALATE_SUMMARY
 
 
+class ConfidenceGap(Strict):
+    """Settings of CAS's confidence-gap stop rule (:class:`capgate.cas.cas_confidence_gap`).
+
+    Stop when σ(scale · (c1 − c2 − margin)) reaches ``level`` (``mode: threshold``), or with that
+    probability (``mode: stochastic``); c1, c2 are the mean confidences of the two leading answers.
+    """
+
+    scale: float = Field(default=10.0, gt=0.0, allow_inf_nan=False)
+    margin: float = Field(default=0.5, ge=-1.0, le=1.0)
+    mode: CASMode = "threshold"
+    level: float = Field(default=0.5, gt=0.0, lt=1.0)
+
+
 class StopSettings(Strict):
     """When confidence-based adaptive sampling (CAS) may stop before ``max_samples``.
 
+    Sampling stops as soon as any enabled rule fires (and never after ``max_samples``); the
+    defaults are CAS's own :data:`capgate.cas.DEFAULT_STOP`.
+
     Attributes:
-        consensus: Stop once the posterior probability that the leading answer is the majority
-            answer reaches this (the ``beta_consensus`` rule).
+        confidence_gap: The CAS confidence-gap rule, or ``null`` to disable it.
+        consensus: Stop once P(the leading answer is the majority) >= this under a Beta posterior
+            on the two top vote counts (:class:`capgate.cas.beta_consensus`), or ``null``.
         min_samples: Never stop before this many samples.
     """
 
-    consensus: float = Field(default=0.95, gt=0.5, lt=1.0)
-    min_samples: int = Field(default=2, ge=1)
+    confidence_gap: ConfidenceGap | None = Field(default_factory=ConfidenceGap)
+    consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
+    min_samples: int = Field(default=1, ge=1)
+
+    def rule(self) -> StopRule:
+        """The composed stop rule for :func:`capgate.cas.adaptive_sample` (``stop=...``).
+
+        Example:
+            >>> StopSettings(consensus=0.9, confidence_gap=None, min_samples=3).rule()
+            stop_all(stop_after_samples(3), stop_any(beta_consensus(threshold=0.9)))
+        """
+        from capgate.cas import (
+            beta_consensus,
+            cas_confidence_gap,
+            stop_after_samples,
+            stop_all,
+            stop_any,
+            stop_never,
+        )
+
+        rules: list[StopRule] = []
+        if self.confidence_gap is not None:
+            rules.append(cas_confidence_gap(**self.confidence_gap.model_dump()))
+        if self.consensus is not None:
+            rules.append(beta_consensus(self.consensus))
+        combined: StopRule = stop_any(*rules) if rules else stop_never()
+        if self.min_samples > 1:
+            combined = stop_all(stop_after_samples(self.min_samples), combined)
+        return combined
 
 
 class ResampleAction(Strict):
@@ -163,8 +207,8 @@ class ResampleAction(Strict):
     def budget(self, p: float | None) -> int:
         """Samples to spend on a query with predicted capability ``p`` (``None``: unavailable).
 
-        With ``target_pass_at_k`` the budget is the smallest k reaching the target, else
-        ``max_samples`` (CAS may stop earlier).
+        With ``target_pass_at_k`` the budget is the smallest k reaching the target
+        (:func:`capgate.cas.samples_for_target`), else ``max_samples`` (CAS may stop earlier).
 
         Example:
             >>> ResampleAction(max_samples=16, target_pass_at_k=0.9).budget(0.5)
@@ -172,22 +216,9 @@ class ResampleAction(Strict):
         """
         if self.target_pass_at_k is None or p is None:
             return self.max_samples
-        return samples_for_target(p, self.target_pass_at_k, self.max_samples)
+        from capgate.cas import samples_for_target
 
-
-def samples_for_target(p: float, target: float, cap: int) -> int:
-    """The smallest k in [1, cap] with 1 - (1 - p)^k >= target (``cap`` if none reaches it).
-
-    Example:
-        >>> [samples_for_target(p, 0.9, 16) for p in (0.5, 0.0, 1.0)]
-        [4, 16, 1]
-    """
-    if p >= 1.0 or p >= target:
-        return 1
-    if p <= 0.0:
-        return cap
-    k = math.ceil(math.log1p(-target) / math.log1p(-p) - 1e-12)
-    return int(min(max(k, 1), cap))
+        return samples_for_target(p, target=self.target_pass_at_k, max_samples=self.max_samples).k
 
 
 AnyAction: TypeAlias = AnswerAction | AbstainAction | ClarifyAction | EscalateAction | ResampleAction

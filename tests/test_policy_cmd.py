@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from capgate.cli import app
-from capgate.decision._data import load_labelled
+from capgate.labels import read_labelled
 from capgate.policies import Policy, load_policy, policy_json_schema
 
 MATH500 = Path(__file__).resolve().parents[1] / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
@@ -82,8 +82,8 @@ def test_calibrate_writes_a_policy_whose_threshold_controls_risk(tmp_path: Path)
     assert text.startswith("# Calibrated by `capgate policy calibrate`")
     assert "is <= 0.05 with probability >= 0.9" in text
     # on the calibration data the answered queries' mean error 1 - µ̂ is within the target
-    data = load_labelled(MATH500, "probe_conf_raw")
-    answered = data.p >= threshold
+    data = read_labelled(MATH500, confidence=["probe_conf_raw"])
+    answered = data.confidences["probe_conf_raw"] >= threshold
     assert float(np.mean(1 - data.mu_hat[answered])) <= 0.05
     assert 0.5 < answered.mean() < 1.0
 
@@ -147,7 +147,10 @@ def test_calibrate_refuses_to_write_when_nothing_is_certified(tmp_path: Path) ->
         (["--pvalue", "t"], "error: field '--pvalue': must be one of binomial, hoeffding-bentkus; got 't'"),
         (["--loss", "expected"], "error: the binomial p-value needs 0/1 losses"),
         (["--risk", "1.5"], "error: `alpha` must be in (0, 1); got 1.5"),
-        (["--confidence", "nope"], "field 'nope': missing (keys on this line:"),
+        (
+            ["--confidence", "nope"],
+            "math500_gpt-oss-20b_probe-math.jsonl:1: field 'nope': missing confidence field",
+        ),
         (["--policy", "nope"], "error: no policy preset or file named 'nope'"),
         (["--start", "0.9"], "error: a fixed `start` needs procedure='fixed-sequence'"),
     ],
@@ -189,4 +192,4 @@ def test_calibrate_bad_data_line(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 2
-    assert result.stderr.startswith(f"error: {data}:2: correct must be <= k")
+    assert result.stderr.startswith(f"error: {data}:2: field 'correct': correct must be <= k")

@@ -3,7 +3,6 @@ empirically over repeated calibration draws on synthetic data (exact population 
 
 from __future__ import annotations
 
-import doctest
 import math
 from collections.abc import Callable
 from fractions import Fraction
@@ -13,8 +12,6 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-import capgate.decision.risk as risk_module
-from capgate.decision._data import load_labelled
 from capgate.decision.risk import (
     binomial_cdf,
     binomial_tail_pvalue,
@@ -22,15 +19,10 @@ from capgate.decision.risk import (
     hoeffding_bentkus_pvalue,
     min_answered_to_reject,
 )
+from capgate.labels import read_labelled
 
 MATH500 = Path(__file__).resolve().parents[1] / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
 Array = NDArray[np.float64]
-
-
-def test_doctests() -> None:
-    result = doctest.testmod(risk_module)
-    assert result.attempted > 0
-    assert result.failed == 0
 
 
 # ----------------------------------------------------------------------------- p-values
@@ -385,8 +377,8 @@ def test_naive_threshold_violates_often_so_the_check_can_fail() -> None:
 
 
 def math500() -> tuple[Array, Array]:
-    data = load_labelled(MATH500, "probe_conf_raw")
-    return data.p, data.mu_hat
+    data = read_labelled(MATH500, confidence=["probe_conf_raw"])
+    return data.confidences["probe_conf_raw"], data.mu_hat
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from capgate.cli import app
-from capgate.decision._data import load_labelled
-from capgate.decision.simulate import frontier, replay
+from capgate.decision.simulate import replay_policy, threshold_frontier
+from capgate.labels import read_labelled
 from capgate.policies import load_policy
 
 MATH500 = Path(__file__).resolve().parents[1] / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
@@ -29,8 +29,10 @@ def test_table_has_the_policy_as_written_then_the_sweep() -> None:
     rows = [line.split() for line in lines[2:]]
     assert len(rows) == 1 + 11
     assert rows[0][0] == "as-is"
-    data = load_labelled(MATH500, "probe_conf_raw")
-    as_written = replay(load_policy("balanced"), data.p, data.mu_hat, n_samples=data.k)
+    data = read_labelled(MATH500, confidence=["probe_conf_raw"])
+    as_written = replay_policy(
+        load_policy("balanced"), data.confidences["probe_conf_raw"], data.mu_hat, n_samples=data.k
+    )
     assert rows[0][1:3] == [f"{as_written.coverage:.3f}", f"{as_written.accuracy:.4f}"]
     assert [r[0] for r in rows[1:]] == [f"{t / 10:.3f}" for t in range(11)]
     assert rows[-1][2] == "-"  # threshold 1: nothing answered, no accuracy
@@ -40,12 +42,17 @@ def test_json_matches_the_library() -> None:
     result = runner.invoke(app, [*BASE, "--policy", "conservative", "--json", "--thresholds", "0.8,0.9,0.95"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    data = load_labelled(MATH500, "probe_conf_raw")
+    data = read_labelled(MATH500, confidence=["probe_conf_raw"])
     policy = load_policy("conservative")
     assert payload["policy"] == "conservative"
     assert payload["n"] == 500
-    assert payload["as_written"] == replay(policy, data.p, data.mu_hat, n_samples=data.k).to_dict()
-    expected = frontier(policy, data.p, data.mu_hat, thresholds=[0.8, 0.9, 0.95], n_samples=data.k)
+    assert (
+        payload["as_written"]
+        == replay_policy(policy, data.confidences["probe_conf_raw"], data.mu_hat, n_samples=data.k).to_dict()
+    )
+    expected = threshold_frontier(
+        policy, data.confidences["probe_conf_raw"], data.mu_hat, thresholds=[0.8, 0.9, 0.95], n_samples=data.k
+    )
     assert payload["sweep"] == [r.to_dict() for r in expected]
     coverages = [row["coverage"] for row in payload["sweep"]]
     assert coverages == sorted(coverages, reverse=True)

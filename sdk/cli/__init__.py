@@ -9,8 +9,6 @@ from types import ModuleType
 
 import typer
 
-from capgate.cli import policy_cmd, simulate_cmd
-
 app = typer.Typer(
     name="capgate",
     help="Predict an LLM's capability on queries, report calibration, and act on it.",
@@ -21,7 +19,9 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    modules: tuple[ModuleType, ...] = (policy_cmd, simulate_cmd)
+    from capgate.cli import budget_cmd, eval_cmd, log_cmd, monitor_cmd, policy_cmd, simulate_cmd
+
+    modules: tuple[ModuleType, ...] = (eval_cmd, budget_cmd, log_cmd, monitor_cmd, policy_cmd, simulate_cmd)
     for module in modules:
         module.register(app)
 

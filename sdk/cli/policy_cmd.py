@@ -132,8 +132,8 @@ def calibrate_cmd(
     with fallback) with a binomial (or Hoeffding–Bentkus) p-value. The certified threshold becomes
     the answer band's lower edge in the policy written to --out.
     """
-    from capgate.decision._data import load_labelled
     from capgate.decision.risk import Loss, Procedure, PValue, calibrate_threshold
+    from capgate.labels import read_labelled
     from capgate.policies import Policy, PolicyError, load_policy
 
     try:
@@ -153,9 +153,10 @@ def calibrate_cmd(
             )
         )
         base.with_answer_threshold(0.5, step=step, tool=tool)  # fail early if the top band does not answer
-        labels = load_labelled(data, confidence)
+        labels = read_labelled(data, confidence=[confidence], allow_missing=True)
+        conf = labels.confidences[confidence]
         result = calibrate_threshold(
-            labels.p,
+            conf,
             labels.mu_hat,
             alpha=risk,
             delta=delta,

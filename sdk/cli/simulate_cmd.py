@@ -46,15 +46,9 @@ def simulate_cmd(
     grid: Annotated[
         int, typer.Option("--grid", help="Sweep this many evenly spaced thresholds in [0, 1].")
     ] = 11,
-    step: Annotated[
-        str | None, typer.Option("--step", help="Replay as queries of this agent step.")
-    ] = None,
-    tool: Annotated[
-        str | None, typer.Option("--tool", help="Replay as calls gated for this tool.")
-    ] = None,
-    no_sweep: Annotated[
-        bool, typer.Option("--no-sweep", help="Replay only the policy as written.")
-    ] = False,
+    step: Annotated[str | None, typer.Option("--step", help="Replay as queries of this agent step.")] = None,
+    tool: Annotated[str | None, typer.Option("--tool", help="Replay as calls gated for this tool.")] = None,
+    no_sweep: Annotated[bool, typer.Option("--no-sweep", help="Replay only the policy as written.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Replay a policy on labelled data: coverage, accuracy among answered, action rates, samples.
@@ -62,19 +56,20 @@ def simulate_cmd(
     The first row is the policy as written; the others move its answer band's lower edge to each
     threshold of the sweep (the coverage/accuracy frontier).
     """
-    from capgate.decision._data import load_labelled
-    from capgate.decision.simulate import frontier, replay
+    from capgate.decision.simulate import replay_policy, threshold_frontier
+    from capgate.labels import read_labelled
     from capgate.policies import PolicyError, load_policy
 
     try:
         chosen = load_policy(policy)
-        labels = load_labelled(data, confidence)
-        as_written = replay(chosen, labels.p, labels.mu_hat, n_samples=labels.k, step=step, tool=tool)
+        labels = read_labelled(data, confidence=[confidence], allow_missing=True)
+        conf = labels.confidences[confidence]
+        as_written = replay_policy(chosen, conf, labels.mu_hat, n_samples=labels.k, step=step, tool=tool)
         rows = [as_written]
         if not no_sweep:
             sweep: list[float] | int = _parse_thresholds(thresholds) if thresholds is not None else grid
-            rows += frontier(
-                chosen, labels.p, labels.mu_hat, thresholds=sweep, n_samples=labels.k, step=step, tool=tool
+            rows += threshold_frontier(
+                chosen, conf, labels.mu_hat, thresholds=sweep, n_samples=labels.k, step=step, tool=tool
             )
     except (PolicyError, DataError, ValueError) as exc:
         for line in str(exc).splitlines():

@@ -32,7 +32,7 @@ from capgate.decision.types import Action
 if TYPE_CHECKING:
     from capgate.policies import Policy
 
-__all__ = ["ACTIONS", "ReplaySummary", "frontier", "pass_at_k", "replay"]
+__all__ = ["ACTIONS", "ReplaySummary", "replay_policy", "threshold_frontier"]
 
 ACTIONS: tuple[Action, ...] = ("answer", "abstain", "clarify", "escalate", "resample")
 
@@ -75,24 +75,6 @@ class ReplaySummary:
         return data
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n graded responses of which c are correct (Chen et al. 2021).
-
-    For k > n, the plug-in 1 - (1 - c/n)^k.
-
-    Example:
-        >>> round(pass_at_k(4, 2, 2), 6)  # 1 - C(2, 2) / C(4, 2)
-        0.833333
-    """
-    if n < 1 or not 0 <= c <= n or k < 1:
-        raise ValueError(f"need n >= 1, 0 <= c <= n and k >= 1; got n={n}, c={c}, k={k}")
-    if k > n:
-        return 1.0 - (1.0 - c / n) ** k
-    if n - c < k:
-        return 1.0
-    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
-
-
 def _arrays(
     p: ArrayLike, mu_hat: ArrayLike, n_samples: ArrayLike | None, degraded: ArrayLike | None
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64] | None, NDArray[np.bool_]]:
@@ -120,7 +102,7 @@ def _arrays(
     return conf, mu, ks, flag | ~ok
 
 
-def replay(
+def replay_policy(
     policy: Policy,
     p: ArrayLike,
     mu_hat: ArrayLike,
@@ -141,17 +123,18 @@ def replay(
         degraded: Per-query flag for estimates that carry a value but are degraded.
         step: Replay as if every query came from this agent step.
         tool: Replay as if every query gated this tool.
-        threshold: Record this answer threshold in the result (set by :func:`frontier`).
+        threshold: Record this answer threshold in the result (set by :func:`threshold_frontier`).
 
     Returns:
         Rates, coverage, accuracy among answered, and samples spent.
 
     Example:
         >>> from capgate.policies import load_policy
-        >>> r = replay(load_policy("balanced"), [0.1, 0.5, 0.9, float("nan")], [0.0, 0.5, 1.0, 1.0])
+        >>> r = replay_policy(load_policy("balanced"), [0.1, 0.5, 0.9, float("nan")], [0.0, 0.5, 1.0, 1.0])
         >>> r.rates["abstain"], r.coverage, r.accuracy
         (0.5, 0.25, 1.0)
     """
+    from capgate.metrics import pass_at_k_predicted, pass_at_k_unbiased
     from capgate.policies import ResampleAction
 
     conf, mu, ks, is_degraded = _arrays(p, mu_hat, n_samples, degraded)
@@ -175,10 +158,11 @@ def replay(
             samples += k
             if spec.target_pass_at_k is None:
                 correct_mass += float(mu[i])
-            elif ks is not None:
-                correct_mass += pass_at_k(int(ks[i]), round(float(mu[i]) * int(ks[i])), k)
+            elif ks is not None and k <= ks[i]:
+                n_i = int(ks[i])
+                correct_mass += float(pass_at_k_unbiased([n_i], [round(float(mu[i]) * n_i)], k)[0])
             else:
-                correct_mass += 1.0 - (1.0 - float(mu[i])) ** k
+                correct_mass += float(pass_at_k_predicted([float(mu[i])], k)[0])
     n = int(conf.size)
     return ReplaySummary(
         threshold=threshold,
@@ -192,7 +176,7 @@ def replay(
     )
 
 
-def frontier(
+def threshold_frontier(
     policy: Policy,
     p: ArrayLike,
     mu_hat: ArrayLike,
@@ -213,7 +197,7 @@ def frontier(
         p: Predicted capability per query (NaN: unavailable).
         mu_hat: Empirical capability per query.
         thresholds: The thresholds, or how many evenly spaced ones in [0, 1].
-        n_samples: Graded responses per query (see :func:`replay`).
+        n_samples: Graded responses per query (see :func:`replay_policy`).
         degraded: Per-query degraded flags.
         step: Agent step to replay as.
         tool: Gated tool to replay as.
@@ -223,7 +207,7 @@ def frontier(
 
     Example:
         >>> from capgate.policies import load_policy
-        >>> rows = frontier(load_policy("balanced"), [0.2, 0.7, 0.9], [0.0, 1.0, 1.0], thresholds=3)
+        >>> rows = threshold_frontier(load_policy("balanced"), [0.2, 0.7, 0.9], [0.0, 1.0, 1.0], thresholds=3)
         >>> [(r.threshold, round(r.coverage, 2)) for r in rows]
         [(0.0, 1.0), (0.5, 0.67), (1.0, 0.0)]
     """
@@ -239,7 +223,7 @@ def frontier(
     for t in values:
         moved, _ = policy.with_answer_threshold(t, step=step, tool=tool)
         out.append(
-            replay(
+            replay_policy(
                 moved, p, mu_hat, n_samples=n_samples, degraded=degraded, step=step, tool=tool, threshold=t
             )
         )
