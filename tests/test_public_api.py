@@ -14,7 +14,14 @@ import pytest
 import capgate
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLIC_MODULES = ["capgate", "capgate.cas", "capgate.decision", "capgate.estimators", "capgate.metrics"]
+PUBLIC_MODULES = [
+    "capgate",
+    "capgate.cas",
+    "capgate.decision",
+    "capgate.estimators",
+    "capgate.metrics",
+    "capgate.policies",
+]
 
 
 @pytest.mark.parametrize("name", PUBLIC_MODULES)

@@ -10,6 +10,7 @@ from typing import Annotated, cast, get_args
 
 import typer
 
+from capgate.cli._common import EXIT_BAD_INPUT
 from capgate.errors import DataError
 
 __all__ = ["policy_app", "register"]
@@ -27,7 +28,8 @@ def register(app: typer.Typer) -> None:
     app.add_typer(policy_app, name="policy")
 
 
-def _fail(error: Exception, code: int = 2) -> typer.Exit:
+def _fail(error: Exception, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    """``error: <line>`` on stderr for each line of the error (a policy file can have many)."""
     for line in str(error).splitlines():
         typer.echo(f"error: {line}", err=True)
     return typer.Exit(code)
@@ -69,7 +71,7 @@ def validate_cmd(
         overrides = f"{len(policy.steps)} step and {len(policy.tools)} tool override(s)"
         typer.echo(f"ok: {name}: policy '{policy.name}', {len(policy.bands)} bands, {overrides}")
     if failed:
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 def _choice(option: str, value: str, choices: tuple[str, ...]) -> str:

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from capgate.cli._common import EXIT_BAD_INPUT
 from capgate.errors import DataError
 
 __all__ = ["register", "simulate_cmd"]
@@ -74,7 +75,7 @@ def simulate_cmd(
     except (PolicyError, DataError, ValueError) as exc:
         for line in str(exc).splitlines():
             typer.echo(f"error: {line}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_BAD_INPUT) from None
 
     if as_json:
         payload = {

@@ -46,11 +46,14 @@ With fewer than n_min answered queries, where (1 - alpha)^n_min <= level, no p-v
 level even with zero errors. The fixed sequence (``start="auto"``) therefore begins at the highest
 grid threshold answering at least n_min calibration queries; the fallback checkpoints sit where the
 answered count first reaches n_min, 2 n_min, 4 n_min, ... (with n_min computed for the share
-delta / J). These positions depend on the calibration confidences, never on their labels; that
-keeps the guarantee whenever the risk of the queries above a threshold does not exceed the risk of
-those just below it (an informative confidence), and the tests check it empirically, including a
-case whose most confident queries are its worst. ``procedure="fixed-sequence", start=<λ0>`` begins
-at a fixed threshold instead, which keeps the guarantee with no condition at all.
+delta / J). These positions depend on the calibration confidences (never on their labels), so
+they are not fixed in advance as the textbook procedures assume. For the fixed sequence this errs
+on the safe side whenever the queries above the start are no riskier than those just below it (an
+informative confidence: fewer confident queries above the start leaves more of the riskier ones in
+the tested set); in general, and for the fallback checkpoints, the departure is small, and it is
+checked empirically in the tests (including a case whose most confident queries are its worst) and
+in ``bench/risk_control_bench.py``. ``procedure="fixed-sequence", start=<λ0>`` begins at a fixed
+threshold instead, which keeps the guarantee with no condition at all.
 """
 
 from __future__ import annotations
