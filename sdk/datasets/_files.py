@@ -1,4 +1,4 @@
-"""Reading and writing capgate's JSON-lines files: query datasets and labelled queries."""
+"""Reading and writing query datasets as JSON lines."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from capgate._jsonl import atomic_write_lines, data_error_from_validation, iter_json_objects
-from capgate._types import LabelledQuery
 from capgate.datasets._item import DatasetItem
 from capgate.errors import DataError
 
-__all__ = ["load_labels", "read_dataset", "write_dataset", "write_labels"]
+__all__ = ["read_dataset", "write_dataset"]
 
 
 def read_dataset(path: str | Path, *, limit: int | None = None) -> list[DatasetItem]:
@@ -76,55 +75,6 @@ def write_dataset(items: Iterable[DatasetItem], path: str | Path) -> Path:
     rows = list(items)
     _check_unique((item.id for item in rows), path)
     atomic_write_lines(path, (item.model_dump_json(exclude_defaults=True) for item in rows))
-    return path
-
-
-def load_labels(path: str | Path) -> list[LabelledQuery]:
-    """Read labelled queries (``capgate harvest`` output, or the paper's released files).
-
-    Each line is a :class:`~capgate.LabelledQuery`; the column names of the paper's data
-    (``example_id``, ``num_samples``, ``num_correct``, ``expected_accuracy``) are accepted.
-
-    Raises:
-        DataError: A bad line or a repeated id, naming file, line and field.
-
-    Example:
-        >>> import tempfile, pathlib
-        >>> p = pathlib.Path(tempfile.mkdtemp()) / "labels.jsonl"
-        >>> _ = p.write_text('{"example_id": "q1", "num_samples": 4, "num_correct": 3}\\n')
-        >>> load_labels(p)[0].mu_hat
-        0.75
-    """
-    path = Path(path)
-    labels: list[LabelledQuery] = []
-    first_line: dict[str, int] = {}
-    for line, obj in iter_json_objects(path):
-        try:
-            label = LabelledQuery.model_validate(obj)
-        except ValidationError as exc:
-            raise data_error_from_validation(exc, path=path, line=line) from None
-        if label.id in first_line:
-            raise DataError(
-                f"duplicate id {label.id!r} (first on line {first_line[label.id]})",
-                path=path,
-                line=line,
-                field="id",
-            )
-        first_line[label.id] = line
-        labels.append(label)
-    return labels
-
-
-def write_labels(labels: Iterable[LabelledQuery], path: str | Path) -> Path:
-    """Write labelled queries as JSON lines, atomically (see :func:`load_labels`).
-
-    Raises:
-        DataError: Two labels share an id.
-    """
-    path = Path(path)
-    rows = list(labels)
-    _check_unique((label.id for label in rows), path)
-    atomic_write_lines(path, (label.model_dump_json(exclude_none=True) for label in rows))
     return path
 
 
