@@ -42,10 +42,17 @@ def load_object(spec: str, *, option: str) -> Any:
 def _make_backend(model: str, backend: str | None) -> Backend:
     if backend is not None:
         factory = load_object(backend, option="--backend")
-        made = factory() if callable(factory) and not isinstance(factory, Backend) else factory
+        made = factory
+        if callable(factory) and not isinstance(factory, Backend):
+            try:
+                made = factory()
+            except TypeError as exc:
+                raise typer.BadParameter(
+                    f"cannot call {backend!r} without arguments: {exc}", param_hint="--backend"
+                ) from None
         if not isinstance(made, Backend):
             raise typer.BadParameter(
-                f"{backend!r} gave a {type(made).__name__}, not a capgate.Backend (model_id + generate)",
+                f"{backend!r} made a {type(made).__name__!r}, not a capgate.Backend (model_id + generate)",
                 param_hint="--backend",
             )
         return made
@@ -117,6 +124,9 @@ def harvest_command(
         )  # fmt: skip
     except DataError as exc:
         typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    except typer.BadParameter as exc:
+        typer.echo(f"error: {exc.format_message()}", err=True)
         raise typer.Exit(code=2) from None
     except (ModuleNotFoundError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -40,7 +40,7 @@ def normalize_latex(answer: str) -> str:
         >>> normalize_latex("x = 14{,}400")
         '14400'
     """
-    s = answer.strip()
+    s = answer.strip().rstrip(".").strip()
     units = _TRAILING_UNITS.match(s)
     if units:
         s = units.group("value")
