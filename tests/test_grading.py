@@ -218,6 +218,8 @@ def test_math_grader_on_math500_solutions() -> None:
         ("(B)", "B"),
         ("B. 4", "B"),
         ("**B**", "B"),
+        ("B\n\nExplanation: a degree-4 extension.", "B"),
+        ("A\nThe others are too small.", "A"),
         ("The answer is (B).", "B"),
         ("The correct answer is B, because a degree-4 extension ...", "B"),
         ("**Answer:** B", "B"),

@@ -17,7 +17,7 @@ _ANSWER_IS = re.compile(
     r"(?![A-Za-z0-9])",
     re.IGNORECASE,
 )
-_LEADING = re.compile(r"^\s*(?:\*\*)?(?:option\s+)?\(?(?P<letter>[A-Z])(?:\)|\.|:|\*\*|\s*$)")
+_LEADING = re.compile(r"^\s*(?:\*\*)?(?:option\s+)?\(?(?P<letter>[A-Z])(?:\)|\.|:|\*\*|(?=[ \t]*(?:\n|$)))")
 _ARTICLE_LIKE = re.compile(r"\s+[a-z]")
 
 
