@@ -488,3 +488,12 @@ def test_cli_reports_bad_input_with_exit_code_2(tmp_path: Path) -> None:
     assert not_backend.exit_code == 2
     assert not_backend.stderr.startswith("error: Invalid value for --backend: ")
     assert "made a 'object', not a capgate.Backend" in not_backend.stderr
+
+
+def test_importing_datasets_grading_and_harvest_stays_light() -> None:
+    heavy = ["pyarrow", "math_verify", "sympy", "datasets", "olmo_eval", "torch", "transformers", "rich"]
+    code = (
+        "import sys, json, capgate.datasets, capgate.grading, capgate.harvest;"
+        f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
+    )
+    assert json.loads(subprocess.check_output([sys.executable, "-c", code], text=True)) == []
