@@ -39,7 +39,7 @@ def load_object(spec: str, *, option: str) -> Any:
     return target
 
 
-def _make_backend(model: str, backend: str | None) -> Backend:
+def _make_backend(model: str, backend: str | None, *, device: str, dtype: str) -> Backend:
     if backend is not None:
         factory = load_object(backend, option="--backend")
         made = factory
@@ -58,7 +58,8 @@ def _make_backend(model: str, backend: str | None) -> Backend:
         return made
     # The local model path (capgate.models) imports torch/transformers: only when asked for.
     models = importlib.import_module("capgate.models")
-    loaded = models.load_backend(model)
+    options = {key: value for key, value in (("device", device), ("dtype", dtype)) if value != "auto"}
+    loaded = models.load_backend(model, **options)
     if not isinstance(loaded, Backend):
         raise RuntimeError(f"capgate.models.load_backend({model!r}) did not return a capgate.Backend")
     return loaded
@@ -106,7 +107,12 @@ def harvest_command(
             "Default: by each query's answer kind."
         ),
     ] = None,
+    device: Annotated[str, typer.Option(help="For --model: auto, cpu or cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="For --model: auto, float32, bfloat16 or float16.")] = "auto",
     keep_text: Annotated[bool, typer.Option(help="Store the response texts too.")] = False,
+    logprobs: Annotated[
+        bool, typer.Option(help="Ask for token log-probabilities (remote backends need it for mean_logprob).")
+    ] = True,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Sample k responses per query, grade them, and append one labelled query per line (resumable)."""
@@ -116,10 +122,10 @@ def harvest_command(
     try:
         items = load_dataset(dataset, split=split, limit=limit)
         chosen_grader = _make_grader(grader)
-        model_backend = _make_backend(model, backend)
+        model_backend = _make_backend(model, backend, device=device, dtype=dtype)
         report = harvest(
             model_backend, items, out, k=k, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-            seed=seed, batch_size=batch_size, grader=chosen_grader, keep_text=keep_text,
+            seed=seed, batch_size=batch_size, grader=chosen_grader, keep_text=keep_text, logprobs=logprobs,
             dataset=dataset if split is None else f"{dataset}@{split}", progress=progress,
         )  # fmt: skip
     except DataError as exc:
