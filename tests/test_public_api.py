@@ -14,7 +14,15 @@ import pytest
 import capgate
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLIC_MODULES = ["capgate", "capgate.cas", "capgate.decision", "capgate.estimators", "capgate.metrics"]
+PUBLIC_MODULES = [
+    "capgate",
+    "capgate.cas",
+    "capgate.datasets",
+    "capgate.decision",
+    "capgate.estimators",
+    "capgate.grading",
+    "capgate.metrics",
+]
 
 
 @pytest.mark.parametrize("name", PUBLIC_MODULES)
