@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLIC_MODULES = [
     "capgate",
     "capgate.cas",
+    "capgate.datasets",
     "capgate.decision",
     "capgate.estimators",
+    "capgate.grading",
     "capgate.metrics",
     "capgate.policies",
 ]
