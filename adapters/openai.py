@@ -11,7 +11,7 @@ once and returns per-token ``logprobs``/``top_logprobs``, honours ``seed`` and `
 ``n`` concurrent single-sample requests per prompt, and it has no ``seed`` (ignored: sampling is
 not reproducible there) and no ``stop`` (refused with ``ValueError``).
 
-Failures: 429, 408 and 5xx responses, time-outs and connection errors are retried with
+Failures: 429, 408 and 5xx responses, time-outs and connection errors are retried (tenacity) with
 exponential back-off and jitter (honouring ``Retry-After`` up to ``backoff_max``); other 4xx
 responses are not. When the retries run out, or a response is malformed, the call raises
 :class:`capgate.BackendError` naming the server, the status and the message. The openai SDK is
@@ -24,6 +24,7 @@ import asyncio
 import email.utils
 import math
 import os
+import random
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -37,7 +38,6 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
 )
 
 from capgate.backend import ChatMessage, Generation, Prompt, SamplingParams, TokenLogprob, as_messages
@@ -400,7 +400,9 @@ class OpenAIBackend:
     # ------------------------------------------------------------------ retries and errors (no I/O)
 
     def _wait(self, state: RetryCallState) -> float:
-        base = wait_exponential_jitter(initial=self.backoff_initial, max=self.backoff_max)(state)
+        # Exponential back-off with jitter: initial * 2**(attempt-1), plus up to as much again.
+        base = self.backoff_initial * 2 ** (state.attempt_number - 1)
+        base += random.uniform(0.0, base)
         exc = state.outcome.exception() if state.outcome is not None else None
         asked = _retry_after_s(exc)
         return min(max(base, asked or 0.0), self.backoff_max)
@@ -426,6 +428,8 @@ class OpenAIBackend:
             msg = f"could not reach {self._where}: {type(cause).__name__}: {cause}"
         elif isinstance(exc, openai.APIStatusError):
             msg = f"HTTP {exc.status_code} from {self._where}: {exc.message}"
+        elif isinstance(exc, ValueError):  # the body was not JSON (json.JSONDecodeError)
+            msg = f"malformed response from {self._where}: {type(exc).__name__}: {exc}"
         else:
             msg = f"request to {self._where} failed: {type(exc).__name__}: {exc}"
         return BackendError(msg, attempts=attempts, retryable=retryable)
