@@ -91,19 +91,54 @@ def _logaddexp(a: float, b: float) -> float:
     return hi if lo == -math.inf else hi + math.log1p(math.exp(lo - hi))
 
 
-def _apportion(total: int, weights: Sequence[int]) -> list[int]:
-    """Split ``total`` into integers proportional to ``weights`` (largest remainder), summing to it."""
+def _apportion(total: int, weights: Sequence[int], cap: int | None = None) -> list[int]:
+    """Split ``total`` into integers proportional to ``weights`` (largest remainder), none above ``cap``.
+
+    The parts sum to ``total`` unless the cap makes that impossible (then each part is ``cap``).
+    """
     if not weights:
         return []
-    weight_sum = sum(weights)
-    if weight_sum <= 0:
-        shares = [total / len(weights)] * len(weights)
-    else:
-        shares = [total * w / weight_sum for w in weights]
-    counts = [int(s) for s in shares]
-    order = sorted(range(len(weights)), key=lambda i: shares[i] - counts[i], reverse=True)
-    for i in order[: total - sum(counts)]:
-        counts[i] += 1
+    if cap is not None:
+        total = min(total, cap * len(weights))
+    counts = [0] * len(weights)
+    free = list(range(len(weights)))
+    left = total
+    while left > 0 and free:
+        weight_sum = sum(weights[i] for i in free)
+        shares = {i: left * (weights[i] / weight_sum if weight_sum > 0 else 1 / len(free)) for i in free}
+        give = {i: int(shares[i]) for i in free}
+        for i in sorted(free, key=lambda i: shares[i] - give[i], reverse=True)[: left - sum(give.values())]:
+            give[i] += 1
+        for i in free:
+            room = give[i] if cap is None else min(give[i], cap - counts[i])
+            counts[i] += room
+            left -= room
+        free = [i for i in free if cap is None or counts[i] < cap]
+        if cap is None:
+            break
+    return counts
+
+
+def _split_tokens(
+    total: int, texts: Sequence[str], finish: Sequence[str | None], max_tokens: int | None
+) -> list[int]:
+    """Per-sample token counts from a request's total when the server gave no per-sample count.
+
+    Samples cut by the length limit used exactly ``max_tokens``; the rest of the total is split
+    by text length, none above ``max_tokens``. Exact for one sample, an estimate for several.
+    """
+    if len(texts) == 1:
+        return [total]
+    counts = [0] * len(texts)
+    free: list[int] = []
+    for i, reason in enumerate(finish):
+        if reason == "length" and max_tokens is not None:
+            counts[i] = max_tokens
+        else:
+            free.append(i)
+    rest = _apportion(max(0, total - sum(counts)), [len(texts[i]) for i in free], max_tokens)
+    for i, count in zip(free, rest, strict=True):
+        counts[i] = count
     return counts
 
 
@@ -114,6 +149,7 @@ class _Job:
     index: int
     kwargs: dict[str, Any]
     n: int
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -267,9 +303,11 @@ class OpenAIBackend:
         for i, prompt in enumerate(prompts):
             kwargs = self.build_request(as_messages(prompt), params)
             if self.api == "chat":
-                jobs.append(_Job(index=i, kwargs=kwargs, n=params.n))
+                jobs.append(_Job(index=i, kwargs=kwargs, n=params.n, max_tokens=params.max_tokens))
             else:
-                jobs.extend(_Job(index=i, kwargs=kwargs, n=1) for _ in range(params.n))
+                jobs.extend(
+                    _Job(index=i, kwargs=kwargs, n=1, max_tokens=params.max_tokens) for _ in range(params.n)
+                )
         return jobs
 
     def _assemble(
@@ -282,14 +320,17 @@ class OpenAIBackend:
 
     # ------------------------------------------------------------------ responses (no I/O)
 
-    def parse_response(self, response: Any, n: int) -> list[Generation]:
+    def parse_response(self, response: Any, n: int, *, max_tokens: int | None = None) -> list[Generation]:
         """Turn one SDK response object into ``n`` :class:`Generation` s (no I/O).
 
         Raises:
             BackendError: The response is malformed (no choices, wrong count, missing fields).
         """
         try:
-            gens = self._parse_chat(response) if self.api == "chat" else self._parse_responses(response)
+            if self.api == "chat":
+                gens = self._parse_chat(response, max_tokens)
+            else:
+                gens = self._parse_responses(response, max_tokens)
         except BackendError:
             raise
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
@@ -335,14 +376,14 @@ class OpenAIBackend:
         tokens: list[list[TokenLogprob] | None],
         finish: list[str | None],
         usage: _Usage,
+        max_tokens: int | None,
     ) -> list[Generation]:
         counts: list[int]
         if all(t is not None for t in tokens):
             counts = [len(t or []) for t in tokens]
         elif usage.completion_tokens is not None:
-            # Without logprobs the server reports only the total over all samples; split it by
-            # text length (exact for one sample, an approximation for several).
-            counts = _apportion(usage.completion_tokens, [len(t) for t in texts])
+            # Without logprobs the server reports only the total over all samples.
+            counts = _split_tokens(usage.completion_tokens, texts, finish, max_tokens)
         else:
             counts = [0] * len(texts)
         return [
@@ -357,7 +398,7 @@ class OpenAIBackend:
             for text, toks, fin, count in zip(texts, tokens, finish, counts, strict=True)
         ]
 
-    def _parse_chat(self, response: Any) -> list[Generation]:
+    def _parse_chat(self, response: Any, max_tokens: int | None) -> list[Generation]:
         choices = getattr(response, "choices", None)
         if not isinstance(choices, list) or not choices:
             raise BackendError(
@@ -376,9 +417,9 @@ class OpenAIBackend:
             tokens.append(self._tokens(getattr(logprobs, "content", None)) if logprobs is not None else None)
             finish.append(getattr(choice, "finish_reason", None))
         usage = self._usage(getattr(response, "usage", None), "prompt_tokens", "completion_tokens")
-        return self._generations(texts, tokens, finish, usage)
+        return self._generations(texts, tokens, finish, usage, max_tokens)
 
-    def _parse_responses(self, response: Any) -> list[Generation]:
+    def _parse_responses(self, response: Any, max_tokens: int | None) -> list[Generation]:
         text = response.output_text
         if not isinstance(text, str):
             raise TypeError(f"output_text is {type(text).__name__}, expected a string")
@@ -395,13 +436,13 @@ class OpenAIBackend:
         )
         usage = self._usage(getattr(response, "usage", None), "input_tokens", "output_tokens")
         toks = self._tokens(items)
-        return self._generations([text], [toks], [fin], usage)
+        return self._generations([text], [toks], [fin], usage, max_tokens)
 
     # ------------------------------------------------------------------ retries and errors (no I/O)
 
     def _wait(self, state: RetryCallState) -> float:
         # Exponential back-off with jitter: initial * 2**(attempt-1), plus up to as much again.
-        base = self.backoff_initial * 2 ** (state.attempt_number - 1)
+        base = self.backoff_initial * 2.0 ** (state.attempt_number - 1)
         base += random.uniform(0.0, base)
         exc = state.outcome.exception() if state.outcome is not None else None
         asked = _retry_after_s(exc)
@@ -458,7 +499,7 @@ class OpenAIBackend:
         try:
             for attempt in retrying:
                 with attempt:
-                    return self.parse_response(self._send(job.kwargs), job.n)
+                    return self.parse_response(self._send(job.kwargs), job.n, max_tokens=job.max_tokens)
         except Exception as exc:
             raise self._as_backend_error(exc, retrying.statistics.get("attempt_number", 1)) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
@@ -529,7 +570,9 @@ class OpenAIBackend:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return self.parse_response(await self._asend(job.kwargs), job.n)
+                    return self.parse_response(
+                        await self._asend(job.kwargs), job.n, max_tokens=job.max_tokens
+                    )
         except Exception as exc:
             raise self._as_backend_error(exc, retrying.statistics.get("attempt_number", 1)) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover

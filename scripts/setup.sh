@@ -9,4 +9,4 @@ pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check "
 pip_install --upgrade pip
 # The CPU build of torch; a bare "torch" would pull a multi-GB CUDA build.
 pip_install "torch==2.13.0"
-pip_install -e '.[dev,plots,local]'
+pip_install -e '.[dev,plots,local,openai]'
