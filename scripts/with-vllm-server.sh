@@ -3,8 +3,9 @@
 #
 #   bash scripts/with-vllm-server.sh .venv/bin/python -m pytest
 #
-# The command sees CAPGATE_TEST_VLLM_URL (base URL ending in /v1) and CAPGATE_TEST_VLLM_MODEL
-# (the served model name). The model folder comes from CAPGATE_VLLM_MODEL_DIR, else from
+# The command sees CAPGATE_TEST_VLLM_URL (base URL ending in /v1), CAPGATE_TEST_VLLM_MODEL (the
+# served model name), CAPGATE_TEST_VLLM_PYTHON (the python of .venv-vllm, for offline-engine tests)
+# and CAPGATE_TEST_VLLM_MODEL_DIR (the model folder). The model folder comes from CAPGATE_VLLM_MODEL_DIR, else from
 # `capgate model prepare default` (which prints the folder of the embedded default model).
 # The command's exit status is passed through; the server is stopped on any exit.
 set -euo pipefail
@@ -31,7 +32,10 @@ trap 'exit 143' TERM
 
 CAPGATE_TEST_VLLM_URL=$(bash "$HERE/vllm-server.sh" start "$model_dir")
 CAPGATE_TEST_VLLM_MODEL=$(cat "$CAPGATE_VLLM_STATE_DIR/model")
-export CAPGATE_TEST_VLLM_URL CAPGATE_TEST_VLLM_MODEL
+# For the offline-engine test: vLLM's own python and the model folder.
+CAPGATE_TEST_VLLM_PYTHON="$ROOT/.venv-vllm/bin/python"
+CAPGATE_TEST_VLLM_MODEL_DIR=$(cd "$model_dir" && pwd)
+export CAPGATE_TEST_VLLM_URL CAPGATE_TEST_VLLM_MODEL CAPGATE_TEST_VLLM_PYTHON CAPGATE_TEST_VLLM_MODEL_DIR
 echo "with-vllm-server: $CAPGATE_TEST_VLLM_MODEL at $CAPGATE_TEST_VLLM_URL" >&2
 
 status=0
