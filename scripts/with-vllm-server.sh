@@ -25,8 +25,16 @@ if [ -z "$model_dir" ]; then
 fi
 
 # A private state folder, so two runs side by side do not stop each other's server.
-export CAPGATE_VLLM_STATE_DIR=${CAPGATE_VLLM_STATE_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/capgate-vllm.XXXXXX")}
-trap 'bash "$HERE/vllm-server.sh" stop' EXIT
+if [ -z "${CAPGATE_VLLM_STATE_DIR:-}" ]; then
+    CAPGATE_VLLM_STATE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/capgate-vllm.XXXXXX")
+    own_state=$CAPGATE_VLLM_STATE_DIR
+fi
+export CAPGATE_VLLM_STATE_DIR
+cleanup() {
+    bash "$HERE/vllm-server.sh" stop || true
+    [ -z "${own_state:-}" ] || rm -rf "$own_state"
+}
+trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 

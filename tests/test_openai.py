@@ -260,3 +260,12 @@ def test_split_tokens_uses_the_length_limit_where_it_was_hit() -> None:
     counts = _split_tokens(22, ["aaaaaaaaaa", "a", "aaaa"], ["stop", "stop", "stop"], 8)
     assert sum(counts) == 22
     assert max(counts) <= 8
+
+
+def test_import_is_lazy() -> None:
+    import subprocess
+    import sys
+
+    code = "import capgate, capgate.adapters.openai, sys; print('openai' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

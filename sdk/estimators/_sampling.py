@@ -35,13 +35,16 @@ __all__ = [
     "AnyBackend",
     "Outcome",
     "Plan",
+    "QueryState",
     "Round",
     "RoundResult",
     "arun_plan",
+    "asample_round",
     "check_backend",
     "cost_of",
     "describe_error",
     "run_plan",
+    "sample_round",
     "wrap_last_user_turn",
 ]
 

@@ -76,6 +76,8 @@ class Consistency(CapabilityEstimator):
         return base.model_copy(update={"n": self.k_c})
 
     def _plan(self, queries: Sequence[Query]) -> Plan:
+        if not queries:
+            return []
         extract = self.extract or normalize_answer
         result = yield Round(list(queries), self._params())
         estimates: list[Estimate] = []

@@ -168,6 +168,8 @@ class PTrue(CapabilityEstimator):
         return wrap_last_user_turn(query, lambda q: self.template.format(question=delimit_question(q)))
 
     def _plan(self, queries: Sequence[Query]) -> Plan:
+        if not queries:
+            return []
         result = yield Round([self.build_prompt(q) for q in queries], self.params)
         estimates: list[Estimate] = []
         for outcome in result.outcomes:
