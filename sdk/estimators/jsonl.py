@@ -72,6 +72,7 @@ def estimate_jsonl(
         ...     _ = f.write(json.dumps({"id": "q1", "question": "2+2?", "k": 4, "correct": 3}) + "\\n")
         >>> [(row.mu_hat, est.p) for row, est in estimate_jsonl(Half(), f.name)]
         [(0.75, 0.5)]
+        >>> import os; os.remove(f.name)
     """
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be >= 1; got {batch_size!r}")
