@@ -243,6 +243,11 @@ def test_retry_after_header() -> None:
     assert _retry_after_s(status_error(openai.RateLimitError, 429, {"Retry-After": "2.5"})) == 2.5
     assert _retry_after_s(status_error(openai.RateLimitError, 429)) is None
     assert _retry_after_s(ValueError("no response")) is None
+    assert _retry_after_s(status_error(openai.RateLimitError, 429, {"Retry-After": "soon-ish"})) is None
+    past = _retry_after_s(
+        status_error(openai.RateLimitError, 429, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})
+    )
+    assert past == 0.0
 
 
 def test_apportion_sums_to_the_total_under_the_cap() -> None:
