@@ -291,6 +291,15 @@ def pool_hidden_states(states: np.ndarray, prompt_len: int, pooling: Pooling) ->
 
 
 def _folder_fingerprint(folder: Path) -> str:
+    """The weights digest :mod:`capgate.models` records, computed the same way when it is absent."""
+    import importlib
+
+    try:
+        models = importlib.import_module("capgate.models")
+    except ImportError:
+        pass
+    else:
+        return str(models.weights_fingerprint(folder))
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{folder}: no *.safetensors weights to fingerprint")
@@ -314,8 +323,9 @@ class VLLMFeaturizer:
             ``num_hidden_layers`` = the last layer's output before the norm). GPU only.
         pooling: ``"last"`` prompt token or ``"mean"`` over the prompt.
         chat_template: Render the query with the chat template and generation prompt.
-        weights_fingerprint: Digest of the weights for the spec; default: computed from the
-            folder's safetensors exactly as :func:`capgate.models.weights_fingerprint` does.
+        weights_fingerprint: Digest of the weights for the spec; default:
+            :func:`capgate.models.weights_fingerprint` of the folder (the same sha256 over its
+            safetensors where that module is not installed).
         dtype: Engine dtype.
         max_model_len: Context length to allocate for.
         llm_kwargs: Further ``vllm.LLM`` arguments.
