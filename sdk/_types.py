@@ -9,7 +9,15 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 __all__ = ["Cost", "Estimate", "LabelledQuery", "Sample"]
 
@@ -166,17 +174,26 @@ class LabelledQuery(BaseModel):
                 raise ValueError(f"declared µ̂ {declared!r} disagrees with correct/k = {c}/{k}")
         return data
 
-    @model_validator(mode="after")
-    def _check_counts(self) -> LabelledQuery:
-        if self.correct > self.k:
-            raise ValueError(f"correct must be <= k; got correct={self.correct}, k={self.k}")
-        if self.samples is not None:
-            if len(self.samples) != self.k:
-                raise ValueError(f"samples has {len(self.samples)} entries but k={self.k}")
-            n_ok = sum(s.correct for s in self.samples)
-            if n_ok != self.correct:
-                raise ValueError(f"samples mark {n_ok} correct but correct={self.correct}")
-        return self
+    @field_validator("correct")
+    @classmethod
+    def _correct_within_k(cls, correct: int, info: ValidationInfo) -> int:
+        k = info.data.get("k")
+        if k is not None and correct > k:
+            raise ValueError(f"correct must be <= k; got correct={correct}, k={k}")
+        return correct
+
+    @field_validator("samples")
+    @classmethod
+    def _samples_match_counts(cls, samples: list[Sample] | None, info: ValidationInfo) -> list[Sample] | None:
+        k, correct = info.data.get("k"), info.data.get("correct")
+        if samples is None or k is None or correct is None:
+            return samples
+        if len(samples) != k:
+            raise ValueError(f"samples has {len(samples)} entries but k={k}")
+        n_ok = sum(s.correct for s in samples)
+        if n_ok != correct:
+            raise ValueError(f"samples mark {n_ok} correct but correct={correct}")
+        return samples
 
     @property
     def mu_hat(self) -> float:

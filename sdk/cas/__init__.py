@@ -1,1 +1,91 @@
-"""Confidence-based adaptive sampling (CAS) and composable stop rules."""
+"""Confidence-based adaptive sampling (CAS) and composable stop rules.
+
+Example:
+    >>> from capgate.cas import beta_consensus, cas_confidence_gap, replay, stop_after_samples
+    >>> rule = (cas_confidence_gap() | beta_consensus()) | stop_after_samples(16)
+    >>> replay([("4", True, 0.9, 50), ("4", True, 0.95, 40)], stop=rule, batch_size=1).answer
+    '4'
+"""
+
+from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState
+from capgate.cas.budget import Route, StartingBudget, allocate_budget, route_by_capability, samples_for_target
+from capgate.cas.confidence import (
+    CONFIDENCE_INSTRUCTION,
+    DEFAULT_CONFIDENCE,
+    ConfidenceSource,
+    LogprobConfidence,
+    deepconf_score,
+    first_available,
+    parse_verbalized_confidence,
+    strip_confidence_tag,
+    verbalized_confidence,
+    with_confidence_instruction,
+)
+from capgate.cas.loop import (
+    DEFAULT_STOP,
+    CASResult,
+    DrawnSample,
+    PoolItem,
+    StopReason,
+    aadaptive_sample,
+    adaptive_sample,
+    replay,
+)
+from capgate.cas.stop import (
+    CASMode,
+    StopFn,
+    StopRule,
+    beta_consensus,
+    beta_prob_above_half,
+    cas_confidence_gap,
+    incomplete_beta,
+    stop_after_delay,
+    stop_after_samples,
+    stop_after_tokens,
+    stop_all,
+    stop_any,
+    stop_if,
+    stop_never,
+)
+
+__all__ = [
+    "CONFIDENCE_INSTRUCTION",
+    "DEFAULT_CONFIDENCE",
+    "DEFAULT_STOP",
+    "UNKNOWN_CONFIDENCE_WEIGHT",
+    "CASMode",
+    "CASResult",
+    "ConfidenceSource",
+    "DrawnSample",
+    "LogprobConfidence",
+    "PoolItem",
+    "Route",
+    "SamplingState",
+    "StartingBudget",
+    "StopFn",
+    "StopReason",
+    "StopRule",
+    "aadaptive_sample",
+    "adaptive_sample",
+    "allocate_budget",
+    "beta_consensus",
+    "beta_prob_above_half",
+    "cas_confidence_gap",
+    "deepconf_score",
+    "first_available",
+    "incomplete_beta",
+    "parse_verbalized_confidence",
+    "replay",
+    "route_by_capability",
+    "samples_for_target",
+    "stop_after_delay",
+    "stop_after_samples",
+    "stop_after_tokens",
+    "stop_all",
+    "stop_any",
+    "stop_if",
+    "stop_never",
+    "strip_confidence_tag",
+    "verbalized_confidence",
+    "with_confidence_instruction",
+]

@@ -19,7 +19,9 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    modules: tuple[ModuleType, ...] = ()
+    from capgate.cli import budget_cmd, eval_cmd, log_cmd, monitor_cmd
+
+    modules: tuple[ModuleType, ...] = (eval_cmd, budget_cmd, log_cmd, monitor_cmd)
     for module in modules:
         module.register(app)
 

@@ -1,0 +1,214 @@
+"""Per-response confidence sources: verbalized (C3RL-style tag) and token log-probabilities.
+
+A confidence source is any callable ``Generation -> float | None`` giving the confidence in
+[0, 1] that *this one response* is correct, or ``None`` when it cannot be had. The sampling loop
+uses it to weight votes and to feed :class:`~capgate.cas.cas_confidence_gap`.
+
+* :func:`verbalized_confidence` reads a ``[confidence=85%]`` tag the model was asked to append
+  (see :data:`CONFIDENCE_INSTRUCTION` and :func:`with_confidence_instruction`).
+* :class:`LogprobConfidence` turns DeepConf's token confidence (the negative mean of the top-k
+  log-probabilities at each position) into a number in [0, 1].
+* :func:`first_available` chains sources; :data:`DEFAULT_CONFIDENCE` is verbalized, falling back to
+  log-probabilities. When every source gives ``None`` the loop counts the vote with the documented
+  neutral weight :data:`~capgate.cas.UNKNOWN_CONFIDENCE_WEIGHT` and leaves it out of mean
+  confidences.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
+
+from capgate.backend import ChatMessage, Generation, Prompt, TokenLogprob, as_messages
+
+__all__ = [
+    "CONFIDENCE_INSTRUCTION",
+    "DEFAULT_CONFIDENCE",
+    "ConfidenceSource",
+    "LogprobConfidence",
+    "deepconf_score",
+    "first_available",
+    "parse_verbalized_confidence",
+    "strip_confidence_tag",
+    "verbalized_confidence",
+    "with_confidence_instruction",
+]
+
+ConfidenceSource: TypeAlias = Callable[[Generation], float | None]
+"""A per-response confidence: ``Generation -> float in [0, 1] | None``."""
+
+CONFIDENCE_INSTRUCTION = (
+    "After your final answer, state how confident you are that it is correct, as a percentage, "
+    "on its own at the very end of your response in exactly this form: [confidence=X%] "
+    "where X is a number from 0 to 100. Be calibrated: among answers you give X%, about X% "
+    "should be correct."
+)
+"""System-prompt text asking for a C3RL-style response-level confidence tag."""
+
+# Any bracketed "confidence = ..." / "confidence: ..." tag; its content is parsed strictly after.
+_TAG = re.compile(r"\[\s*confidence\s*[=:]([^\[\]]*)\]", re.IGNORECASE)
+_NUMBER = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(%?)\s*")
+
+
+def parse_verbalized_confidence(text: str) -> float | None:
+    """The confidence stated in the *last* ``[confidence=...]`` tag of ``text``, in [0, 1].
+
+    Accepted: ``[confidence=85%]``, ``[confidence = 0.85]``, ``[Confidence: 85 %]`` (any case). A
+    number with ``%`` is a percentage; without it, a value in [0, 1] is a probability and a value
+    in (1, 100] a percentage (no probability exceeds 1). Only the last tag counts: if it is
+    malformed (``[confidence=high]``) or out of range (``[confidence=120%]``) the result is
+    ``None``, even if an earlier tag was fine, because a model that restates its confidence means
+    the last statement.
+
+    Example:
+        >>> parse_verbalized_confidence("x = 4 [confidence=85%]")
+        0.85
+        >>> parse_verbalized_confidence("[CONFIDENCE = 0.3] then [confidence=high]") is None
+        True
+    """
+    tags = _TAG.findall(text)
+    if not tags:
+        return None
+    match = _NUMBER.fullmatch(tags[-1])
+    if match is None:
+        return None
+    value = float(match.group(1))
+    if match.group(2) == "%" or value > 1.0:
+        value /= 100.0
+    return value if 0.0 <= value <= 1.0 else None
+
+
+def strip_confidence_tag(text: str) -> str:
+    """``text`` without its ``[confidence=...]`` tags, so answer extraction never sees them.
+
+    Example:
+        >>> strip_confidence_tag("The answer is 4. [confidence=90%]")
+        'The answer is 4.'
+    """
+    return _TAG.sub("", text).rstrip()
+
+
+def verbalized_confidence(generation: Generation) -> float | None:
+    """Confidence source reading the response's last ``[confidence=X%]`` tag (``None`` if absent)."""
+    return parse_verbalized_confidence(generation.text)
+
+
+def with_confidence_instruction(
+    prompt: Prompt, *, instruction: str = CONFIDENCE_INSTRUCTION
+) -> list[ChatMessage]:
+    """``prompt`` as chat messages with the confidence instruction added to the system turn.
+
+    An existing leading system message keeps its text, with the instruction appended after a blank
+    line; otherwise a system message is inserted first.
+
+    Example:
+        >>> msgs = with_confidence_instruction("What is 2+2?")
+        >>> [m["role"] for m in msgs], "[confidence=X%]" in msgs[0]["content"]
+        (['system', 'user'], True)
+    """
+    messages = as_messages(prompt)
+    if messages and messages[0]["role"] == "system":
+        first: ChatMessage = {"role": "system", "content": f"{messages[0]['content']}\n\n{instruction}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": instruction}, *messages]
+
+
+def deepconf_score(tokens: Sequence[TokenLogprob], *, top_k: int) -> float | None:
+    """DeepConf's mean token confidence: the mean over positions of −(1/k)·Σ_{j≤k} log P_j.
+
+    Positions with fewer than ``top_k`` alternatives are skipped; ``None`` if none has enough.
+    Higher means more peaked (more confident) next-token distributions. The value is at least
+    log k whenever the top-k probabilities sum to at most 1 (Jensen), which
+    :class:`LogprobConfidence` uses to map it into [0, 1].
+    """
+    if top_k < 2:
+        raise ValueError(f"`top_k` must be >= 2 for DeepConf's token confidence; got {top_k}")
+    per_token: list[float] = []
+    for token in tokens:
+        if len(token.top) < top_k:
+            continue
+        best = sorted(token.top.values(), reverse=True)[:top_k]
+        per_token.append(-math.fsum(best) / top_k)
+    return math.fsum(per_token) / len(per_token) if per_token else None
+
+
+class LogprobConfidence:
+    """Confidence source from token log-probabilities (DeepConf-style).
+
+    With per-token top-``top_k`` alternatives (``SamplingParams(logprobs=True, top_logprobs=k)``),
+    the response's DeepConf score C̄ (see :func:`deepconf_score`) is mapped to
+    ``1 − k·exp(−C̄)``: 0 when the top-k are as flat as they can be (C̄ = log k), tending to 1 as
+    the distributions peak. That is one minus the ratio of the mean top-k geometric-mean
+    probability to its largest possible value 1/k. Without alternatives it falls back to
+    ``exp(mean_logprob)``, the geometric-mean probability of the generated tokens, from
+    ``Generation.tokens`` or ``Generation.mean_logprob``; without either it returns ``None``.
+
+    These are ranking signals, not calibrated probabilities; verbalized confidence from a
+    calibration-trained model is preferred where available (see :data:`DEFAULT_CONFIDENCE`).
+
+    Example:
+        >>> from capgate.backend import Generation
+        >>> round(LogprobConfidence()(Generation(text="4", n_tokens=2, mean_logprob=-0.1)), 4)
+        0.9048
+    """
+
+    def __init__(self, *, top_k: int = 5) -> None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 2:
+            raise ValueError(f"`top_k` must be an integer >= 2; got {top_k!r}")
+        self.top_k = top_k
+
+    def __call__(self, generation: Generation) -> float | None:
+        tokens = generation.tokens or []
+        score = deepconf_score(tokens, top_k=self.top_k) if tokens else None
+        if score is not None:
+            return min(1.0, max(0.0, 1.0 - self.top_k * math.exp(-score)))
+        mean_lp: float | None = generation.mean_logprob
+        if mean_lp is None and tokens:
+            mean_lp = math.fsum(t.logprob for t in tokens) / len(tokens)
+        if mean_lp is None or not math.isfinite(mean_lp):
+            return None
+        return min(1.0, math.exp(min(0.0, mean_lp)))
+
+    def __repr__(self) -> str:
+        return f"LogprobConfidence(top_k={self.top_k})"
+
+
+class _FirstAvailable:
+    def __init__(self, sources: tuple[ConfidenceSource, ...]) -> None:
+        self.sources = sources
+
+    def __call__(self, generation: Generation) -> float | None:
+        for source in self.sources:
+            value = source(generation)
+            if value is not None:
+                return value
+        return None
+
+    def __repr__(self) -> str:
+        names = (getattr(s, "__name__", None) or repr(s) for s in self.sources)
+        return f"first_available({', '.join(names)})"
+
+
+def first_available(*sources: ConfidenceSource) -> ConfidenceSource:
+    """A source returning the first non-``None`` confidence among ``sources``, in order.
+
+    Example:
+        >>> from capgate.backend import Generation
+        >>> src = first_available(verbalized_confidence, LogprobConfidence())
+        >>> src(Generation(text="4 [confidence=70%]", n_tokens=3, mean_logprob=-0.01))
+        0.7
+    """
+    if not sources:
+        raise ValueError("first_available needs at least one confidence source")
+    for source in sources:
+        if not callable(source):
+            raise TypeError(
+                f"a confidence source must be callable Generation -> float | None; got {source!r}"
+            )
+    return _FirstAvailable(tuple(sources))
+
+
+DEFAULT_CONFIDENCE: ConfidenceSource = first_available(verbalized_confidence, LogprobConfidence())
+"""Verbalized tag if present and parsable, else token log-probabilities, else ``None``."""

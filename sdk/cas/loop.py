@@ -1,0 +1,424 @@
+"""The adaptive sampling loop: draw batches, vote, stop by a rule.
+
+:func:`adaptive_sample` (sync, over :class:`~capgate.Backend`) and :func:`aadaptive_sample`
+(async, over :class:`~capgate.AsyncBackend`) differ only in how a batch is drawn; the bookkeeping
+(grouping answers, confidences, the stop decision, the result) lives once in ``_LoopCore``, which
+:func:`replay` also drives over a pre-drawn pool of graded samples.
+
+Each round draws ``b`` responses (the first round ``initial_batch`` if given, e.g. the budget a
+capability estimate suggests), extracts and groups their answers, and asks the stop rule; the
+loop never draws more than ``max_samples``. The returned answer is the confidence-weighted vote
+winner (ties: more raw votes, then the answer text).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Literal, TypeAlias
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from capgate._types import Sample
+from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
+from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState, _Tally
+from capgate.cas.confidence import DEFAULT_CONFIDENCE, ConfidenceSource, strip_confidence_tag
+from capgate.cas.stop import StopFn, StopRule, beta_consensus, cas_confidence_gap
+
+__all__ = [
+    "DEFAULT_STOP",
+    "CASResult",
+    "DrawnSample",
+    "PoolItem",
+    "StopReason",
+    "aadaptive_sample",
+    "adaptive_sample",
+    "replay",
+]
+
+StopReason: TypeAlias = Literal["rule", "max_samples", "pool_exhausted"]
+"""Why sampling ended: the stop rule fired, the ``max_samples`` cap was reached, or (replay only)
+the pre-drawn pool ran out first."""
+
+PoolItem: TypeAlias = tuple[str | None, bool, float | None, int]
+"""One pre-drawn sample for :func:`replay`: (answer, correct, confidence, n_tokens)."""
+
+Extractor: TypeAlias = Callable[[str], str | None]
+
+DEFAULT_STOP: StopRule = cas_confidence_gap() | beta_consensus(0.95)
+"""Stop when the CAS confidence gap is convincing or, failing confidences, when the Beta vote
+rule is; the ``max_samples`` cap bounds both."""
+
+
+class DrawnSample(BaseModel):
+    """One response the loop drew, as it was counted."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    answer: str | None
+    confidence: float | None = Field(default=None, ge=0.0, le=1.0)
+    n_tokens: int = Field(ge=0)
+    correct: bool | None = None
+    text: str | None = None
+
+
+class CASResult(BaseModel):
+    """What adaptive sampling produced for one query.
+
+    Attributes:
+        answer: The confidence-weighted vote winner (``None`` if no response had an answer).
+        samples_used: Responses drawn.
+        tokens: Tokens generated.
+        votes: Responses per answer.
+        vote_shares: Each answer's share of the responses that had an answer.
+        weighted_votes: Each answer's confidence-weighted vote.
+        mean_confidence: Each answer's mean known per-response confidence (``None`` if none known).
+        stop_reason: Why sampling ended.
+        stopped_by: The rule (its repr) or the cap that ended it.
+        batches: Batches drawn.
+        elapsed_s: Wall-clock seconds (0 for :func:`replay`).
+        correct: Replay only: whether the winner is correct (``None`` live, or with no winner).
+        samples: The drawn responses in order (``text`` kept only with ``keep_text=True``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    answer: str | None
+    samples_used: int = Field(ge=0)
+    tokens: int = Field(ge=0)
+    votes: dict[str, int]
+    vote_shares: dict[str, float]
+    weighted_votes: dict[str, float]
+    mean_confidence: dict[str, float | None]
+    stop_reason: StopReason
+    stopped_by: str
+    batches: int = Field(ge=0)
+    elapsed_s: float = Field(ge=0.0)
+    correct: bool | None = None
+    samples: tuple[DrawnSample, ...] = ()
+
+
+def _rule_name(rule: StopFn) -> str:
+    return repr(rule) if isinstance(rule, StopRule) else getattr(rule, "__name__", repr(rule))
+
+
+class _LoopCore:
+    """Everything but I/O: batch sizes, counting, the stop decision and the result."""
+
+    def __init__(
+        self,
+        *,
+        stop: StopFn,
+        batch_size: int,
+        max_samples: int,
+        initial_batch: int | None,
+        seed: int | np.random.Generator | None,
+        unknown_weight: float,
+    ) -> None:
+        if not callable(stop):
+            raise TypeError(f"`stop` must be a stop rule or a function state -> bool; got {stop!r}")
+        for name, value in (("batch_size", batch_size), ("max_samples", max_samples)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
+        if initial_batch is not None and (
+            isinstance(initial_batch, bool) or not isinstance(initial_batch, int) or initial_batch < 1
+        ):
+            raise ValueError(f"`initial_batch` must be a positive integer or None; got {initial_batch!r}")
+        if not (isinstance(unknown_weight, int | float) and 0.0 <= unknown_weight <= 1.0):
+            raise ValueError(f"`unknown_weight` must be in [0, 1]; got {unknown_weight!r}")
+        self.stop = stop
+        self.batch_size = batch_size
+        self.max_samples = max_samples
+        self.initial_batch = initial_batch
+        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        self.tally = _Tally(rng=rng, max_samples=max_samples, unknown_weight=float(unknown_weight))
+        self.samples: list[DrawnSample] = []
+        self.batches = 0
+
+    def next_batch_size(self) -> int:
+        wanted = self.initial_batch if (self.batches == 0 and self.initial_batch) else self.batch_size
+        return max(0, min(wanted, self.max_samples - self.tally.n_samples))
+
+    def absorb(self, sample: DrawnSample) -> None:
+        self.tally.add(sample.answer, sample.confidence, sample.n_tokens)
+        self.samples.append(sample)
+
+    def end_batch(self, elapsed_s: float) -> StopReason | None:
+        """Close a batch; the reason to stop now, or ``None`` to draw another."""
+        self.batches += 1
+        state = self.tally.snapshot(elapsed_s)
+        if self.stop(state):
+            return "rule"
+        if self.tally.n_samples >= self.max_samples:
+            return "max_samples"
+        return None
+
+    def state(self, elapsed_s: float) -> SamplingState:
+        return self.tally.snapshot(elapsed_s)
+
+    def result(self, reason: StopReason, elapsed_s: float) -> CASResult:
+        state = self.tally.snapshot(elapsed_s)
+        winner = state.leader
+        answered = state.n_answered
+        correct: bool | None = None
+        if winner is not None:
+            flags = [s.correct for s in self.samples if s.answer == winner]
+            correct = flags[0] if flags else None
+        if reason == "rule":
+            stopped_by = _rule_name(self.stop)
+        elif reason == "max_samples":
+            stopped_by = f"max_samples={self.max_samples}"
+        else:
+            stopped_by = f"pool of {self.tally.n_samples}"
+        return CASResult(
+            answer=winner,
+            samples_used=state.n_samples,
+            tokens=state.tokens,
+            votes=dict(state.votes),
+            vote_shares={a: v / answered for a, v in state.votes.items()} if answered else {},
+            weighted_votes=state.weighted_votes(),
+            mean_confidence={a: state.mean_confidence(a) for a in state.votes},
+            stop_reason=reason,
+            stopped_by=stopped_by,
+            batches=self.batches,
+            elapsed_s=elapsed_s,
+            correct=correct,
+            samples=tuple(self.samples),
+        )
+
+
+def _drawn(
+    generation: Generation, *, extract: Extractor, confidence: ConfidenceSource | None, keep_text: bool
+) -> DrawnSample:
+    raw = extract(strip_confidence_tag(generation.text))
+    if raw is not None and not isinstance(raw, str):
+        raise TypeError(f"`extract` must return a string or None; it returned {type(raw).__name__} {raw!r}")
+    answer = raw.strip() if raw is not None and raw.strip() else None
+    conf = confidence(generation) if confidence is not None else None
+    if conf is not None and not (math.isfinite(conf) and 0.0 <= conf <= 1.0):
+        raise ValueError(
+            f"confidence source {confidence!r} returned {conf!r}; expected a value in [0, 1] or None"
+        )
+    return DrawnSample(
+        answer=answer,
+        confidence=conf,
+        n_tokens=generation.n_tokens,
+        text=generation.text if keep_text else None,
+    )
+
+
+def _batch_params(params: SamplingParams, n: int, drawn: int) -> SamplingParams:
+    # A fixed seed would make every batch repeat the first; offset it by the samples drawn so far.
+    update: dict[str, object] = {"n": n}
+    if params.seed is not None:
+        update["seed"] = params.seed + drawn
+    return params.model_copy(update=update)
+
+
+def _first_row(rows: list[list[Generation]], n: int) -> list[Generation]:
+    if not rows or not rows[0]:
+        raise RuntimeError(
+            f"the backend returned no generations for a batch of {n}; cannot continue sampling"
+        )
+    return rows[0][:n]
+
+
+def adaptive_sample(
+    backend: Backend,
+    prompt: Prompt,
+    *,
+    extract: Extractor,
+    stop: StopFn = DEFAULT_STOP,
+    batch_size: int = 4,
+    max_samples: int = 40,
+    initial_batch: int | None = None,
+    confidence: ConfidenceSource | None = DEFAULT_CONFIDENCE,
+    params: SamplingParams | None = None,
+    seed: int | np.random.Generator | None = None,
+    unknown_weight: float = UNKNOWN_CONFIDENCE_WEIGHT,
+    keep_text: bool = False,
+) -> CASResult:
+    """Sample ``prompt`` in batches until ``stop`` says so (or ``max_samples``), then vote.
+
+    Args:
+        backend: The model to sample from.
+        prompt: The query (add :func:`~capgate.cas.with_confidence_instruction` for verbalized
+            confidence).
+        extract: Maps a response text (its confidence tag removed) to a normalized answer, or
+            ``None`` when it has none; responses group by that form.
+        stop: A stop rule or a function ``SamplingState -> bool``, asked after every batch.
+        batch_size: Responses per batch after the first.
+        max_samples: Hard cap on responses drawn.
+        initial_batch: Size of the first batch (e.g. :func:`~capgate.cas.samples_for_target`);
+            defaults to ``batch_size``.
+        confidence: Per-response confidence source, or ``None`` for plain majority voting.
+        params: Sampling parameters (``n`` is set per batch; a ``seed`` is offset per batch).
+        seed: Seed (or generator) of the RNG handed to stochastic stop rules.
+        unknown_weight: Vote weight of a response whose confidence is ``None``.
+        keep_text: Keep response texts in ``result.samples``.
+
+    Returns:
+        The vote winner and the accounting of how it was reached.
+
+    Example:
+        >>> from capgate.backend import Generation
+        >>> class Fixed:
+        ...     model_id = "fixed"
+        ...     def generate(self, prompts, params):
+        ...         return [[Generation(text="4 [confidence=90%]", n_tokens=5)] * params.n]
+        >>> r = adaptive_sample(Fixed(), "2+2?", extract=lambda t: t.split()[0], batch_size=2)
+        >>> r.answer, r.samples_used, r.stop_reason
+        ('4', 2, 'rule')
+    """
+    core = _LoopCore(
+        stop=stop,
+        batch_size=batch_size,
+        max_samples=max_samples,
+        initial_batch=initial_batch,
+        seed=seed,
+        unknown_weight=unknown_weight,
+    )
+    base = params or SamplingParams()
+    start = time.monotonic()
+    while True:
+        n = core.next_batch_size()
+        rows = backend.generate([prompt], _batch_params(base, n, core.tally.n_samples))
+        for generation in _first_row(rows, n):
+            core.absorb(_drawn(generation, extract=extract, confidence=confidence, keep_text=keep_text))
+        reason = core.end_batch(time.monotonic() - start)
+        if reason is not None:
+            return core.result(reason, time.monotonic() - start)
+
+
+async def aadaptive_sample(
+    backend: AsyncBackend,
+    prompt: Prompt,
+    *,
+    extract: Extractor,
+    stop: StopFn = DEFAULT_STOP,
+    batch_size: int = 4,
+    max_samples: int = 40,
+    initial_batch: int | None = None,
+    confidence: ConfidenceSource | None = DEFAULT_CONFIDENCE,
+    params: SamplingParams | None = None,
+    seed: int | np.random.Generator | None = None,
+    unknown_weight: float = UNKNOWN_CONFIDENCE_WEIGHT,
+    keep_text: bool = False,
+) -> CASResult:
+    """Async twin of :func:`adaptive_sample` over an :class:`~capgate.AsyncBackend`.
+
+    Example:
+        >>> import asyncio
+        >>> from capgate.backend import Generation
+        >>> class Fixed:
+        ...     model_id = "fixed"
+        ...     async def agenerate(self, prompts, params):
+        ...         return [[Generation(text="4 [confidence=90%]", n_tokens=5)] * params.n]
+        >>> asyncio.run(aadaptive_sample(Fixed(), "2+2?", extract=str.strip)).samples_used
+        4
+    """
+    core = _LoopCore(
+        stop=stop,
+        batch_size=batch_size,
+        max_samples=max_samples,
+        initial_batch=initial_batch,
+        seed=seed,
+        unknown_weight=unknown_weight,
+    )
+    base = params or SamplingParams()
+    start = time.monotonic()
+    while True:
+        n = core.next_batch_size()
+        rows = await backend.agenerate([prompt], _batch_params(base, n, core.tally.n_samples))
+        for generation in _first_row(rows, n):
+            core.absorb(_drawn(generation, extract=extract, confidence=confidence, keep_text=keep_text))
+        reason = core.end_batch(time.monotonic() - start)
+        if reason is not None:
+            return core.result(reason, time.monotonic() - start)
+
+
+def _pool_item(item: PoolItem | Sample, index: int) -> DrawnSample:
+    if isinstance(item, Sample):
+        return DrawnSample(
+            answer=item.answer, confidence=item.confidence, n_tokens=item.n_tokens or 0, correct=item.correct
+        )
+    if not (isinstance(item, tuple | list) and len(item) == 4):
+        raise ValueError(
+            f"pool[{index}] must be (answer, correct, confidence, n_tokens) or a capgate.Sample; got {item!r}"
+        )
+    answer, correct, conf, n_tokens = item
+    if answer is not None and not isinstance(answer, str):
+        raise ValueError(f"pool[{index}]: answer must be a string or None; got {answer!r}")
+    if not isinstance(correct, bool | np.bool_):
+        raise ValueError(f"pool[{index}]: correct must be a bool; got {correct!r}")
+    if conf is not None and not (isinstance(conf, int | float) and 0.0 <= conf <= 1.0):
+        raise ValueError(f"pool[{index}]: confidence must be in [0, 1] or None; got {conf!r}")
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int | np.integer) or n_tokens < 0:
+        raise ValueError(f"pool[{index}]: n_tokens must be a non-negative integer; got {n_tokens!r}")
+    return DrawnSample(
+        answer=answer,
+        confidence=None if conf is None else float(conf),
+        n_tokens=int(n_tokens),
+        correct=bool(correct),
+    )
+
+
+def replay(
+    pool: Sequence[PoolItem | Sample],
+    *,
+    stop: StopFn = DEFAULT_STOP,
+    batch_size: int = 4,
+    max_samples: int | None = None,
+    initial_batch: int | None = None,
+    seed: int | np.random.Generator | None = None,
+    unknown_weight: float = UNKNOWN_CONFIDENCE_WEIGHT,
+) -> CASResult:
+    """Run the sampling loop over pre-drawn, graded samples, taken in the given order.
+
+    The same batching, counting and stop decisions as :func:`adaptive_sample`, with no model: the
+    benchmark replays harvested pools (shuffle them first for a random draw order). ``result.correct``
+    is the ``correct`` flag of the winner's first drawn response (responses grouped under one
+    normalized answer are graded alike by construction).
+
+    Args:
+        pool: ``(answer, correct, confidence, n_tokens)`` tuples or :class:`~capgate.Sample` s.
+        stop: The stop rule.
+        batch_size: Samples per batch after the first.
+        max_samples: Cap (defaults to the pool size); a pool that runs out first ends with
+            ``stop_reason="pool_exhausted"``.
+        initial_batch: Size of the first batch.
+        seed: Seed (or generator) for stochastic rules.
+        unknown_weight: Vote weight of a sample whose confidence is ``None``.
+
+    Example:
+        >>> pool = [("12", True, 0.9, 100), ("12", True, 0.8, 90), ("13", False, 0.3, 120)]
+        >>> r = replay(pool, batch_size=1)
+        >>> r.answer, r.correct, r.samples_used, r.tokens
+        ('12', True, 1, 100)
+    """
+    items = [_pool_item(item, i) for i, item in enumerate(pool)]
+    if not items:
+        raise ValueError("replay needs a non-empty pool of samples")
+    cap = len(items) if max_samples is None else max_samples
+    core = _LoopCore(
+        stop=stop,
+        batch_size=batch_size,
+        max_samples=cap,
+        initial_batch=initial_batch,
+        seed=seed,
+        unknown_weight=unknown_weight,
+    )
+    position = 0
+    while True:
+        n = core.next_batch_size()
+        batch = items[position : position + n]
+        position += len(batch)
+        for sample in batch:
+            core.absorb(sample)
+        reason = core.end_batch(0.0)
+        if reason is not None:
+            return core.result(reason, 0.0)
+        if position >= len(items):
+            return core.result("pool_exhausted", 0.0)

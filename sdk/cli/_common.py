@@ -1,0 +1,60 @@
+"""Helpers shared by CLI commands: error reporting and output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+
+from capgate.errors import CapgateError
+
+__all__ = ["EXIT_BAD_INPUT", "console", "fail", "parse_int_list", "run_reporting_errors", "write_json"]
+
+EXIT_BAD_INPUT = 2
+T = TypeVar("T")
+
+
+def console() -> Console:
+    """A rich console; wide enough for metric tables when output is piped to a file."""
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: message`` to stderr and exit with status 2."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def run_reporting_errors(action: Callable[[], T]) -> T:
+    """Run ``action``; turn capgate's input errors into a one-line message and exit status 2."""
+    try:
+        return action()
+    except (CapgateError, ValueError) as exc:
+        fail(str(exc))
+
+
+def parse_int_list(text: str, *, option: str) -> list[int]:
+    """Parse ``"1,2,4"`` into positive ints, naming the option on error."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        fail(f"{option} must be comma-separated integers; got {text!r}")
+    if not values or any(v < 1 for v in values):
+        fail(f"{option} must hold positive integers; got {text!r}")
+    return values
+
+
+def write_json(payload: object, destination: str) -> None:
+    """Write JSON to a file, or to stdout when ``destination`` is ``-``."""
+    text = json.dumps(payload, indent=2, ensure_ascii=False)
+    if destination == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        path = Path(destination)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n", encoding="utf-8")

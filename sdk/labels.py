@@ -1,0 +1,158 @@
+"""Reading labelled query files (JSONL), with errors that name file, line and field."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from pydantic import ValidationError
+
+from capgate._types import LabelledQuery
+from capgate.errors import DataError
+from capgate.metrics._validate import FloatArray, IntArray
+
+__all__ = ["LabelledSet", "iter_labelled", "read_labelled"]
+
+
+def _first_error(exc: ValidationError) -> tuple[str | None, str]:
+    error = exc.errors()[0]
+    location = ".".join(str(part) for part in error["loc"]) or None
+    message = error["msg"].removeprefix("Value error, ")
+    return location, message
+
+
+def iter_labelled(path: str | Path) -> Iterator[tuple[int, LabelledQuery]]:
+    """Yield ``(line_number, record)`` for each non-blank line of a labelled JSONL file.
+
+    Raises:
+        DataError: for invalid JSON, a non-object line, or a record that fails validation.
+    """
+    path = Path(path)
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise DataError(f"cannot open: {exc.strerror}", path=path) from exc
+    with handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"invalid JSON: {exc.msg} (column {exc.colno})", path=path, line=line_number
+                ) from exc
+            if not isinstance(raw, dict):
+                raise DataError(
+                    f"expected a JSON object; got {type(raw).__name__}", path=path, line=line_number
+                )
+            try:
+                record = LabelledQuery.model_validate(raw)
+            except ValidationError as exc:
+                location, message = _first_error(exc)
+                raise DataError(message, path=path, line=line_number, field=location) from exc
+            yield line_number, record
+
+
+@dataclass(frozen=True)
+class LabelledSet:
+    """Labelled queries as arrays, ready for the metrics.
+
+    Attributes:
+        path: Where they were read from.
+        ids: Query ids, in file order.
+        k: Responses sampled per query.
+        correct: Correct responses per query.
+        confidences: One array of predicted capabilities per requested field.
+        records: The validated records.
+    """
+
+    path: Path
+    ids: list[str]
+    k: IntArray
+    correct: IntArray
+    confidences: dict[str, FloatArray] = field(default_factory=dict)
+    records: list[LabelledQuery] = field(default_factory=list, repr=False)
+
+    @property
+    def mu_hat(self) -> FloatArray:
+        """µ̂ = correct / k per query."""
+        return self.correct / self.k
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _confidence(record: LabelledQuery, name: str, path: Path, line: int) -> float:
+    extra = record.model_extra or {}
+    if name not in extra:
+        raise DataError("missing confidence field", path=path, line=line, field=name)
+    value = extra[name]
+    if value is None:
+        raise DataError(
+            "is null (the estimate was unavailable); drop or fill such records explicitly",
+            path=path,
+            line=line,
+            field=name,
+        )
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DataError(f"must be a number in [0, 1]; got {value!r}", path=path, line=line, field=name)
+    number = float(value)
+    if math.isnan(number) or not 0.0 <= number <= 1.0:
+        raise DataError(f"must be a number in [0, 1]; got {value!r}", path=path, line=line, field=name)
+    return number
+
+
+def read_labelled(path: str | Path, *, confidence: Sequence[str] = ()) -> LabelledSet:
+    """Read a labelled JSONL file, with the named confidence columns, into arrays.
+
+    Each line is one :class:`~capgate.LabelledQuery` (aliases of the paper's released data are
+    accepted). Nothing is silently dropped: any bad record raises.
+
+    Args:
+        path: The JSONL file.
+        confidence: Fields holding predicted capabilities to read (each must be in [0, 1]).
+
+    Raises:
+        DataError: naming file, line and field, for bad JSON, a missing or invalid field,
+            p outside [0, 1] or NaN, correct > k, a duplicate id, or an empty file.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / "l.jsonl"
+        >>> _ = f.write_text('{"id": "a", "k": 4, "correct": 3, "conf": 0.7}\\n')
+        >>> read_labelled(f, confidence=["conf"]).mu_hat.tolist()
+        [0.75]
+    """
+    path = Path(path)
+    ids: list[str] = []
+    records: list[LabelledQuery] = []
+    columns: dict[str, list[float]] = {name: [] for name in confidence}
+    seen: dict[str, int] = {}
+    for line, record in iter_labelled(path):
+        if record.id in seen:
+            raise DataError(
+                f"duplicate id {record.id!r} (first on line {seen[record.id]})",
+                path=path,
+                line=line,
+                field="id",
+            )
+        seen[record.id] = line
+        for name in confidence:
+            columns[name].append(_confidence(record, name, path, line))
+        ids.append(record.id)
+        records.append(record)
+    if not records:
+        raise DataError("no records (the file is empty)", path=path)
+    return LabelledSet(
+        path=path,
+        ids=ids,
+        k=np.array([r.k for r in records], dtype=np.int64),
+        correct=np.array([r.correct for r in records], dtype=np.int64),
+        confidences={name: np.array(values, dtype=np.float64) for name, values in columns.items()},
+        records=records,
+    )

@@ -1,0 +1,84 @@
+"""Input checks shared by every metric: one place says what a valid input is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+
+def as_float_array(name: str, values: ArrayLike) -> FloatArray:
+    """A 1-D float64 copy-free view of ``values``; rejects empty, NaN and infinite input."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim == 0:
+        array = array.reshape(1)
+    if array.ndim != 1:
+        raise ValueError(f"`{name}` must be one-dimensional; got shape {array.shape}")
+    if array.size == 0:
+        raise ValueError(f"`{name}` must not be empty")
+    if not np.all(np.isfinite(array)):
+        bad = int(np.flatnonzero(~np.isfinite(array))[0])
+        raise ValueError(f"`{name}` must be finite; got {array[bad]} at index {bad}")
+    return array
+
+
+def as_probabilities(name: str, values: ArrayLike) -> FloatArray:
+    """Like :func:`as_float_array`, and every value must lie in [0, 1]."""
+    array = as_float_array(name, values)
+    outside = (array < 0.0) | (array > 1.0)
+    if outside.any():
+        bad = int(np.flatnonzero(outside)[0])
+        raise ValueError(f"`{name}` must lie in [0, 1]; got {array[bad]} at index {bad}")
+    return array
+
+
+def as_counts(name: str, values: ArrayLike, *, minimum: int = 0) -> IntArray:
+    """A 1-D int64 array of counts >= ``minimum``; rejects fractional values."""
+    raw = np.asarray(values)
+    if raw.ndim == 0:
+        raw = raw.reshape(1)
+    if raw.ndim != 1:
+        raise ValueError(f"`{name}` must be one-dimensional; got shape {raw.shape}")
+    if raw.size == 0:
+        raise ValueError(f"`{name}` must not be empty")
+    if raw.dtype.kind == "f":
+        if not np.all(np.isfinite(raw)) or np.any(raw != np.round(raw)):
+            raise ValueError(f"`{name}` must hold whole numbers; got {raw[~(raw == np.round(raw))][:1]}")
+    elif raw.dtype.kind not in "iub":
+        raise ValueError(f"`{name}` must hold integers; got dtype {raw.dtype}")
+    array = raw.astype(np.int64)
+    if (array < minimum).any():
+        bad = int(np.flatnonzero(array < minimum)[0])
+        raise ValueError(f"`{name}` must be >= {minimum}; got {array[bad]} at index {bad}")
+    return array
+
+
+def same_length(**arrays: Any) -> int:
+    """Check that all arrays have the same length and return it."""
+    lengths = {name: len(a) for name, a in arrays.items()}
+    if len(set(lengths.values())) != 1:
+        described = ", ".join(f"`{n}` has {m}" for n, m in lengths.items())
+        raise ValueError(f"inputs must have the same length; {described}")
+    return next(iter(lengths.values()))
+
+
+def check_positive_int(name: str, value: int) -> int:
+    """A positive integer setting (bins, k, budgets)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
+    return int(value)
+
+
+def as_correct_and_k(correct: ArrayLike, k: ArrayLike | int, n: int) -> tuple[IntArray, IntArray]:
+    """Counts of correct responses and of sampled responses, broadcast to length ``n``."""
+    c = as_counts("correct", correct)
+    ks = as_counts("k", np.broadcast_to(np.asarray(k), (n,)) if np.ndim(k) == 0 else k, minimum=1)
+    same_length(correct=c, k=ks)
+    if (c > ks).any():
+        bad = int(np.flatnonzero(c > ks)[0])
+        raise ValueError(f"`correct` must be <= `k`; got correct={c[bad]}, k={ks[bad]} at index {bad}")
+    return c, ks

@@ -1,0 +1,327 @@
+"""The SQLite decision log: round trips, outcomes, concurrent writers, a writer killed mid-write, CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from capgate import Cost, DataError, Estimate
+from capgate.cli import app
+from capgate.decision import Decision, Outcome
+from capgate.decision.log import DecisionLog, query_hash
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make(p: float | None = 0.8, method: str = "probe", **kw: object) -> Decision:
+    estimate = Estimate(p=p, method=method) if p is not None else Estimate.unavailable(method, "server down")
+    return Decision(action="answer" if p is not None else "abstain", estimate=estimate, reason="test", **kw)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "logs" / "decisions.sqlite3"
+
+
+def test_record_and_read_back(db: Path) -> None:
+    d = Decision(
+        action="resample",
+        estimate=Estimate(p=0.42, method="probe", cost=Cost(latency_s=0.25)),
+        reason="band 0.3-0.6: resample",
+        budget=8,
+        policy="default",
+        step="solve",
+        tool="calculator",
+    )
+    with DecisionLog(db) as log:
+        assert log.record(d, query="What is 6*7?", samples_used=5) == d.id
+        got = log.get(d.id)
+    assert got.decision == d
+    assert got.query_sha256 == query_hash("What is 6*7?")
+    assert got.query_text is None  # text is off by default
+    assert got.samples_used == 5
+    assert got.latency_s == 0.25  # from the estimate's cost
+    assert got.outcome is None
+    assert (got.method, got.p) == ("probe", 0.42)
+    with sqlite3.connect(db) as raw:
+        row = raw.execute(
+            "SELECT step, tool, method, p, action, policy, budget, query_text FROM decisions"
+        ).fetchone()
+    assert row == ("solve", "calculator", "probe", 0.42, "resample", "default", 8, None)
+
+
+def test_query_hash_is_sha256_of_the_canonical_transcript() -> None:
+    canonical = json.dumps([{"content": "hi", "role": "user"}], separators=(",", ":"))
+    assert query_hash("hi") == hashlib.sha256(canonical.encode()).hexdigest()
+    assert query_hash("hi") != query_hash("hi ")
+    assert query_hash([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]) != query_hash(
+        "hi"
+    )
+
+
+def test_text_is_stored_only_when_asked(db: Path) -> None:
+    d1, d2 = make(), make()
+    with DecisionLog(db, store_text=True) as log:
+        log.record(d1, query="secret question")
+        log.record(d2, query=[{"role": "user", "content": "chat question"}])
+        assert log.get(d1.id).query_text == "secret question"
+        assert json.loads(log.get(d2.id).query_text or "") == [{"role": "user", "content": "chat question"}]
+    with DecisionLog(db) as log:
+        d3 = make()
+        log.record(d3, query="another secret")
+        assert log.get(d3.id).query_text is None
+    assert b"another secret" not in db.read_bytes()
+
+
+def test_degraded_decisions_keep_their_reason(db: Path) -> None:
+    d = make(p=None, degraded=True)
+    with DecisionLog(db) as log:
+        log.record(d, latency_s=1.5)
+        got = log.get(d.id)
+    assert got.p is None
+    assert got.latency_s == 1.5
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("SELECT degraded, degraded_reason FROM decisions").fetchone() == (1, "server down")
+
+
+def test_outcomes_attach_replace_and_validate(db: Path) -> None:
+    d = make()
+    with DecisionLog(db) as log:
+        log.record(d)
+        first = log.record_outcome(d.id, correct=False, samples_used=3, latency_s=2.0)
+        assert log.get(d.id).outcome == first
+        second = log.record_outcome(Outcome(decision_id=d.id, correct=True, mu_hat=0.75))
+        stored = log.get(d.id).outcome
+        assert stored == second
+        assert stored is not None
+        assert (stored.correct, stored.mu_hat) == (True, 0.75)
+        with pytest.raises(DataError, match="no decision with id 'missing' in the log") as info:
+            log.record_outcome("missing", correct=True)
+        assert info.value.field == "decision_id"
+        assert info.value.path == str(db)
+        with pytest.raises(DataError, match="needs `correct` or `mu_hat`"):
+            log.record_outcome(d.id)
+        with pytest.raises(DataError, match="no decision with id"):
+            log.get("missing")
+
+
+def test_listing_filters_and_counts(db: Path) -> None:
+    with DecisionLog(db) as log:
+        ids = []
+        for i in range(6):
+            d = make(p=None if i == 5 else 0.1 * i, method="probe" if i % 2 == 0 else "verbalized")
+            log.record(d)
+            ids.append(d.id)
+        log.record_outcome(ids[0], correct=True)
+        log.record_outcome(ids[2], correct=False)
+        assert [r.id for r in log.decisions()] == ids
+        assert [r.id for r in log.decisions(last=2)] == ids[4:]
+        assert [r.id for r in log.decisions(method="probe")] == [ids[0], ids[2], ids[4]]
+        assert [r.id for r in log.decisions(with_outcome=True)] == [ids[0], ids[2]]
+        assert [r.id for r in log.decisions(usable=False)] == [ids[5]]
+        assert log.count(method="probe", with_outcome=False) == 1
+        assert len(log) == 6
+        assert log.methods() == ["probe", "verbalized"]
+        # re-recording the same decision keeps one row
+        log.record(log.get(ids[0]).decision)
+        assert len(log) == 6
+        with pytest.raises(ValueError, match="`last` must be a positive integer"):
+            log.decisions(last=0)
+
+
+def test_wal_mode_and_integrity(db: Path) -> None:
+    with DecisionLog(db) as log:
+        log.record(make())
+        assert log.integrity_check() == "ok"
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_rejects_files_that_are_not_a_log(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.sqlite3"
+    junk.write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(DataError, match="not a usable capgate decision log") as info:
+        DecisionLog(junk).record(make())
+    assert info.value.path == str(junk)
+    other = tmp_path / "future.sqlite3"
+    with DecisionLog(other) as log:
+        log.record(make())
+    with sqlite3.connect(other) as raw:
+        raw.execute("UPDATE capgate_meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(DataError, match="schema version 99 is not the supported 1"):
+        DecisionLog(other).record(make())
+
+
+def test_threads_share_one_log_object(db: Path) -> None:
+    log = DecisionLog(db)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(25):
+                log.record(make())
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            log.close()
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(log) == 100
+    log.close()
+
+
+_WRITER = """
+import sys
+from capgate import Estimate
+from capgate.decision import Decision
+from capgate.decision.log import DecisionLog
+
+path, tag, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+log = DecisionLog(path)
+i = 0
+while count < 0 or i < count:
+    d = Decision(id=f"{tag}-{i}", action="answer", estimate=Estimate(p=0.5, method=tag), reason="load")
+    log.record(d, query=f"{tag} {i}")
+    if i % 2 == 0:
+        log.record_outcome(d.id, correct=bool(i % 4))
+    print(d.id, flush=True)
+    i += 1
+"""
+
+
+def _writer(db: Path, tag: str, count: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(db), tag, str(count)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+
+
+def test_several_processes_write_at_once(db: Path) -> None:
+    n_proc, per_proc = 4, 60
+    procs = [_writer(db, f"w{k}", per_proc) for k in range(n_proc)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert len(out.split()) == per_proc
+    with DecisionLog(db) as log:
+        assert len(log) == n_proc * per_proc
+        assert log.count(with_outcome=True) == n_proc * per_proc // 2
+        assert log.integrity_check() == "ok"
+        assert log.methods() == [f"w{k}" for k in range(n_proc)]
+        ids = {r.id for r in log.decisions()}
+    assert ids == {f"w{k}-{i}" for k in range(n_proc) for i in range(per_proc)}
+
+
+def test_writer_killed_mid_write_loses_nothing_committed(db: Path) -> None:
+    # Two writers contend for the lock; one is SIGKILLed while it loops inserting.
+    steady = _writer(db, "steady", 150)
+    victim = _writer(db, "victim", -1)
+    assert victim.stdout is not None
+    committed: list[str] = []
+    deadline = time.monotonic() + 240
+    while len(committed) < 120 and time.monotonic() < deadline:
+        line = victim.stdout.readline()
+        if not line:
+            break
+        committed.append(line.strip())
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=60)
+    # anything the victim printed had been committed before the kill
+    committed += [line.strip() for line in victim.stdout.read().split()]
+    _out, err = steady.communicate(timeout=300)
+    assert steady.returncode == 0, err
+    assert victim.returncode == -signal.SIGKILL
+    assert len(committed) >= 120, victim.stderr.read() if victim.stderr else ""
+
+    with DecisionLog(db) as log:
+        assert log.integrity_check() == "ok"
+        stored = {r.id for r in log.decisions(method="victim")}
+        assert set(committed) <= stored
+        assert len(stored) - len(committed) <= 1  # at most the row whose print the kill cut off
+        assert len(log.decisions(method="steady")) == 150
+        # and the log is still writable
+        log.record(make())
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_log_outcome_and_show(db: Path) -> None:
+    d, other = make(), make(p=0.3, method="verbalized")
+    with DecisionLog(db) as log:
+        log.record(d)
+        log.record(other)
+    runner = CliRunner()
+    result = runner.invoke(app, ["log", "outcome", d.id, "--correct", "yes", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert f"recorded outcome for {d.id}: correct=True" in result.output
+    result = runner.invoke(
+        app, ["log", "outcome", other.id, "--mu-hat", "0.25", "--samples", "4", "--db", str(db)]
+    )
+    assert result.exit_code == 0, result.output
+    with DecisionLog(db) as log:
+        o1, o2 = log.get(d.id).outcome, log.get(other.id).outcome
+    assert o1 is not None
+    assert o1.correct is True
+    assert o2 is not None
+    assert (o2.mu_hat, o2.samples_used, o2.correct) == (0.25, 4, None)
+
+    shown = runner.invoke(app, ["log", "show", "--json", "--db", str(db)])
+    assert shown.exit_code == 0, shown.output
+    lines = [json.loads(line) for line in shown.output.splitlines()]
+    assert [x["decision"]["id"] for x in lines] == [d.id, other.id]
+    table = runner.invoke(app, ["log", "show", "--db", str(db)])
+    assert table.exit_code == 0
+    assert d.id in table.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["log", "outcome", "nope", "--correct", "no"], "no decision with id 'nope' in the log"),
+        (["log", "outcome", "ID", "--correct", "maybe"], "--correct must be yes or no; got 'maybe'"),
+        (["log", "outcome", "ID"], "give --correct yes|no or --mu-hat X"),
+        (["log", "outcome", "ID", "--mu-hat", "1.5"], "--mu-hat must be in [0, 1]; got 1.5"),
+    ],
+)
+def test_cli_log_outcome_bad_input_exits_2(db: Path, args: list[str], message: str) -> None:
+    d = make()
+    with DecisionLog(db) as log:
+        log.record(d)
+    args = [d.id if a == "ID" else a for a in args]
+    result = CliRunner().invoke(app, [*args, "--db", str(db)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ")
+    assert message in result.stderr
+
+
+def test_cli_missing_db_is_an_error_not_a_new_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.sqlite3"
+    result = CliRunner().invoke(app, ["log", "outcome", "x", "--correct", "yes", "--db", str(missing)])
+    assert result.exit_code == 2
+    assert "no decision log at this path" in result.stderr
+    assert not missing.exists()
+    env_result = CliRunner(env={"CAPGATE_DB": str(missing)}).invoke(app, ["log", "show"])
+    assert env_result.exit_code == 2
+    assert str(missing) in env_result.stderr

@@ -1,0 +1,84 @@
+"""The public surface: honest __all__, a light import, a complete wheel."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import capgate
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLIC_MODULES = ["capgate", "capgate.metrics", "capgate.decision", "capgate.estimators"]
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_all_is_sorted_and_every_name_exists(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = list(module.__all__)
+    assert exported == sorted(exported)
+    for attribute in exported:
+        assert hasattr(module, attribute), f"{name}.{attribute} is in __all__ but missing"
+
+
+def test_import_capgate_stays_light() -> None:
+    heavy = [
+        "torch",
+        "transformers",
+        "vllm",
+        "openai",
+        "langgraph",
+        "langchain",
+        "matplotlib",
+        "typer",
+        "rich",
+    ]
+    code = (
+        "import sys, json, capgate, capgate.metrics, capgate.adapters, capgate.policies;"
+        f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
+    )
+    loaded = json.loads(subprocess.check_output([sys.executable, "-c", code], text=True))
+    assert loaded == []
+
+
+def test_package_ships_py_typed() -> None:
+    assert (Path(capgate.__file__).parent / "py.typed").is_file()
+
+
+@pytest.mark.slow
+def test_wheel_contains_every_package_and_data(tmp_path: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+    )
+    wheel = next(tmp_path.glob("capgate-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "capgate/py.typed" in names
+    for folder, package in (
+        ("sdk", "capgate"),
+        ("adapters", "capgate/adapters"),
+        ("policies", "capgate/policies"),
+    ):
+        for source in (ROOT / folder).rglob("*"):
+            if (
+                source.suffix in {".py", ".yaml", ".json", ".jsonl", ".safetensors"}
+                and "__pycache__" not in source.parts
+            ):
+                inside = f"{package}/{source.relative_to(ROOT / folder).as_posix()}"
+                assert inside in names, f"{source} is missing from the wheel as {inside}"
