@@ -63,10 +63,13 @@ def main() -> None:
     X_tr, y_tr, X_te, mu_te, y_te = X[:n], mu_hat[:n], X[n:], mu[n:], mu_hat[n:]
     prior = y_tr.mean()
     print(f"data: n_train={n} n_test={args.n_test} dim={args.dim} n_latent={args.n_latent} seed={args.seed}")
-    print(f"constant prior: Brier vs µ {np.mean((prior - mu_te) ** 2):.4f}, vs µ̂ {np.mean((prior - y_te) ** 2):.4f}")
+    brier = {"µ": np.mean((prior - mu_te) ** 2), "µ̂": np.mean((prior - y_te) ** 2)}
+    print(f"constant prior: Brier vs µ {brier['µ']:.4f}, vs µ̂ {brier['µ̂']:.4f}")
     print(f"noise floor: Brier(µ, µ̂) on test = {np.mean((mu_te - y_te) ** 2):.4f}")
-    print(f"{'z-score':>7} {'lr':>8} {'Brier/µ':>8} {'Brier/µ̂':>8} {'val bce':>8} {'epoch':>5} {'ran':>4} {'s':>6}")
-    z_grid = LR_GRID + (1e-3, 2e-3, 5e-3, 1e-2) if args.lrs is None else tuple(args.lrs)
+    header = ("z-score", "lr", "Brier/µ", "Brier/µ̂", "val bce", "epoch", "ran", "s")
+    widths = (7, 8, 8, 8, 8, 5, 4, 6)
+    print(" ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
+    z_grid = (*LR_GRID, 1e-3, 2e-3, 5e-3, 1e-2) if args.lrs is None else tuple(args.lrs)
     raw_grid = (1e-6, *LR_GRID) if args.raw_lrs is None else tuple(args.raw_lrs)
     for standardize, grid in ((True, z_grid), (False, raw_grid)):
         for lr in (*grid, "sweep"):
@@ -75,9 +78,10 @@ def main() -> None:
             dt = time.perf_counter() - t0
             p = probe.predict(X_te)
             label = f"{lr:.0e}" if isinstance(lr, float) else f"{lr}={probe.lr_:.0e}"
+            b_mu, b_hat = np.mean((p - mu_te) ** 2), np.mean((p - y_te) ** 2)
             print(
-                f"{standardize!s:>7} {label:>8} {np.mean((p - mu_te) ** 2):>8.4f} {np.mean((p - y_te) ** 2):>8.4f} "
-                f"{probe.validation_['bce']:>8.4f} {probe.best_epoch_:>5} {probe.n_epochs_:>4} {dt:>6.1f}",
+                f"{standardize!s:>7} {label:>8} {b_mu:>8.4f} {b_hat:>8.4f} {probe.validation_['bce']:>8.4f} "
+                f"{probe.best_epoch_:>5} {probe.n_epochs_:>4} {dt:>6.1f}",
                 flush=True,
             )
 

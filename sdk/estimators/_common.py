@@ -50,7 +50,9 @@ def as_vector(values: object, *, name: str, n: int | None = None, unit: bool = F
     try:
         array = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"`{name}` must be a 1-D array of numbers; got {type(values).__name__}: {exc}") from None
+        raise ValueError(
+            f"`{name}` must be a 1-D array of numbers; got {type(values).__name__}: {exc}"
+        ) from None
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
     if n is not None and array.shape[0] != n:
@@ -137,7 +139,7 @@ def get_field(payload: Mapping[str, Any], key: str, types: type | tuple[type, ..
     if key not in payload:
         raise DataError("missing", path=path, field=key)
     value = payload[key]
-    if not isinstance(value, types) or isinstance(value, bool) and bool not in _as_tuple(types):
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
         raise DataError(f"expected {_type_names(types)}; got {value!r}", path=path, field=key)
     if isinstance(value, float) and not math.isfinite(value):
         raise DataError(f"must be finite; got {value!r}", path=path, field=key)

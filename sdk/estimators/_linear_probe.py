@@ -10,6 +10,7 @@ import hashlib
 import math
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,13 +210,18 @@ class LinearProbe:
     def _learning_rates(self) -> tuple[float, ...]:
         if isinstance(self.lr, str):
             if self.lr != "sweep":
-                raise ValueError(f"`lr` must be a positive number, a sequence of them or 'sweep'; got {self.lr!r}")
+                raise ValueError(
+                    f"`lr` must be a positive number, a sequence of them or 'sweep'; got {self.lr!r}"
+                )
             return LR_GRID
         rates = (self.lr,) if isinstance(self.lr, int | float) else tuple(self.lr)
         if not rates or not all(
-            isinstance(r, int | float) and not isinstance(r, bool) and math.isfinite(r) and r > 0 for r in rates
+            isinstance(r, int | float) and not isinstance(r, bool) and math.isfinite(r) and r > 0
+            for r in rates
         ):
-            raise ValueError(f"`lr` must be a positive number, a sequence of them or 'sweep'; got {self.lr!r}")
+            raise ValueError(
+                f"`lr` must be a positive number, a sequence of them or 'sweep'; got {self.lr!r}"
+            )
         return tuple(float(r) for r in rates)
 
     def _check_settings(self) -> None:
@@ -305,6 +311,21 @@ class LinearProbe:
         runs = {lr: self._train(X_tr, y_tr, X_va, y_va, mean, scale, lr) for lr in rates}
         best_lr = min(rates, key=lambda r: runs[r].val_loss) if X_va is not None else rates[0]
         best = runs[best_lr]
+        if best.diverged:
+            warnings.warn(
+                f"LinearProbe training diverged at lr={best_lr}; kept the last finite checkpoint "
+                f"(epoch {best.best_epoch}). Use a smaller lr.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        elif X_va is not None and best.best_epoch == self.max_epochs:
+            warnings.warn(
+                f"LinearProbe stopped at max_epochs={self.max_epochs} while the validation loss was still "
+                f"falling (lr={best_lr}); raise max_epochs or lr (low-dimensional features need larger "
+                "rates than LR_GRID)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
         self.mean_, self.scale_ = mean, scale
         self.coef_ = best.weight
@@ -377,7 +398,10 @@ class LinearProbe:
         bias = torch.full((1,), math.log(prior / (1 - prior)), dtype=torch.float32, device=device)
         bias.requires_grad_(True)
         optimizer = torch.optim.SGD(
-            [{"params": [weight], "weight_decay": self.weight_decay}, {"params": [bias], "weight_decay": 0.0}],
+            [
+                {"params": [weight], "weight_decay": self.weight_decay},
+                {"params": [bias], "weight_decay": 0.0},
+            ],
             lr=lr,
             momentum=self.momentum,
         )
@@ -428,7 +452,9 @@ class LinearProbe:
         check_fitted(self, "coef_")
         array = as_matrix(X, name="X")
         if array.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {array.shape[1]} features but the probe was fitted on {self.n_features_in_}")
+            raise ValueError(
+                f"X has {array.shape[1]} features but the probe was fitted on {self.n_features_in_}"
+            )
         if self.mean_ is not None and self.scale_ is not None:
             array = (array - self.mean_) / self.scale_
         return array
@@ -436,7 +462,8 @@ class LinearProbe:
     def decision_function(self, X: npt.ArrayLike) -> FloatArray:
         """The probe's logits ``w · z + b`` (float64), one per row of ``X``."""
         z = self._features(X)
-        assert self.coef_ is not None and self.intercept_ is not None
+        assert self.coef_ is not None
+        assert self.intercept_ is not None
         # A row-wise sum, not a BLAS matrix-vector product: each row's value does not depend on
         # which other rows share the batch, so batched and one-by-one predictions are bitwise equal.
         logits: FloatArray = np.sum(z * self.coef_.astype(np.float64), axis=1) + self.intercept_
@@ -483,7 +510,8 @@ class LinearProbe:
             The folder written.
         """
         check_fitted(self, "coef_")
-        assert self.coef_ is not None and self.intercept_ is not None
+        assert self.coef_ is not None
+        assert self.intercept_ is not None
         st = _require_safetensors()
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
@@ -524,7 +552,9 @@ class LinearProbe:
             raise DataError("weights file not found", path=weights_path)
         digest = get_field(meta, "weights_sha256", str, meta_path)
         if _sha256(weights_path) != digest:
-            raise DataError("weights file does not match the SHA-256 recorded in probe.json", path=weights_path)
+            raise DataError(
+                "weights file does not match the SHA-256 recorded in probe.json", path=weights_path
+            )
         tensors = _require_safetensors().load_file(str(weights_path))
         dim = get_field(meta, "dim", int, meta_path)
         settings = dict(get_field(meta, "settings", dict, meta_path))
@@ -541,7 +571,9 @@ class LinearProbe:
             raise DataError(f"expected tensors weight ({dim},) and bias (1,)", path=weights_path)
         probe.coef_ = weight.astype(np.float32, copy=False)
         probe.intercept_ = float(bias[0])
-        if ("mean" in tensors) != bool(settings.get("standardize")) or ("scale" in tensors) != ("mean" in tensors):
+        if ("mean" in tensors) != bool(settings.get("standardize")) or ("scale" in tensors) != (
+            "mean" in tensors
+        ):
             raise DataError("z-score tensors do not match the 'standardize' setting", path=weights_path)
         if "mean" in tensors:
             if tensors["mean"].shape != (dim,) or tensors["scale"].shape != (dim,):
