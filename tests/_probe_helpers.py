@@ -38,7 +38,9 @@ class ToySpec(BaseModel):
 class CharCountFeaturizer:
     """Features: character counts of the query text times a fixed random projection (seeded)."""
 
-    def __init__(self, *, dim: int = 12, seed: int = 0, pydantic_spec: bool = False, source: str = "tests") -> None:
+    def __init__(
+        self, *, dim: int = 12, seed: int = 0, pydantic_spec: bool = False, source: str = "tests"
+    ) -> None:
         self.dim = dim
         self.seed = seed
         self.calls: list[int] = []

@@ -81,7 +81,9 @@ def _load(cls: Any) -> Callable[[Any, Path], Any]:
 
 CASES = [
     Case("linear-probe", small_probe, feature_data, _load(LinearProbe)),
-    Case("linear-probe-raw", lambda: small_probe(standardize=False, lr=1e-3), feature_data, _load(LinearProbe)),
+    Case(
+        "linear-probe-raw", lambda: small_probe(standardize=False, lr=1e-3), feature_data, _load(LinearProbe)
+    ),
     Case(
         "probe-estimator",
         lambda: ProbeEstimator(CharCountFeaturizer(), small_probe()),
@@ -89,7 +91,9 @@ CASES = [
         lambda est, path: ProbeEstimator.load(path, est.featurizer),
         method="probe",
     ),
-    Case("uniform", UniformRandom, query_data, _load(UniformRandom), method="uniform-random", needs_fit=False),
+    Case(
+        "uniform", UniformRandom, query_data, _load(UniformRandom), method="uniform-random", needs_fit=False
+    ),
     Case("constant-prior", ConstantPrior, query_data, _load(ConstantPrior), method="constant-prior"),
     Case("isotonic", IsotonicCalibrator, confidence_data, _load(IsotonicCalibrator)),
     Case("platt", PlattCalibrator, confidence_data, _load(PlattCalibrator)),
@@ -240,7 +244,7 @@ def test_async_estimate_matches_sync(case: Case) -> None:
 
 def test_wrong_length_targets_are_rejected(case: Case) -> None:
     X, y, _ = case.data()
-    with pytest.raises(ValueError, match="entries|features|queries"):
+    with pytest.raises(ValueError, match=r"entries|features|queries"):
         case.make().fit(X, y[:-1])
 
 

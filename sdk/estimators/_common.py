@@ -65,7 +65,7 @@ def as_vector(values: object, *, name: str, n: int | None = None, unit: bool = F
     if np.any(bad):
         i = int(np.flatnonzero(bad)[0])
         expected = "a finite number in [0, 1]" if unit else "a finite number"
-        raise ValueError(f"`{name}`[{i}] must be {expected}; got {array[i]!r}")
+        raise ValueError(f"`{name}`[{i}] must be {expected}; got {float(array[i])!r}")
     return array
 
 

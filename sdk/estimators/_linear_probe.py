@@ -321,8 +321,7 @@ class LinearProbe:
         elif X_va is not None and best.best_epoch == self.max_epochs:
             warnings.warn(
                 f"LinearProbe stopped at max_epochs={self.max_epochs} while the validation loss was still "
-                f"falling (lr={best_lr}); raise max_epochs or lr (low-dimensional features need larger "
-                "rates than LR_GRID)",
+                f"falling (lr={best_lr}); raise max_epochs or lr",
                 RuntimeWarning,
                 stacklevel=2,
             )

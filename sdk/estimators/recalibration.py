@@ -161,7 +161,8 @@ class IsotonicCalibrator:
             if np.any(outside):
                 i = int(np.flatnonzero(outside)[0])
                 raise ValueError(
-                    f"confidence[{i}] = {x[i]!r} is outside the fitted range [{self.X_min_}, {self.X_max_}]"
+                    f"confidence[{i}] = {float(x[i])!r} is outside the fitted range "
+                    f"[{self.X_min_}, {self.X_max_}]"
                 )
         out: FloatArray = np.interp(x, self.X_thresholds_, self.y_thresholds_)
         return out
@@ -312,14 +313,15 @@ class PlattCalibrator:
         current = loss(theta)
         total = float(w.sum())
         converged, n_iter = False, 0
-        for n_iter in range(1, self.max_iter + 1):
+        while n_iter < self.max_iter:
             p = sigmoid(design @ theta)
             grad = design.T @ (w * (p - y)) + penalty * theta
             if np.max(np.abs(grad)) / total < self.tol:
-                converged, n_iter = True, n_iter - 1
+                converged = True
                 break
             hess = (design * (w * p * (1 - p))[:, None]).T @ design + np.diag(penalty)
             step = np.linalg.lstsq(hess + 1e-12 * total * np.eye(2), grad, rcond=None)[0]
+            decrement = float(grad @ step)  # twice the loss decrease Newton predicts
             scale = 1.0
             while scale > 1e-10:
                 candidate = theta - scale * step
@@ -328,9 +330,13 @@ class PlattCalibrator:
                     break
                 scale /= 2
             else:
-                converged, n_iter = True, n_iter - 1  # no descent left: optimal to machine precision
+                converged = True  # no step lowers the loss: optimal to machine precision
                 break
             theta, current = candidate, value
+            n_iter += 1
+            if decrement / 2 <= 1e-12 * max(abs(current), 1e-12):
+                converged = True  # that step was below the loss's precision (Newton: quadratic)
+                break
         if not converged:
             warnings.warn(
                 f"PlattCalibrator did not converge in {self.max_iter} Newton steps (separable data?); "
