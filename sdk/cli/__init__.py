@@ -19,9 +19,9 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from capgate.cli import budget_cmd, eval_cmd, log_cmd, monitor_cmd
+    from capgate.cli import budget_cmd, eval_cmd, log_cmd, monitor_cmd, probe_cmd
 
-    modules: tuple[ModuleType, ...] = (eval_cmd, budget_cmd, log_cmd, monitor_cmd)
+    modules: tuple[ModuleType, ...] = (eval_cmd, budget_cmd, log_cmd, monitor_cmd, probe_cmd)
     for module in modules:
         module.register(app)
 

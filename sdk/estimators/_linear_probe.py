@@ -145,7 +145,7 @@ class LinearProbe:
         >>> rng = np.random.default_rng(0)
         >>> X = rng.normal(size=(200, 5)).astype(np.float32)
         >>> mu = 1 / (1 + np.exp(-2 * X[:, 0]))
-        >>> probe = LinearProbe(lr=1e-2, max_epochs=30).fit(X, mu)
+        >>> probe = LinearProbe(lr=5e-2, max_epochs=50).fit(X, mu)
         >>> bool(np.corrcoef(probe.predict(X), mu)[0, 1] > 0.9)
         True
     """
@@ -335,7 +335,11 @@ class LinearProbe:
         self.best_epoch_ = best.best_epoch
         self.n_epochs_ = best.epochs_run
         self.feature_spec_ = spec
-        self.training_ = {"n": int(y_tr.shape[0]), "mean_mu_hat": float(y_tr.mean()), "source": source}
+        self.training_: dict[str, Any] = {
+            "n": int(y_tr.shape[0]),
+            "mean_mu_hat": float(y_tr.mean()),
+            "source": source,
+        }
         self.validation_ = {} if X_va is None or y_va is None else self._validation_metrics(X_va, y_va)
         return self
 
