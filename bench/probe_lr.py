@@ -67,7 +67,7 @@ def main() -> None:
     print(f"constant prior: Brier vs µ {brier['µ']:.4f}, vs µ̂ {brier['µ̂']:.4f}")
     print(f"noise floor: Brier(µ, µ̂) on test = {np.mean((mu_te - y_te) ** 2):.4f}")
     header = ("z-score", "lr", "Brier/µ", "Brier/µ̂", "val bce", "epoch", "ran", "s")
-    widths = (7, 8, 8, 8, 8, 5, 4, 6)
+    widths = (7, 12, 8, 8, 8, 5, 4, 6)
     print(" ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
     z_grid = (*LR_GRID, 1e-3, 2e-3, 5e-3, 1e-2) if args.lrs is None else tuple(args.lrs)
     raw_grid = (1e-6, *LR_GRID) if args.raw_lrs is None else tuple(args.raw_lrs)
@@ -80,7 +80,7 @@ def main() -> None:
             label = f"{lr:.0e}" if isinstance(lr, float) else f"{lr}={probe.lr_:.0e}"
             b_mu, b_hat = np.mean((p - mu_te) ** 2), np.mean((p - y_te) ** 2)
             print(
-                f"{standardize!s:>7} {label:>8} {b_mu:>8.4f} {b_hat:>8.4f} {probe.validation_['bce']:>8.4f} "
+                f"{standardize!s:>7} {label:>12} {b_mu:>8.4f} {b_hat:>8.4f} {probe.validation_['bce']:>8.4f} "
                 f"{probe.best_epoch_:>5} {probe.n_epochs_:>4} {dt:>6.1f}",
                 flush=True,
             )

@@ -238,6 +238,8 @@ def test_bad_data_is_rejected_with_what_and_where() -> None:
         LinearProbe().fit(X[:, 0], mu_hat)
     with pytest.raises(ValueError, match="give both"):
         LinearProbe().fit(X, mu_hat, X_val=X)
+    with pytest.raises(ValueError, match=r"sweep .* needs validation data"):
+        LinearProbe(validation_fraction=None).fit(X, mu_hat)
     with pytest.raises(ValueError, match="empty training or validation split"):
         LinearProbe().fit(X[:3], mu_hat[:3])
     with pytest.raises(ValueError, match="feature_spec says dim=5 but X has 2 features"):

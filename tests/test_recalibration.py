@@ -267,3 +267,25 @@ def test_recalibrated_load_refuses_another_base_method(tmp_path: Path) -> None:
         DataError, match="fitted on 'verbalized' confidences; refusing to apply it to 'uniform-random'"
     ):
         Recalibrated.load(tmp_path / "recal.json", UniformRandom())
+
+
+# ------------------------------------------------------------------ real data
+
+MATH500 = Path(__file__).resolve().parents[1] / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
+
+
+@pytest.mark.parametrize("make", [IsotonicCalibrator, PlattCalibrator])
+def test_recalibrating_the_papers_probe_lowers_its_ece_out_of_sample(
+    make: type[IsotonicCalibrator] | type[PlattCalibrator],
+) -> None:
+    from capgate.labels import read_labelled
+
+    labelled = read_labelled(MATH500, confidence=["probe_conf_raw"])
+    raw, mu = labelled.confidences["probe_conf_raw"], labelled.mu_hat
+    out = np.empty_like(raw)
+    for fold in np.array_split(np.random.default_rng(0).permutation(len(raw)), 5):
+        train = np.setdiff1d(np.arange(len(raw)), fold)
+        out[fold] = make().fit(raw[train], mu[train]).predict(raw[fold])
+    assert capability_brier(raw, mu) == pytest.approx(0.0267, abs=5e-5)  # the paper's pass@1 MSE
+    assert expected_calibration_error(out, mu) < expected_calibration_error(raw, mu) / 2
+    assert capability_brier(out, mu) < capability_brier(raw, mu) + 1e-3

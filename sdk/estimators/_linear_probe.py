@@ -111,8 +111,8 @@ class LinearProbe:
         standardize: Z-score features with the training mean and standard deviation.
         lr: SGD learning rate; a sequence of rates to sweep; or ``"sweep"`` (the default) for
             :data:`LR_GRID`, the paper's 1e-5 to 5e-4. A sweep trains one probe per rate and
-            keeps the one with the lowest validation loss (without validation data, the first
-            rate). The rate used is ``lr_``. Measured on hidden-state-like data
+            keeps the one with the lowest validation loss (so it needs validation data). The
+            rate used is ``lr_``. Measured on hidden-state-like data
             (``bench/probe_lr.py``), the best rate moves with the dimension and correlation of the
             features, which is why the default sweeps rather than fixing one.
         momentum: SGD momentum.
@@ -300,6 +300,11 @@ class LinearProbe:
         else:
             X_tr, y_tr, X_va, y_va = X_all, y_all, None, None
 
+        if X_va is None and len(rates) > 1:
+            raise ValueError(
+                f"a learning-rate sweep ({len(rates)} rates) needs validation data to choose; "
+                "give X_val/y_val, set validation_fraction, or pass a single lr"
+            )
         if self.standardize:
             mean = X_tr.mean(axis=0)
             scale = X_tr.std(axis=0)
@@ -309,7 +314,7 @@ class LinearProbe:
             mean = scale = None
 
         runs = {lr: self._train(X_tr, y_tr, X_va, y_va, mean, scale, lr) for lr in rates}
-        best_lr = min(rates, key=lambda r: runs[r].val_loss) if X_va is not None else rates[0]
+        best_lr = min(rates, key=lambda r: runs[r].val_loss)
         best = runs[best_lr]
         if best.diverged:
             warnings.warn(
