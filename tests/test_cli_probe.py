@@ -219,6 +219,19 @@ def test_eval_refuses_features_from_another_model(data: Path, tmp_path: Path) ->
     )
     assert code == 2
     assert err.startswith("error: probe does not match the featurizer: weights_fingerprint: probe has")
+    code, _, err = invoke(
+        "probe",
+        "eval",
+        "--probe",
+        tmp_path / "probe",
+        "--labels",
+        data / "test.jsonl",
+        "--features",
+        tmp_path / "other.npz",
+        "--ignore-spec-field",
+        "weights_fingerprint",
+    )
+    assert code == 0, err
 
 
 def test_bad_input_exits_2_with_a_located_error(data: Path, tmp_path: Path) -> None:

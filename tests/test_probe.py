@@ -337,13 +337,25 @@ def test_newer_format_is_refused(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- spec matching
 
 
-def test_load_accepts_the_same_featurizer_even_from_another_source(tmp_path: Path) -> None:
+def test_load_accepts_an_equal_spec(tmp_path: Path) -> None:
     estimator = fitted_estimator()
     estimator.save(tmp_path / "probe")
-    moved = CharCountFeaturizer(source="/elsewhere/on/disk")
-    loaded = ProbeEstimator.load(tmp_path / "probe", moved)
+    loaded = ProbeEstimator.load(tmp_path / "probe", CharCountFeaturizer())
     queries = random_queries(10, 99)
     np.testing.assert_array_equal(loaded.predict(queries), estimator.predict(queries))
+
+
+def test_another_source_is_refused_unless_explicitly_ignored(tmp_path: Path) -> None:
+    fitted_estimator().save(tmp_path / "probe")
+    other_engine = CharCountFeaturizer(source="vllm")
+    with pytest.raises(ProbeMismatchError, match='source: probe has "tests", featurizer has "vllm"'):
+        ProbeEstimator.load(tmp_path / "probe", other_engine)
+    loaded = ProbeEstimator.load(tmp_path / "probe", other_engine, ignore_spec_fields=["source"])
+    assert loaded.estimate(["q"])[0].usable
+    with pytest.raises(ProbeMismatchError):  # ignoring one field does not ignore the others
+        ProbeEstimator.load(
+            tmp_path / "probe", CharCountFeaturizer(seed=3, source="vllm"), ignore_spec_fields=["source"]
+        )
 
 
 def test_load_refuses_a_featurizer_with_other_weights(tmp_path: Path) -> None:

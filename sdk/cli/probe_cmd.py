@@ -48,12 +48,13 @@ BatchOpt = Annotated[int, typer.Option(help="Queries per featurizer call.")]
 
 
 def _hidden_state_featurizer(model: str) -> Any:
-    """The local-model featurizer for ``model`` (``capgate.features``, extra ``local``)."""
+    """The local-model featurizer for ``model`` (``capgate.features``, extra ``local``), default recipe."""
     try:
+        models = importlib.import_module("capgate.models")
         features = importlib.import_module("capgate.features")
     except ImportError as exc:
         fail(f"--model needs capgate.features and its extra (pip install 'capgate[local]'): {exc}")
-    return features.HiddenStateFeaturizer.from_pretrained(model)
+    return features.HiddenStateFeaturizer(models.load_model(model))
 
 
 def _import_featurizer(target: str) -> Any:
@@ -234,6 +235,10 @@ def eval_command(
         str | None, typer.Option("--json", help="Also write the numbers as JSON (- for stdout).")
     ] = None,
     batch_size: BatchOpt = 16,
+    ignore_spec_field: Annotated[
+        list[str] | None,
+        typer.Option(help="Feature-spec field not to compare with the probe's (repeatable; e.g. source)."),
+    ] = None,
 ) -> None:
     """Calibration of the probe beside the uniform-random and constant-prior baselines."""
     from capgate.estimators.baselines import ConstantPrior, UniformRandom
@@ -247,7 +252,7 @@ def eval_command(
     probe = run_reporting_errors(lambda: LinearProbe.load(probe_dir))
     labelled = run_reporting_errors(lambda: read_labelled(labels))
     X, spec = run_reporting_errors(lambda: _features_for(labelled, features, model, featurizer, batch_size))
-    run_reporting_errors(lambda: check_spec_match(probe.feature_spec_, spec))
+    run_reporting_errors(lambda: check_spec_match(probe.feature_spec_, spec, ignore=ignore_spec_field or ()))
     prior = ConstantPrior.from_mean(probe.training_["mean_mu_hat"], n_train=probe.training_["n"])
     sources = {
         "probe": probe.predict(X),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -25,17 +25,12 @@ from capgate.estimators._linear_probe import LR_GRID, LinearProbe, spec_fingerpr
 from capgate.estimators.base import CapabilityEstimator, Query
 
 __all__ = [
-    "INFORMATIONAL_SPEC_KEYS",
     "LR_GRID",
     "Featurizer",
     "LinearProbe",
     "ProbeEstimator",
     "check_spec_match",
 ]
-
-INFORMATIONAL_SPEC_KEYS: frozenset[str] = frozenset({"source"})
-"""Feature-spec fields that describe where a model was loaded from, not what it computes; they are
-not compared when matching a probe to a featurizer (the weights fingerprint is)."""
 
 
 @runtime_checkable
@@ -60,15 +55,19 @@ def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
-def check_spec_match(probe_spec: Mapping[str, Any] | None, featurizer_spec: object) -> None:
+def check_spec_match(
+    probe_spec: Mapping[str, Any] | None, featurizer_spec: object, *, ignore: Collection[str] = ()
+) -> None:
     """Raise :class:`ProbeMismatchError` unless a probe's feature spec matches a featurizer's.
 
-    Every field is compared except :data:`INFORMATIONAL_SPEC_KEYS`; the message names each
-    differing field with the probe's and the featurizer's value.
+    Every field is compared (model id, weights fingerprint, layers, pooling, chat template, dim,
+    source...) except those named in ``ignore``; the message names each differing field with the
+    probe's and the featurizer's value. Ignore a field only when you have checked that it does not
+    change the features (say, ``source`` after comparing transformers and vLLM hidden states).
 
     Example:
-        >>> spec = {"model_id": "m", "weights_fingerprint": "abc", "dim": 4, "source": "/a"}
-        >>> check_spec_match(spec, {**spec, "source": "/b"})  # where it was loaded from may differ
+        >>> spec = {"model_id": "m", "weights_fingerprint": "abc", "dim": 4, "source": "vllm"}
+        >>> check_spec_match(spec, {**spec, "source": "transformers"}, ignore=["source"])
         >>> check_spec_match(spec, {**spec, "weights_fingerprint": "def"})
         Traceback (most recent call last):
         ...
@@ -82,7 +81,7 @@ def check_spec_match(probe_spec: Mapping[str, Any] | None, featurizer_spec: obje
             "refit it with LinearProbe.fit(..., feature_spec=featurizer.spec)"
         )
     ours = spec_as_dict(probe_spec)
-    keys = sorted((set(ours) | set(theirs)) - INFORMATIONAL_SPEC_KEYS)
+    keys = sorted((set(ours) | set(theirs)) - set(ignore))
     missing = object()
     diffs = [
         f"{key}: probe has {_show(ours.get(key))}, featurizer has {_show(theirs.get(key))}"
@@ -114,6 +113,8 @@ class ProbeEstimator(CapabilityEstimator):
     Args:
         featurizer: Makes the features (see :class:`Featurizer`).
         probe: The probe; fitted, or fitted later through :meth:`fit`.
+        ignore_spec_fields: Feature-spec fields not compared with the probe's (see
+            :func:`check_spec_match`); none by default.
 
     Example:
         >>> import numpy as np
@@ -132,9 +133,12 @@ class ProbeEstimator(CapabilityEstimator):
 
     method = "probe"
 
-    def __init__(self, featurizer: Featurizer, probe: LinearProbe) -> None:
+    def __init__(
+        self, featurizer: Featurizer, probe: LinearProbe, *, ignore_spec_fields: Collection[str] = ()
+    ) -> None:
         self.featurizer = featurizer
         self.probe = probe
+        self.ignore_spec_fields = ignore_spec_fields
 
     def __repr__(self) -> str:
         return f"ProbeEstimator(featurizer={self.featurizer!r}, probe={self.probe!r})"
@@ -170,7 +174,7 @@ class ProbeEstimator(CapabilityEstimator):
     def _check_ready(self) -> None:
         if getattr(self.probe, "coef_", None) is None:
             raise NotFittedError(self)
-        check_spec_match(self.probe.feature_spec_, self.featurizer.spec)
+        check_spec_match(self.probe.feature_spec_, self.featurizer.spec, ignore=self.ignore_spec_fields)
 
     def predict(self, queries: Sequence[Query]) -> FloatArray:
         """Predicted capability per query (raises if the featurizer fails; see :meth:`estimate`)."""
@@ -227,15 +231,18 @@ class ProbeEstimator(CapabilityEstimator):
         self.probe.save(path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], featurizer: Featurizer) -> ProbeEstimator:
+    def load(
+        cls, path: str | os.PathLike[str], featurizer: Featurizer, *, ignore_spec_fields: Collection[str] = ()
+    ) -> ProbeEstimator:
         """Load a saved probe for ``featurizer``, refusing one trained on other features.
 
         Raises:
             ProbeMismatchError: The probe's feature spec (model, weights fingerprint, layers,
-                pooling, chat template, dim...) differs from ``featurizer.spec``, or the probe
-                records none. The message names each differing field and both values.
+                pooling, chat template, dim, source...) differs from ``featurizer.spec`` in a field
+                not in ``ignore_spec_fields``, or the probe records none. The message names each
+                differing field and both values.
             DataError: The saved files are missing or corrupt.
         """
         probe = LinearProbe.load(path)
-        check_spec_match(probe.feature_spec_, featurizer.spec)
-        return cls(featurizer, probe)
+        check_spec_match(probe.feature_spec_, featurizer.spec, ignore=ignore_spec_fields)
+        return cls(featurizer, probe, ignore_spec_fields=ignore_spec_fields)
