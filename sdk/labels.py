@@ -87,11 +87,13 @@ class LabelledSet:
         return len(self.ids)
 
 
-def _confidence(record: LabelledQuery, name: str, path: Path, line: int) -> float:
+def _confidence(record: LabelledQuery, name: str, path: Path, line: int, allow_missing: bool) -> float:
     extra = record.model_extra or {}
     if name not in extra:
         raise DataError("missing confidence field", path=path, line=line, field=name)
     value = extra[name]
+    if value is None and allow_missing:
+        return math.nan
     if value is None:
         raise DataError(
             "is null (the estimate was unavailable); drop or fill such records explicitly",
@@ -107,7 +109,9 @@ def _confidence(record: LabelledQuery, name: str, path: Path, line: int) -> floa
     return number
 
 
-def read_labelled(path: str | Path, *, confidence: Sequence[str] = ()) -> LabelledSet:
+def read_labelled(
+    path: str | Path, *, confidence: Sequence[str] = (), allow_missing: bool = False
+) -> LabelledSet:
     """Read a labelled JSONL file, with the named confidence columns, into arrays.
 
     Each line is one :class:`~capgate.LabelledQuery` (aliases of the paper's released data are
@@ -116,6 +120,8 @@ def read_labelled(path: str | Path, *, confidence: Sequence[str] = ()) -> Labell
     Args:
         path: The JSONL file.
         confidence: Fields holding predicted capabilities to read (each must be in [0, 1]).
+        allow_missing: Read a ``null`` confidence (an estimate that was unavailable) as NaN
+            instead of raising; replaying a policy sends such queries to its fail-safe.
 
     Raises:
         DataError: naming file, line and field, for bad JSON, a missing or invalid field,
@@ -143,7 +149,7 @@ def read_labelled(path: str | Path, *, confidence: Sequence[str] = ()) -> Labell
             )
         seen[record.id] = line
         for name in confidence:
-            columns[name].append(_confidence(record, name, path, line))
+            columns[name].append(_confidence(record, name, path, line, allow_missing))
         ids.append(record.id)
         records.append(record)
     if not records:

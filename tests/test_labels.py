@@ -76,3 +76,19 @@ def test_empty_and_missing_files(tmp_path: Path) -> None:
 def test_samples_must_agree_with_counts() -> None:
     with pytest.raises(ValueError, match="samples mark 1 correct but correct=2"):
         LabelledQuery(id="q", k=2, correct=2, samples=[{"correct": True}, {"correct": False}])
+
+
+def test_allow_missing_reads_null_confidence_as_nan(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '{"id": "a", "k": 4, "correct": 3, "conf": 0.7}',
+        '{"id": "b", "k": 2, "correct": 0, "conf": null}',
+    )
+    data = read_labelled(path, confidence=["conf"], allow_missing=True)
+    assert data.confidences["conf"][0] == 0.7
+    assert data.confidences["conf"][1] != data.confidences["conf"][1]  # NaN
+    with pytest.raises(DataError, match="is null"):
+        read_labelled(path, confidence=["conf"])
+    missing_key = write(tmp_path, '{"id": "a", "k": 4, "correct": 3}')
+    with pytest.raises(DataError, match="missing confidence field"):
+        read_labelled(missing_key, confidence=["conf"], allow_missing=True)

@@ -19,9 +19,27 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from capgate.cli import budget_cmd, eval_cmd, log_cmd, monitor_cmd, probe_cmd
+    from capgate.cli import (
+        budget_cmd,
+        eval_cmd,
+        harvest_cmd,
+        log_cmd,
+        monitor_cmd,
+        policy_cmd,
+        probe_cmd,
+        simulate_cmd,
+    )
 
-    modules: tuple[ModuleType, ...] = (eval_cmd, budget_cmd, log_cmd, monitor_cmd, probe_cmd)
+    modules: tuple[ModuleType, ...] = (
+        eval_cmd,
+        budget_cmd,
+        harvest_cmd,
+        log_cmd,
+        monitor_cmd,
+        policy_cmd,
+        probe_cmd,
+        simulate_cmd,
+    )
     for module in modules:
         module.register(app)
 

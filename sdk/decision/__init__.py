@@ -1,7 +1,13 @@
-"""Decision records, the decision log, replay and monitoring."""
+"""Decision records, the decision log, replay and monitoring.
+
+Replay of policies on labelled data (:mod:`capgate.decision.simulate`) and risk-controlled
+thresholds (:mod:`capgate.decision.risk`) are pure functions on arrays of confidences and labels.
+"""
 
 from capgate.decision.log import DecisionLog, LoggedDecision, default_log_path, query_hash
 from capgate.decision.monitor import MethodReport, WindowStats, calibration_report
+from capgate.decision.risk import RiskControl, calibrate_threshold
+from capgate.decision.simulate import ReplaySummary, replay_policy, threshold_frontier
 from capgate.decision.types import Action, Decision, Outcome
 
 __all__ = [
@@ -11,8 +17,13 @@ __all__ = [
     "LoggedDecision",
     "MethodReport",
     "Outcome",
+    "ReplaySummary",
+    "RiskControl",
     "WindowStats",
+    "calibrate_threshold",
     "calibration_report",
     "default_log_path",
     "query_hash",
+    "replay_policy",
+    "threshold_frontier",
 ]

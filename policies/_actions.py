@@ -1,0 +1,245 @@
+"""Policy actions and their settings, and the rendering of the texts they show."""
+
+from __future__ import annotations
+
+import string
+from typing import Annotated, Literal, TypeAlias
+
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+
+from capgate.cas.stop import CASMode, StopRule
+from capgate.decision.types import Action
+from capgate.policies import _templates as tpl
+from capgate.policies._base import Loc, PolicyIssueError, Strict, expand_shorthand
+
+__all__ = [
+    "AbstainAction",
+    "ActionSpec",
+    "AnswerAction",
+    "AnyAction",
+    "ClarifyAction",
+    "ConfidenceGap",
+    "DegradedAction",
+    "EscalateAction",
+    "ResampleAction",
+    "StopSettings",
+    "message_template",
+    "render",
+]
+
+
+class _Prob:
+    """Formats like a float, or as ``unavailable`` when there is no value."""
+
+    def __init__(self, p: float | None) -> None:
+        self.p = p
+
+    def __format__(self, spec: str) -> str:
+        return tpl.UNAVAILABLE if self.p is None else format(self.p, spec or ".3f")
+
+    def __str__(self) -> str:
+        return tpl.UNAVAILABLE if self.p is None else f"{self.p:.3f}"
+
+
+def render(template: str, p: float | None, **text: str) -> str:
+    """Fill a text template; ``{p}`` renders as ``unavailable`` when there is no value."""
+    return template.format_map({"p": _Prob(p), **text})
+
+
+def _check_template(text: str) -> str:
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+    except ValueError as exc:
+        hint = "write literal braces as {{ and }}"
+        raise ValueError(f"not a valid text template ({exc}); {hint}") from None
+    for name in fields:
+        if name not in tpl.PLACEHOLDERS:
+            allowed = ", ".join("{" + p + "}" for p in tpl.PLACEHOLDERS)
+            raise ValueError(f"unknown placeholder {{{name}}}; allowed: {allowed}")
+    sample = dict.fromkeys(tpl.PLACEHOLDERS, "x")
+    for p in (0.5, None):
+        try:
+            render(text, p, **{k: v for k, v in sample.items() if k != "p"})
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"template does not render: {exc}") from None
+    return text
+
+
+Template = Annotated[str, Field(min_length=1), AfterValidator(_check_template)]
+"""A user-facing text; may use the placeholders of :data:`capgate.policies._templates.PLACEHOLDERS`."""
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class AnswerAction(Strict):
+    """Let the model answer."""
+
+    action: Literal["answer"] = "answer"
+
+
+class AbstainAction(Strict):
+    """Decline to answer, telling the user why.
+
+    Attributes:
+        message: Text shown to the user (a template).
+    """
+
+    action: Literal["abstain"] = "abstain"
+    message: Template = tpl.ABSTAIN_MESSAGE
+
+
+class ClarifyAction(Strict):
+    """Ask the user a clarifying question instead of answering.
+
+    Attributes:
+        question: The question put to the user (a template).
+    """
+
+    action: Literal["clarify"] = "clarify"
+    question: Template = tpl.CLARIFY_QUESTION
+
+
+class EscalateAction(Strict):
+    """Hand the query to a human, with context.
+
+    Attributes:
+        to: Who takes over (a queue, team or channel name), if the integration routes by it.
+        summary: Hand-off note for the human (a template).
+    """
+
+    action: Literal["escalate"] = "escalate"
+    to: str | None = Field(default=None, min_length=1)
+    summary: Template = tpl.ESCALATE_SUMMARY
+
+
+class ConfidenceGap(Strict):
+    """Settings of CAS's confidence-gap stop rule (:class:`capgate.cas.cas_confidence_gap`).
+
+    Stop when σ(scale · (c1 − c2 − margin)) reaches ``level`` (``mode: threshold``), or with that
+    probability (``mode: stochastic``); c1, c2 are the mean confidences of the two leading answers.
+    """
+
+    scale: float = Field(default=10.0, gt=0.0, allow_inf_nan=False)
+    margin: float = Field(default=0.5, ge=-1.0, le=1.0)
+    mode: CASMode = "threshold"
+    level: float = Field(default=0.5, gt=0.0, lt=1.0)
+
+
+class StopSettings(Strict):
+    """When confidence-based adaptive sampling (CAS) may stop before ``max_samples``.
+
+    Sampling stops as soon as any enabled rule fires (and never after ``max_samples``); the
+    defaults are CAS's own :data:`capgate.cas.DEFAULT_STOP`.
+
+    Attributes:
+        confidence_gap: The CAS confidence-gap rule, or ``null`` to disable it.
+        consensus: Stop once P(the leading answer is the majority) >= this under a Beta posterior
+            on the two top vote counts (:class:`capgate.cas.beta_consensus`), or ``null``.
+        min_samples: Never stop before this many samples.
+    """
+
+    confidence_gap: ConfidenceGap | None = Field(default_factory=ConfidenceGap)
+    consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
+    min_samples: int = Field(default=1, ge=1)
+
+    def rule(self) -> StopRule:
+        """The composed stop rule for :func:`capgate.cas.adaptive_sample` (``stop=...``).
+
+        Example:
+            >>> StopSettings(consensus=0.9, confidence_gap=None, min_samples=3).rule()
+            stop_all(stop_after_samples(3), stop_any(beta_consensus(threshold=0.9)))
+        """
+        from capgate.cas import (
+            beta_consensus,
+            cas_confidence_gap,
+            stop_after_samples,
+            stop_all,
+            stop_any,
+            stop_never,
+        )
+
+        rules: list[StopRule] = []
+        if self.confidence_gap is not None:
+            rules.append(cas_confidence_gap(**self.confidence_gap.model_dump()))
+        if self.consensus is not None:
+            rules.append(beta_consensus(self.consensus))
+        combined: StopRule = stop_any(*rules) if rules else stop_never()
+        if self.min_samples > 1:
+            combined = stop_all(stop_after_samples(self.min_samples), combined)
+        return combined
+
+
+class ResampleAction(Strict):
+    """Spend more samples on the query through CAS, within a budget.
+
+    Attributes:
+        max_samples: Hard cap on the responses drawn for the query.
+        batch_size: Responses drawn per round before the stop rule is consulted.
+        stop: Early-stop settings.
+        target_pass_at_k: Only when a verifier can pick a correct response: draw the smallest k
+            whose predicted pass@k, 1 - (1 - p)^k, reaches this target (capped at ``max_samples``).
+    """
+
+    action: Literal["resample"] = "resample"
+    max_samples: int = Field(default=16, ge=1)
+    batch_size: int = Field(default=4, ge=1)
+    stop: StopSettings = Field(default_factory=StopSettings)
+    target_pass_at_k: float | None = Field(default=None, gt=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> ResampleAction:
+        issues: list[tuple[Loc, str]] = []
+        if self.batch_size > self.max_samples:
+            issues.append(
+                (("batch_size",), f"must be <= max_samples ({self.max_samples}); got {self.batch_size}")
+            )
+        if self.stop.min_samples > self.max_samples:
+            issues.append(
+                (
+                    ("stop", "min_samples"),
+                    f"must be <= max_samples ({self.max_samples}); got {self.stop.min_samples}",
+                )
+            )
+        if issues:
+            raise PolicyIssueError(issues)
+        return self
+
+    def budget(self, p: float | None) -> int:
+        """Samples to spend on a query with predicted capability ``p`` (``None``: unavailable).
+
+        With ``target_pass_at_k`` the budget is the smallest k reaching the target
+        (:func:`capgate.cas.samples_for_target`), else ``max_samples`` (CAS may stop earlier).
+
+        Example:
+            >>> ResampleAction(max_samples=16, target_pass_at_k=0.9).budget(0.5)
+            4
+        """
+        if self.target_pass_at_k is None or p is None:
+            return self.max_samples
+        from capgate.cas import samples_for_target
+
+        return samples_for_target(p, target=self.target_pass_at_k, max_samples=self.max_samples).k
+
+
+AnyAction: TypeAlias = AnswerAction | AbstainAction | ClarifyAction | EscalateAction | ResampleAction
+
+ActionSpec = Annotated[AnyAction, Field(discriminator="action")]
+"""One action with its settings, chosen by its ``action`` key."""
+
+
+DegradedAction = Annotated[
+    ActionSpec,
+    BeforeValidator(lambda v: expand_shorthand("action", v), json_schema_input_type=ActionSpec | Action),
+]
+"""The fail-safe action for degraded estimates; a bare action name takes default settings."""
+
+
+def message_template(spec: AnyAction) -> str | None:
+    """The user/human text of an action, if it has one."""
+    if isinstance(spec, AbstainAction):
+        return spec.message
+    if isinstance(spec, ClarifyAction):
+        return spec.question
+    if isinstance(spec, EscalateAction):
+        return spec.summary
+    return None

@@ -1,0 +1,301 @@
+"""Policies: bands and a fail-safe, per-step and per-tool overrides, and the decision engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from capgate._types import Estimate
+from capgate.decision.types import Decision
+from capgate.policies import _templates as tpl
+from capgate.policies._actions import AnyAction, DegradedAction, ResampleAction, message_template, render
+from capgate.policies._bands import AnyBand, BandList, band_edges
+from capgate.policies._base import Strict, expand_shorthand, fmt
+
+__all__ = ["Match", "Override", "Policy", "Rule"]
+
+
+class Override(Strict):
+    """Bands and/or fail-safe that replace the policy's for one agent step or one tool.
+
+    Attributes:
+        bands: Bands used instead of the policy's (inherited when omitted).
+        on_degraded: Fail-safe used instead of the policy's (inherited when omitted).
+    """
+
+    bands: BandList | None = None
+    on_degraded: DegradedAction | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return expand_shorthand("override", data)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> Override:
+        if self.bands is None and self.on_degraded is None:
+            raise ValueError("an override needs bands, on_degraded, or both")
+        return self
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The bands and fail-safe in force for one (step, tool), after overrides.
+
+    Attributes:
+        bands: The ordered bands.
+        on_degraded: The fail-safe action.
+        scope: Human-readable origin (``policy 'x'``, ``tool 'send_email' of policy 'x'``).
+        edges: ``(lower, upper)`` of each band.
+    """
+
+    bands: tuple[AnyBand, ...]
+    on_degraded: AnyAction
+    scope: str
+    edges: tuple[tuple[float, float], ...]
+
+    def band_index(self, p: float) -> int:
+        """Index of the band holding ``p`` (each band is ``[lower, upper)``, the last ``[lower, 1]``)."""
+        for i, (_, upper) in enumerate(self.edges[:-1]):
+            if p < upper:
+                return i
+        return len(self.edges) - 1
+
+    def interval(self, index: int) -> str:
+        """The band's interval in math notation."""
+        lower, upper = self.edges[index]
+        close = "]" if index == len(self.edges) - 1 else ")"
+        return f"[{fmt(lower)}, {fmt(upper)}{close}"
+
+
+@dataclass(frozen=True)
+class Match:
+    """Which action spec a policy picked for an estimate, and why.
+
+    Attributes:
+        spec: The action with its settings (a band, or the fail-safe).
+        rule: The rule it came from.
+        band: Index of the band that fired, or ``None`` for the fail-safe.
+        degraded: Whether the fail-safe fired.
+        reason: The decision's reason text.
+    """
+
+    spec: AnyAction
+    rule: Rule
+    band: int | None
+    degraded: bool
+    reason: str
+
+
+class Policy(Strict):
+    """A capability policy: what to do with a query given its predicted capability p.
+
+    Attributes:
+        version: Format version (1).
+        name: Name recorded in every decision.
+        description: What the policy is for.
+        bands: Ordered bands of p covering [0, 1]; the first band whose interval holds p fires.
+        on_degraded: Mandatory fail-safe for estimates that are unavailable or degraded.
+        steps: Overrides by agent step (graph node) name.
+        tools: Overrides by gated tool name; a tool override wins over a step override.
+
+    Example:
+        >>> from capgate import Estimate
+        >>> from capgate.policies import AbstainBand, AnswerBand, ClarifyBand, EscalateAction
+        >>> policy = Policy(
+        ...     name="demo",
+        ...     bands=[AbstainBand(below=0.3), ClarifyBand(below=0.6), AnswerBand()],
+        ...     on_degraded=EscalateAction(to="support"),
+        ... )
+        >>> policy.decide(Estimate(p=0.45, method="probe")).action
+        'clarify'
+        >>> policy.decide(Estimate.unavailable("probe", "server down")).action
+        'escalate'
+    """
+
+    version: Literal[1] = 1
+    name: str = Field(min_length=1)
+    description: str | None = None
+    bands: BandList
+    on_degraded: DegradedAction
+    steps: dict[str, Override] = Field(default_factory=dict)
+    tools: dict[str, Override] = Field(default_factory=dict)
+
+    # ----------------------------------------------------------------- loading
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Policy:
+        """Load and validate a policy file (``yaml.SafeLoader`` only).
+
+        Raises:
+            PolicyError: Every problem in the file, each with its line and field.
+        """
+        from capgate.policies._yaml import load_policy_file
+
+        return load_policy_file(path)
+
+    @classmethod
+    def from_yaml_text(cls, text: str, *, source: str = "<string>") -> Policy:
+        """Validate a policy given as YAML text; ``source`` names it in error messages."""
+        from capgate.policies._yaml import parse_policy
+
+        return parse_policy(text, source=source)
+
+    def to_yaml(self, *, header: str | None = None) -> str:
+        """The policy as a policy file (full form); ``header`` lines become leading comments."""
+        from capgate.policies._yaml import dump_policy
+
+        return dump_policy(self, header=header)
+
+    # ----------------------------------------------------------------- deciding
+
+    def rule(self, *, step: str | None = None, tool: str | None = None) -> Rule:
+        """The bands and fail-safe in force for a step and/or tool (tool overrides win)."""
+        bands: Sequence[AnyBand] = self.bands
+        on_degraded: AnyAction = self.on_degraded
+        scope = f"policy '{self.name}'"
+        for kind, key, table in (("step", step, self.steps), ("tool", tool, self.tools)):
+            override = table.get(key) if key is not None else None
+            if override is not None:
+                scope = f"{kind} '{key}' of policy '{self.name}'"
+                bands = override.bands if override.bands is not None else bands
+                on_degraded = override.on_degraded if override.on_degraded is not None else on_degraded
+        return Rule(tuple(bands), on_degraded, scope, tuple(band_edges(bands)))
+
+    def match(self, estimate: Estimate, *, step: str | None = None, tool: str | None = None) -> Match:
+        """Pick the action spec for an estimate without building a Decision.
+
+        Integrations use it to read an action's settings (say, the CAS budget of a resample band).
+        """
+        rule = self.rule(step=step, tool=tool)
+        if estimate.p is None or estimate.degraded:
+            spec = rule.on_degraded
+            why = estimate.reason or "no value"
+            reason = tpl.DEGRADED_REASON.format(why=why, scope=rule.scope, action=spec.action)
+            return Match(spec, rule, None, True, reason)
+        index = rule.band_index(estimate.p)
+        spec = rule.bands[index]
+        reason = tpl.BAND_REASON.format(
+            p=estimate.p, index=index, interval=rule.interval(index), scope=rule.scope, action=spec.action
+        )
+        return Match(spec, rule, index, False, reason)
+
+    def decide(self, estimate: Estimate, *, step: str | None = None, tool: str | None = None) -> Decision:
+        """Decide what to do with a query given its capability estimate.
+
+        Degraded estimates (no value, or ``degraded=True``) go to the ``on_degraded`` fail-safe and
+        the decision records ``degraded=True`` with the estimate's reason.
+
+        Args:
+            estimate: The capability estimate for the query.
+            step: The agent step the query comes from (selects a step override).
+            tool: The tool whose call is gated (selects a tool override; wins over the step).
+
+        Returns:
+            The decision, with the user/human text rendered and the sample budget for resample.
+
+        Example:
+            >>> from capgate import Estimate
+            >>> policy = Policy(name="t", bands=0.5, on_degraded="abstain")
+            >>> policy.decide(Estimate(p=0.8, method="probe")).action
+            'answer'
+        """
+        found = self.match(estimate, step=step, tool=tool)
+        spec = found.spec
+        message: str | None = None
+        texts = {
+            "method": estimate.method,
+            "reason": found.reason,
+            "step": step if step is not None else tpl.NOT_GIVEN,
+            "tool": tool if tool is not None else tpl.NOT_GIVEN,
+            "policy": self.name,
+        }
+        template = message_template(spec)
+        if template is not None:
+            message = render(template, estimate.p, **texts)
+        budget = spec.budget(estimate.p) if isinstance(spec, ResampleAction) else None
+        return Decision(
+            action=spec.action,
+            estimate=estimate,
+            degraded=found.degraded,
+            reason=found.reason,
+            message=message,
+            budget=budget,
+            policy=self.name,
+            step=step,
+            tool=tool,
+        )
+
+    # ----------------------------------------------------------------- editing
+
+    def with_answer_threshold(
+        self, threshold: float, *, step: str | None = None, tool: str | None = None
+    ) -> tuple[Policy, list[str]]:
+        """A copy whose answer band starts at ``threshold`` (p >= threshold answers).
+
+        The rule edited is the one in force for ``tool`` / ``step`` (an override that has no bands
+        of its own gets a copy of the inherited bands). Its top band must answer. The band just below
+        it is stretched or clipped to end at the threshold; a band lying wholly at or above the
+        threshold is dropped. The notes say what changed.
+
+        Returns:
+            The new policy and human-readable notes on what changed.
+
+        Raises:
+            ValueError: ``threshold`` outside [0, 1], or the top band of the rule does not answer.
+
+        Example:
+            >>> policy = Policy(name="t", bands=0.5, on_degraded="abstain")
+            >>> new, notes = policy.with_answer_threshold(0.8)
+            >>> new.rule().edges
+            ((0.0, 0.8), (0.8, 1.0))
+        """
+        if not (isinstance(threshold, int | float) and 0.0 <= threshold <= 1.0):
+            raise ValueError(f"threshold must be a number in [0, 1]; got {threshold!r}")
+        rule = self.rule(step=step, tool=tool)
+        top = rule.bands[-1]
+        if top.action != "answer":
+            raise ValueError(
+                f"the top band of {rule.scope} must answer to set an answer threshold; it is {top.action!r}"
+            )
+        notes: list[str] = []
+        new_bands: list[dict[str, Any]] = []
+        lower_bands = list(zip(rule.bands[:-1], rule.edges[:-1], strict=True))
+        kept = [(band, edge) for band, edge in lower_bands if edge[0] < threshold]
+        for band, (lower, upper) in lower_bands:
+            if lower >= threshold:
+                notes.append(
+                    f"dropped {band.action} band [{fmt(lower)}, {fmt(upper)}): it lies at or above "
+                    f"the answer threshold {fmt(threshold)}"
+                )
+        for i, (band, (lower, upper)) in enumerate(kept):
+            new_upper = threshold if i == len(kept) - 1 else upper
+            if new_upper != upper:
+                notes.append(f"{band.action} band [{fmt(lower)}, {fmt(upper)}) now ends at {fmt(new_upper)}")
+            new_bands.append({"below": new_upper, **_band_body(band)})
+        new_bands.append(_band_body(top))
+        data = self.model_dump(mode="python")
+        if tool is not None:
+            data["tools"].setdefault(tool, {})["bands"] = new_bands
+        elif step is not None:
+            data["steps"].setdefault(step, {})["bands"] = new_bands
+        else:
+            data["bands"] = new_bands
+        return Policy.model_validate(_strip_none(data)), notes
+
+
+def _band_body(band: AnyBand) -> dict[str, Any]:
+    """A band's action settings, without its edges."""
+    return {k: v for k, v in band.model_dump(mode="python").items() if k not in ("below", "at_least")}
+
+
+def _strip_none(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _strip_none(v) for k, v in data.items() if v is not None}
+    if isinstance(data, list):
+        return [_strip_none(v) for v in data]
+    return data

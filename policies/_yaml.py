@@ -1,0 +1,334 @@
+"""Policy files: safe YAML loading with every error located by line and field, and dumping.
+
+Errors from pydantic carry a location such as ``('steps', 'plan', 'bands', 1, 'clarify', 'question')``;
+the loader walks the same path through the node tree ``yaml.compose`` builds (with ``SafeLoader``)
+to find the line, dropping the discriminator tags (``'clarify'``) that exist only in pydantic's view.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from capgate.errors import DataError
+from capgate.policies._actions import AnyAction
+from capgate.policies._bands import AnyBand, check_edges
+from capgate.policies._base import Loc, PolicyIssueError
+from capgate.policies._policy import Policy
+
+__all__ = ["PolicyError", "dump_policy", "load_policy_file", "parse_policy"]
+
+
+class PolicyError(DataError):
+    """A policy file has problems; ``errors`` holds each one with its line and field.
+
+    The exception's own ``path`` / ``line`` / ``field`` are those of the first problem; its text lists
+    all of them, one a line.
+
+    Attributes:
+        errors: Every problem found, in file order.
+    """
+
+    def __init__(self, errors: Sequence[DataError]) -> None:
+        if not errors:
+            raise ValueError("PolicyError needs at least one error")
+        self.errors = tuple(errors)
+        first = self.errors[0]
+        super().__init__(first.message, path=first.path, line=first.line, field=first.field)
+
+    def _render(self) -> str:
+        return "\n".join(str(e) for e in self.errors)
+
+
+def load_policy_file(path: str | Path) -> Policy:
+    """Read and validate a policy file.
+
+    Raises:
+        PolicyError: The file is unreadable, not YAML, or not a valid policy (every problem listed).
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError([DataError(f"cannot read policy file: {exc}", path=path)]) from None
+    return parse_policy(text, source=str(path))
+
+
+def parse_policy(text: str, *, source: str = "<string>") -> Policy:
+    """Validate a policy given as YAML text; ``source`` names it in error messages.
+
+    Raises:
+        PolicyError: Every problem, each with its line and field.
+    """
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        raise PolicyError([DataError(f"not valid YAML: {problem}", path=source, line=line)]) from None
+    finally:
+        loader.dispose()
+    if not isinstance(node, yaml.MappingNode) or not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        line = node.start_mark.line + 1 if node is not None else 1
+        raise PolicyError(
+            [DataError(f"a policy file must be a YAML mapping; got {got}", path=source, line=line)]
+        )
+    errors = list(_duplicate_keys(node, source))
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        errors.extend(_located_errors(exc, node, source))
+        errors.extend(_raw_band_errors(exc, data, node, source))
+        policy = None
+    if errors:
+        errors.sort(key=lambda e: e.line or 0)
+        raise PolicyError(errors)
+    assert policy is not None
+    return policy
+
+
+# --------------------------------------------------------------------------- locating errors
+
+
+def _duplicate_keys(node: yaml.Node, source: str, path: str = "") -> Iterator[DataError]:
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            name = str(key.value)
+            line = key.start_mark.line + 1
+            field = f"{path}.{name}" if path else name
+            if name in seen:
+                msg = f"duplicate key {name!r} (first at line {seen[name]}); YAML would keep only the last"
+                yield DataError(msg, path=source, line=line, field=field)
+            else:
+                seen[name] = line
+            yield from _duplicate_keys(value, source, field)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from _duplicate_keys(item, source, f"{path}[{i}]")
+
+
+def _walk(root: yaml.Node, loc: Loc) -> tuple[int, str, yaml.Node | None]:
+    """Follow ``loc`` through the YAML nodes: (line, dotted field, node reached or None)."""
+    node: yaml.Node | None = root
+    line = root.start_mark.line + 1
+    field = ""
+    for i, part in enumerate(loc):
+        is_last = i == len(loc) - 1
+        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+            for key, value in node.value:
+                if key.value == part:
+                    line, node = key.start_mark.line + 1, value
+                    field = f"{field}.{part}" if field else part
+                    break
+            else:
+                if is_last:  # a missing or unknown key: the enclosing mapping's line
+                    field = f"{field}.{part}" if field else part
+                # otherwise a discriminator tag pydantic adds to the path: skip it
+            continue
+        if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+            field = f"{field}[{part}]"
+            continue
+        # the value here is a shorthand (a scalar expanded before validation): stop at it
+        node = None
+        break
+    return line, field, node
+
+
+def _located_errors(exc: ValidationError, root: yaml.Node, source: str) -> Iterator[DataError]:
+    for err in exc.errors():
+        loc: Loc = tuple(err["loc"])
+        cause = err.get("ctx", {}).get("error")
+        if isinstance(cause, PolicyIssueError):
+            for sub, msg in cause.issues:
+                yield _at(root, loc + sub, msg, source)
+            continue
+        kind = err["type"]
+        if kind in ("union_tag_invalid", "union_tag_not_found"):
+            ctx = err.get("ctx", {})
+            expected = str(ctx.get("expected_tags", "")).replace("'", "")
+            if kind == "union_tag_invalid":
+                msg = f"unknown action {ctx.get('tag')!r}; expected one of: {expected}"
+            else:
+                msg = f"missing key 'action'; expected one of: {expected}"
+            yield _at(root, (*loc, "action"), msg, source)
+            continue
+        if kind == "extra_forbidden":
+            allowed = _allowed_keys(loc[:-1])
+            hint = f" (allowed here: {', '.join(allowed)})" if allowed else ""
+            yield _at(root, loc, f"unknown key {loc[-1]!r}{hint}", source)
+            continue
+        if kind == "missing":
+            yield _at(root, loc, f"missing required key {loc[-1]!r}", source)
+            continue
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        value = err.get("input")
+        if not isinstance(value, dict | list) and kind != "value_error":
+            msg = f"{msg}; got {value!r}"
+        yield _at(root, loc, msg, source)
+
+
+def _raw_band_errors(
+    exc: ValidationError, data: dict[str, Any], root: yaml.Node, source: str
+) -> Iterator[DataError]:
+    """Order/coverage problems of band lists whose items failed validation (so the check never ran)."""
+    failed = [tuple(err["loc"]) for err in exc.errors()]
+    lists: list[tuple[Loc, Any]] = [(("bands",), data.get("bands"))]
+    for table in ("steps", "tools"):
+        entries = data.get(table)
+        if isinstance(entries, dict):
+            for key, entry in entries.items():
+                if isinstance(entry, dict):
+                    lists.append(((table, key, "bands"), entry.get("bands")))
+    for path, raw in lists:
+        if not isinstance(raw, list) or not raw or not all(isinstance(b, dict) for b in raw):
+            continue
+        n = len(path)
+        if not any(loc[:n] == path and len(loc) > n and isinstance(loc[n], int) for loc in failed):
+            continue
+        edges = _raw_edges(raw)
+        if edges is None:
+            continue  # an edge is itself invalid (already reported): the order cannot be judged
+        for sub, msg in check_edges(edges):
+            yield _at(root, path + sub, msg, source)
+
+
+def _raw_edges(raw: list[dict[str, Any]]) -> list[tuple[float | None, float | None]] | None:
+    """``(below, at_least)`` of raw bands, or None when some edge is not a number in [0, 1]."""
+    edges: list[tuple[float | None, float | None]] = []
+    for band in raw:
+        pair: list[float | None] = []
+        for key in ("below", "at_least"):
+            value = band.get(key)
+            if value is not None and not (
+                isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+            ):
+                return None
+            pair.append(None if value is None else float(value))
+        edges.append((pair[0], pair[1]))
+    return edges
+
+
+def _at(root: yaml.Node, loc: Loc, message: str, source: str) -> DataError:
+    line, field, _ = _walk(root, loc)
+    return DataError(message, path=source, line=line, field=field or None)
+
+
+def _allowed_keys(loc: Loc) -> list[str]:
+    """The keys the model at ``loc`` accepts, following fields, list items, dict values and tags."""
+    current: Any = Policy
+    for part in loc:
+        current = _unwrap(current)
+        if isinstance(current, list):  # union of action models, selected by tag
+            by_tag = {_tag(m): m for m in current}
+            if part in by_tag:
+                current = by_tag[part]
+                continue
+            return []
+        if isinstance(current, type) and issubclass(current, BaseModel) and isinstance(part, str):
+            field = current.model_fields.get(part)
+            if field is None:
+                return []
+            current = field.annotation
+        elif typing.get_origin(current) in (list, dict):
+            current = typing.get_args(current)[-1]
+        else:
+            return []
+    current = _unwrap(current)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _unwrap(tp: Any) -> Any:
+    """Strip Annotated and Optional; a union of models becomes a list of them."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) == 1:
+                tp = args[0]
+                continue
+            return args
+        else:
+            return tp
+
+
+def _tag(model: Any) -> str:
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return ""
+    field = model.model_fields.get("action")
+    return str(field.default) if field is not None else ""
+
+
+# --------------------------------------------------------------------------- dumping
+
+
+def _action_body(spec: AnyAction) -> dict[str, Any]:
+    body: dict[str, Any] = {"action": spec.action}
+    body.update(
+        {
+            k: v
+            for k, v in spec.model_dump(mode="json", exclude_defaults=True).items()
+            if k not in ("action", "below", "at_least")
+        }
+    )
+    return body
+
+
+def _bands_body(bands: Sequence[AnyBand]) -> list[dict[str, Any]]:
+    from capgate.policies._bands import band_edges
+
+    out: list[dict[str, Any]] = []
+    edges = band_edges(bands)
+    for i, band in enumerate(bands):
+        item: dict[str, Any] = {} if i == len(bands) - 1 else {"below": edges[i][1]}
+        item.update(_action_body(band))
+        out.append(item)
+    return out
+
+
+def dump_policy(policy: Policy, *, header: str | None = None) -> str:
+    """A policy as YAML in full form (edges as ``below``; settings left at their defaults omitted).
+
+    Args:
+        policy: The policy to write.
+        header: Text written first as ``#`` comment lines.
+
+    Returns:
+        YAML text that loads back to an equal policy.
+    """
+    data: dict[str, Any] = {"version": policy.version, "name": policy.name}
+    if policy.description:
+        data["description"] = policy.description
+    data["bands"] = _bands_body(policy.bands)
+    data["on_degraded"] = _action_body(policy.on_degraded)
+    for table_name in ("steps", "tools"):
+        table = getattr(policy, table_name)
+        if table:
+            data[table_name] = {}
+            for key, override in table.items():
+                entry: dict[str, Any] = {}
+                if override.bands is not None:
+                    entry["bands"] = _bands_body(override.bands)
+                if override.on_degraded is not None:
+                    entry["on_degraded"] = _action_body(override.on_degraded)
+                data[table_name][key] = entry
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100, default_flow_style=False)
+    if header:
+        comments = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
+        text = comments + text
+    return text

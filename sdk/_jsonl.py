@@ -1,0 +1,102 @@
+"""JSON-lines plumbing shared by the dataset, label and harvest code.
+
+Every reader here reports bad input as a :class:`~capgate.errors.DataError` naming the file, the
+1-based line and, for validation failures, the field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import ValidationError
+
+from capgate.errors import DataError
+
+__all__ = ["atomic_write_lines", "data_error_from_validation", "iter_json_objects", "open_text"]
+
+
+def open_text(path: Path) -> IO[str]:
+    """Open a ``.jsonl`` or ``.jsonl.gz`` file for reading text (UTF-8)."""
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open("r", encoding="utf-8")
+
+
+def iter_json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for each non-blank line of a JSON-lines file.
+
+    Raises:
+        DataError: A line is not valid JSON or not a JSON object.
+    """
+    try:
+        handle = open_text(path)
+    except FileNotFoundError:
+        raise DataError("file not found", path=path) from None
+    with handle:
+        try:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(
+                        f"invalid JSON ({exc.msg} at column {exc.colno})", path=path, line=number
+                    ) from None
+                if not isinstance(obj, dict):
+                    raise DataError(
+                        f"expected a JSON object; got {type(obj).__name__}", path=path, line=number
+                    )
+                yield number, obj
+        except (UnicodeDecodeError, OSError, EOFError) as exc:
+            raise DataError(f"unreadable file: {exc}", path=path) from None
+
+
+def data_error_from_validation(
+    exc: ValidationError, *, path: str | Path | None, line: int | None
+) -> DataError:
+    """Turn pydantic's first validation error into a located :class:`DataError`."""
+    first = exc.errors(include_url=False)[0]
+    loc = ".".join(str(part) for part in first["loc"]) or None
+    message = str(first["msg"])
+    if first.get("type") == "value_error":
+        message = message.removeprefix("Value error, ")
+    elif first.get("type") not in {"missing", "extra_forbidden"} and "input" in first:
+        shown = repr(first["input"])
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        message = f"{message}; got {shown}"
+    return DataError(message, path=path, line=line, field=loc)
+
+
+def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
+    """Write text lines to ``path`` atomically (gzip-compressed if it ends in ``.gz``).
+
+    A temporary file in the same folder is written and fsynced, then renamed over ``path``, so a
+    crash leaves either the old file or the new one, never a torn mix.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            sink: io.BufferedIOBase = raw
+            if path.name.endswith(".gz"):
+                sink = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0)
+            for line in lines:
+                sink.write(line.encode("utf-8"))
+                sink.write(b"\n")
+            if sink is not raw:
+                sink.close()
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

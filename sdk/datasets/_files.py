@@ -1,0 +1,93 @@
+"""Reading and writing query datasets as JSON lines."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from capgate._jsonl import atomic_write_lines, data_error_from_validation, iter_json_objects
+from capgate.datasets._item import DatasetItem
+from capgate.errors import DataError
+
+__all__ = ["read_dataset", "write_dataset"]
+
+
+def read_dataset(path: str | Path, *, limit: int | None = None) -> list[DatasetItem]:
+    """Read a query dataset from a JSON-lines file (``.jsonl`` or ``.jsonl.gz``).
+
+    Args:
+        path: The file; one :class:`DatasetItem` object a line, blank lines ignored.
+        limit: Keep only the first ``limit`` items.
+
+    Returns:
+        The items, in file order.
+
+    Raises:
+        DataError: A line is not JSON, misses or misspells a field, holds a bad value, or
+            repeats an id; the error names the file, line and field.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "q.jsonl"
+        >>> _ = p.write_text('{"id": "q1", "question": "2+3?", "answer": "5", "kind": "numeric"}\\n')
+        >>> read_dataset(p)[0].references
+        ['5']
+    """
+    path = Path(path)
+    _check_limit(limit)
+    items: list[DatasetItem] = []
+    first_line: dict[str, int] = {}
+    for line, obj in iter_json_objects(path):
+        if limit is not None and len(items) >= limit:
+            break
+        try:
+            item = DatasetItem.model_validate(obj)
+        except ValidationError as exc:
+            raise data_error_from_validation(exc, path=path, line=line) from None
+        if item.id in first_line:
+            raise DataError(
+                f"duplicate id {item.id!r} (first on line {first_line[item.id]})",
+                path=path,
+                line=line,
+                field="id",
+            )
+        first_line[item.id] = line
+        items.append(item)
+    return items
+
+
+def write_dataset(items: Iterable[DatasetItem], path: str | Path) -> Path:
+    """Write items as a JSON-lines dataset (gzip-compressed if ``path`` ends in ``.gz``), atomically.
+
+    Raises:
+        DataError: Two items share an id.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "q.jsonl"
+        >>> _ = write_dataset([DatasetItem(id="q1", question="2+3?", references=["5"], kind="numeric")], p)
+        >>> read_dataset(p)[0].id
+        'q1'
+    """
+    path = Path(path)
+    rows = list(items)
+    _check_unique((item.id for item in rows), path)
+    atomic_write_lines(path, (item.model_dump_json(exclude_defaults=True) for item in rows))
+    return path
+
+
+def _check_unique(ids: Iterable[str], path: Path) -> None:
+    seen: dict[str, int] = {}
+    for index, item_id in enumerate(ids, start=1):
+        if item_id in seen:
+            raise DataError(
+                f"duplicate id {item_id!r} (items {seen[item_id]} and {index})", path=path, field="id"
+            )
+        seen[item_id] = index
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"`limit` must be a positive integer or None; got {limit!r}")

@@ -1,0 +1,230 @@
+"""Replay a policy on labelled data: what it would have done, and what that would have bought.
+
+Pure functions on arrays. For each query the policy's action is taken exactly as
+:meth:`~capgate.policies.Policy.decide` would take it; the outcome is then read off the labels:
+
+* ``answer``: one response is drawn; it is correct with probability µ̂ (the query's accuracy).
+* ``abstain`` / ``clarify`` / ``escalate``: nothing is answered and no response is drawn.
+* ``resample``: the query is answered after drawing ``budget`` responses, where the budget is the
+  smallest k whose predicted pass@k, 1 - (1 - p)^k, reaches the action's ``target_pass_at_k`` (a
+  verifier picks a correct response if any), else ``max_samples``. With a verifier the accuracy is
+  the query's pass@k, estimated without bias from its n graded responses when k <= n (otherwise the
+  plug-in 1 - (1 - µ̂)^k). Without one, how much consensus helps cannot be read from correct/k
+  counts alone, so the accuracy is taken as µ̂ (that of a single response) and ``max_samples`` is
+  an upper bound on the samples CAS would spend.
+
+Coverage is the fraction of queries answered (``answer`` or ``resample``); accuracy is the mean
+accuracy over those (the mean µ̂ of answered queries when nothing is resampled).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from capgate.decision.types import Action
+
+if TYPE_CHECKING:
+    from capgate.policies import Policy
+
+__all__ = ["ACTIONS", "ReplaySummary", "replay_policy", "threshold_frontier"]
+
+ACTIONS: tuple[Action, ...] = ("answer", "abstain", "clarify", "escalate", "resample")
+
+
+@dataclass(frozen=True)
+class ReplaySummary:
+    """What a policy would have done on a labelled set.
+
+    Attributes:
+        threshold: The answer threshold this replay swept to, or ``None`` for the policy as written.
+        n: Queries replayed.
+        n_degraded: Queries whose estimate was missing or degraded (sent to ``on_degraded``).
+        rates: Fraction of queries per action.
+        coverage: Fraction of queries answered (answer or resample).
+        accuracy: Mean accuracy of the answered queries (NaN when none is answered).
+        samples: Responses drawn in all (answer: 1, resample: its budget).
+        samples_per_query: ``samples / n``.
+    """
+
+    threshold: float | None
+    n: int
+    n_degraded: int
+    rates: dict[Action, float]
+    coverage: float
+    accuracy: float
+    samples: float
+    samples_per_query: float
+
+    @property
+    def risk(self) -> float:
+        """Error rate among answered queries, 1 - accuracy."""
+        return 1.0 - self.accuracy
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (NaN becomes ``None``)."""
+        data = asdict(self)
+        for key in ("accuracy",):
+            if isinstance(data[key], float) and math.isnan(data[key]):
+                data[key] = None
+        return data
+
+
+def _arrays(
+    p: ArrayLike, mu_hat: ArrayLike, n_samples: ArrayLike | None, degraded: ArrayLike | None
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64] | None, NDArray[np.bool_]]:
+    conf = np.asarray(p, dtype=np.float64)
+    mu = np.asarray(mu_hat, dtype=np.float64)
+    if conf.ndim != 1 or conf.shape != mu.shape:
+        raise ValueError(
+            f"`p` and `mu_hat` must be 1-D of equal length; got shapes {conf.shape} and {mu.shape}"
+        )
+    if conf.size == 0:
+        raise ValueError("nothing to replay: `p` is empty")
+    ok = ~np.isnan(conf)
+    if np.any((conf[ok] < 0.0) | (conf[ok] > 1.0)):
+        raise ValueError("`p` must be in [0, 1] (NaN for a missing estimate)")
+    if np.any(np.isnan(mu)) or np.any((mu < 0.0) | (mu > 1.0)):
+        raise ValueError("`mu_hat` must be in [0, 1] with no NaN")
+    ks: NDArray[np.int64] | None = None
+    if n_samples is not None:
+        ks = np.asarray(n_samples, dtype=np.int64)
+        if ks.shape != conf.shape or np.any(ks < 1):
+            raise ValueError("`n_samples` must be positive integers, one per query")
+    flag = np.zeros(conf.shape, dtype=bool) if degraded is None else np.asarray(degraded, dtype=bool)
+    if flag.shape != conf.shape:
+        raise ValueError(f"`degraded` must have one flag per query; got shape {flag.shape}")
+    return conf, mu, ks, flag | ~ok
+
+
+def replay_policy(
+    policy: Policy,
+    p: ArrayLike,
+    mu_hat: ArrayLike,
+    *,
+    n_samples: ArrayLike | None = None,
+    degraded: ArrayLike | None = None,
+    step: str | None = None,
+    tool: str | None = None,
+    threshold: float | None = None,
+) -> ReplaySummary:
+    """Replay a policy on labelled queries.
+
+    Args:
+        policy: The policy.
+        p: Predicted capability per query; NaN for an unavailable estimate.
+        mu_hat: Empirical capability µ̂ = correct / k per query.
+        n_samples: Graded responses k per query (for the unbiased pass@k of verified resampling).
+        degraded: Per-query flag for estimates that carry a value but are degraded.
+        step: Replay as if every query came from this agent step.
+        tool: Replay as if every query gated this tool.
+        threshold: Record this answer threshold in the result (set by :func:`threshold_frontier`).
+
+    Returns:
+        Rates, coverage, accuracy among answered, and samples spent.
+
+    Example:
+        >>> from capgate.policies import load_policy
+        >>> r = replay_policy(load_policy("balanced"), [0.1, 0.5, 0.9, float("nan")], [0.0, 0.5, 1.0, 1.0])
+        >>> r.rates["abstain"], r.coverage, r.accuracy
+        (0.5, 0.25, 1.0)
+    """
+    from capgate.metrics import pass_at_k_predicted, pass_at_k_unbiased
+    from capgate.policies import ResampleAction
+
+    conf, mu, ks, is_degraded = _arrays(p, mu_hat, n_samples, degraded)
+    rule = policy.rule(step=step, tool=tool)
+    uppers = np.asarray([upper for _, upper in rule.edges[:-1]], dtype=np.float64)
+    band = np.searchsorted(uppers, np.nan_to_num(conf), side="right")
+    answered = 0
+    correct_mass = 0.0
+    samples = 0.0
+    counts: dict[Action, int] = dict.fromkeys(ACTIONS, 0)
+    for i in range(conf.size):
+        spec = rule.on_degraded if is_degraded[i] else rule.bands[int(band[i])]
+        counts[spec.action] += 1
+        if spec.action == "answer":
+            answered += 1
+            correct_mass += float(mu[i])
+            samples += 1
+        elif isinstance(spec, ResampleAction):
+            k = spec.budget(None if math.isnan(conf[i]) else float(conf[i]))
+            answered += 1
+            samples += k
+            if spec.target_pass_at_k is None:
+                correct_mass += float(mu[i])
+            elif ks is not None and k <= ks[i]:
+                n_i = int(ks[i])
+                correct_mass += float(pass_at_k_unbiased([n_i], [round(float(mu[i]) * n_i)], k)[0])
+            else:
+                correct_mass += float(pass_at_k_predicted([float(mu[i])], k)[0])
+    n = int(conf.size)
+    return ReplaySummary(
+        threshold=threshold,
+        n=n,
+        n_degraded=int(is_degraded.sum()),
+        rates={a: counts[a] / n for a in ACTIONS},
+        coverage=answered / n,
+        accuracy=correct_mass / answered if answered else math.nan,
+        samples=samples,
+        samples_per_query=samples / n,
+    )
+
+
+def threshold_frontier(
+    policy: Policy,
+    p: ArrayLike,
+    mu_hat: ArrayLike,
+    *,
+    thresholds: Sequence[float] | int = 11,
+    n_samples: ArrayLike | None = None,
+    degraded: ArrayLike | None = None,
+    step: str | None = None,
+    tool: str | None = None,
+) -> list[ReplaySummary]:
+    """Replay the policy with its answer band moved to each threshold: the coverage/accuracy frontier.
+
+    Each threshold t rewrites the policy with :meth:`~capgate.policies.Policy.with_answer_threshold`
+    (answer when p >= t; lower bands clipped at t) and replays it.
+
+    Args:
+        policy: The policy; the top band of the rule replayed must answer.
+        p: Predicted capability per query (NaN: unavailable).
+        mu_hat: Empirical capability per query.
+        thresholds: The thresholds, or how many evenly spaced ones in [0, 1].
+        n_samples: Graded responses per query (see :func:`replay_policy`).
+        degraded: Per-query degraded flags.
+        step: Agent step to replay as.
+        tool: Gated tool to replay as.
+
+    Returns:
+        One replay per threshold, in the order given (ascending for a count).
+
+    Example:
+        >>> from capgate.policies import load_policy
+        >>> rows = threshold_frontier(load_policy("balanced"), [0.2, 0.7, 0.9], [0.0, 1.0, 1.0], thresholds=3)
+        >>> [(r.threshold, round(r.coverage, 2)) for r in rows]
+        [(0.0, 1.0), (0.5, 0.67), (1.0, 0.0)]
+    """
+    if isinstance(thresholds, bool):
+        raise ValueError(f"`thresholds` must be a count or a list of thresholds; got {thresholds!r}")
+    if isinstance(thresholds, int):
+        if thresholds < 2:
+            raise ValueError(f"`thresholds` must be at least 2 when given as a count; got {thresholds}")
+        values = [round(float(t), 12) for t in np.linspace(0.0, 1.0, thresholds)]
+    else:
+        values = [float(t) for t in thresholds]
+    out: list[ReplaySummary] = []
+    for t in values:
+        moved, _ = policy.with_answer_threshold(t, step=step, tool=tool)
+        out.append(
+            replay_policy(
+                moved, p, mu_hat, n_samples=n_samples, degraded=degraded, step=step, tool=tool, threshold=t
+            )
+        )
+    return out

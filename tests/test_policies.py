@@ -1,0 +1,674 @@
+"""Policy files and the decision engine: format, validation errors located by line and field, presets."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from capgate import Estimate
+from capgate.errors import DataError
+from capgate.policies import (
+    PRESETS,
+    AbstainAction,
+    AbstainBand,
+    AnswerBand,
+    ClarifyBand,
+    EscalateAction,
+    EscalateBand,
+    Policy,
+    PolicyError,
+    ResampleAction,
+    ResampleBand,
+    StopSettings,
+    expand_shorthand,
+    load_policy,
+    policy_json_schema,
+    preset_path,
+)
+from capgate.policies import _templates as tpl
+
+
+def est(p: float | None, **kw: object) -> Estimate:
+    if p is None:
+        return Estimate.unavailable("probe", str(kw.get("reason", "server down")))
+    return Estimate(p=p, method="probe", **kw)
+
+
+def errors_of(text: str) -> list[DataError]:
+    with pytest.raises(PolicyError) as info:
+        Policy.from_yaml_text(textwrap.dedent(text), source="p.yaml")
+    return list(info.value.errors)
+
+
+def only_error(text: str) -> DataError:
+    errors = errors_of(text)
+    assert len(errors) == 1, [str(e) for e in errors]
+    return errors[0]
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_load_by_name_and_are_documented(name: str) -> None:
+    policy = load_policy(name)
+    assert policy.name == name
+    assert policy.description
+    text = preset_path(name).read_text(encoding="utf-8")
+    comments = [line for line in text.splitlines() if line.lstrip().startswith("#")]
+    assert len(comments) >= 5, "presets explain themselves in comments"
+    # every band of every preset is reachable and decides its own action
+    rule = policy.rule()
+    for index, (lower, upper) in enumerate(rule.edges):
+        decision = policy.decide(est((lower + upper) / 2))
+        assert decision.action == rule.bands[index].action
+        assert decision.policy == name
+    assert policy.decide(est(None)).degraded
+
+
+def test_presets_differ_in_the_expected_direction() -> None:
+    conservative, balanced, saver = (load_policy(n) for n in ("conservative", "balanced", "cost-saver"))
+    # the answer band starts highest for conservative and lowest for cost-saver
+    starts = [p.rule().edges[-1][0] for p in (conservative, balanced, saver)]
+    assert starts == sorted(starts, reverse=True)
+    assert conservative.on_degraded.action == "escalate"
+    assert any(b.action == "resample" for b in saver.bands)
+
+
+def test_load_policy_by_path_and_unknown_name(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\nbands: 0.5\non_degraded: abstain\n", encoding="utf-8")
+    assert load_policy(path).name == "mine"
+    assert load_policy(str(path)).name == "mine"
+    with pytest.raises(DataError, match="no policy preset or file named 'nope'"):
+        load_policy("nope")
+    with pytest.raises(KeyError):
+        preset_path("nope")
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+BALANCED = Policy(
+    name="demo",
+    bands=[AbstainBand(below=0.3), ClarifyBand(below=0.6, question="Which one, p={p:.2f}?"), AnswerBand()],
+    on_degraded=EscalateAction(to="support"),
+)
+
+
+@pytest.mark.parametrize(
+    ("p", "action"),
+    [
+        (0.0, "abstain"),
+        (0.299, "abstain"),
+        (0.3, "clarify"),
+        (0.599, "clarify"),
+        (0.6, "answer"),
+        (1.0, "answer"),
+    ],
+)
+def test_bands_are_closed_below_and_open_above(p: float, action: str) -> None:
+    assert BALANCED.decide(est(p)).action == action
+
+
+def test_decision_records_band_reason_and_rendered_text() -> None:
+    decision = BALANCED.decide(est(0.45), step="plan", tool="search")
+    assert decision.action == "clarify"
+    assert decision.message == "Which one, p=0.45?"
+    assert decision.reason == "p=0.450 is in band 1 [0.3, 0.6) of policy 'demo': clarify"
+    assert (decision.step, decision.tool, decision.policy, decision.degraded) == (
+        "plan",
+        "search",
+        "demo",
+        False,
+    )
+    assert decision.budget is None
+    assert BALANCED.decide(est(0.9)).reason.endswith("band 2 [0.6, 1] of policy 'demo': answer")
+    abstain = BALANCED.decide(est(0.123))
+    assert abstain.message == tpl.ABSTAIN_MESSAGE.replace("{p:.0%}", "12%")
+
+
+@pytest.mark.parametrize("estimate", [est(None), est(0.95, degraded=True, reason="fallback estimator")])
+def test_degraded_estimates_go_to_the_fail_safe(estimate: Estimate) -> None:
+    decision = BALANCED.decide(estimate, tool="refund")
+    assert decision.action == "escalate"
+    assert decision.degraded is True
+    assert estimate.reason is not None
+    assert estimate.reason in decision.reason
+    assert "on_degraded" in decision.reason
+    assert decision.message is not None
+    assert f"predicted capability {'unavailable' if estimate.p is None else '0.950'}" in decision.message
+    assert "tool: refund" in decision.message
+
+
+def test_overrides_tool_wins_over_step_and_inherits_fail_safe() -> None:
+    policy = Policy.model_validate(
+        {
+            "name": "o",
+            "bands": 0.5,
+            "on_degraded": "abstain",
+            "steps": {"plan": {"bands": 0.2}, "act": {"on_degraded": "escalate"}},
+            "tools": {"pay": 0.9},
+        }
+    )
+    assert policy.decide(est(0.3)).action == "abstain"
+    assert policy.decide(est(0.3), step="plan").action == "answer"
+    assert policy.decide(est(0.3), step="plan", tool="pay").action == "abstain"
+    assert policy.decide(est(0.95), step="plan", tool="pay").action == "answer"
+    assert "tool 'pay'" in policy.decide(est(0.95), tool="pay").reason
+    # step 'act' only replaces the fail-safe; its bands are inherited
+    assert policy.decide(est(0.3), step="act").action == "abstain"
+    assert policy.decide(est(None), step="act").action == "escalate"
+    assert policy.decide(est(None), step="plan").action == "abstain"
+    # unknown step/tool names fall back to the policy
+    assert policy.decide(est(0.3), step="other", tool="other").action == "abstain"
+
+
+def test_resample_budget_from_target_pass_at_k() -> None:
+    policy = Policy(
+        name="r",
+        bands=[ResampleBand(below=0.5, max_samples=20, batch_size=4, target_pass_at_k=0.9), AnswerBand()],
+        on_degraded=ResampleAction(max_samples=8, batch_size=2),
+    )
+    # 1 - 0.6^4 = 0.87 < 0.9 <= 1 - 0.6^5 = 0.92: the smallest k reaching the target is 5
+    assert policy.decide(est(0.4)).budget == 5
+    assert policy.decide(est(0.01)).budget == 20  # capped
+    assert policy.decide(est(None)).budget == 8  # no estimate: the whole budget
+    assert policy.decide(est(0.7)).budget is None
+    for p in (0.05, 0.2, 0.33, 0.5, 0.77, 0.95):
+        k = policy.bands[0].budget(p)
+        assert k == 20 or 1 - (1 - p) ** k >= 0.9
+        assert k == 1 or 1 - (1 - p) ** (k - 1) < 0.9
+
+
+def test_resample_defaults_and_checks() -> None:
+    spec = ResampleAction()
+    assert spec.budget(0.5) == spec.max_samples
+    assert spec.stop == StopSettings()
+    with pytest.raises(ValidationError, match="must be <= max_samples"):
+        ResampleAction(max_samples=2, batch_size=4)
+
+
+def test_stop_settings_build_the_cas_stop_rules() -> None:
+    from capgate.cas import DEFAULT_STOP, SamplingState
+
+    assert repr(StopSettings().rule()) == repr(DEFAULT_STOP)  # the defaults are CAS's own
+    rule = StopSettings(confidence_gap=None, consensus=0.9, min_samples=5).rule()
+    assert rule(SamplingState.build(votes={"4": 4})) is False  # unanimous, but fewer than 5 samples
+    assert rule(SamplingState.build(votes={"4": 5})) is True
+    assert rule(SamplingState.build(votes={"4": 3, "5": 2})) is False
+    never = StopSettings(confidence_gap=None, consensus=None).rule()
+    assert never(SamplingState.build(votes={"4": 40})) is False  # only max_samples ends sampling
+    gap = StopSettings.model_validate(
+        {"confidence_gap": {"margin": 0.2, "mode": "stochastic"}, "consensus": None}
+    )
+    assert "margin=0.2, mode='stochastic'" in repr(gap.rule())
+    with pytest.raises(ValidationError):
+        StopSettings.model_validate({"confidence_gap": {"mode": "sometimes"}})
+
+
+def test_python_api_mirrors_the_file_format() -> None:
+    text = """
+    name: demo
+    bands:
+      - {below: 0.3, action: abstain}
+      - {below: 0.6, action: clarify, question: "Which one, p={p:.2f}?"}
+      - {action: answer}
+    on_degraded: {action: escalate, to: support}
+    """
+    assert Policy.from_yaml_text(textwrap.dedent(text)) == BALANCED
+
+
+def test_bands_given_bottom_up_with_at_least() -> None:
+    policy = Policy.model_validate(
+        {
+            "name": "b",
+            "bands": [
+                {"action": "abstain"},
+                {"at_least": 0.2, "action": "clarify"},
+                {"at_least": 0.7, "action": "answer"},
+            ],
+            "on_degraded": "abstain",
+        }
+    )
+    assert policy.rule().edges == ((0.0, 0.2), (0.2, 0.7), (0.7, 1.0))
+    assert policy.decide(est(0.2)).action == "clarify"
+
+
+def test_shorthands_expand_in_one_place() -> None:
+    assert expand_shorthand("bands", 0.25) == [{"below": 0.25, "action": "abstain"}, {"action": "answer"}]
+    assert expand_shorthand("action", "clarify") == {"action": "clarify"}
+    assert expand_shorthand("override", 0.4) == {"bands": expand_shorthand("bands", 0.4)}
+    assert expand_shorthand("bands", [1]) == [1]  # anything else is left for validation
+    for bad in (0, 1, 1.5, -0.1):
+        with pytest.raises(ValueError, match="bare threshold must be a number in"):
+            expand_shorthand("bands", bad)
+    policy = Policy(name="s", bands=0.25, on_degraded="clarify")
+    assert policy.rule().edges == ((0.0, 0.25), (0.25, 1.0))
+    assert [b.action for b in policy.bands] == ["abstain", "answer"]
+    assert policy.on_degraded.action == "clarify"
+
+
+def test_templates_render_and_are_checked() -> None:
+    assert AbstainAction(message="{policy} says no ({p:.1%}, {method}, {step}, {tool})")
+    with pytest.raises(ValidationError, match=r"unknown placeholder \{user\}"):
+        AbstainAction(message="hi {user}")
+    with pytest.raises(ValidationError, match="not a valid text template"):
+        AbstainAction(message="unbalanced {")
+    with pytest.raises(ValidationError, match="does not render"):
+        AbstainAction(message="{p:.2q}")
+    policy = Policy(
+        name="t",
+        bands=[AbstainBand(below=0.5, message="{p:.0%} {step} {tool}"), AnswerBand()],
+        on_degraded=AbstainAction(message="p={p:.0%}"),
+    )
+    assert policy.decide(est(0.25)).message == f"25% {tpl.NOT_GIVEN} {tpl.NOT_GIVEN}"
+    assert policy.decide(est(None)).message == f"p={tpl.UNAVAILABLE}"
+
+
+# ----------------------------------------------------------------------------- editing and dumping
+
+
+def test_with_answer_threshold_moves_the_answer_edge() -> None:
+    policy = load_policy("conservative")  # abstain <0.4, clarify <0.7, escalate <0.85, answer
+    raised, notes = policy.with_answer_threshold(0.9)
+    assert raised.rule().edges[-2:] == ((0.7, 0.9), (0.9, 1.0))
+    assert notes == ["escalate band [0.7, 0.85) now ends at 0.9"]
+    lowered, notes = policy.with_answer_threshold(0.5)
+    assert [b.action for b in lowered.bands] == ["abstain", "clarify", "answer"]
+    assert lowered.rule().edges == ((0.0, 0.4), (0.4, 0.5), (0.5, 1.0))
+    assert any(n.startswith("dropped escalate band [0.7, 0.85)") for n in notes)
+    everything, _ = policy.with_answer_threshold(0.0)
+    assert [b.action for b in everything.bands] == ["answer"]
+    # texts and settings of kept bands survive
+    assert lowered.bands[0] == policy.bands[0].model_copy(update={"below": 0.4})
+    with pytest.raises(ValueError, match="threshold must be a number in"):
+        policy.with_answer_threshold(1.5)
+    with pytest.raises(ValueError, match="top band of policy 'x' must answer"):
+        Policy(
+            name="x", bands=[AnswerBand(below=0.5), AbstainBand()], on_degraded="abstain"
+        ).with_answer_threshold(0.3)
+
+
+def test_with_answer_threshold_on_overrides() -> None:
+    policy = Policy.model_validate(
+        {"name": "o", "bands": 0.5, "on_degraded": "abstain", "steps": {"plan": {"on_degraded": "escalate"}}}
+    )
+    moved, _ = policy.with_answer_threshold(0.8, tool="pay")
+    assert moved.rule(tool="pay").edges == ((0.0, 0.8), (0.8, 1.0))
+    assert moved.rule().edges == ((0.0, 0.5), (0.5, 1.0))  # the policy's own bands are untouched
+    moved, _ = policy.with_answer_threshold(0.7, step="plan")
+    assert moved.rule(step="plan").edges == ((0.0, 0.7), (0.7, 1.0))
+    assert moved.steps["plan"].on_degraded is not None  # the override keeps its fail-safe
+
+
+def test_yaml_round_trip() -> None:
+    complex_policy = Policy.model_validate(
+        {
+            "name": "c",
+            "description": "all features",
+            "bands": [
+                {"below": 0.2, "action": "abstain", "message": "no: {p:.0%}"},
+                {
+                    "below": 0.4,
+                    "action": "resample",
+                    "max_samples": 8,
+                    "batch_size": 2,
+                    "target_pass_at_k": 0.9,
+                    "stop": {"consensus": 0.8, "min_samples": 3},
+                },
+                {"below": 0.6, "action": "escalate", "to": "ops"},
+                {"below": 0.7, "action": "clarify"},
+                {"action": "answer"},
+            ],
+            "on_degraded": {"action": "escalate", "summary": "look at {tool}"},
+            "steps": {"plan": 0.3, "act": {"on_degraded": "abstain"}},
+            "tools": {"pay": {"bands": 0.95, "on_degraded": "escalate"}},
+        }
+    )
+    for policy in (complex_policy, *(load_policy(n) for n in PRESETS)):
+        text = policy.to_yaml(header="made by a test\nsecond line")
+        assert text.startswith("# made by a test\n# second line\n")
+        assert Policy.from_yaml_text(text) == policy
+        assert (
+            yaml.safe_load(text)["bands"][0]["below"] == policy.rule().edges[0][1] or len(policy.bands) == 1
+        )
+
+
+def test_json_schema_exports_the_format() -> None:
+    schema = policy_json_schema()
+    json.dumps(schema)
+    assert set(schema["required"]) == {"name", "bands", "on_degraded"}
+    assert schema["additionalProperties"] is False
+    assert {"AbstainBand", "ClarifyBand", "EscalateBand", "ResampleBand", "AnswerBand"} <= set(
+        schema["$defs"]
+    )
+    # the shorthand forms are part of the schema
+    bands_schema = json.dumps(schema["properties"]["bands"])
+    assert '"number"' in bands_schema
+    degraded_schema = json.dumps(schema["properties"]["on_degraded"])
+    assert '"escalate"' in degraded_schema
+
+
+# ----------------------------------------------------------------------------- bad files
+
+
+def test_wrong_type_is_located() -> None:
+    error = only_error(
+        """\
+        name: x
+        bands:
+          - below: high
+            action: abstain
+          - action: answer
+        on_degraded: abstain
+        """
+    )
+    assert (error.path, error.line, error.field) == ("p.yaml", 3, "bands[0].below")
+    assert "valid number" in error.message
+    assert "'high'" in error.message
+
+
+def test_out_of_range_edge_is_located() -> None:
+    error = only_error(
+        "name: x\nbands:\n  - {below: 1.5, action: abstain}\n  - {action: answer}\non_degraded: abstain\n"
+    )
+    assert (error.line, error.field) == (3, "bands[0].below")
+    assert "less than or equal to 1" in error.message
+
+
+def test_unknown_action_is_located() -> None:
+    error = only_error(
+        """\
+        name: x
+        bands:
+          - below: 0.5
+            action: abstian
+          - action: answer
+        on_degraded: abstain
+        """
+    )
+    assert (error.line, error.field) == (4, "bands[0].action")
+    assert "unknown action 'abstian'" in error.message
+    assert "resample" in error.message
+
+
+def test_unknown_on_degraded_action_and_missing_action() -> None:
+    errors = errors_of(
+        """\
+        name: x
+        bands:
+          - below: 0.5
+          - action: answer
+        on_degraded: shrug
+        """
+    )
+    assert [(e.line, e.field) for e in errors] == [(3, "bands[0].action"), (5, "on_degraded")]
+    assert "missing key 'action'" in errors[0].message
+    assert "unknown action 'shrug'" in errors[1].message
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "allowed"),
+    [
+        ("name: x\ncolour: red\nbands: 0.5\non_degraded: abstain\n", 2, "colour", "on_degraded"),
+        (
+            "name: x\nbands:\n  - below: 0.5\n    action: clarify\n    questoin: hi\n  - action: answer\n"
+            "on_degraded: abstain\n",
+            5,
+            "bands[0].questoin",
+            "question",
+        ),
+        (
+            "name: x\nbands: 0.5\non_degraded: abstain\ntools:\n  pay:\n    bands: 0.9\n    fallback: no\n",
+            7,
+            "tools.pay.fallback",
+            "on_degraded",
+        ),
+        (
+            "name: x\nbands:\n  - below: 0.5\n    action: resample\n    stop: {consensus: 0.9, patience: 3}\n"
+            "  - action: answer\non_degraded: abstain\n",
+            5,
+            "bands[0].stop.patience",
+            "min_samples",
+        ),
+    ],
+)
+def test_unknown_keys_are_errors_with_what_is_allowed(text: str, line: int, field: str, allowed: str) -> None:
+    error = only_error(text)
+    assert (error.line, error.field) == (line, field)
+    assert f"unknown key {field.split('.')[-1]!r}" in error.message
+    assert allowed in error.message
+
+
+def test_overlapping_bands() -> None:
+    error = only_error(
+        """\
+        name: x
+        bands:
+          - {below: 0.5, action: abstain}
+          - {at_least: 0.4, action: answer}
+        on_degraded: abstain
+        """
+    )
+    assert (error.line, error.field) == (4, "bands[1].at_least")
+    assert "bands overlap" in error.message
+    assert "[0.4, 0.5)" in error.message
+
+
+def test_gap_between_bands() -> None:
+    error = only_error(
+        """\
+        name: x
+        bands:
+          - {below: 0.5, action: abstain}
+          - {at_least: 0.6, action: answer}
+        on_degraded: abstain
+        """
+    )
+    assert (error.line, error.field) == (4, "bands[1].at_least")
+    assert "gap between bands: [0.5, 0.6) is in no band" in error.message
+
+
+def test_unordered_bands() -> None:
+    error = only_error(
+        """\
+        name: x
+        bands:
+          - {below: 0.6, action: clarify}
+          - {below: 0.3, action: abstain}
+          - {action: answer}
+        on_degraded: abstain
+        """
+    )
+    assert (error.line, error.field) == (4, "bands[1].below")
+    assert "ascending order" in error.message
+    assert "0.3 is not above the lower edge 0.6" in error.message
+
+
+def test_empty_band_is_an_ordering_error() -> None:
+    error = only_error(
+        "name: x\nbands:\n  - {below: 0, action: abstain}\n  - {action: answer}\non_degraded: abstain\n"
+    )
+    assert (error.line, error.field) == (3, "bands[0].below")
+    assert "each non-empty" in error.message
+
+
+def test_bands_not_reaching_one() -> None:
+    error = only_error(
+        """\
+        name: x
+        bands:
+          - {below: 0.5, action: abstain}
+          - {below: 0.9, action: answer}
+        on_degraded: abstain
+        """
+    )
+    assert (error.line, error.field) == (4, "bands[1].below")
+    assert "bands do not cover [0.9, 1]" in error.message
+
+
+def test_bands_not_starting_at_zero() -> None:
+    error = only_error(
+        """\
+        name: x
+        bands:
+          - {at_least: 0.1, below: 0.5, action: abstain}
+          - {action: answer}
+        on_degraded: abstain
+        """
+    )
+    assert (error.line, error.field) == (3, "bands[0].at_least")
+    assert "bands do not cover [0, 0.1)" in error.message
+
+
+def test_missing_edge_between_bands() -> None:
+    error = only_error(
+        """\
+        name: x
+        bands:
+          - {action: abstain}
+          - {action: answer}
+        on_degraded: abstain
+        """
+    )
+    assert (error.line, error.field) == (3, "bands[0]")
+    assert "edge between bands[0] and bands[1] is not set" in error.message
+
+
+def test_missing_on_degraded_is_an_error() -> None:
+    error = only_error("name: x\nbands: 0.5\n")
+    assert (error.line, error.field) == (1, "on_degraded")
+    assert "missing required key 'on_degraded'" in error.message
+
+
+def test_missing_and_empty_bands() -> None:
+    assert only_error("name: x\non_degraded: abstain\n").field == "bands"
+    error = only_error("name: x\nbands: []\non_degraded: abstain\n")
+    assert (error.line, error.field) == (2, "bands")
+    assert "at least 1 item" in error.message
+
+
+def test_bad_bare_threshold_in_override() -> None:
+    error = only_error("name: x\nbands: 0.5\non_degraded: abstain\nsteps:\n  plan: 1.5\n")
+    assert (error.line, error.field) == (5, "steps.plan")
+    assert "bare threshold must be a number in (0, 1); got 1.5" in error.message
+
+
+def test_empty_override() -> None:
+    error = only_error("name: x\nbands: 0.5\non_degraded: abstain\ntools:\n  pay: {}\n")
+    assert (error.line, error.field) == (5, "tools.pay")
+    assert "needs bands, on_degraded, or both" in error.message
+
+
+def test_bad_placeholder_and_resample_budget_are_located() -> None:
+    errors = errors_of(
+        """\
+        name: x
+        bands:
+          - below: 0.5
+            action: resample
+            max_samples: 2
+            batch_size: 4
+          - action: answer
+        on_degraded:
+          action: abstain
+          message: "sorry {user}"
+        """
+    )
+    assert [(e.line, e.field) for e in errors] == [(6, "bands[0].batch_size"), (10, "on_degraded.message")]
+    assert "must be <= max_samples (2); got 4" in errors[0].message
+    assert "unknown placeholder {user}" in errors[1].message
+
+
+def test_every_error_is_reported_in_file_order() -> None:
+    errors = errors_of(
+        """\
+        name: x
+        version: 2
+        bands:
+          - {below: 0.6, action: clarify, questoin: hi}
+          - {below: 0.3, action: abstain}
+          - {action: answer}
+        steps:
+          plan:
+            bands:
+              - {below: 0.5, action: abstain, message: 7}
+              - {below: 0.4, action: answer}
+        tools:
+          pay: {bands: 0.9, extra: 1}
+        """
+    )
+    located = [(e.line, e.field) for e in errors]
+    assert located == [
+        (1, "on_degraded"),
+        (2, "version"),
+        (4, "bands[0].questoin"),
+        (5, "bands[1].below"),  # the order is judged although bands[0] has another error
+        (10, "steps.plan.bands[0].message"),
+        (11, "steps.plan.bands[1].below"),
+        (13, "tools.pay.extra"),
+    ]
+    assert "ascending order" in errors[5].message
+    text = str(PolicyError(errors))
+    assert text.count("\n") == len(errors) - 1
+    assert all(line.startswith("p.yaml:") for line in text.splitlines())
+
+
+def test_duplicate_keys_are_errors() -> None:
+    error = only_error("name: x\nbands: 0.5\non_degraded: abstain\nname: y\n")
+    assert (error.line, error.field) == (4, "name")
+    assert "duplicate key 'name' (first at line 1)" in error.message
+
+
+def test_yaml_syntax_error_and_non_mapping() -> None:
+    error = only_error("name: x\nbands: [0.5\non_degraded: abstain\n")
+    assert error.line is not None
+    assert error.line >= 2
+    assert "not valid YAML" in error.message
+    assert "must be a YAML mapping; got a list" in only_error("- a\n- b\n").message
+    assert "got an empty file" in only_error("").message
+
+
+def test_loading_is_safe(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    text = f"name: !!python/object/apply:os.system ['touch {marker}']\nbands: 0.5\non_degraded: abstain\n"
+    error = only_error(text)
+    assert "not valid YAML" in error.message
+    assert not marker.exists()
+
+
+def test_from_yaml_reads_files_and_reports_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("name: x\nbands: 0.5\non_degraded: escalate\n", encoding="utf-8")
+    assert Policy.from_yaml(path).on_degraded.action == "escalate"
+    with pytest.raises(PolicyError, match="cannot read policy file"):
+        Policy.from_yaml(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nbands: 0.5\n", encoding="utf-8")
+    with pytest.raises(PolicyError) as info:
+        Policy.from_yaml(bad)
+    assert info.value.path == str(bad)
+    assert info.value.line == 1
+    assert info.value.field == "on_degraded"
+    assert isinstance(info.value, DataError)
+
+
+def test_python_api_errors_name_every_issue() -> None:
+    with pytest.raises(ValidationError) as info:
+        Policy(
+            name="x",
+            bands=[AbstainBand(below=0.6), ClarifyBand(below=0.3), AnswerBand(below=0.9)],
+            on_degraded="abstain",
+        )
+    text = str(info.value)
+    assert "[1].below" in text
+    assert "ascending order" in text
+    assert "[2].below" in text
+    assert "do not cover [0.9, 1]" in text
+    assert EscalateBand().to is None
