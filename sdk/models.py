@@ -256,6 +256,7 @@ def _atomic_folder(final: Path, build: Callable[[Path], None]) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=final.parent))
     try:
         build(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is shared (say, with a vLLM server)
         try:
             os.rename(tmp, final)
         except OSError:

@@ -155,3 +155,14 @@ def test_empty_input_gives_an_empty_matrix(tiny_model: LoadedModel) -> None:
     features = HiddenStateFeaturizer(tiny_model).transform([])
     assert features.shape == (0, 32)
     assert features.dtype == np.float32
+
+
+@pytest.mark.slow
+def test_docstring_examples_run(default_model_dir: object) -> None:
+    import doctest
+
+    import capgate.features
+
+    result = doctest.testmod(capgate.features, raise_on_error=False)
+    assert result.attempted >= 4
+    assert result.failed == 0

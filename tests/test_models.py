@@ -128,6 +128,7 @@ def test_atomic_folder_builds_once_and_cleans_dead_leftovers(tmp_path: Path) -> 
 
     final = models._atomic_folder(root / "m", build)
     assert (final / "config.json").read_text() == "{}"
+    assert final.stat().st_mode & 0o777 == 0o755
     assert not leftover.exists()
     assert live.exists()
     assert models._atomic_folder(root / "m", build) == final
@@ -352,3 +353,12 @@ def test_default_model_end_to_end(default_model_dir: Path, monkeypatch: pytest.M
     assert featurizer.spec.dim == 576
     assert featurizer.spec.weights_fingerprint == loaded.weights_fingerprint
     assert bool(abs(features[0] - features[1]).max() > 1e-3)
+
+
+@pytest.mark.slow
+def test_docstring_examples_run(default_model_dir: Path) -> None:
+    import doctest
+
+    result = doctest.testmod(models, raise_on_error=False)
+    assert result.attempted >= 8
+    assert result.failed == 0

@@ -204,3 +204,14 @@ def test_load_backend_wraps_a_loaded_model(tiny_model: LoadedModel, tiny_model_d
     out = fresh.generate([SHORT], SamplingParams(temperature=0, max_tokens=4))
     ref = wrapped.generate([SHORT], SamplingParams(temperature=0, max_tokens=4))
     assert out == ref
+
+
+@pytest.mark.slow
+def test_docstring_examples_run(default_model_dir: object) -> None:
+    import doctest
+
+    import capgate.adapters.transformers
+
+    result = doctest.testmod(capgate.adapters.transformers, raise_on_error=False)
+    assert result.attempted >= 3
+    assert result.failed == 0
