@@ -12,6 +12,8 @@ from capgate._types import Cost, Estimate, LabelledQuery, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, SamplingParams
 from capgate.errors import BackendError, CapgateError, DataError, NotFittedError, ProbeMismatchError
 from capgate.estimators.base import CapabilityEstimator
+from capgate.loading import load_estimator
+from capgate.policies import Policy, load_policy
 
 __version__ = "0.1.0"
 
@@ -27,8 +29,11 @@ __all__ = [
     "Generation",
     "LabelledQuery",
     "NotFittedError",
+    "Policy",
     "ProbeMismatchError",
     "Sample",
     "SamplingParams",
     "__version__",
+    "load_estimator",
+    "load_policy",
 ]

@@ -1,0 +1,80 @@
+"""``load_estimator``: a ready capability estimator from a model name and a saved probe."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from capgate.errors import DataError
+
+if TYPE_CHECKING:
+    from capgate.estimators.probe import ProbeEstimator
+
+__all__ = ["DEFAULT_PROBE", "default_probe_path", "load_estimator"]
+
+DEFAULT_PROBE = "default_probe"
+"""Folder (inside ``capgate.assets``) of the probe shipped for the embedded default model."""
+
+
+def default_probe_path() -> Path:
+    """Where the probe shipped for the embedded default model lives.
+
+    Raises:
+        DataError: The package was installed without its assets.
+    """
+    path = Path(str(resources.files("capgate.assets") / DEFAULT_PROBE))
+    if not (path / "probe.json").is_file():
+        raise DataError("the shipped default probe is missing from this installation", path=path)
+    return path
+
+
+def load_estimator(
+    model: str | os.PathLike[str] = "default",
+    *,
+    probe: str | os.PathLike[str] | None = None,
+    device: Literal["auto", "cpu", "cuda"] = "auto",
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+    batch_size: int = 8,
+) -> ProbeEstimator:
+    """A probe estimator for ``model``, ready to use.
+
+    ``load_estimator("default")`` loads the embedded SmolLM2-135M-Instruct and the probe shipped
+    with capgate for it, fully offline. For any other model (an HF hub id or a local folder),
+    pass the folder of a probe trained on its features (``capgate probe fit``). The probe's
+    feature spec (model, weights fingerprint, layers, pooling, chat template) must match the
+    model's featurizer, or loading refuses it with :class:`~capgate.ProbeMismatchError`.
+
+    Args:
+        model: ``"default"``, a local model folder, or a Hugging Face model id.
+        probe: Folder of a saved probe; required unless ``model`` is ``"default"``.
+        device: Where to run the model.
+        dtype: Model precision (``"auto"``: float32 on CPU, bfloat16 on CUDA).
+        batch_size: Queries per forward pass when featurizing.
+
+    Raises:
+        ValueError: No probe was given for a model other than the default one.
+        ProbeMismatchError: The probe was trained on other features.
+    """
+    from capgate.estimators.probe import LinearProbe, ProbeEstimator
+    from capgate.features import FeatureSpec, HiddenStateFeaturizer
+    from capgate.models import load_model
+
+    if probe is None:
+        if str(model) != "default":
+            raise ValueError(
+                f"no probe given for model {str(model)!r}; pass probe=PATH (see `capgate probe fit`)"
+            )
+        probe = default_probe_path()
+    saved = LinearProbe.load(probe)
+    spec = FeatureSpec.model_validate(saved.feature_spec_) if saved.feature_spec_ else None
+    loaded = load_model(model, device=device, dtype=dtype)
+    featurizer = HiddenStateFeaturizer(
+        loaded,
+        layers=spec.layers if spec is not None else "all",
+        pooling=spec.pooling if spec is not None else "last",
+        chat_template=spec.chat_template if spec is not None else True,
+        batch_size=batch_size,
+    )
+    return ProbeEstimator.load(probe, featurizer)
