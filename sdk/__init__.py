@@ -12,6 +12,8 @@ from capgate._types import Cost, Estimate, LabelledQuery, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, SamplingParams
 from capgate.errors import CapgateError, DataError, NotFittedError, ProbeMismatchError
 from capgate.estimators.base import CapabilityEstimator
+from capgate.gate import Gate, GateBlocked, Gated
+from capgate.guard import guard
 
 __version__ = "0.1.0"
 
@@ -23,6 +25,9 @@ __all__ = [
     "Cost",
     "DataError",
     "Estimate",
+    "Gate",
+    "GateBlocked",
+    "Gated",
     "Generation",
     "LabelledQuery",
     "NotFittedError",
@@ -30,4 +35,5 @@ __all__ = [
     "Sample",
     "SamplingParams",
     "__version__",
+    "guard",
 ]
