@@ -6,6 +6,7 @@ import asyncio
 import itertools
 
 import pytest
+from _estimators import KeywordEstimator
 
 from capgate import Gate, Gated
 from capgate.gate import (
@@ -16,7 +17,6 @@ from capgate.gate import (
     default_extract,
 )
 from capgate.policies import load_policy
-from tests._estimators import KeywordEstimator
 
 
 def test_as_query_normalizes_roles_and_content() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _estimators import KeywordEstimator
 
 import capgate
 from capgate import Gate, GateBlocked, Gated
@@ -25,7 +26,6 @@ from capgate.gate import (
     set_default_estimator,
 )
 from capgate.policies import Policy
-from tests._estimators import KeywordEstimator
 
 MARKERS = {"ABSTAIN": 0.1, "CLARIFY": 0.3, "ESCALATE": 0.5, "RESAMPLE": 0.7, "NOEST": None}
 
