@@ -10,7 +10,7 @@ langchain, openai) load only inside the modules that need them.
 
 from capgate._types import Cost, Estimate, LabelledQuery, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, SamplingParams
-from capgate.errors import CapgateError, DataError, NotFittedError, ProbeMismatchError
+from capgate.errors import BackendError, CapgateError, DataError, NotFittedError, ProbeMismatchError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate import Gate, GateBlocked, Gated
 from capgate.guard import guard
@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncBackend",
     "Backend",
+    "BackendError",
     "CapabilityEstimator",
     "CapgateError",
     "Cost",

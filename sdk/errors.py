@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["CapgateError", "DataError", "NotFittedError", "ProbeMismatchError"]
+__all__ = ["BackendError", "CapgateError", "DataError", "NotFittedError", "ProbeMismatchError"]
 
 
 class CapgateError(Exception):
@@ -64,3 +64,28 @@ class NotFittedError(CapgateError, AttributeError):
 
 class ProbeMismatchError(CapgateError, ValueError):
     """A saved probe does not match the model or feature spec it is asked to serve."""
+
+
+class BackendError(CapgateError, RuntimeError):
+    """A model backend could not produce a generation (after any retries it makes).
+
+    Estimators catch it and return a degraded :class:`~capgate.Estimate` naming it; code that
+    calls a backend directly sees it raised.
+
+    Args:
+        message: What failed, including the last underlying error.
+        attempts: How many attempts were made before giving up.
+        retryable: Whether the last error was of a kind worth retrying (429, 5xx, timeout,
+            connection) -- true means the retries ran out, false means it was not retried.
+
+    Example:
+        >>> str(BackendError("HTTP 500 from server", attempts=3, retryable=True))
+        'HTTP 500 from server (after 3 attempts)'
+    """
+
+    def __init__(self, message: str, *, attempts: int = 1, retryable: bool = False) -> None:
+        self.message = message
+        self.attempts = attempts
+        self.retryable = retryable
+        suffix = f" (after {attempts} attempts)" if attempts > 1 else ""
+        super().__init__(f"{message}{suffix}")

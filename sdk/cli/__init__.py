@@ -19,7 +19,16 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from capgate.cli import budget_cmd, eval_cmd, harvest_cmd, log_cmd, monitor_cmd, policy_cmd, simulate_cmd
+    from capgate.cli import (
+        budget_cmd,
+        eval_cmd,
+        harvest_cmd,
+        log_cmd,
+        monitor_cmd,
+        policy_cmd,
+        probe_cmd,
+        simulate_cmd,
+    )
 
     modules: tuple[ModuleType, ...] = (
         eval_cmd,
@@ -28,6 +37,7 @@ def _register_commands() -> None:
         log_cmd,
         monitor_cmd,
         policy_cmd,
+        probe_cmd,
         simulate_cmd,
     )
     for module in modules:

@@ -1,5 +1,43 @@
-"""Capability estimators: predict µ(x) for a query before or while the model answers."""
+"""Capability estimators: predict µ(x) for a query before or while the model answers.
 
+White-box: :class:`ProbeEstimator` (a :class:`LinearProbe` on a local model's hidden states).
+Black-box estimators that query the model through a backend: :class:`VerbalizedConfidence`,
+:class:`PTrue` and :class:`Consistency`. Baselines: :class:`UniformRandom`, :class:`ConstantPrior`.
+:class:`Recalibrated` wraps any estimator with an isotonic or Platt calibrator fitted on held-out
+outcomes; :class:`FallbackChain` composes estimators so the first usable estimate wins.
+:func:`estimate_jsonl` runs any estimator over a labelled JSONL file.
+"""
+
+from capgate.estimators._parsing import normalize_answer, parse_probability
 from capgate.estimators.base import CapabilityEstimator, Query, query_text
+from capgate.estimators.baselines import ConstantPrior, UniformRandom
+from capgate.estimators.consistency import Consistency
+from capgate.estimators.fallback import FallbackChain
+from capgate.estimators.jsonl import estimate_jsonl, read_labelled_jsonl
+from capgate.estimators.probe import Featurizer, LinearProbe, ProbeEstimator
+from capgate.estimators.ptrue import PTrue, read_p_true
+from capgate.estimators.recalibration import IsotonicCalibrator, PlattCalibrator, Recalibrated
+from capgate.estimators.verbalized import VerbalizedConfidence
 
-__all__ = ["CapabilityEstimator", "Query", "query_text"]
+__all__ = [
+    "CapabilityEstimator",
+    "Consistency",
+    "ConstantPrior",
+    "FallbackChain",
+    "Featurizer",
+    "IsotonicCalibrator",
+    "LinearProbe",
+    "PTrue",
+    "PlattCalibrator",
+    "ProbeEstimator",
+    "Query",
+    "Recalibrated",
+    "UniformRandom",
+    "VerbalizedConfidence",
+    "estimate_jsonl",
+    "normalize_answer",
+    "parse_probability",
+    "query_text",
+    "read_labelled_jsonl",
+    "read_p_true",
+]

@@ -1,0 +1,164 @@
+"""Checks and file helpers shared by the fitted estimators (probe, baselines, calibrators).
+
+Private: the public names live in :mod:`capgate.estimators.probe`, ``.baselines`` and
+``.recalibration``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from capgate.errors import DataError, NotFittedError
+
+FloatArray: TypeAlias = npt.NDArray[np.float64]
+
+
+def check_fitted(estimator: object, *attributes: str) -> None:
+    """Raise :class:`NotFittedError` unless every attribute is set on ``estimator``."""
+    for attribute in attributes:
+        if getattr(estimator, attribute, None) is None:
+            raise NotFittedError(estimator)
+
+
+def as_matrix(X: object, *, name: str = "X") -> FloatArray:
+    """``X`` as a finite 2-D float64 array (one row per query)."""
+    try:
+        array = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"`{name}` must be a 2-D array of numbers; got {type(X).__name__}: {exc}") from None
+    if array.ndim != 2:
+        raise ValueError(f"`{name}` must be a 2-D array (n_queries, n_features); got shape {array.shape}")
+    if array.shape[0] == 0:
+        raise ValueError(f"`{name}` must have at least one row; got shape {array.shape}")
+    if not np.all(np.isfinite(array)):
+        rows = np.flatnonzero(~np.all(np.isfinite(array), axis=1))
+        raise ValueError(f"`{name}` has non-finite values in rows {rows[:10].tolist()}")
+    return array
+
+
+def as_vector(values: object, *, name: str, n: int | None = None, unit: bool = False) -> FloatArray:
+    """``values`` as a finite 1-D float64 array, of length ``n`` and inside [0, 1] if asked."""
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"`{name}` must be a 1-D array of numbers; got {type(values).__name__}: {exc}"
+        ) from None
+    if array.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
+    if n is not None and array.shape[0] != n:
+        raise ValueError(f"`{name}` must have {n} entries (one per query); got {array.shape[0]}")
+    if array.shape[0] == 0:
+        raise ValueError(f"`{name}` must not be empty")
+    bad = ~np.isfinite(array)
+    if unit:
+        bad |= (array < 0.0) | (array > 1.0)
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        expected = "a finite number in [0, 1]" if unit else "a finite number"
+        raise ValueError(f"`{name}`[{i}] must be {expected}; got {float(array[i])!r}")
+    return array
+
+
+def check_weights(sample_weight: object | None, n: int) -> FloatArray:
+    """Non-negative sample weights with a positive sum (all ones when ``None``)."""
+    if sample_weight is None:
+        return np.ones(n, dtype=np.float64)
+    weights = as_vector(sample_weight, name="sample_weight", n=n)
+    if np.any(weights < 0) or not weights.sum() > 0:
+        raise ValueError("`sample_weight` must be non-negative with a positive sum")
+    return weights
+
+
+def n_rows(X: object, *, name: str = "X") -> int:
+    """Number of queries in ``X``: a sequence of queries or an array with one row per query."""
+    if isinstance(X, np.ndarray):
+        if X.ndim == 0:
+            raise ValueError(f"`{name}` must hold one entry per query; got a 0-d array")
+        return int(X.shape[0])
+    if isinstance(X, str | bytes) or not isinstance(X, Sequence):
+        raise ValueError(f"`{name}` must be a sequence of queries or an array; got {type(X).__name__}")
+    return len(X)
+
+
+def spec_as_dict(spec: object) -> dict[str, Any]:
+    """A feature spec as a JSON-able dict: a pydantic model (``model_dump``) or a mapping."""
+    dump = getattr(spec, "model_dump", None)
+    if callable(dump):
+        data = dump(mode="json")
+    elif isinstance(spec, Mapping):
+        data = dict(spec)
+    else:
+        raise TypeError(f"a feature spec must be a pydantic model or a mapping; got {type(spec).__name__}")
+    if not isinstance(data, dict):
+        raise TypeError(f"a feature spec must dump to a dict; got {type(data).__name__}")
+    # Normalize through JSON so a spec compares equal before and after a save/load round trip.
+    normalized: dict[str, Any] = json.loads(json.dumps(data, sort_keys=True, allow_nan=False))
+    return normalized
+
+
+def write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    """Write ``payload`` as JSON atomically (a killed save never leaves a half-written file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+        tmp.write(text)
+        tmp_name = tmp.name
+    os.replace(tmp_name, path)
+
+
+def read_json(path: Path, *, kind: str) -> dict[str, Any]:
+    """Read a JSON object saved by :func:`write_json`; check its ``format`` is ``kind``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"no saved {kind} here (file not found)", path=path) from None
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"not valid JSON: {exc.msg}", path=path, line=exc.lineno) from None
+    if not isinstance(payload, dict):
+        raise DataError(f"expected a JSON object; got {type(payload).__name__}", path=path)
+    found = payload.get("format")
+    if found != kind:
+        raise DataError(f"expected a saved {kind!r}; got format {found!r}", path=path, field="format")
+    return payload
+
+
+def get_field(payload: Mapping[str, Any], key: str, types: type | tuple[type, ...], path: Path) -> Any:
+    """``payload[key]``, checked to be of ``types``, else a :class:`DataError` naming the field."""
+    if key not in payload:
+        raise DataError("missing", path=path, field=key)
+    value = payload[key]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        raise DataError(f"expected {_type_names(types)}; got {value!r}", path=path, field=key)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DataError(f"must be finite; got {value!r}", path=path, field=key)
+    return value
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in _as_tuple(types))
+
+
+def sigmoid(z: FloatArray) -> FloatArray:
+    """Numerically stable logistic function."""
+    out = np.empty_like(z)
+    positive = z >= 0
+    out[positive] = 1.0 / (1.0 + np.exp(-z[positive]))
+    ez = np.exp(z[~positive])
+    out[~positive] = ez / (1.0 + ez)
+    return out

@@ -1,0 +1,611 @@
+"""The linear capability probe: logistic regression on hidden states, trained on soft targets µ̂.
+
+Public name: :class:`capgate.estimators.probe.LinearProbe`. Training needs torch (extra ``local``);
+prediction, saving and loading are numpy + safetensors only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from capgate.errors import DataError
+from capgate.estimators._common import (
+    FloatArray,
+    as_matrix,
+    as_vector,
+    check_fitted,
+    get_field,
+    read_json,
+    sigmoid,
+    spec_as_dict,
+    write_json,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["LR_GRID", "LinearProbe"]
+
+LearningRate: TypeAlias = float | Sequence[float] | Literal["sweep"]
+
+LR_GRID: tuple[float, ...] = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
+"""The learning rates ``lr="sweep"`` tries: the paper's grid (arXiv 2602.13540, for raw and z-scored
+hidden states alike). ``bench/probe_lr.py`` finds the best rate inside it for z-scored features
+too (1e-4 to 5e-4 at 1024 to 2880 dimensions, lower when the features are more correlated);
+larger rates (1e-3 to 1e-2) give a worse probe, not a better one."""
+
+FORMAT = "capgate.linear_probe"
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "probe.safetensors"
+META_FILE = "probe.json"
+_FINGERPRINT_KEYS = ("weights_fingerprint", "fingerprint")
+_PRIOR_EPS = 1e-6
+
+
+def _require_torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(
+            "fitting a LinearProbe needs torch; install the extra: pip install 'capgate[local]'"
+        ) from None
+    return torch
+
+
+def _require_safetensors() -> Any:
+    try:
+        import safetensors.numpy
+    except ImportError:
+        raise ImportError(
+            "saving or loading a probe needs safetensors; install the extra: pip install 'capgate[local]'"
+        ) from None
+    return safetensors.numpy
+
+
+def spec_fingerprint(spec: Mapping[str, Any] | None) -> str | None:
+    """The weights fingerprint recorded in a feature spec, if any."""
+    if spec is None:
+        return None
+    for key in _FINGERPRINT_KEYS:
+        value = spec.get(key)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The best checkpoint of one training run (one learning rate)."""
+
+    weight: npt.NDArray[np.float32]
+    bias: float
+    val_loss: float
+    best_epoch: int
+    epochs_run: int
+    diverged: bool
+
+
+class LinearProbe:
+    """A linear probe predicting capability µ(x) from a feature vector (a hidden state).
+
+    The model is ``p = sigmoid(w · z + b)`` with ``z`` the z-scored features, fitted with
+    binary cross-entropy against the *soft* target µ̂ = correct / k. Training follows the paper
+    (arXiv 2602.13540): SGD with momentum 0.9, weight decay 1e-2 (on ``w``), batches of 32,
+    early stopping on a validation split, keeping the checkpoint with the lowest validation loss.
+    Training starts from ``w = 0`` and ``b = logit(mean µ̂)`` (the constant prior) and the
+    validation loss is measured before the first step too, so the kept probe is never worse on
+    validation than predicting the training mean.
+
+    Args:
+        standardize: Z-score features with the training mean and standard deviation.
+        lr: SGD learning rate; a sequence of rates to sweep; or ``"sweep"`` (the default) for
+            :data:`LR_GRID`, the paper's 1e-5 to 5e-4. A sweep trains one probe per rate and
+            keeps the one with the lowest validation loss (so it needs validation data). The
+            rate used is ``lr_``. Measured on hidden-state-like data
+            (``bench/probe_lr.py``), the best rate moves with the dimension and correlation of the
+            features, which is why the default sweeps rather than fixing one.
+        momentum: SGD momentum.
+        weight_decay: L2 weight decay on the weights (not the bias).
+        batch_size: Minibatch size.
+        max_epochs: Most passes over the training data.
+        patience: Stop after this many epochs without a lower validation loss.
+        validation_fraction: Share of the training data held out for early stopping when no
+            ``X_val`` is given to :meth:`fit`; ``None`` trains ``max_epochs`` and keeps the last.
+        random_state: Seed of the validation split and the minibatch order; fitting is
+            deterministic given it (on one machine and torch build).
+        device: Torch device to train on.
+
+    Attributes:
+        coef_: Weights ``w`` (float32, shape ``(n_features_in_,)``).
+        intercept_: Bias ``b``.
+        mean_: Feature means (``None`` when ``standardize=False``).
+        scale_: Feature standard deviations, zeros replaced by 1 (``None`` without z-scoring).
+        n_features_in_: Feature dimension seen in ``fit``.
+        lr_: The learning rate used (resolved from a sweep).
+        lr_sweep_: Validation loss per learning rate tried (``{}`` without validation data).
+        best_epoch_: Epoch of the kept checkpoint (0 = the initial constant prior).
+        n_epochs_: Epochs run before stopping.
+        validation_: Validation metrics of the kept probe (``n``, ``bce``, ``brier``), or ``{}``.
+        training_: Training-data summary (``n``, ``mean_mu_hat``, ``source``).
+        feature_spec_: The feature spec given to ``fit`` as a JSON-able dict, or ``None``.
+
+    Example:
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> X = rng.normal(size=(200, 5)).astype(np.float32)
+        >>> mu = 1 / (1 + np.exp(-2 * X[:, 0]))
+        >>> probe = LinearProbe(lr=5e-2, max_epochs=50).fit(X, mu)
+        >>> bool(np.corrcoef(probe.predict(X), mu)[0, 1] > 0.9)
+        True
+    """
+
+    coef_: npt.NDArray[np.float32] | None
+    intercept_: float | None
+    mean_: FloatArray | None
+    scale_: FloatArray | None
+
+    def __init__(
+        self,
+        *,
+        standardize: bool = True,
+        lr: LearningRate = "sweep",
+        momentum: float = 0.9,
+        weight_decay: float = 1e-2,
+        batch_size: int = 32,
+        max_epochs: int = 200,
+        patience: int = 20,
+        validation_fraction: float | None = 0.1,
+        random_state: int = 0,
+        device: str = "cpu",
+    ) -> None:
+        self.standardize = standardize
+        self.lr = lr
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+        self.batch_size = batch_size
+        self.max_epochs = max_epochs
+        self.patience = patience
+        self.validation_fraction = validation_fraction
+        self.random_state = random_state
+        self.device = device
+        self.coef_ = None
+        self.intercept_ = None
+        self.mean_ = None
+        self.scale_ = None
+
+    def get_params(self) -> dict[str, Any]:
+        """The constructor settings, JSON-able (a sequence of rates becomes a list)."""
+        lr: Any = self.lr if isinstance(self.lr, str | float | int) else [float(v) for v in self.lr]
+        return {
+            "standardize": self.standardize,
+            "lr": lr,
+            "momentum": self.momentum,
+            "weight_decay": self.weight_decay,
+            "batch_size": self.batch_size,
+            "max_epochs": self.max_epochs,
+            "patience": self.patience,
+            "validation_fraction": self.validation_fraction,
+            "random_state": self.random_state,
+            "device": self.device,
+        }
+
+    def __repr__(self) -> str:
+        defaults = LinearProbe().get_params()
+        changed = {k: v for k, v in self.get_params().items() if v != defaults[k]}
+        return f"LinearProbe({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+    # ------------------------------------------------------------------ fitting
+
+    def _learning_rates(self) -> tuple[float, ...]:
+        if isinstance(self.lr, str):
+            if self.lr != "sweep":
+                raise ValueError(
+                    f"`lr` must be a positive number, a sequence of them or 'sweep'; got {self.lr!r}"
+                )
+            return LR_GRID
+        rates = (self.lr,) if isinstance(self.lr, int | float) else tuple(self.lr)
+        if not rates or not all(
+            isinstance(r, int | float) and not isinstance(r, bool) and math.isfinite(r) and r > 0
+            for r in rates
+        ):
+            raise ValueError(
+                f"`lr` must be a positive number, a sequence of them or 'sweep'; got {self.lr!r}"
+            )
+        return tuple(float(r) for r in rates)
+
+    def _check_settings(self) -> None:
+        for name in ("batch_size", "max_epochs", "patience"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
+        for name in ("momentum", "weight_decay"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"`{name}` must be a non-negative number; got {value!r}")
+        vf = self.validation_fraction
+        if vf is not None and not (isinstance(vf, int | float) and 0.0 < vf < 1.0):
+            raise ValueError(f"`validation_fraction` must be in (0, 1) or None; got {vf!r}")
+        if not isinstance(self.random_state, int) or isinstance(self.random_state, bool):
+            raise ValueError(f"`random_state` must be an integer; got {self.random_state!r}")
+
+    def fit(
+        self,
+        X: npt.ArrayLike,
+        y: npt.ArrayLike,
+        *,
+        X_val: npt.ArrayLike | None = None,
+        y_val: npt.ArrayLike | None = None,
+        feature_spec: object | None = None,
+        source: str | None = None,
+    ) -> LinearProbe:
+        """Fit the probe on features ``X`` and soft targets ``y`` = µ̂ in [0, 1].
+
+        Args:
+            X: Features, shape ``(n_queries, n_features)``.
+            y: Empirical capabilities µ̂, shape ``(n_queries,)``.
+            X_val: Validation features for early stopping; if omitted, ``validation_fraction``
+                of ``X`` is held out (seeded by ``random_state``).
+            y_val: Validation targets (required with ``X_val``).
+            feature_spec: How the features were made (a pydantic ``FeatureSpec`` or a mapping);
+                recorded so that a saved probe refuses a featurizer that does not match.
+            source: Where the labels came from (a file name), for the saved training summary.
+
+        Returns:
+            The fitted probe (``self``).
+
+        Raises:
+            ValueError: Bad settings or data (shapes, targets outside [0, 1], a spec whose
+                ``dim`` disagrees with ``X``).
+            ImportError: torch is not installed.
+        """
+        self._check_settings()
+        rates = self._learning_rates()
+        X_all = as_matrix(X, name="X")
+        y_all = as_vector(y, name="y", n=X_all.shape[0], unit=True)
+        spec = None if feature_spec is None else spec_as_dict(feature_spec)
+        dim = X_all.shape[1]
+        if spec is not None and isinstance(spec.get("dim"), int) and spec["dim"] != dim:
+            raise ValueError(f"feature_spec says dim={spec['dim']} but X has {dim} features")
+
+        if (X_val is None) != (y_val is None):
+            raise ValueError("give both `X_val` and `y_val`, or neither")
+        if X_val is not None:
+            X_tr, y_tr = X_all, y_all
+            X_va = as_matrix(X_val, name="X_val")
+            y_va = as_vector(y_val, name="y_val", n=X_va.shape[0], unit=True)
+            if X_va.shape[1] != dim:
+                raise ValueError(f"`X_val` has {X_va.shape[1]} features but `X` has {dim}")
+        elif self.validation_fraction is not None:
+            n = X_all.shape[0]
+            n_val = round(n * self.validation_fraction)
+            if n_val < 1 or n - n_val < 1:
+                raise ValueError(
+                    f"validation_fraction={self.validation_fraction} of {n} queries leaves an empty "
+                    "training or validation split; give more data, X_val/y_val, or validation_fraction=None"
+                )
+            order = np.random.default_rng(self.random_state).permutation(n)
+            val_idx, tr_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
+            X_tr, y_tr, X_va, y_va = X_all[tr_idx], y_all[tr_idx], X_all[val_idx], y_all[val_idx]
+        else:
+            X_tr, y_tr, X_va, y_va = X_all, y_all, None, None
+
+        if X_va is None and len(rates) > 1:
+            raise ValueError(
+                f"a learning-rate sweep ({len(rates)} rates) needs validation data to choose; "
+                "give X_val/y_val, set validation_fraction, or pass a single lr"
+            )
+        if self.standardize:
+            mean = X_tr.mean(axis=0)
+            scale = X_tr.std(axis=0)
+            tiny = 10 * np.finfo(np.float64).eps * np.maximum(np.abs(mean), 1.0)
+            scale[scale <= tiny] = 1.0
+        else:
+            mean = scale = None
+
+        runs = {lr: self._train(X_tr, y_tr, X_va, y_va, mean, scale, lr) for lr in rates}
+        best_lr = min(rates, key=lambda r: runs[r].val_loss)
+        best = runs[best_lr]
+        if best.diverged:
+            warnings.warn(
+                f"LinearProbe training diverged at lr={best_lr}; kept the last finite checkpoint "
+                f"(epoch {best.best_epoch}). Use a smaller lr.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        elif X_va is not None and best.best_epoch == self.max_epochs:
+            warnings.warn(
+                f"LinearProbe stopped at max_epochs={self.max_epochs} while the validation loss was still "
+                f"falling (lr={best_lr}); raise max_epochs or lr",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+        self.mean_, self.scale_ = mean, scale
+        self.coef_ = best.weight
+        self.intercept_ = best.bias
+        self.n_features_in_ = dim
+        self.lr_ = best_lr
+        self.lr_sweep_ = {lr: run.val_loss for lr, run in runs.items()} if X_va is not None else {}
+        self.best_epoch_ = best.best_epoch
+        self.n_epochs_ = best.epochs_run
+        self.feature_spec_ = spec
+        self.training_: dict[str, Any] = {
+            "n": int(y_tr.shape[0]),
+            "mean_mu_hat": float(y_tr.mean()),
+            "source": source,
+        }
+        self.validation_ = {} if X_va is None or y_va is None else self._validation_metrics(X_va, y_va)
+        return self
+
+    def _validation_metrics(self, X_va: FloatArray, y_va: FloatArray) -> dict[str, float | int]:
+        p = self.predict(X_va)
+        q = np.clip(p, 1e-12, 1 - 1e-12)
+        bce = -np.mean(y_va * np.log(q) + (1 - y_va) * np.log1p(-q))
+        return {"n": int(y_va.shape[0]), "bce": float(bce), "brier": float(np.mean((p - y_va) ** 2))}
+
+    def _train(
+        self,
+        X_tr: FloatArray,
+        y_tr: FloatArray,
+        X_va: FloatArray | None,
+        y_va: FloatArray | None,
+        mean: FloatArray | None,
+        scale: FloatArray | None,
+        lr: float,
+    ) -> _Run:
+        torch = _require_torch()
+        device = torch.device(self.device)
+        if device.type != "cpu":
+            return self._train_loop(torch, device, X_tr, y_tr, X_va, y_va, mean, scale, lr)
+        # Minibatches of 32 rows are far too small to gain from threads, and on a loaded machine
+        # the thread pool's contention slows training many-fold; use one thread, then restore.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._train_loop(torch, device, X_tr, y_tr, X_va, y_va, mean, scale, lr)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _train_loop(
+        self,
+        torch: Any,
+        device: torch.device,
+        X_tr: FloatArray,
+        y_tr: FloatArray,
+        X_va: FloatArray | None,
+        y_va: FloatArray | None,
+        mean: FloatArray | None,
+        scale: FloatArray | None,
+        lr: float,
+    ) -> _Run:
+        functional = torch.nn.functional
+
+        def tensor(a: FloatArray, standardized: bool) -> torch.Tensor:
+            if standardized and mean is not None and scale is not None:
+                a = (a - mean) / scale
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(device)
+
+        xt, yt = tensor(X_tr, True), tensor(y_tr, False)
+        xv = None if X_va is None else tensor(X_va, True)
+        yv = None if y_va is None else tensor(y_va, False)
+        generator = torch.Generator().manual_seed(self.random_state)
+
+        prior = min(max(float(y_tr.mean()), _PRIOR_EPS), 1 - _PRIOR_EPS)
+        weight = torch.zeros(X_tr.shape[1], dtype=torch.float32, device=device, requires_grad=True)
+        bias = torch.full((1,), math.log(prior / (1 - prior)), dtype=torch.float32, device=device)
+        bias.requires_grad_(True)
+        optimizer = torch.optim.SGD(
+            [
+                {"params": [weight], "weight_decay": self.weight_decay},
+                {"params": [bias], "weight_decay": 0.0},
+            ],
+            lr=lr,
+            momentum=self.momentum,
+        )
+
+        def val_loss() -> float:
+            if xv is None or yv is None:
+                return math.nan
+            with torch.no_grad():
+                logits = (xv @ weight + bias).double()
+                return float(functional.binary_cross_entropy_with_logits(logits, yv.double()).item())
+
+        def snapshot() -> tuple[npt.NDArray[np.float32], float]:
+            w = weight.detach().cpu().numpy().astype(np.float32, copy=True)
+            return w, float(bias.detach().cpu().numpy()[0])
+
+        best_w, best_b = snapshot()
+        best_loss, best_epoch, epochs_run, diverged = val_loss(), 0, 0, False
+        n = xt.shape[0]
+        for epoch in range(1, self.max_epochs + 1):
+            order = torch.randperm(n, generator=generator).to(device)
+            for start in range(0, n, self.batch_size):
+                idx = order[start : start + self.batch_size]
+                optimizer.zero_grad(set_to_none=True)
+                loss = functional.binary_cross_entropy_with_logits(xt[idx] @ weight + bias, yt[idx])
+                loss.backward()
+                optimizer.step()
+            epochs_run = epoch
+            if not (torch.isfinite(weight).all() and torch.isfinite(bias).all()):
+                diverged = True
+                break
+            if xv is None:
+                best_w, best_b, best_epoch = (*snapshot(), epoch)
+                continue
+            current = val_loss()
+            if not math.isfinite(current):
+                diverged = True
+                break
+            if current < best_loss:
+                best_loss, best_epoch = current, epoch
+                best_w, best_b = snapshot()
+            elif epoch - best_epoch >= self.patience:
+                break
+        return _Run(best_w, best_b, best_loss, best_epoch, epochs_run, diverged)
+
+    # --------------------------------------------------------------- prediction
+
+    def _features(self, X: npt.ArrayLike) -> FloatArray:
+        check_fitted(self, "coef_")
+        array = as_matrix(X, name="X")
+        if array.shape[1] != self.n_features_in_:
+            raise ValueError(
+                f"X has {array.shape[1]} features but the probe was fitted on {self.n_features_in_}"
+            )
+        if self.mean_ is not None and self.scale_ is not None:
+            array = (array - self.mean_) / self.scale_
+        return array
+
+    def decision_function(self, X: npt.ArrayLike) -> FloatArray:
+        """The probe's logits ``w · z + b`` (float64), one per row of ``X``."""
+        z = self._features(X)
+        assert self.coef_ is not None
+        assert self.intercept_ is not None
+        # A row-wise sum, not a BLAS matrix-vector product: each row's value does not depend on
+        # which other rows share the batch, so batched and one-by-one predictions are bitwise equal.
+        logits: FloatArray = np.sum(z * self.coef_.astype(np.float64), axis=1) + self.intercept_
+        return logits
+
+    def predict(self, X: npt.ArrayLike) -> FloatArray:
+        """Predicted capability in [0, 1] (float64), one per row of ``X``.
+
+        Raises:
+            NotFittedError: The probe has not been fitted or loaded.
+            ValueError: ``X`` is not a finite 2-D array with ``n_features_in_`` columns.
+        """
+        return sigmoid(self.decision_function(X))
+
+    # ------------------------------------------------------------ persistence
+
+    def metadata(self) -> dict[str, Any]:
+        """The JSON metadata saved beside the weights (spec, training summary, validation...)."""
+        check_fitted(self, "coef_")
+        spec = self.feature_spec_
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "model_id": None if spec is None else spec.get("model_id"),
+            "weights_fingerprint": spec_fingerprint(spec),
+            "dim": self.n_features_in_,
+            "feature_spec": spec,
+            "settings": self.get_params(),
+            "lr": self.lr_,
+            "lr_sweep": [[lr, loss] for lr, loss in self.lr_sweep_.items()],
+            "best_epoch": self.best_epoch_,
+            "n_epochs": self.n_epochs_,
+            "training": self.training_,
+            "validation": self.validation_,
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Save to the folder ``path``: ``probe.safetensors`` (weights, z-score stats) + ``probe.json``.
+
+        The JSON records the feature spec, model id, weights fingerprint, dimension, training
+        summary, validation metrics and the SHA-256 of the weights file. No pickle is involved.
+
+        Returns:
+            The folder written.
+        """
+        check_fitted(self, "coef_")
+        assert self.coef_ is not None
+        assert self.intercept_ is not None
+        st = _require_safetensors()
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors: dict[str, np.ndarray[Any, Any]] = {
+            "weight": np.ascontiguousarray(self.coef_, dtype=np.float32),
+            "bias": np.asarray([self.intercept_], dtype=np.float64),
+        }
+        if self.mean_ is not None and self.scale_ is not None:
+            tensors["mean"] = np.ascontiguousarray(self.mean_, dtype=np.float64)
+            tensors["scale"] = np.ascontiguousarray(self.scale_, dtype=np.float64)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{WEIGHTS_FILE}.")
+        os.close(fd)
+        st.save_file(tensors, tmp, metadata={"format": FORMAT})
+        os.replace(tmp, folder / WEIGHTS_FILE)
+        meta = self.metadata()
+        meta["weights_sha256"] = _sha256(folder / WEIGHTS_FILE)
+        write_json(folder / META_FILE, meta)
+        return folder
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> LinearProbe:
+        """Load a probe saved by :meth:`save` (checks the weights file against its SHA-256).
+
+        Raises:
+            DataError: Missing or corrupt files, or metadata that disagrees with the weights.
+        """
+        folder = Path(path)
+        meta_path, weights_path = folder / META_FILE, folder / WEIGHTS_FILE
+        meta = read_json(meta_path, kind=FORMAT)
+        version = get_field(meta, "format_version", int, meta_path)
+        if version > FORMAT_VERSION:
+            raise DataError(
+                f"saved by a newer capgate (format {version}; this one reads <= {FORMAT_VERSION})",
+                path=meta_path,
+                field="format_version",
+            )
+        if not weights_path.is_file():
+            raise DataError("weights file not found", path=weights_path)
+        digest = get_field(meta, "weights_sha256", str, meta_path)
+        if _sha256(weights_path) != digest:
+            raise DataError(
+                "weights file does not match the SHA-256 recorded in probe.json", path=weights_path
+            )
+        tensors = _require_safetensors().load_file(str(weights_path))
+        dim = get_field(meta, "dim", int, meta_path)
+        settings = dict(get_field(meta, "settings", dict, meta_path))
+        if isinstance(settings.get("lr"), list):
+            settings["lr"] = tuple(settings["lr"])
+        try:
+            probe = cls(**settings)
+        except TypeError as exc:
+            raise DataError(f"unknown settings: {exc}", path=meta_path, field="settings") from None
+
+        weight = tensors.get("weight")
+        bias = tensors.get("bias")
+        if weight is None or weight.shape != (dim,) or bias is None or bias.shape != (1,):
+            raise DataError(f"expected tensors weight ({dim},) and bias (1,)", path=weights_path)
+        probe.coef_ = weight.astype(np.float32, copy=False)
+        probe.intercept_ = float(bias[0])
+        if ("mean" in tensors) != bool(settings.get("standardize")) or ("scale" in tensors) != (
+            "mean" in tensors
+        ):
+            raise DataError("z-score tensors do not match the 'standardize' setting", path=weights_path)
+        if "mean" in tensors:
+            if tensors["mean"].shape != (dim,) or tensors["scale"].shape != (dim,):
+                raise DataError(f"expected mean and scale of shape ({dim},)", path=weights_path)
+            probe.mean_ = tensors["mean"].astype(np.float64, copy=False)
+            probe.scale_ = tensors["scale"].astype(np.float64, copy=False)
+        probe.n_features_in_ = dim
+        probe.lr_ = float(get_field(meta, "lr", (int, float), meta_path))
+        sweep = get_field(meta, "lr_sweep", list, meta_path)
+        probe.lr_sweep_ = {float(lr): float(loss) for lr, loss in sweep}
+        probe.best_epoch_ = get_field(meta, "best_epoch", int, meta_path)
+        probe.n_epochs_ = get_field(meta, "n_epochs", int, meta_path)
+        spec = meta.get("feature_spec")
+        if spec is not None and not isinstance(spec, dict):
+            raise DataError(f"expected an object or null; got {spec!r}", path=meta_path, field="feature_spec")
+        probe.feature_spec_ = spec
+        probe.training_ = dict(get_field(meta, "training", dict, meta_path))
+        probe.validation_ = dict(get_field(meta, "validation", dict, meta_path))
+        return probe
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,123 @@
+"""Self-consistency: sample k_c answers and report the share of the most frequent one.
+
+The estimate is ``count(most frequent normalized answer) / samples``; samples from which no
+answer could be extracted count against agreement. It is the most expensive of the black-box
+estimators -- k_c full answers per query -- and reports that cost (tokens, calls, latency).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from capgate._types import Estimate
+from capgate.backend import SamplingParams
+from capgate.estimators._parsing import normalize_answer
+from capgate.estimators._sampling import (
+    AnyBackend,
+    Plan,
+    QueryState,
+    Round,
+    arun_plan,
+    check_backend,
+    describe_error,
+    run_plan,
+)
+from capgate.estimators.base import CapabilityEstimator, Query
+
+__all__ = ["Consistency"]
+
+
+class Consistency(CapabilityEstimator):
+    """Capability as the agreement among ``k_c`` sampled answers.
+
+    Args:
+        backend: A :class:`~capgate.Backend` and/or :class:`~capgate.AsyncBackend`.
+        k_c: Answers sampled per query (>= 2), in one request with ``n=k_c``.
+        extract: Maps a response to its normalized final answer, or ``None`` if it has none.
+            Pass a task grader's ``.extract``; the default :func:`normalize_answer` is a simple
+            normalizer (last ``\\boxed{}`` or last line, lowercased), not a grader.
+        params: Sampling settings (``n`` is forced to ``k_c``). Default: temperature 1.0, 512 tokens.
+
+    Example:
+        >>> from capgate import Generation
+        >>> class Votes:
+        ...     model_id = "votes"
+        ...     def generate(self, prompts, params):
+        ...         texts = ["4", "4", "4", "5", "four"]
+        ...         return [[Generation(text=t, n_tokens=1) for t in texts] for _ in prompts]
+        >>> Consistency(Votes(), k_c=5).estimate_one("2+2?").p
+        0.6
+    """
+
+    method = "consistency"
+
+    def __init__(
+        self,
+        backend: AnyBackend,
+        *,
+        k_c: int = 5,
+        extract: Callable[[str], str | None] | None = None,
+        params: SamplingParams | None = None,
+    ) -> None:
+        check_backend(backend)
+        if k_c < 2:
+            raise ValueError(f"`k_c` must be >= 2 (agreement needs several samples); got {k_c!r}")
+        self.backend = backend
+        self.k_c = k_c
+        self.extract = extract
+        self.params = params
+
+    def __repr__(self) -> str:
+        return f"Consistency(backend={self.backend!r}, k_c={self.k_c})"
+
+    def _params(self) -> SamplingParams:
+        base = self.params or SamplingParams(temperature=1.0, max_tokens=512)
+        return base.model_copy(update={"n": self.k_c})
+
+    def _plan(self, queries: Sequence[Query]) -> Plan:
+        if not queries:
+            return []
+        extract = self.extract or normalize_answer
+        result = yield Round(list(queries), self._params())
+        estimates: list[Estimate] = []
+        for outcome in result.outcomes:
+            state = QueryState()
+            if isinstance(outcome, BaseException):
+                state.add_failed_call(result.latency_s)
+                estimates.append(
+                    Estimate.unavailable(
+                        self.method, f"backend error: {describe_error(outcome)}", cost=state.cost
+                    )
+                )
+                continue
+            state.add(outcome, result.latency_s)
+            answers: list[str | None] = []
+            for gen in outcome:
+                try:
+                    answers.append(extract(gen.text))
+                except Exception as exc:  # a grader's extractor choking on one response
+                    answers.append(None)
+                    state.failures.append(describe_error(exc))
+            counts = Counter(a for a in answers if a is not None)
+            details = {"answers": answers, "samples": len(outcome), "k_c": self.k_c}
+            if state.failures:
+                details["extract_errors"] = state.failures
+            if not counts:
+                reason = f"no answer could be extracted from any of the {len(outcome)} samples"
+                estimates.append(Estimate.unavailable(self.method, reason, cost=state.cost, **details))
+                continue
+            majority, votes = counts.most_common(1)[0]
+            details.update(majority=majority, votes=votes)
+            estimates.append(
+                Estimate(p=votes / len(outcome), method=self.method, cost=state.cost, details=details)
+            )
+        return estimates
+
+    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+        """Sample ``k_c`` answers per query and measure their agreement (blocking)."""
+        return run_plan(self._plan(queries), self.backend)
+
+    async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
+        """Async twin of :meth:`estimate` (native when the backend has ``agenerate``)."""
+        return await arun_plan(self._plan(queries), self.backend)

@@ -1,0 +1,144 @@
+"""A chain of estimators: the first usable estimate wins.
+
+Each query goes to the first estimator; the queries it could not estimate go to the next, and so
+on. The returned estimate is the answering estimator's, with its ``method``, plus
+``details["answered_by"]`` and ``details["attempts"]`` (method and reason of every estimator that
+failed before it) and the cost of all attempts. An estimate from a later link is marked
+``degraded`` with a reason (a usable but weakened estimate), so a policy can tell it from a
+first-choice one. If every link fails the result is unavailable, listing every reason, and the
+policy's fail-safe acts on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from capgate._types import Cost, Estimate
+from capgate.estimators._sampling import describe_error
+from capgate.estimators.base import CapabilityEstimator, Query
+
+__all__ = ["FallbackChain"]
+
+
+class FallbackChain(CapabilityEstimator):
+    """Try estimators in order; the first usable estimate wins.
+
+    Args:
+        estimators: Two or more estimators, most preferred first.
+
+    Example:
+        >>> from capgate import Estimate
+        >>> class Down(CapabilityEstimator):
+        ...     method = "probe"
+        ...     def estimate(self, queries):
+        ...         return [Estimate.unavailable("probe", "server down") for _ in queries]
+        >>> class Half(CapabilityEstimator):
+        ...     method = "constant"
+        ...     def estimate(self, queries):
+        ...         return [Estimate(p=0.5, method="constant") for _ in queries]
+        >>> e = FallbackChain([Down(), Half()]).estimate_one("2+2?")
+        >>> e.p, e.method, e.details["attempts"]
+        (0.5, 'constant', [{'method': 'probe', 'reason': 'server down'}])
+    """
+
+    method = "fallback"
+
+    def __init__(self, estimators: Sequence[CapabilityEstimator]) -> None:
+        estimators = list(estimators)
+        if len(estimators) < 2:
+            raise ValueError(f"`estimators` needs at least two estimators; got {len(estimators)}")
+        for est in estimators:
+            if not isinstance(est, CapabilityEstimator):
+                raise TypeError(f"every link must be a CapabilityEstimator; got {type(est).__name__}")
+        self.estimators = estimators
+
+    def __repr__(self) -> str:
+        return f"FallbackChain({self.estimators!r})"
+
+    @staticmethod
+    def _checked(est: CapabilityEstimator, got: Any, n: int) -> list[Estimate]:
+        if not isinstance(got, list) or len(got) != n or not all(isinstance(e, Estimate) for e in got):
+            count = len(got) if isinstance(got, list) else type(got).__name__
+            reason = f"{type(est).__name__} returned {count} results for {n} queries"
+            return [Estimate.unavailable(est.method, reason) for _ in range(n)]
+        return got
+
+    @staticmethod
+    def _crashed(est: CapabilityEstimator, exc: Exception, n: int) -> list[Estimate]:
+        return [Estimate.unavailable(est.method, f"raised {describe_error(exc)}") for _ in range(n)]
+
+    def _merge(self, pos: int, winner: Estimate, attempts: list[dict[str, str]], cost: Cost) -> Estimate:
+        details = {**winner.details, "answered_by": winner.method, "attempts": attempts}
+        if pos == 0:
+            return winner.model_copy(update={"details": details, "cost": cost})
+        failed = "; ".join(f"{a['method']}: {a['reason']}" for a in attempts)
+        reason = f"fallback to {winner.method} (link {pos + 1}) after {failed}"
+        if winner.reason:
+            reason += f"; {winner.method} itself: {winner.reason}"
+        return winner.model_copy(
+            update={"details": details, "cost": cost, "degraded": True, "reason": reason}
+        )
+
+    def _all_failed(self, attempts: list[dict[str, str]], cost: Cost) -> Estimate:
+        failed = "; ".join(f"{a['method']}: {a['reason']}" for a in attempts)
+        return Estimate.unavailable(
+            self.method, f"every estimator failed: {failed}", cost=cost, attempts=attempts
+        )
+
+    def _step(
+        self,
+        pos: int,
+        pending: list[int],
+        got: list[Estimate],
+        results: list[Estimate | None],
+        attempts: list[list[dict[str, str]]],
+        costs: list[Cost],
+    ) -> list[int]:
+        still: list[int] = []
+        for i, est in zip(pending, got, strict=True):
+            costs[i] = costs[i] + est.cost
+            if est.usable:
+                results[i] = self._merge(pos, est, attempts[i], costs[i])
+            else:
+                attempts[i].append({"method": est.method, "reason": est.reason or "unavailable"})
+                still.append(i)
+        return still
+
+    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+        """Estimate each query with the first estimator that can (blocking)."""
+        n = len(queries)
+        results: list[Estimate | None] = [None] * n
+        attempts: list[list[dict[str, str]]] = [[] for _ in range(n)]
+        costs = [Cost() for _ in range(n)]
+        pending = list(range(n))
+        for pos, est in enumerate(self.estimators):
+            if not pending:
+                break
+            try:
+                got = self._checked(est, est.estimate([queries[i] for i in pending]), len(pending))
+            except Exception as exc:
+                got = self._crashed(est, exc, len(pending))
+            pending = self._step(pos, pending, got, results, attempts, costs)
+        return [
+            r if r is not None else self._all_failed(attempts[i], costs[i]) for i, r in enumerate(results)
+        ]
+
+    async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
+        """Async twin of :meth:`estimate`: each link's ``aestimate`` in turn."""
+        n = len(queries)
+        results: list[Estimate | None] = [None] * n
+        attempts: list[list[dict[str, str]]] = [[] for _ in range(n)]
+        costs = [Cost() for _ in range(n)]
+        pending = list(range(n))
+        for pos, est in enumerate(self.estimators):
+            if not pending:
+                break
+            try:
+                got = self._checked(est, await est.aestimate([queries[i] for i in pending]), len(pending))
+            except Exception as exc:
+                got = self._crashed(est, exc, len(pending))
+            pending = self._step(pos, pending, got, results, attempts, costs)
+        return [
+            r if r is not None else self._all_failed(attempts[i], costs[i]) for i, r in enumerate(results)
+        ]

@@ -1,0 +1,66 @@
+"""Run any estimator over a labelled JSONL file (one :class:`~capgate.LabelledQuery` per line).
+
+Each row needs a non-empty ``question``; the label fields (``k``/``correct`` or the paper's
+``num_samples``/``num_correct``) are validated as :class:`~capgate.LabelledQuery` does. Bad rows
+raise :class:`~capgate.DataError` naming the file, line and field before any model call is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from capgate._types import Estimate, LabelledQuery
+from capgate.errors import DataError
+from capgate.estimators.base import CapabilityEstimator
+from capgate.labels import iter_labelled
+
+__all__ = ["estimate_jsonl", "read_labelled_jsonl"]
+
+
+def read_labelled_jsonl(path: str | Path) -> list[LabelledQuery]:
+    """Read and validate every row of a labelled JSONL file (blank lines are skipped).
+
+    Raises:
+        DataError: The file cannot be read, or a line is not JSON, not an object, fails validation,
+            or has no question.
+    """
+    rows: list[LabelledQuery] = []
+    for line_no, row in iter_labelled(path):
+        if not row.question or not row.question.strip():
+            raise DataError(
+                "a non-empty question is needed to estimate", path=path, line=line_no, field="question"
+            )
+        rows.append(row)
+    return rows
+
+
+def estimate_jsonl(
+    estimator: CapabilityEstimator, path: str | Path, *, batch_size: int = 16
+) -> Iterator[tuple[LabelledQuery, Estimate]]:
+    """Estimate every query of a labelled JSONL file, batch by batch, yielding ``(row, estimate)``.
+
+    The whole file is validated first, so a bad row fails before any model call. Pair the
+    results with a metric, e.g. ``capability_brier([e.p for _, e in pairs], [r.mu_hat for r, _ in pairs])``
+    over the usable ones.
+
+    Example:
+        >>> import json, tempfile
+        >>> from capgate import Estimate
+        >>> class Half(CapabilityEstimator):
+        ...     method = "half"
+        ...     def estimate(self, queries):
+        ...         return [Estimate(p=0.5, method="half") for _ in queries]
+        >>> with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        ...     _ = f.write(json.dumps({"id": "q1", "question": "2+2?", "k": 4, "correct": 3}) + "\\n")
+        >>> [(row.mu_hat, est.p) for row, est in estimate_jsonl(Half(), f.name)]
+        [(0.75, 0.5)]
+        >>> import os; os.remove(f.name)
+    """
+    if batch_size < 1:
+        raise ValueError(f"`batch_size` must be >= 1; got {batch_size!r}")
+    rows = read_labelled_jsonl(path)
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        estimates = estimator.estimate([row.question or "" for row in batch])
+        yield from zip(batch, estimates, strict=True)

@@ -1,0 +1,248 @@
+"""Probe-based capability estimation: a linear probe on a model's hidden states.
+
+:class:`LinearProbe` maps a feature vector to a predicted capability; :class:`ProbeEstimator`
+pairs it with a :class:`Featurizer` (queries → hidden-state features) to make a
+:class:`~capgate.CapabilityEstimator`. A saved probe records the feature spec it was trained on
+(model id, weights fingerprint, layers, pooling, chat template, dimension), and
+:meth:`ProbeEstimator.load` refuses a featurizer whose spec differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from capgate._types import Cost, Estimate
+from capgate.errors import NotFittedError, ProbeMismatchError
+from capgate.estimators._common import FloatArray, spec_as_dict
+from capgate.estimators._linear_probe import LR_GRID, LinearProbe, spec_fingerprint
+from capgate.estimators.base import CapabilityEstimator, Query
+
+__all__ = [
+    "LR_GRID",
+    "Featurizer",
+    "LinearProbe",
+    "ProbeEstimator",
+    "check_spec_match",
+]
+
+
+@runtime_checkable
+class Featurizer(Protocol):
+    """Turns queries into feature vectors (for example pooled hidden states of a model).
+
+    ``spec`` describes how: a pydantic model (such as ``capgate.features.FeatureSpec``) or a
+    mapping, JSON-able, with at least ``model_id``, a weights fingerprint and ``dim``.
+    """
+
+    @property
+    def spec(self) -> Any:
+        """How the features are made (model id, weights fingerprint, layers, pooling, dim...)."""
+        ...
+
+    def transform(self, queries: Sequence[Query]) -> npt.NDArray[np.float32]:
+        """Features of shape ``(len(queries), dim)``; row ``i`` belongs to ``queries[i]``."""
+        ...
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def check_spec_match(
+    probe_spec: Mapping[str, Any] | None, featurizer_spec: object, *, ignore: Collection[str] = ()
+) -> None:
+    """Raise :class:`ProbeMismatchError` unless a probe's feature spec matches a featurizer's.
+
+    Every field is compared (model id, weights fingerprint, layers, pooling, chat template, dim,
+    source...) except those named in ``ignore``; the message names each differing field with the
+    probe's and the featurizer's value. Ignore a field only when you have checked that it does not
+    change the features (say, ``source`` after comparing transformers and vLLM hidden states).
+
+    Example:
+        >>> spec = {"model_id": "m", "weights_fingerprint": "abc", "dim": 4, "source": "vllm"}
+        >>> check_spec_match(spec, {**spec, "source": "transformers"}, ignore=["source"])
+        >>> check_spec_match(spec, {**spec, "weights_fingerprint": "def"})
+        Traceback (most recent call last):
+        ...
+        capgate.errors.ProbeMismatchError: probe does not match the featurizer: weights_fingerprint: ...
+    """
+    theirs = spec_as_dict(featurizer_spec)
+    if probe_spec is None:
+        raise ProbeMismatchError(
+            "the probe records no feature spec, so it cannot be checked against the featurizer "
+            f"(model_id={theirs.get('model_id')!r}, fingerprint={spec_fingerprint(theirs)!r}); "
+            "refit it with LinearProbe.fit(..., feature_spec=featurizer.spec)"
+        )
+    ours = spec_as_dict(probe_spec)
+    keys = sorted((set(ours) | set(theirs)) - set(ignore))
+    missing = object()
+    diffs = [
+        f"{key}: probe has {_show(ours.get(key))}, featurizer has {_show(theirs.get(key))}"
+        if key in ours and key in theirs
+        else f"{key}: only the {'probe' if key in ours else 'featurizer'} records it "
+        f"({_show(ours.get(key, theirs.get(key)))})"
+        for key in keys
+        if ours.get(key, missing) != theirs.get(key, missing)
+    ]
+    if diffs:
+        raise ProbeMismatchError(
+            "probe does not match the featurizer: "
+            + "; ".join(diffs)
+            + f" (probe model {ours.get('model_id')!r}, featurizer model {theirs.get('model_id')!r})"
+        )
+
+
+class ProbeEstimator(CapabilityEstimator):
+    """A capability estimator: a featurizer's hidden states fed to a linear probe.
+
+    Cost per estimate: one forward pass (the prefill of the query); ``latency_s`` is the batch's
+    wall time shared evenly among its queries (the whole batch time is in ``details``).
+
+    Fail-closed: if the featurizer raises for a batch, each query is retried alone and those that
+    still fail, or that yield non-finite features, come back as
+    :meth:`Estimate.unavailable <capgate.Estimate.unavailable>` naming the error. Misuse (an
+    unfitted probe, a featurizer whose spec or output width does not match the probe) raises.
+
+    Args:
+        featurizer: Makes the features (see :class:`Featurizer`).
+        probe: The probe; fitted, or fitted later through :meth:`fit`.
+        ignore_spec_fields: Feature-spec fields not compared with the probe's (see
+            :func:`check_spec_match`); none by default.
+
+    Example:
+        >>> import numpy as np
+        >>> class Lengths:  # a toy featurizer: features from the query's length
+        ...     spec = {"model_id": "toy", "weights_fingerprint": "0", "dim": 2}
+        ...     def transform(self, queries):
+        ...         return np.array([[len(q), len(q) % 7] for q in queries], dtype=np.float32)
+        >>> qs = [f"q{'?' * i}" for i in range(60)]
+        >>> mu = np.array([1.0 if len(q) < 30 else 0.0 for q in qs])
+        >>> est = ProbeEstimator(Lengths(), LinearProbe(lr=0.05, validation_fraction=None, max_epochs=50))
+        >>> est = est.fit(qs, mu)
+        >>> short, long = est.estimate(["q", "q" + "?" * 58])
+        >>> short.method, short.p > 0.8, long.p < 0.2
+        ('probe', True, True)
+    """
+
+    method = "probe"
+
+    def __init__(
+        self, featurizer: Featurizer, probe: LinearProbe, *, ignore_spec_fields: Collection[str] = ()
+    ) -> None:
+        self.featurizer = featurizer
+        self.probe = probe
+        self.ignore_spec_fields = ignore_spec_fields
+
+    def __repr__(self) -> str:
+        return f"ProbeEstimator(featurizer={self.featurizer!r}, probe={self.probe!r})"
+
+    def fit(
+        self,
+        queries: Sequence[Query],
+        y: npt.ArrayLike,
+        *,
+        queries_val: Sequence[Query] | None = None,
+        y_val: npt.ArrayLike | None = None,
+        source: str | None = None,
+    ) -> ProbeEstimator:
+        """Featurize ``queries`` and fit the probe on µ̂ = ``y``, recording the featurizer's spec.
+
+        Returns:
+            ``self``.
+        """
+        X = self._transform(queries)
+        X_val = None if queries_val is None else self._transform(queries_val)
+        self.probe.fit(X, y, X_val=X_val, y_val=y_val, feature_spec=self.featurizer.spec, source=source)
+        return self
+
+    def _transform(self, queries: Sequence[Query]) -> npt.NDArray[np.float32]:
+        features = np.asarray(self.featurizer.transform(list(queries)))
+        if features.ndim != 2 or features.shape[0] != len(queries):
+            raise ValueError(
+                f"featurizer returned shape {features.shape} for {len(queries)} queries; "
+                "expected (n_queries, dim)"
+            )
+        return features
+
+    def _check_ready(self) -> None:
+        if getattr(self.probe, "coef_", None) is None:
+            raise NotFittedError(self)
+        check_spec_match(self.probe.feature_spec_, self.featurizer.spec, ignore=self.ignore_spec_fields)
+
+    def predict(self, queries: Sequence[Query]) -> FloatArray:
+        """Predicted capability per query (raises if the featurizer fails; see :meth:`estimate`)."""
+        self._check_ready()
+        return self.probe.predict(self._transform(queries))
+
+    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+        """One :class:`~capgate.Estimate` per query, ``method="probe"`` (fail-closed per query)."""
+        self._check_ready()
+        queries = list(queries)
+        if not queries:
+            return []
+        start = time.perf_counter()
+        try:
+            rows: list[npt.NDArray[np.float32] | str] = list(self._transform(queries))
+        except Exception as batch_error:
+            if len(queries) == 1:
+                rows = [f"featurizer failed: {type(batch_error).__name__}: {batch_error}"]
+            else:
+                rows = [self._featurize_alone(q) for q in queries]
+        elapsed = time.perf_counter() - start
+        dim = self.probe.n_features_in_
+        cost = Cost(forward_passes=1, calls=1, latency_s=elapsed / len(queries))
+        details = {"batch_size": len(queries), "batch_latency_s": elapsed}
+        estimates: list[Estimate] = []
+        for row in rows:
+            if isinstance(row, str):
+                estimates.append(Estimate.unavailable(self.method, row, cost=cost, **details))
+                continue
+            if row.shape != (dim,):
+                raise ProbeMismatchError(
+                    f"featurizer returned {row.shape[-1]} features; the probe expects {dim}"
+                )
+            if not np.all(np.isfinite(row)):
+                estimates.append(
+                    Estimate.unavailable(
+                        self.method, "featurizer returned non-finite features", cost=cost, **details
+                    )
+                )
+                continue
+            p = float(self.probe.predict(row[None, :])[0])
+            estimates.append(Estimate(p=p, method=self.method, cost=cost, details=details))
+        return estimates
+
+    def _featurize_alone(self, query: Query) -> npt.NDArray[np.float32] | str:
+        try:
+            row: npt.NDArray[np.float32] = self._transform([query])[0]
+        except Exception as error:
+            return f"featurizer failed: {type(error).__name__}: {error}"
+        return row
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Save the probe (see :meth:`LinearProbe.save`); the featurizer is not saved."""
+        self.probe.save(path)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], featurizer: Featurizer, *, ignore_spec_fields: Collection[str] = ()
+    ) -> ProbeEstimator:
+        """Load a saved probe for ``featurizer``, refusing one trained on other features.
+
+        Raises:
+            ProbeMismatchError: The probe's feature spec (model, weights fingerprint, layers,
+                pooling, chat template, dim, source...) differs from ``featurizer.spec`` in a field
+                not in ``ignore_spec_fields``, or the probe records none. The message names each
+                differing field and both values.
+            DataError: The saved files are missing or corrupt.
+        """
+        probe = LinearProbe.load(path)
+        check_spec_match(probe.feature_spec_, featurizer.spec, ignore=ignore_spec_fields)
+        return cls(featurizer, probe, ignore_spec_fields=ignore_spec_fields)

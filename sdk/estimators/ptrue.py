@@ -1,0 +1,201 @@
+"""P(True): the probability mass the model puts on "Yes" when asked whether it can answer.
+
+The model is asked "Are you able to answer the question correctly? Answer with only a single
+word: Yes or No." and the estimate is read from the log-probabilities of the alternatives at its
+first answer token (after any ``<think>`` block and leading whitespace): the probability of every
+"Yes" variant (any case, with or without a leading space or trailing punctuation) over that of
+Yes plus No. It needs a backend that returns ``top_logprobs``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from capgate._types import Estimate
+from capgate.backend import Prompt, SamplingParams, TokenLogprob
+from capgate.estimators._parsing import THINK_CLOSE, THINK_OPEN
+from capgate.estimators._sampling import (
+    AnyBackend,
+    Plan,
+    QueryState,
+    Round,
+    arun_plan,
+    check_backend,
+    describe_error,
+    run_plan,
+    wrap_last_user_turn,
+)
+from capgate.estimators.base import CapabilityEstimator, Query
+from capgate.estimators.verbalized import delimit_question
+
+__all__ = ["PTRUE_TEMPLATE", "PTrue", "read_p_true"]
+
+#: The prompt; ``{question}`` is the delimited question.
+PTRUE_TEMPLATE = """\
+Here is a question, between the markers <question> and </question>. Do not answer it.
+
+<question>
+{question}
+</question>
+
+Are you able to answer the question correctly? Answer with only a single word: Yes or No."""
+
+_YES = "yes"
+_NO = "no"
+
+
+def _word(token: str) -> str:
+    return token.strip().strip(".,;:!?\"'*").lower()
+
+
+def _answer_position(tokens: Sequence[TokenLogprob]) -> tuple[int | None, str]:
+    """Index of the first answer token: after a closed reasoning block, skipping whitespace."""
+    i = 0
+    if any(THINK_OPEN in t.token for t in tokens):
+        closes = [j for j, t in enumerate(tokens) if THINK_CLOSE in t.token]
+        if not closes:
+            return None, "the reasoning block (<think>) did not close within max_tokens"
+        i = closes[0] + 1
+    while i < len(tokens) and not tokens[i].token.strip():
+        i += 1
+    if i >= len(tokens):
+        return None, "the model produced no answer token"
+    return i, ""
+
+
+def read_p_true(tokens: Sequence[TokenLogprob] | None) -> tuple[float | None, str, dict[str, Any]]:
+    """P(Yes) / (P(Yes) + P(No)) at the first answer token of a completion's logprobs.
+
+    If only one of the two words is among the returned alternatives, the other's probability is
+    bounded by the least likely alternative returned (it is below the top-k floor); the result
+    says so in ``details["bounded"]``.
+
+    Returns:
+        ``(p, "", details)``, or ``(None, reason, details)`` when there are no logprobs or neither
+        word appears.
+
+    Example:
+        >>> from capgate.backend import TokenLogprob
+        >>> tok = TokenLogprob(token="Yes", logprob=-0.2, top={"Yes": -0.2, " yes": -3.0, "No": -2.0})
+        >>> round(read_p_true([tok])[0], 4)
+        0.8652
+    """
+    if not tokens:
+        return None, "the backend returned no logprobs (P(True) needs logprobs with top_logprobs)", {}
+    at, why = _answer_position(tokens)
+    if at is None:
+        return None, why, {}
+    token = tokens[at]
+    alternatives = dict(token.top)
+    alternatives.setdefault(token.token, token.logprob)
+    yes = sum(math.exp(lp) for t, lp in alternatives.items() if _word(t) == _YES)
+    no = sum(math.exp(lp) for t, lp in alternatives.items() if _word(t) == _NO)
+    details: dict[str, Any] = {"answer_token": token.token, "p_yes": yes, "p_no": no, "position": at}
+    if yes == 0.0 and no == 0.0:
+        shown = sorted(alternatives, key=lambda t: -alternatives[t])[:5]
+        return (
+            None,
+            f"neither Yes nor No among the alternatives at the first answer token (top: {shown})",
+            details,
+        )
+    if yes == 0.0 or no == 0.0:
+        floor = math.exp(min(alternatives.values()))
+        details["bounded"] = "no" if no == 0.0 else "yes"
+        yes, no = (yes, floor) if no == 0.0 else (floor, no)
+    return yes / (yes + no), "", details
+
+
+class PTrue(CapabilityEstimator):
+    """Capability as P(Yes) to "Are you able to answer the question correctly?".
+
+    Args:
+        backend: A backend that returns ``top_logprobs`` (chat completions, vLLM, local).
+        top_logprobs: Alternatives requested at each position (OpenAI allows at most 20).
+        max_tokens: Tokens generated; 1 suffices for plain models, reasoning models need room
+            for their ``<think>`` block before the answer.
+        template: The prompt template (``{question}`` placeholder).
+
+    Example:
+        >>> from capgate import Generation
+        >>> from capgate.backend import TokenLogprob
+        >>> class Sure:
+        ...     model_id = "sure"
+        ...     def generate(self, prompts, params):
+        ...         tok = TokenLogprob(token="Yes", logprob=-0.1, top={"Yes": -0.1, "No": -2.4})
+        ...         return [[Generation(text="Yes", n_tokens=1, tokens=[tok])] for _ in prompts]
+        >>> round(PTrue(Sure()).estimate_one("2+2?").p, 3)
+        0.909
+    """
+
+    method = "p_true"
+
+    def __init__(
+        self,
+        backend: AnyBackend,
+        *,
+        top_logprobs: int = 20,
+        max_tokens: int = 1,
+        template: str = PTRUE_TEMPLATE,
+    ) -> None:
+        check_backend(backend)
+        if not 1 <= top_logprobs <= 20:
+            raise ValueError(f"`top_logprobs` must be in [1, 20]; got {top_logprobs!r}")
+        if max_tokens < 1:
+            raise ValueError(f"`max_tokens` must be >= 1; got {max_tokens!r}")
+        if "{question}" not in template:
+            raise ValueError("`template` must contain a {question} placeholder")
+        self.backend = backend
+        self.top_logprobs = top_logprobs
+        self.max_tokens = max_tokens
+        self.template = template
+
+    def __repr__(self) -> str:
+        return (
+            f"PTrue(backend={self.backend!r}, top_logprobs={self.top_logprobs}, max_tokens={self.max_tokens})"
+        )
+
+    @property
+    def params(self) -> SamplingParams:
+        """Greedy, one sample, with logprobs and ``top_logprobs`` alternatives."""
+        return SamplingParams(
+            n=1, temperature=0.0, max_tokens=self.max_tokens, logprobs=True, top_logprobs=self.top_logprobs
+        )
+
+    def build_prompt(self, query: Query) -> Prompt:
+        """The prompt sent for ``query`` (earlier chat turns kept as context)."""
+        return wrap_last_user_turn(query, lambda q: self.template.format(question=delimit_question(q)))
+
+    def _plan(self, queries: Sequence[Query]) -> Plan:
+        if not queries:
+            return []
+        result = yield Round([self.build_prompt(q) for q in queries], self.params)
+        estimates: list[Estimate] = []
+        for outcome in result.outcomes:
+            state = QueryState()
+            if isinstance(outcome, BaseException):
+                state.add_failed_call(result.latency_s)
+                estimates.append(
+                    Estimate.unavailable(
+                        self.method, f"backend error: {describe_error(outcome)}", cost=state.cost
+                    )
+                )
+                continue
+            state.add(outcome, result.latency_s)
+            gen = outcome[0] if outcome else None
+            p, why, details = read_p_true(gen.tokens if gen else None)
+            details["completion"] = gen.text if gen else ""
+            if p is None:
+                estimates.append(Estimate.unavailable(self.method, why, cost=state.cost, **details))
+            else:
+                estimates.append(Estimate(p=p, method=self.method, cost=state.cost, details=details))
+        return estimates
+
+    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+        """Read P(True) for each query (blocking)."""
+        return run_plan(self._plan(queries), self.backend)
+
+    async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
+        """Async twin of :meth:`estimate` (native when the backend has ``agenerate``)."""
+        return await arun_plan(self._plan(queries), self.backend)

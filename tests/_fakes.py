@@ -1,0 +1,63 @@
+"""Scripted in-memory backends for estimator tests (no model, no network).
+
+They answer deterministically from the prompt text, so batching and one-by-one calls agree, and
+record every call so tests can check what was asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from capgate.backend import Generation, Prompt, SamplingParams, TokenLogprob, as_messages
+
+Respond = Callable[[str, SamplingParams], list[Generation] | Exception]
+
+
+def last_user(prompt: Prompt) -> str:
+    return [m for m in as_messages(prompt) if m["role"] == "user"][-1]["content"]
+
+
+def gen(
+    text: str, *, n_tokens: int = 3, prompt_tokens: int = 10, tokens: list[TokenLogprob] | None = None
+) -> Generation:
+    return Generation(text=text, n_tokens=n_tokens, prompt_tokens=prompt_tokens, tokens=tokens)
+
+
+class ScriptedBackend:
+    """A sync backend: ``respond(last user text, params)`` gives the samples or an exception."""
+
+    model_id = "scripted"
+
+    def __init__(self, respond: Respond) -> None:
+        self.respond = respond
+        self.calls: list[tuple[list[Prompt], SamplingParams]] = []
+
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
+        self.calls.append((list(prompts), params))
+        out: list[list[Generation]] = []
+        for prompt in prompts:
+            got = self.respond(last_user(prompt), params)
+            if isinstance(got, Exception):
+                raise got
+            out.append(got)
+        return out
+
+    @property
+    def prompts_seen(self) -> list[Prompt]:
+        return [p for prompts, _ in self.calls for p in prompts]
+
+
+class AsyncScriptedBackend:
+    """The same, async only (``agenerate``)."""
+
+    model_id = "scripted-async"
+
+    def __init__(self, respond: Respond) -> None:
+        self.sync = ScriptedBackend(respond)
+
+    async def agenerate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
+        return self.sync.generate(prompts, params)
+
+    @property
+    def calls(self) -> list[tuple[list[Prompt], SamplingParams]]:
+        return self.sync.calls

@@ -1,0 +1,256 @@
+"""One conformance suite over every fitted estimator (scikit-learn's check_estimator, in small).
+
+To cover a new estimator, add one ``Case`` line to ``CASES``: how to build it unfitted, what data
+it eats (features, queries or confidences), how to load what it saved, and its method name if it
+is a CapabilityEstimator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _probe_helpers import CharCountFeaturizer, linear_capability, random_queries, sampled_mu_hat
+
+from capgate import CapabilityEstimator, Estimate, NotFittedError
+from capgate.estimators import (
+    ConstantPrior,
+    IsotonicCalibrator,
+    LinearProbe,
+    PlattCalibrator,
+    ProbeEstimator,
+    Recalibrated,
+    UniformRandom,
+)
+
+Data = tuple[Any, np.ndarray, Any]  # (X_train, y_train, X_test)
+
+
+@cache
+def feature_data() -> Data:
+    rng = np.random.default_rng(7)
+    X = rng.normal(loc=3.0, scale=[1.0, 5.0, 0.2, 2.0, 1.0, 1.0], size=(300, 6)).astype(np.float32)
+    mu = linear_capability(X, 8)
+    return X[:240], sampled_mu_hat(mu[:240], 8, 9), X[240:]
+
+
+@cache
+def query_data() -> Data:
+    queries = random_queries(300, 11)
+    mu = linear_capability(CharCountFeaturizer().transform(queries), 12)
+    return queries[:240], sampled_mu_hat(mu[:240], 8, 13), queries[240:]
+
+
+@cache
+def confidence_data() -> Data:
+    rng = np.random.default_rng(14)
+    c = rng.uniform(size=260)
+    mu = np.clip(c**2 + rng.normal(scale=0.05, size=260), 0, 1)
+    return c[:200], mu[:200], np.concatenate([c[200:], [0.0, 1.0, 0.5]])
+
+
+def small_probe(**settings: Any) -> LinearProbe:
+    return LinearProbe(**{"lr": 2e-2, "max_epochs": 40, "patience": 5, **settings})
+
+
+@cache
+def fitted_probe_estimator() -> ProbeEstimator:
+    X, y, _ = query_data()
+    return ProbeEstimator(CharCountFeaturizer(), small_probe()).fit(X, y)
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    make: Callable[[], Any]
+    data: Callable[[], Data]
+    load: Callable[[Any, Path], Any]
+    method: str | None = None  # set for CapabilityEstimators: estimate() is checked on X_test
+    needs_fit: bool = True
+
+
+def _load(cls: Any) -> Callable[[Any, Path], Any]:
+    return lambda _estimator, path: cls.load(path)
+
+
+CASES = [
+    Case("linear-probe", small_probe, feature_data, _load(LinearProbe)),
+    Case(
+        "linear-probe-raw", lambda: small_probe(standardize=False, lr=1e-3), feature_data, _load(LinearProbe)
+    ),
+    Case(
+        "probe-estimator",
+        lambda: ProbeEstimator(CharCountFeaturizer(), small_probe()),
+        query_data,
+        lambda est, path: ProbeEstimator.load(path, est.featurizer),
+        method="probe",
+    ),
+    Case(
+        "uniform", UniformRandom, query_data, _load(UniformRandom), method="uniform-random", needs_fit=False
+    ),
+    Case("constant-prior", ConstantPrior, query_data, _load(ConstantPrior), method="constant-prior"),
+    Case("isotonic", IsotonicCalibrator, confidence_data, _load(IsotonicCalibrator)),
+    Case("platt", PlattCalibrator, confidence_data, _load(PlattCalibrator)),
+    Case(
+        "probe+isotonic",
+        lambda: Recalibrated(fitted_probe_estimator(), IsotonicCalibrator()),
+        query_data,
+        lambda est, path: Recalibrated.load(path, est.estimator),
+        method="probe+isotonic",
+    ),
+    Case(
+        "uniform+platt",
+        lambda: Recalibrated(UniformRandom(random_state=3), PlattCalibrator()),
+        query_data,
+        lambda est, path: Recalibrated.load(path, est.estimator),
+        method="uniform-random+platt",
+    ),
+]
+ESTIMATORS = [c for c in CASES if c.method is not None]
+NEEDS_FIT = [c for c in CASES if c.needs_fit]
+
+
+def one_row(X: Any, i: int) -> Any:
+    return X[i : i + 1] if isinstance(X, np.ndarray) else [X[i]]
+
+
+def n_of(X: Sequence[Any] | np.ndarray) -> int:
+    return len(X)
+
+
+def learned_state(estimator: Any) -> dict[str, Any]:
+    """Attributes ending in ``_`` of the estimator and of the estimators it wraps."""
+    state = {k: v for k, v in vars(estimator).items() if k.endswith("_") and not k.startswith("_")}
+    for part in ("probe", "calibrator"):
+        if hasattr(estimator, part):
+            state.update({f"{part}.{k}": v for k, v in learned_state(getattr(estimator, part)).items()})
+    return state
+
+
+def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], np.ndarray):
+            assert a[key].dtype == b[key].dtype, key
+            assert a[key].tobytes() == b[key].tobytes(), key  # bitwise
+        else:
+            assert a[key] == b[key], key
+
+
+@pytest.fixture(params=CASES, ids=lambda c: c.id)
+def case(request: pytest.FixtureRequest) -> Case:
+    return request.param  # type: ignore[no-any-return]
+
+
+def test_fit_returns_self(case: Case) -> None:
+    X, y, _ = case.data()
+    estimator = case.make()
+    assert estimator.fit(X, y) is estimator
+
+
+def test_predictions_are_probabilities(case: Case) -> None:
+    X, y, X_test = case.data()
+    p = case.make().fit(X, y).predict(X_test)
+    assert isinstance(p, np.ndarray)
+    assert p.shape == (n_of(X_test),)
+    assert p.dtype == np.float64
+    assert np.all(np.isfinite(p))
+    assert np.all((p >= 0) & (p <= 1))
+
+
+def test_batching_gives_the_same_answers_as_one_by_one(case: Case) -> None:
+    X, y, X_test = case.data()
+    estimator = case.make().fit(X, y)
+    batched = estimator.predict(X_test)
+    single = np.concatenate([estimator.predict(one_row(X_test, i)) for i in range(n_of(X_test))])
+    np.testing.assert_array_equal(batched, single)
+
+
+def test_fitting_is_deterministic(case: Case) -> None:
+    X, y, X_test = case.data()
+    first = case.make().fit(X, y)
+    second = case.make().fit(X, y)
+    np.testing.assert_array_equal(first.predict(X_test), second.predict(X_test))
+    assert_same_state(learned_state(first), learned_state(second))
+
+
+def test_save_load_round_trips_exactly(case: Case, tmp_path: Path) -> None:
+    X, y, X_test = case.data()
+    estimator = case.make().fit(X, y)
+    estimator.save(tmp_path / "saved")
+    loaded = case.load(estimator, tmp_path / "saved")
+    assert type(loaded) is type(estimator)
+    np.testing.assert_array_equal(loaded.predict(X_test), estimator.predict(X_test))
+    assert_same_state(learned_state(loaded), learned_state(estimator))
+    # and saving the loaded one writes the same files
+    loaded.save(tmp_path / "again")
+    first = sorted(p.relative_to(tmp_path / "saved") for p in (tmp_path / "saved").rglob("*"))
+    for rel in first:
+        a, b = tmp_path / "saved" / rel, tmp_path / "again" / rel
+        assert b.exists(), rel
+        if a.is_file():
+            assert a.read_bytes() == b.read_bytes(), rel
+
+
+@pytest.mark.parametrize("case", NEEDS_FIT, ids=lambda c: c.id)
+def test_unfitted_use_raises_not_fitted(case: Case, tmp_path: Path) -> None:
+    _, _, X_test = case.data()
+    estimator = case.make()
+    with pytest.raises(NotFittedError, match="not fitted yet; call fit"):
+        estimator.predict(X_test)
+    with pytest.raises(NotFittedError):
+        estimator.save(tmp_path / "unfitted")
+    if case.method is not None:
+        with pytest.raises(NotFittedError):
+            estimator.estimate(list(X_test))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.needs_fit], ids=lambda c: c.id)
+def test_stateless_estimators_predict_the_same_without_fit(case: Case) -> None:
+    X, y, X_test = case.data()
+    np.testing.assert_array_equal(case.make().predict(X_test), case.make().fit(X, y).predict(X_test))
+
+
+@pytest.mark.parametrize("case", ESTIMATORS, ids=lambda c: c.id)
+def test_estimate_returns_estimates_with_the_method(case: Case) -> None:
+    X, y, X_test = case.data()
+    estimator = case.make().fit(X, y)
+    assert isinstance(estimator, CapabilityEstimator)
+    assert estimator.method == case.method
+    estimates = estimator.estimate(list(X_test))
+    assert len(estimates) == n_of(X_test)
+    assert all(isinstance(e, Estimate) for e in estimates)
+    assert {e.method for e in estimates} == {case.method}
+    assert not any(e.degraded for e in estimates)
+    np.testing.assert_array_equal([e.p for e in estimates], estimator.predict(X_test))
+    assert estimator.estimate_one(X_test[0]).p == estimates[0].p
+    assert estimator.estimate([]) == []
+
+
+@pytest.mark.parametrize("case", ESTIMATORS, ids=lambda c: c.id)
+def test_async_estimate_matches_sync(case: Case) -> None:
+    X, y, X_test = case.data()
+    estimator = case.make().fit(X, y)
+    sync = estimator.estimate(list(X_test[:5]))
+    asynchronous = asyncio.run(estimator.aestimate(list(X_test[:5])))
+    assert [e.p for e in asynchronous] == [e.p for e in sync]
+
+
+def test_wrong_length_targets_are_rejected(case: Case) -> None:
+    X, y, _ = case.data()
+    with pytest.raises(ValueError, match=r"entries|features|queries"):
+        case.make().fit(X, y[:-1])
+
+
+def test_targets_outside_unit_interval_are_rejected(case: Case) -> None:
+    X, y, _ = case.data()
+    bad = y.copy()
+    bad[3] = 1.5
+    with pytest.raises(ValueError, match=r"\[3\].*\[0, 1\]"):
+        case.make().fit(X, bad)

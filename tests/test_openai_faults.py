@@ -1,0 +1,196 @@
+"""Fault handling of the OpenAI-compatible backend and the estimators on top of it.
+
+These tests talk to a pure in-process fault-injection server (tests/_fault_server.py) because
+they need faults a real server will not produce on demand: 429 then success, 5xx bursts, a hang
+past the client time-out, truncated and garbage bodies, garbage completions. Everything else --
+sampling n, logprobs, seeds, the estimators end to end -- runs against a real vLLM server in
+tests/test_vllm_server.py. Every fault ends in a clear BackendError or a degraded Estimate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+import pytest
+from _fault_server import FaultServer, Hang, Raw, Reply, chat_completion
+
+from capgate import BackendError, SamplingParams
+from capgate.adapters.openai import OpenAIBackend
+from capgate.estimators import FallbackChain, PTrue, VerbalizedConfidence
+
+FAST = {"backoff_initial": 0.01, "backoff_max": 0.05}
+RATE_LIMITED = Reply({"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "0"})
+OVERLOADED = Reply({"error": {"message": "engine overloaded"}}, status=500)
+
+
+def backend(server: FaultServer, **kwargs: Any) -> OpenAIBackend:
+    settings: dict[str, Any] = {"max_retries": 3, "timeout": 5.0, **FAST, **kwargs}
+    return OpenAIBackend("fault-model", base_url=server.url, **settings)
+
+
+def ok(texts: list[str] | None = None) -> Reply:
+    return Reply(chat_completion(texts or ["\\boxed{0.7}"]))
+
+
+def test_429_then_success_is_retried() -> None:
+    with FaultServer(lambda body, i: RATE_LIMITED if i == 0 else ok(["hello"])) as server:
+        (got,) = backend(server).generate(["hi"], SamplingParams())
+    assert got[0].text == "hello"
+    assert len(server.requests) == 2
+
+
+def test_429_then_success_is_retried_async() -> None:
+    with FaultServer(lambda body, i: RATE_LIMITED if i < 2 else ok(["hello"])) as server:
+        (got,) = asyncio.run(backend(server).agenerate(["hi"], SamplingParams()))
+    assert got[0].text == "hello"
+    assert len(server.requests) == 3
+
+
+def test_5xx_until_retries_run_out_raises_naming_the_error() -> None:
+    with (
+        FaultServer(lambda body, i: OVERLOADED) as server,
+        pytest.raises(BackendError, match=r"HTTP 500 from .*engine overloaded.*after 3 attempts") as info,
+    ):
+        backend(server, max_retries=2).generate(["hi"], SamplingParams())
+    assert len(server.requests) == 3
+    assert info.value.retryable
+    assert info.value.attempts == 3
+
+
+def test_5xx_burst_becomes_a_degraded_estimate_naming_the_error() -> None:
+    with FaultServer(lambda body, i: OVERLOADED) as server:
+        est = VerbalizedConfidence(backend(server, max_retries=2)).estimate_one("What is 2+2?")
+        assert len(server.requests) == 3  # the backend's retries, and no estimator re-asking on top
+    assert est.p is None
+    assert est.degraded
+    assert "HTTP 500" in (est.reason or "")
+    assert "engine overloaded" in (est.reason or "")
+
+
+def test_other_4xx_is_not_retried() -> None:
+    bad = Reply({"error": {"message": "max_tokens is too large"}}, status=400)
+    with (
+        FaultServer(lambda body, i: bad) as server,
+        pytest.raises(BackendError, match=r"HTTP 400.*max_tokens is too large") as info,
+    ):
+        backend(server).generate(["hi"], SamplingParams())
+    assert len(server.requests) == 1
+    assert not info.value.retryable
+
+
+def test_hang_past_the_timeout_is_retried_then_reported() -> None:
+    with FaultServer(lambda body, i: Hang(30)) as server:
+        start = time.monotonic()
+        with pytest.raises(BackendError, match=r"timed out after 0.3s.*after 2 attempts"):
+            backend(server, timeout=0.3, max_retries=1).generate(["hi"], SamplingParams())
+        elapsed = time.monotonic() - start
+    assert len(server.requests) == 2
+    assert elapsed < 25  # it gave up on its own time-out, not the server's 30 s
+
+
+def test_hang_then_success_recovers_async() -> None:
+    with FaultServer(lambda body, i: Hang(30) if i == 0 else ok(["late but fine"])) as server:
+        (got,) = asyncio.run(backend(server, timeout=0.3).agenerate(["hi"], SamplingParams()))
+    assert got[0].text == "late but fine"
+
+
+def test_truncated_body_is_retried_as_a_connection_error() -> None:
+    cut = Raw(b'{"choices": [{"index": 0, "mess', content_length=400)
+    with FaultServer(lambda body, i: cut if i == 0 else ok(["whole"])) as server:
+        (got,) = backend(server).generate(["hi"], SamplingParams())
+    assert got[0].text == "whole"
+    with (
+        FaultServer(lambda body, i: cut) as server,
+        pytest.raises(BackendError, match=r"could not reach .*RemoteProtocolError"),
+    ):
+        backend(server, max_retries=1).generate(["hi"], SamplingParams())
+
+
+@pytest.mark.parametrize(
+    ("action", "message"),
+    [
+        (Raw(b"this is not json"), "malformed response .*JSONDecodeError"),
+        (Raw(b"<html>gateway</html>", content_type="text/html"), "malformed response .*no choices"),
+        (Reply({"unexpected": True}), "malformed response .*no choices"),
+        (Reply({"choices": [{"index": 0}]}), "malformed response .*AttributeError"),
+        (
+            Reply({"choices": [{"index": 0, "message": {"content": 5}}]}),
+            "malformed response .*content is int",
+        ),
+        (Reply(chat_completion(["only one"])), "asked for 3 samples, got 1"),
+    ],
+)
+def test_garbage_bodies_raise_malformed_without_retrying(action: Reply | Raw, message: str) -> None:
+    with FaultServer(lambda body, i: action) as server, pytest.raises(BackendError, match=message):
+        backend(server).generate(["hi"], SamplingParams(n=3))
+    assert len(server.requests) == 1
+
+
+def test_garbage_completion_text_gives_an_unavailable_verbalized_estimate_after_3_tries() -> None:
+    with FaultServer(lambda body, i: ok(["Absolutely! I am certain. 100 percent."])) as server:
+        est = VerbalizedConfidence(backend(server), params=SamplingParams(seed=5)).estimate_one("q?")
+    assert est.p is None
+    assert "after 3 tries" in (est.reason or "")
+    assert [r["seed"] for r in server.requests] == [5, 6, 7]
+    assert est.cost.calls == 3
+    assert est.cost.prompt_tokens == 33
+
+
+def test_ptrue_without_logprobs_in_the_response_is_unavailable() -> None:
+    with FaultServer(lambda body, i: ok(["Yes"])) as server:
+        est = PTrue(backend(server)).estimate_one("q?")
+    assert est.p is None
+    assert "no logprobs" in (est.reason or "")
+    assert server.requests[0]["logprobs"] is True
+    assert server.requests[0]["top_logprobs"] == 20
+
+
+def test_fallback_chain_over_a_flaky_server() -> None:
+    yes_no = [[("Yes", math.log(0.6), {"Yes": math.log(0.6), "No": math.log(0.2)})]]
+
+    def respond(body: dict[str, Any], i: int) -> Reply:
+        if body.get("logprobs"):
+            return Reply(chat_completion(["Yes"], logprobs=yes_no))
+        return ok(["no idea, sorry"])
+
+    with FaultServer(respond) as server:
+        be = backend(server)
+        est = FallbackChain([VerbalizedConfidence(be), PTrue(be)]).estimate_one("q?")
+    assert est.method == "p_true"
+    assert est.p == pytest.approx(0.75)
+    assert est.degraded
+    assert est.details["attempts"][0]["method"] == "verbalized"
+    assert est.cost.calls == 4  # three verbalized tries, one P(True)
+
+    with FaultServer(lambda body, i: OVERLOADED) as server:
+        be = backend(server, max_retries=0)
+        est = FallbackChain([VerbalizedConfidence(be), PTrue(be)]).estimate_one("q?")
+    assert est.p is None
+    assert est.method == "fallback"
+    assert "verbalized: backend error" in (est.reason or "")
+    assert "p_true: backend error" in (est.reason or "")
+
+
+def test_concurrency_limit_holds_for_sync_and_async_batches() -> None:
+    def slow(body: dict[str, Any], i: int) -> Reply:
+        time.sleep(0.1)
+        return ok(["x"])
+
+    with FaultServer(slow) as server:
+        be = backend(server, max_concurrency=2)
+        assert len(be.generate([f"q{i}" for i in range(6)], SamplingParams())) == 6
+        assert server.max_in_flight <= 2
+        assert len(asyncio.run(be.agenerate([f"q{i}" for i in range(6)], SamplingParams()))) == 6
+        assert server.max_in_flight <= 2
+    assert len(server.requests) == 12
+
+
+def test_unreachable_server_is_a_clear_error() -> None:
+    with FaultServer(lambda body, i: ok()) as server:
+        url = server.url
+    dead = OpenAIBackend("m", base_url=url, max_retries=1, timeout=2.0, **FAST)
+    with pytest.raises(BackendError, match="could not reach"):
+        dead.generate(["hi"], SamplingParams())
