@@ -481,7 +481,7 @@ class CapgateChatModel(BaseChatModel):
     a tool call. A *forced* tool choice (a tool's name, or ``"any"`` / ``"required"`` for the
     first tool) does not trust the model to write JSON: each argument of the tool's schema is
     filled by its own generation (:data:`TOOL_ARGUMENT_PROMPT`; strings as written, numbers
-    parsed), so small local models can drive tools too.
+    parsed), so small local models can drive tools too. ``tool_choice="none"`` hides the tools.
 
     Args:
         backend: The capgate backend (sync ``generate`` and/or async ``agenerate``).
@@ -649,8 +649,9 @@ class CapgateChatModel(BaseChatModel):
     def _requests(
         self, messages: list[BaseMessage], kwargs: dict[str, Any]
     ) -> tuple[list[ChatMessage], list[dict[str, Any]], Any, list[list[ChatMessage]]]:
-        tools: list[dict[str, Any]] = list(kwargs.get("tools") or [])
-        forced = self._forced(tools, kwargs.get("tool_choice"))
+        tool_choice = kwargs.get("tool_choice")
+        tools: list[dict[str, Any]] = [] if tool_choice == "none" else list(kwargs.get("tools") or [])
+        forced = self._forced(tools, tool_choice)
         chat = self._prompt(messages, tools if forced is None else None)
         if forced is None:
             return chat, tools, None, [chat]
