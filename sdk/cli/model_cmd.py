@@ -1,0 +1,42 @@
+"""``capgate model``: get a local model folder ready (convert a GGUF, download a hub model)."""
+
+from __future__ import annotations
+
+import typer
+
+from capgate.errors import CapgateError, DataError
+
+model_app = typer.Typer(
+    help="Local models: convert or download a model into a transformers folder.",
+    no_args_is_help=True,
+)
+
+
+@model_app.command("prepare")
+def prepare(
+    name_or_path: str = typer.Argument(
+        "default",
+        help="'default' (the embedded SmolLM2-135M-Instruct), a .gguf file, a model folder or a hub id.",
+    ),
+) -> None:
+    """Convert/download the model once (cached) and print its folder on stdout.
+
+    The folder holds config, tokenizer and safetensors weights, ready for transformers or a vLLM
+    server: ``vllm serve "$(capgate model prepare)"``.
+    """
+    from capgate.models import prepare_model
+
+    try:
+        folder = prepare_model(name_or_path)
+    except DataError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except CapgateError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(str(folder.resolve()))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``model`` command group to the capgate CLI."""
+    app.add_typer(model_app, name="model")

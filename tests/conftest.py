@@ -1,0 +1,90 @@
+"""Shared fixtures.
+
+Every test session gets its own capgate cache (``CAPGATE_CACHE_DIR`` in a temporary folder), so
+tests never read or write the user's cache. Model fixtures are session-scoped and built once:
+
+- ``default_model_dir``: the embedded SmolLM2-135M-Instruct, converted from its GGUF into that
+  cache (the real conversion, once per session).
+- ``tiny_model_dir`` / ``tiny_model``: a 2-layer, 32-wide random-weight Llama with SmolLM2's real
+  tokenizer and chat template, for fast unit tests of loading, sampling and features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from capgate.models import LoadedModel
+
+
+@pytest.fixture(scope="session", autouse=True)
+def capgate_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh capgate cache directory for the whole session."""
+    root = tmp_path_factory.mktemp("capgate-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CAPGATE_CACHE_DIR", str(root))
+        yield root
+
+
+def _single_thread_torch() -> None:
+    # The test models are tiny: thread hand-offs cost more than they save, and on a shared
+    # 2-core machine two spinning threads per process slow small matmuls down ~20x.
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def default_model_dir(capgate_cache: Path) -> Path:
+    """The default model converted (for real) into the session's cache."""
+    from capgate.models import prepare_model
+
+    _single_thread_torch()
+    return prepare_model("default")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight 2-layer Llama saved as a transformers folder with SmolLM2's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+        # Larger than the usual 0.02 so that outputs depend on the prompt and greedy decoding
+        # does not collapse into repeating one token.
+        initializer_range=0.2,
+    )
+    torch.manual_seed(1234)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 0.3)
+    model.generation_config = GenerationConfig.from_model_config(config)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir: Path) -> LoadedModel:
+    """The tiny Llama, loaded on the CPU in float32."""
+    from capgate.models import load_model
+
+    _single_thread_torch()
+    return load_model(tiny_model_dir, device="cpu", dtype="float32")
