@@ -30,13 +30,24 @@ QUESTIONS = (
     "Tell me about it.",
     "Which lottery numbers will be drawn next Saturday?",
 )
-CLARIFICATION = "I mean the city of Kyoto, in Japan."
+CLARIFICATION = "I mean the capital city of the country Japan, in Asia."
 
 
 @tool
 def multiply(a: float, b: float) -> float:
     """Multiply two numbers."""
     return a * b
+
+
+def decision_of(out: dict[str, Any]) -> dict[str, Any]:
+    """The gate's decision in an agent result: the one waiting on a human, else the last one."""
+    if "__interrupt__" in out:
+        return dict(out["__interrupt__"][0].value["decision"])
+    return dict(out["capgate_decision"])
+
+
+def describe(decision: dict[str, Any]) -> str:
+    return f"{decision['action']} (p={decision['estimate']['p']})"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -59,15 +70,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         config: dict[str, Any] = {"configurable": {"thread_id": f"user-{i}"}}
         out = agent.invoke({"messages": [{"role": "user", "content": question}]}, config)
         print(f"question: {question}")
-        print(
-            f"  decision: {out['capgate_decision']['action']} (p={out['capgate_decision']['estimate']['p']})"
-        )
+        print(f"  decision: {describe(decision_of(out))}")
         while "__interrupt__" in out:  # clarify (or escalate): answer for the user and resume
             request = out["__interrupt__"][0].value
             print(f"  the agent asks: {request.get('question') or request.get('summary')}")
             resume = {"answer": CLARIFICATION} if request["kind"] == "clarify" else {"decision": "approve"}
             out = agent.invoke(Command(resume=resume), config)
-            print(f"  after the user's reply, decision: {out['capgate_decision']['action']}")
+            print(f"  after the user's reply, decision: {describe(decision_of(out))}")
         print(f"  reply: {out['messages'][-1].content}")
     stats = gate.gate.stats
     print(f"gate stats: calls={stats.calls} actions={dict(stats.actions)}")

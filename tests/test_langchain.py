@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,7 +67,7 @@ class Counting:
 
 
 @pytest.fixture(scope="module")
-def real_backend() -> Any:
+def real_backend(default_model_dir: Path) -> Any:
     from capgate.models import load_backend
 
     return load_backend("default")

@@ -56,7 +56,7 @@ POLICY = Policy.model_validate(
 
 
 @pytest.fixture(scope="module")
-def model() -> CapgateChatModel:
+def model(default_model_dir: Path) -> CapgateChatModel:
     from capgate.models import load_backend
 
     return CapgateChatModel(
