@@ -12,6 +12,8 @@ from capgate._types import Cost, Estimate, LabelledQuery, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, SamplingParams
 from capgate.errors import BackendError, CapgateError, DataError, NotFittedError, ProbeMismatchError
 from capgate.estimators.base import CapabilityEstimator
+from capgate.gate import Gate, GateBlocked, Gated
+from capgate.guard import guard
 from capgate.loading import load_estimator
 from capgate.policies import Policy, load_policy
 
@@ -26,6 +28,9 @@ __all__ = [
     "Cost",
     "DataError",
     "Estimate",
+    "Gate",
+    "GateBlocked",
+    "Gated",
     "Generation",
     "LabelledQuery",
     "NotFittedError",
@@ -34,6 +39,7 @@ __all__ = [
     "Sample",
     "SamplingParams",
     "__version__",
+    "guard",
     "load_estimator",
     "load_policy",
 ]

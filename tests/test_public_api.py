@@ -20,7 +20,9 @@ PUBLIC_MODULES = [
     "capgate.datasets",
     "capgate.decision",
     "capgate.estimators",
+    "capgate.gate",
     "capgate.grading",
+    "capgate.guard",
     "capgate.metrics",
     "capgate.policies",
 ]

@@ -21,6 +21,7 @@ from capgate.cas.confidence import (
     verbalized_confidence,
     with_confidence_instruction,
 )
+from capgate.cas.function import AsyncFunctionBackend, FunctionBackend, response_text
 from capgate.cas.loop import (
     DEFAULT_STOP,
     CASResult,
@@ -53,10 +54,12 @@ __all__ = [
     "DEFAULT_CONFIDENCE",
     "DEFAULT_STOP",
     "UNKNOWN_CONFIDENCE_WEIGHT",
+    "AsyncFunctionBackend",
     "CASMode",
     "CASResult",
     "ConfidenceSource",
     "DrawnSample",
+    "FunctionBackend",
     "LogprobConfidence",
     "PoolItem",
     "Route",
@@ -76,6 +79,7 @@ __all__ = [
     "incomplete_beta",
     "parse_verbalized_confidence",
     "replay",
+    "response_text",
     "route_by_capability",
     "samples_for_target",
     "stop_after_delay",

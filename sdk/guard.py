@@ -1,0 +1,468 @@
+"""``@capgate.guard``: gate any function that asks an LLM, by the model's predicted capability.
+
+Put it on a sync or async function whose argument is the prompt (a string or chat messages).
+Before each call the gate estimates the capability for that prompt and its policy decides:
+
+* ``answer``: the function runs as usual.
+* ``resample``: the function runs repeatedly under CAS (each call is one sample), answers are
+  grouped by ``extract`` and the policy's stop rule ends sampling; the call returns the value the
+  function returned for the winning answer.
+* ``abstain`` / ``clarify`` / ``escalate``: the function does not run; the call returns a
+  :class:`~capgate.gate.Gated` (decision, estimate, message) or, with ``on_block="raise"``,
+  raises the matching :class:`~capgate.gate.GateBlocked` subclass.
+
+The wrapped function keeps its name, docstring, signature and type hints (``functools.wraps``)
+and exposes ``.gate`` (the :class:`~capgate.gate.Gate`) and ``.stats``. Per-call overrides go
+in as keywords that the function never sees: ``capgate_policy=``, ``capgate_step=``,
+``capgate_tool=``, ``capgate_estimator=``, ``capgate_on_block=`` (or, type-checked,
+``fn.with_options(step=...)(...)``).
+
+Example:
+    >>> import capgate
+    >>> from capgate import Estimate
+    >>> from capgate.estimators import CapabilityEstimator
+    >>> class ByLength(CapabilityEstimator):
+    ...     method = "by-length"
+    ...     def estimate(self, queries):
+    ...         return [Estimate(p=0.9 if len(q) < 20 else 0.1, method=self.method) for q in queries]
+    >>> @capgate.guard(policy="balanced", estimator=ByLength())
+    ... def ask(prompt: str) -> str:
+    ...     '''Ask the model.'''
+    ...     return "4"
+    >>> ask("What is 2 + 2?")
+    '4'
+    >>> blocked = ask("What will the stock market do next year?")
+    >>> blocked.action, ask.stats.actions["abstain"], ask.__doc__
+    ('abstain', 1, 'Ask the model.')
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
+
+from capgate.backend import Prompt
+from capgate.decision.log import DecisionLog
+from capgate.estimators.base import CapabilityEstimator, Query
+from capgate.gate import (
+    UNSET,
+    Extractor,
+    Gate,
+    Gated,
+    GateStats,
+    OnBlock,
+    PolicyLike,
+    Unset,
+    Verdict,
+    as_query,
+)
+
+__all__ = ["OVERRIDE_KEYWORDS", "Guarded", "QueryArg", "guard"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+QueryArg = str | int | Callable[..., object]
+"""Where the query is: a parameter name, a positional index, or a function called with the same
+arguments as the guarded function that returns the prompt."""
+
+OVERRIDE_KEYWORDS: tuple[str, ...] = (
+    "capgate_policy",
+    "capgate_step",
+    "capgate_tool",
+    "capgate_estimator",
+    "capgate_on_block",
+)
+"""Keywords a guarded function accepts per call (removed before the function is called)."""
+
+_DEFAULT_QUERY_NAMES = ("prompt", "messages")
+
+
+class Guarded(Protocol[P, R_co]):
+    """A guarded function: call it like the original; it also exposes its gate."""
+
+    gate: Gate
+    __wrapped__: Callable[..., Any]
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    @property
+    def stats(self) -> GateStats:
+        """The gate's statistics (calls, actions counted, last decision)."""
+        ...
+
+    def with_options(
+        self,
+        *,
+        policy: PolicyLike | Unset = UNSET,
+        step: str | Unset | None = UNSET,
+        tool: str | Unset | None = UNSET,
+        estimator: CapabilityEstimator | Unset | None = UNSET,
+    ) -> Guarded[P, R_co]:
+        """The same guarded function with per-call settings fixed (shares the gate and stats)."""
+        ...
+
+
+class _Decorator(Protocol):
+    @overload
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> Guarded[P, Coroutine[Any, Any, R | Gated]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Guarded[P, R | Gated]: ...
+
+
+class _RaisingDecorator(Protocol):
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Guarded[P, Coroutine[Any, Any, R]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Guarded[P, R]: ...
+
+
+@dataclass(frozen=True)
+class _Overrides:
+    policy: PolicyLike | Unset = UNSET
+    step: str | Unset | None = UNSET
+    tool: str | Unset | None = UNSET
+    estimator: CapabilityEstimator | Unset | None = UNSET
+    on_block: OnBlock | Unset = UNSET
+
+    def merged(self, kwargs: dict[str, Any]) -> _Overrides:
+        """These overrides, updated by the ``capgate_*`` keywords popped from ``kwargs``."""
+        given = {name[len("capgate_") :]: kwargs.pop(name) for name in OVERRIDE_KEYWORDS if name in kwargs}
+        if not given:
+            return self
+        return _Overrides(**{**self.__dict__, **given})
+
+
+class _Binder:
+    """Finds the query among a call's arguments (pure logic, shared by the sync and async paths)."""
+
+    def __init__(self, fn: Callable[..., Any], query_arg: QueryArg | None) -> None:
+        self.fn_name = getattr(fn, "__qualname__", repr(fn))
+        self.signature = inspect.signature(fn)
+        params = list(self.signature.parameters.values())
+        for param in params:
+            if param.name.startswith("capgate_"):
+                raise ValueError(
+                    f"{self.fn_name}() has a parameter {param.name!r}; the capgate_ prefix is reserved "
+                    f"for guard's per-call overrides ({', '.join(OVERRIDE_KEYWORDS)})"
+                )
+        self.query_fn: Callable[..., object] | None = None
+        self.name: str | None = None
+        self.index: int | None = None
+        if query_arg is None:
+            names = [p.name for p in params]
+            chosen = next((n for n in _DEFAULT_QUERY_NAMES if n in names), None)
+            if chosen is None:
+                positional = [
+                    p.name
+                    for p in params
+                    if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                    and p.name not in ("self", "cls")
+                ]
+                if not positional:
+                    raise ValueError(
+                        f"guard cannot find the prompt of {self.fn_name}(): it has no 'prompt' or "
+                        "'messages' parameter and no positional one; pass query_arg="
+                    )
+                chosen = positional[0]
+            self.name = chosen
+        elif isinstance(query_arg, bool):
+            raise TypeError(
+                f"`query_arg` must be a parameter name, an index or a function; got {query_arg!r}"
+            )
+        elif isinstance(query_arg, str):
+            takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params)
+            if query_arg not in self.signature.parameters and not takes_kwargs:
+                raise ValueError(
+                    f"`query_arg` {query_arg!r} is not a parameter of {self.fn_name}(); its parameters: "
+                    f"{', '.join(self.signature.parameters) or 'none'}"
+                )
+            self.name = query_arg
+        elif isinstance(query_arg, int):
+            if query_arg < 0:
+                raise ValueError(f"`query_arg` must be a non-negative position; got {query_arg}")
+            self.index = query_arg
+        elif callable(query_arg):
+            self.query_fn = query_arg
+        else:
+            raise TypeError(
+                f"`query_arg` must be a parameter name, an index or a function; got {query_arg!r}"
+            )
+
+    def query(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[object, str]:
+        """The raw query value and a description of where it came from."""
+        if self.query_fn is not None:
+            return self.query_fn(*args, **kwargs), f"query_arg function of {self.fn_name}()"
+        if self.index is not None:
+            if self.index >= len(args):
+                raise TypeError(
+                    f"{self.fn_name}() got {len(args)} positional argument(s); the prompt is expected "
+                    f"at position {self.index} (query_arg={self.index})"
+                )
+            return args[self.index], f"positional argument {self.index} of {self.fn_name}()"
+        assert self.name is not None
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        where = f"argument {self.name!r} of {self.fn_name}()"
+        if self.name in bound.arguments:
+            return bound.arguments[self.name], where
+        extra: Mapping[str, Any] = next(
+            (
+                v
+                for k, v in bound.arguments.items()
+                if self.signature.parameters[k].kind == inspect.Parameter.VAR_KEYWORD
+            ),
+            {},
+        )
+        if self.name in extra:
+            return extra[self.name], where
+        raise TypeError(f"{self.fn_name}() was called without its prompt ({where})")
+
+
+def _prepare(
+    binder: _Binder, base: _Overrides, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[_Overrides, Query]:
+    """Pop the per-call overrides from ``kwargs`` and read the query (pure; shared by both paths)."""
+    overrides = base.merged(kwargs)
+    raw, where = binder.query(args, kwargs)
+    return overrides, as_query(raw, where=where)
+
+
+def _assess_kwargs(overrides: _Overrides) -> dict[str, Any]:
+    return {
+        "policy": overrides.policy,
+        "step": overrides.step,
+        "tool": overrides.tool,
+        "estimator": overrides.estimator,
+    }
+
+
+def _wrap(
+    fn: Callable[..., Any],
+    gate: Gate,
+    binder: _Binder,
+    to_text: Callable[[Any], str] | None,
+    base: _Overrides,
+) -> Any:
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            overrides, query = _prepare(binder, base, args, kwargs)
+            verdict = await gate.aassess(query, **_assess_kwargs(overrides))
+            if verdict.action == "answer":
+                await gate.arecord(verdict, samples_used=1)
+                return await fn(*args, **kwargs)
+            if verdict.action == "resample":
+                return await _aresample(fn, gate, verdict, args, kwargs, to_text, overrides)
+            await gate.arecord(verdict, samples_used=0)
+            return gate.block(verdict, on_block=overrides.on_block)
+
+        wrapper: Any = async_wrapper
+    else:
+
+        @functools.wraps(fn)
+        def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+            overrides, query = _prepare(binder, base, args, kwargs)
+            verdict = gate.assess(query, **_assess_kwargs(overrides))
+            if verdict.action == "answer":
+                gate.record(verdict, samples_used=1)
+                return fn(*args, **kwargs)
+            if verdict.action == "resample":
+                return _resample(fn, gate, verdict, args, kwargs, to_text, overrides)
+            gate.record(verdict, samples_used=0)
+            return gate.block(verdict, on_block=overrides.on_block)
+
+        wrapper = sync_wrapper
+
+    def with_options(
+        *,
+        policy: PolicyLike | Unset = UNSET,
+        step: str | Unset | None = UNSET,
+        tool: str | Unset | None = UNSET,
+        estimator: CapabilityEstimator | Unset | None = UNSET,
+    ) -> Any:
+        given = {
+            k: v
+            for k, v in (("policy", policy), ("step", step), ("tool", tool), ("estimator", estimator))
+            if v is not UNSET
+        }
+        return _wrap(fn, gate, binder, to_text, _Overrides(**{**base.__dict__, **given}))
+
+    wrapper.gate = gate
+    wrapper.with_options = with_options
+    wrapper.stats = gate.stats
+    return wrapper
+
+
+def _resample(
+    fn: Callable[..., Any],
+    gate: Gate,
+    verdict: Verdict,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    to_text: Callable[[Any], str] | None,
+    overrides: _Overrides,
+) -> Any:
+    def draw(_: Prompt) -> Any:
+        return fn(*args, **kwargs)
+
+    try:
+        sampled = gate.sample(draw, verdict, to_text=to_text)
+    except BaseException:
+        gate.record(verdict)
+        raise
+    gate.record(verdict, samples_used=sampled.cas.samples_used)
+    if sampled.value is None:
+        return gate.block(verdict, on_block=overrides.on_block, cas=sampled.cas)
+    return sampled.value
+
+
+async def _aresample(
+    fn: Callable[..., Awaitable[Any]],
+    gate: Gate,
+    verdict: Verdict,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    to_text: Callable[[Any], str] | None,
+    overrides: _Overrides,
+) -> Any:
+    async def draw(_: Prompt) -> Any:
+        return await fn(*args, **kwargs)
+
+    try:
+        sampled = await gate.asample(draw, verdict, to_text=to_text)
+    except BaseException:
+        await gate.arecord(verdict)
+        raise
+    await gate.arecord(verdict, samples_used=sampled.cas.samples_used)
+    if sampled.value is None:
+        return gate.block(verdict, on_block=overrides.on_block, cas=sampled.cas)
+    return sampled.value
+
+
+@overload
+def guard(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Guarded[P, Coroutine[Any, Any, R | Gated]]: ...
+@overload
+def guard(fn: Callable[P, R], /) -> Guarded[P, R | Gated]: ...
+@overload
+def guard(
+    *,
+    policy: PolicyLike = ...,
+    estimator: CapabilityEstimator | None = ...,
+    extract: Extractor | None = ...,
+    to_text: Callable[[Any], str] | None = ...,
+    on_block: Literal["raise"],
+    step: str | None = ...,
+    tool: str | None = ...,
+    log: DecisionLog | str | Path | None = ...,
+    query_arg: QueryArg | None = ...,
+    gate: Gate | None = ...,
+) -> _RaisingDecorator: ...
+@overload
+def guard(
+    *,
+    policy: PolicyLike = ...,
+    estimator: CapabilityEstimator | None = ...,
+    extract: Extractor | None = ...,
+    to_text: Callable[[Any], str] | None = ...,
+    on_block: Literal["return"] = ...,
+    step: str | None = ...,
+    tool: str | None = ...,
+    log: DecisionLog | str | Path | None = ...,
+    query_arg: QueryArg | None = ...,
+    gate: Gate | None = ...,
+) -> _Decorator: ...
+def guard(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    policy: PolicyLike = "balanced",
+    estimator: CapabilityEstimator | None = None,
+    extract: Extractor | None = None,
+    to_text: Callable[[Any], str] | None = None,
+    on_block: OnBlock = "return",
+    step: str | None = None,
+    tool: str | None = None,
+    log: DecisionLog | str | Path | None = None,
+    query_arg: QueryArg | None = None,
+    gate: Gate | None = None,
+) -> Any:
+    """Gate a function that asks an LLM by the model's predicted capability on its prompt.
+
+    Use bare (``@guard``, with the default policy ``"balanced"`` and the estimator set by
+    :func:`capgate.gate.set_default_estimator`) or called (``@guard(policy=..., estimator=...)``).
+    Coroutine functions get the async path (``aestimate``, concurrent resampling).
+
+    Args:
+        fn: The function (when used bare).
+        policy: A :class:`~capgate.policies.Policy`, a preset name or a policy file path.
+        estimator: The capability estimator (default: the process-wide default estimator).
+        extract: Answer extractor for ``resample`` votes (a grader's ``extract`` works; default
+            :func:`capgate.gate.default_extract`).
+        to_text: Reads the function's return value as text for voting (default: a string, or its
+            ``content`` / ``text`` attribute).
+        on_block: ``"return"`` a :class:`~capgate.gate.Gated`, or ``"raise"`` a
+            :class:`~capgate.gate.GateBlocked`, when the policy does not answer.
+        step: Agent step passed to the policy (selects a step override).
+        tool: Tool name passed to the policy (selects a tool override).
+        log: A :class:`~capgate.decision.DecisionLog` (or its path) recording every decision.
+        query_arg: Where the prompt is (default: the ``prompt`` or ``messages`` parameter, else the
+            first positional one).
+        gate: A ready :class:`~capgate.gate.Gate` to share between functions (then leave the
+            gate settings above at their defaults).
+
+    Returns:
+        The guarded function, or a decorator when called without ``fn``.
+
+    Raises:
+        ValueError: A bad setting (named), a prompt parameter that cannot be found, or ``gate``
+            together with gate settings.
+    """
+    if gate is not None:
+        if not isinstance(gate, Gate):
+            raise TypeError(f"`gate` must be a capgate Gate; got {gate!r}")
+        given = [
+            name
+            for name, value, default in (
+                ("policy", policy, "balanced"),
+                ("estimator", estimator, None),
+                ("extract", extract, None),
+                ("on_block", on_block, "return"),
+                ("step", step, None),
+                ("tool", tool, None),
+                ("log", log, None),
+            )
+            if value != default
+        ]
+        if given:
+            raise ValueError(f"pass either gate= or the gate settings, not both; also got {', '.join(given)}")
+        the_gate = gate
+    else:
+        the_gate = Gate(
+            policy=policy,
+            estimator=estimator,
+            extract=extract,
+            on_block=on_block,
+            step=step,
+            tool=tool,
+            log=log,
+        )
+    if to_text is not None and not callable(to_text):
+        raise TypeError(f"`to_text` must be a function value -> str; got {to_text!r}")
+
+    def decorate(func: Callable[..., Any]) -> Any:
+        if not callable(func):
+            raise TypeError(f"guard decorates a function; got {func!r}")
+        return _wrap(func, the_gate, _Binder(func, query_arg), to_text, _Overrides())
+
+    if fn is not None:
+        return decorate(fn)
+    return cast(Any, decorate)

@@ -1,0 +1,98 @@
+"""Every runnable example in examples/ runs as a script and prints what it should."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capgate.decision import calibrate_threshold
+from capgate.labels import read_labelled
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ACTIONS = {"answer", "abstain", "clarify", "escalate", "resample"}
+
+
+def run(name: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_policy_walkthrough() -> None:
+    out = run("policy_walkthrough.py")
+    assert (
+        "preset balanced: [0, 0.3) abstain, [0.3, 0.6) clarify, [0.6, 1] answer; on_degraded: abstain" in out
+    )
+    assert "preset conservative:" in out
+    assert "preset cost-saver:" in out
+    assert "broken.yaml:5: field 'bands[1].below'" in out
+    assert "broken.yaml:6: field 'on_degraded.action': unknown action 'shrug'" in out
+    assert "p=0.92: answer" in out
+    assert "p=0.45: clarify" in out
+    assert "p=0.12: abstain" in out
+    assert "p=None: abstain (estimate degraded (hidden states not available)" in out
+    data = read_labelled(
+        EXAMPLES / "data" / "math500_gpt-oss-20b_probe-math.jsonl", confidence=["probe_conf_raw"]
+    )
+    control = calibrate_threshold(data.confidences["probe_conf_raw"], data.mu_hat, alpha=0.03, delta=0.1)
+    assert control.threshold is not None
+    assert f"calibrated threshold: {control.threshold:.3f} (answers {control.n_answered} of 500" in out
+    assert f"clarify band [0.3, 0.6) now ends at {control.threshold:g}" in out
+
+
+@pytest.mark.slow
+def test_guard_quickstart() -> None:
+    out = run("guard_quickstart.py", "--model", "default")
+    decisions = re.findall(r"decision: (\w+)\n  (answer|blocked): (.+)", out)
+    assert len(decisions) == 3
+    for action, kind, text in decisions:
+        assert action in ACTIONS
+        assert kind == ("answer" if action in ("answer", "resample") else "blocked")
+        assert text.strip()
+    assert re.search(r"strict(: Abstained|: ClarificationNeeded|: Escalated| answer): .+", out)
+    counts = {a: [d[0] for d in decisions].count(a) for a in {d[0] for d in decisions}}
+    stats = re.search(r"stats: calls=(\d+) actions=(\{.*\})", out)
+    assert stats is not None
+    assert int(stats.group(1)) == 3
+    assert ast.literal_eval(stats.group(2)) == counts
+
+
+@pytest.mark.slow
+def test_langgraph_escalation_resumes_in_a_new_process(tmp_path: Path) -> None:
+    db = str(tmp_path / "checkpoints.sqlite")
+    first = run("langgraph_escalation.py", "ask", "--model", "default", "--db", db, "--thread", "t")
+    assert "decision: escalate" in first
+    assert "escalated to maths-desk: Escalated for human review by policy 'review-desk'" in first
+    assert "pending escalation saved" in first
+    second = run("langgraph_escalation.py", "resume", "--db", db, "--thread", "t", "--reply", "It is 6.")
+    assert "found pending escalation (escalate to maths-desk)" in second
+    assert "What is the 20th digit of pi after the decimal point?" in second
+    assert second.strip().endswith("final answer: It is 6.")
+    third = run("langgraph_escalation.py", "resume", "--db", db, "--thread", "t", "--approve")
+    assert "nothing pending for this thread" in third
+
+
+@pytest.mark.slow
+def test_langchain_middleware() -> None:
+    out = run("langchain_middleware.py", "--model", "default")
+    blocks = out.split("question: ")[1:]
+    assert len(blocks) == 3
+    for block in blocks:
+        action = re.search(r"decision: (\w+)", block)
+        assert action is not None
+        assert action.group(1) in ACTIONS
+        reply = re.search(r"  reply: (.+)", block)
+        assert reply is not None
+        assert reply.group(1).strip()
+    assert re.search(r"gate stats: calls=\d+ actions=", out)

@@ -1,0 +1,132 @@
+"""The Gate engine shared by @guard and the agent adapters: queries, verdicts, plans, blocking."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+from _estimators import KeywordEstimator
+
+from capgate import Gate, Gated
+from capgate.gate import (
+    Abstained,
+    SamplingPlan,
+    Verdict,
+    as_query,
+    default_extract,
+)
+from capgate.policies import load_policy
+
+
+def test_as_query_normalizes_roles_and_content() -> None:
+    class LCMessage:
+        def __init__(self, type_: str, content: object) -> None:
+            self.type = type_
+            self.content = content
+
+    query = as_query(
+        [
+            {"role": "system", "content": "Be brief."},
+            LCMessage("human", [{"type": "text", "text": "What is "}, "2+2?"]),
+            LCMessage("ai", "4"),
+        ]
+    )
+    assert query == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    assert as_query("plain") == "plain"
+    with pytest.raises(TypeError, match="where: expected a prompt string"):
+        as_query(3.0, where="where")
+    with pytest.raises(TypeError, match="message 0: message content must be text"):
+        as_query([{"role": "user", "content": {"image": 1}}])
+
+
+def test_assess_builds_the_sampling_plan_from_the_policy() -> None:
+    gate = Gate(policy="cost-saver", estimator=KeywordEstimator({"mid": 0.3}))
+    verdict = gate.assess("a mid question")
+    assert verdict.action == "resample"
+    assert verdict.plan == SamplingPlan(stop=verdict.plan.stop, batch_size=2, max_samples=4)
+    assert "beta_consensus(threshold=0.9)" in repr(verdict.plan.stop)
+    assert verdict.decision.budget == 4
+    assert gate.assess("easy").plan is None
+
+
+def test_target_pass_at_k_sets_the_budget() -> None:
+    policy = load_policy("cost-saver")
+    data = policy.model_dump()
+    data["bands"][1].update(target_pass_at_k=0.9, max_samples=16)
+    gate = Gate(
+        policy=type(policy).model_validate(data), estimator=KeywordEstimator({"mid": 0.3, "low": 0.2})
+    )
+    verdict = gate.assess("mid")
+    # 1 - 0.7^k >= 0.9 first at k = 7 (0.7^6 = 0.118, 0.7^7 = 0.082).
+    assert verdict.decision.budget == 7
+    assert verdict.plan is not None
+    assert verdict.plan.max_samples == 7
+    # p = 0.2: 0.8^k <= 0.1 first at k = 11.
+    assert gate.assess("low").decision.budget == 11
+
+
+def test_sample_runs_cas_over_a_plain_function() -> None:
+    gate = Gate(policy="cost-saver", estimator=KeywordEstimator({"mid": 0.3}), extract=str.strip)
+    verdict = gate.assess("mid")
+    answers = itertools.cycle(["x", "y"])
+    sampled = gate.sample(lambda q: next(answers), verdict)
+    assert sampled.cas.samples_used == 4
+    assert sampled.value == "x"
+    assert gate.stats.samples == 4
+    with pytest.raises(ValueError, match="only a resample decision can be sampled"):
+        gate.sample(lambda q: "x", gate.assess("easy"))
+
+
+def test_asample_twin() -> None:
+    gate = Gate(policy="cost-saver", estimator=KeywordEstimator({"mid": 0.3}), extract=str.strip)
+
+    async def go() -> tuple[Verdict, str | None]:
+        verdict = await gate.aassess("mid")
+
+        async def draw(q: object) -> str:
+            return "z"
+
+        sampled = await gate.asample(draw, verdict)
+        return verdict, sampled.value
+
+    verdict, value = asyncio.run(go())
+    assert verdict.action == "resample"
+    assert value == "z"
+
+
+def test_block_returns_or_raises_and_refuses_answers() -> None:
+    gate = Gate(estimator=KeywordEstimator({"hard": 0.1}))
+    verdict = gate.assess("hard")
+    gated = gate.block(verdict)
+    assert isinstance(gated, Gated)
+    assert gated.decision is verdict.decision
+    with pytest.raises(Abstained):
+        gate.block(verdict, on_block="raise")
+    with pytest.raises(ValueError, match="does not block"):
+        gate.block(gate.assess("easy"))
+
+
+def test_constructor_checks_settings() -> None:
+    with pytest.raises(ValueError, match="`step` must be a non-empty string"):
+        Gate(step="")
+    with pytest.raises(TypeError, match="`log`"):
+        Gate(log=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`extract`"):
+        Gate(extract="first word")  # type: ignore[arg-type]
+    assert "balanced" in repr(Gate())
+
+
+def test_policy_files_load_once() -> None:
+    gate = Gate(policy="conservative", estimator=KeywordEstimator({}))
+    assert gate.resolve_policy() is gate.resolve_policy()
+    assert gate.resolve_policy("balanced").name == "balanced"
+
+
+def test_default_extract() -> None:
+    assert default_extract("The answer is \\boxed{42}") == "42"
+    assert default_extract("") is None
