@@ -31,21 +31,21 @@ version: 1
 name: demo-smollm2
 description: >-
   Thresholds for a 135M-parameter model whose capability is low on most questions: answer
-  when the probe predicts p >= 0.35, spend a few extra samples (CAS) in [0.1, 0.35), abstain
-  below 0.1 and whenever no estimate is available.
+  when the probe predicts p >= 0.2, spend a few extra samples (CAS) in [0.08, 0.2), abstain
+  below 0.08 and whenever no estimate is available.
 bands:
-  - below: 0.1
+  - below: 0.08
     action: abstain
     message: "I can't answer this reliably (estimated chance of a correct answer: {p:.0%})."
-  - below: 0.35
+  - below: 0.2
     action: resample
     max_samples: 6
     batch_size: 2
   - action: answer
 on_degraded: abstain
 """
-"""The demo's policy. Its edges were set from the probe's predictions on the *training* split
-(roughly its 60th and 90th percentiles), never from the demo questions."""
+"""The demo's policy. Its edges sit at the 71st and 94th percentiles of the shipped probe's
+predictions on the *training* split, never chosen from the demo questions."""
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,11 @@ class DemoRow:
     question: DemoQuestion
     p: float | None
     action: str
-    answer: str | None
+    answer: str | None  # the extracted, normalized answer
     correct: bool | None
     samples: int
     message: str | None
+    text: str | None = None
 
 
 @dataclass
@@ -183,10 +184,11 @@ def run_demo(
                 question,
                 decision.estimate.p,
                 decision.action,
-                result.strip(),
+                judgement.answer if judgement.answer is not None else "(no answer found)",
                 judgement.correct,
                 calls[0],
                 None,
+                text=result.strip(),
             )
         report.rows.append(row)
         if on_row is not None:

@@ -557,4 +557,3 @@ def load_backend(
         else load_model(name_or_path, device=device, dtype=dtype)
     )
     return TransformersBackend(loaded, max_batch_size=max_batch_size)
-

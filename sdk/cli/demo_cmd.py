@@ -19,13 +19,16 @@ def demo_command(
     """Run a small capability-gated agent on the embedded model over real held-out questions."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
+    from transformers.utils import logging as transformers_logging
 
     from capgate.demo import DemoRow, run_demo
+
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
     out = console()
     out.print(
         "[bold]capgate demo[/]: SmolLM2-135M-Instruct (embedded) + its shipped capability probe; "
-        "policy: abstain p<0.10, CAS resample (<=6 samples) p<0.35, answer otherwise."
+        "policy: abstain p<0.08, CAS resample (<=6 samples) p<0.20, answer otherwise."
     )
     out.print(
         "Questions: held-out basic_arithmetic and TriviaQA items; µ̂ = share of 40 sampled answers correct.\n"
@@ -42,7 +45,9 @@ def demo_command(
                 outcome = f"[yellow]{row.action}[/]: {row.message}"
             else:
                 mark = "[green]correct[/]" if row.correct else "[red]wrong[/]"
-                outcome = f"[cyan]{row.action}[/] -> {row.answer!r} ({mark}, {row.samples} sample(s))"
+                said = (row.text or "").replace("\n", " ")
+                said = said if len(said) <= 60 else said[:57] + "..."
+                outcome = f"[cyan]{row.action}[/] -> {row.answer} ({mark}, {row.samples} sample(s)): {said!r}"
             progress.console.print(
                 f"[{index + 1:>2}] {row.question.item.question[:70]!r}\n"
                 f"     p={p}  µ̂={row.question.mu_hat:.2f}  {outcome}"
