@@ -1,10 +1,11 @@
 """Quickstart: gate a function that asks an LLM with ``@capgate.guard``.
 
 The function asks the local model (the embedded SmolLM2-135M-Instruct by default); before each call
-a capability estimator predicts the chance that the model answers correctly and the ``balanced``
-policy decides: answer, ask a clarifying question, or abstain. The estimator here is
-self-consistency (sample a few answers, measure their agreement), a real estimator that needs
-nothing but the model; swap in a trained probe for a cheaper, sharper one.
+a capability estimator predicts the chance that the model answers correctly and a
+policy decides: answer, resample, ask a clarifying question, or abstain. For the embedded model the estimator
+is the linear probe shipped with capgate (``capgate.load_estimator("default")``: one forward pass
+over the prompt, no sampling); for any other model it falls back to self-consistency (sample a
+few answers, measure their agreement), which needs nothing but the model.
 
 Run: .venv/bin/python examples/guard_quickstart.py [--model default]
 """
@@ -16,7 +17,8 @@ from collections.abc import Sequence
 
 import capgate
 from capgate import SamplingParams
-from capgate.estimators import Consistency
+from capgate.demo import DEMO_POLICY_YAML
+from capgate.estimators import CapabilityEstimator, Consistency
 from capgate.gate import GateBlocked, default_extract
 from capgate.models import load_backend
 
@@ -33,11 +35,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     backend = load_backend(args.model)
-    estimator = Consistency(
-        backend, k_c=4, extract=default_extract, params=SamplingParams(temperature=0.7, max_tokens=24, seed=0)
-    )
+    estimator: CapabilityEstimator
+    if args.model == "default":
+        # The probe shipped for the embedded model: one forward pass, no sampling.
+        estimator = capgate.load_estimator("default")
+    else:
+        # Any other model: self-consistency needs nothing but the model.
+        estimator = Consistency(
+            backend,
+            k_c=4,
+            extract=default_extract,
+            params=SamplingParams(temperature=0.7, max_tokens=24, seed=0),
+        )
 
-    @capgate.guard(policy="balanced", estimator=estimator)
+    # The presets ("balanced", "conservative", "cost-saver") suit capable models; a 135M model is
+    # rarely right, so the embedded model gets the demo's policy, whose thresholds were set from
+    # the shipped probe's predictions on its training questions.
+    policy = capgate.Policy.from_yaml_text(DEMO_POLICY_YAML) if args.model == "default" else "balanced"
+
+    @capgate.guard(policy=policy, estimator=estimator)
     def ask(prompt: str) -> str:
         """Ask the local model one question."""
         [[reply]] = backend.generate([prompt], SamplingParams(temperature=0.3, max_tokens=40, seed=0))
