@@ -1,3 +1,6 @@
+"""``python -m capgate.cli``: the same as the ``capgate`` command."""
+
 from capgate.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

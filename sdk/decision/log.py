@@ -39,7 +39,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from platformdirs import user_data_path
 from pydantic import BaseModel, ConfigDict
 
 from capgate.backend import as_messages
@@ -98,7 +97,11 @@ _COLUMNS = (
 def default_log_path() -> Path:
     """Where the CLI looks when no ``--db`` is given: ``$CAPGATE_DB``, else the user data folder."""
     env = os.environ.get("CAPGATE_DB")
-    return Path(env) if env else user_data_path("capgate") / "decisions.sqlite3"
+    if env:
+        return Path(env)
+    from platformdirs import user_data_path  # only needed for the default location
+
+    return user_data_path("capgate") / "decisions.sqlite3"
 
 
 def query_hash(query: Query) -> str:
