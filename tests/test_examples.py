@@ -96,3 +96,15 @@ def test_langchain_middleware() -> None:
         assert reply is not None
         assert reply.group(1).strip()
     assert re.search(r"gate stats: calls=\d+ actions=", out)
+
+
+@pytest.mark.slow
+def test_calibrate_your_model_runs_the_whole_workflow(tmp_path: Path) -> None:
+    out = run("calibrate_your_model.py", "--questions", "16", "-k", "2", "--work", str(tmp_path))
+    for command in ("capgate harvest", "capgate probe featurize", "capgate probe fit", "capgate probe eval",
+                    "capgate policy calibrate"):  # fmt: skip
+        assert f"$ {command}" in out
+    assert len((tmp_path / "labels.jsonl").read_text().splitlines()) == 16
+    assert (tmp_path / "probe" / "probe.safetensors").is_file()
+    assert "constant-prior" in out or "constant prior" in out
+    assert ("calibrated policy written" in out) != ("no threshold certified" in out)

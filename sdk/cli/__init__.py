@@ -21,6 +21,7 @@ app = typer.Typer(
 def _register_commands() -> None:
     from capgate.cli import (
         budget_cmd,
+        demo_cmd,
         eval_cmd,
         harvest_cmd,
         log_cmd,
@@ -32,6 +33,7 @@ def _register_commands() -> None:
     )
 
     modules: tuple[ModuleType, ...] = (
+        demo_cmd,
         eval_cmd,
         budget_cmd,
         harvest_cmd,

@@ -1,0 +1,3 @@
+from capgate.cli import main
+
+main()
