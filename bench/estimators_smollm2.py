@@ -65,9 +65,10 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -163,6 +164,36 @@ def read_split(path: Path, records: dict[str, Record]) -> tuple[list[str], list[
 
 # ---------------------------------------------------------------------- resumable estimate cache
 
+BatchRunner: TypeAlias = Callable[[list[tuple[str, Query]]], list[Estimate]]
+"""Estimates a batch of ``(id, query)`` items, in order."""
+
+
+def batched(estimator: CapabilityEstimator) -> BatchRunner:
+    """One ``estimate`` call per batch (one seed, if any, for the whole batch)."""
+    return lambda batch: estimator.estimate([q for _, q in batch])
+
+
+def query_seed(base: int, query_id: str) -> int:
+    """A per-query seed: reproducible, and independent across queries (unlike one shared seed)."""
+    digest = hashlib.blake2b(f"{base}:{query_id}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x3FFFFFFF
+
+
+def per_query(
+    make: Callable[[int | None], CapabilityEstimator], base: int | None, workers: int
+) -> BatchRunner:
+    """One estimator per query, seeded with :func:`query_seed` (or unseeded), run concurrently."""
+
+    def one(item: tuple[str, Query]) -> Estimate:
+        seed = None if base is None else query_seed(base, item[0])
+        return make(seed).estimate([item[1]])[0]
+
+    def run(batch: list[tuple[str, Query]]) -> list[Estimate]:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(one, batch))
+
+    return run
+
 
 def _settings_key(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
@@ -211,7 +242,7 @@ class EstimateCache:
 
     def fill(
         self,
-        estimator: CapabilityEstimator,
+        run: BatchRunner,
         items: Sequence[tuple[str, Query]],
         *,
         batch_size: int,
@@ -227,7 +258,7 @@ class EstimateCache:
         for start in range(0, len(missing), batch_size):
             batch = missing[start : start + batch_size]
             t0 = time.perf_counter()
-            estimates = estimator.estimate([q for _, q in batch])
+            estimates = run(batch)
             share = (time.perf_counter() - t0) / len(batch)
             with self.path.open("a", encoding="utf-8") as handle:
                 for (query_id, _), e in zip(batch, estimates, strict=True):
@@ -375,41 +406,66 @@ def make_backend(args: argparse.Namespace) -> Any:
     )
 
 
-def consistency_factory(
-    backend: Any, extract: Callable[[str], str | None], params: SamplingParams
-) -> Callable[[], CapabilityEstimator]:
-    return lambda: Consistency(backend, k_c=CONSISTENCY_K, extract=extract, params=params)
-
-
 def run_blackbox(
     name: str,
-    make: Callable[[], CapabilityEstimator],
+    run: BatchRunner,
     settings: dict[str, Any],
     items: Sequence[tuple[str, Query]],
     args: argparse.Namespace,
-) -> tuple[dict[str, Estimate], EstimateCache]:
+) -> tuple[dict[str, Estimate], dict[str, float]]:
+    """Estimates (cached or new) for ``items`` and each one's share of its batch's wall time."""
     cache = EstimateCache(args.results, name, settings)
-    return cache.fill(make(), items, batch_size=args.batch_size, label=name), cache
+    got = cache.fill(run, items, batch_size=args.batch_size, label=name)
+    return got, {i: cache.wall_s(i) if i in cache.entries else 0.0 for i, _ in items}
+
+
+def verbalized_runner(backend: Any, args: argparse.Namespace) -> BatchRunner:
+    def make(seed: int | None) -> CapabilityEstimator:
+        params = SamplingParams(temperature=0.7, max_tokens=args.verbalized_max_tokens, seed=seed)
+        return VerbalizedConfidence(backend, params=params, max_tries=args.verbalized_tries)
+
+    return per_query(make, args.seed, args.concurrency)
+
+
+def verbalized_settings(backend: Any, shots: int, args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "model": backend.model_id,
+        "temperature": 0.7,
+        "max_tokens": args.verbalized_max_tokens,
+        "seed": f"per query, from base {args.seed}",
+        "max_tries": args.verbalized_tries,
+        "shots": [list(s) for s in SHOTS[:shots]],
+        "query": "question",
+    }
+
+
+def consistency_runner(
+    backend: Any, extract: Callable[[str], str | None], seed: int | None, args: argparse.Namespace
+) -> BatchRunner:
+    def make(query_seed: int | None) -> CapabilityEstimator:
+        params = SamplingParams(temperature=0.7, top_p=1.0, max_tokens=24, seed=query_seed)
+        return Consistency(backend, k_c=CONSISTENCY_K, extract=extract, params=params)
+
+    return per_query(make, seed, args.concurrency)
 
 
 def pick_shots(
-    backend: Any,
-    records: dict[str, Record],
-    train: Sequence[str],
-    args: argparse.Namespace,
-    vparams: SamplingParams,
+    backend: Any, records: dict[str, Record], train: Sequence[str], args: argparse.Namespace
 ) -> tuple[int, list[str]]:
-    """Try 0, 1 and 2 worked examples on the first ``--pilot`` train queries; keep the best."""
+    """Try 0, 1 and 2 worked examples on the first ``--pilot`` train queries; keep the best.
+
+    Best: the most usable estimates; among variants within 5 points of that, the best Spearman
+    with µ̂ on those train queries (a constant answer has none, and loses to any that varies).
+    """
     pilot = list(train[: args.pilot])
     mu = np.array([records[i].mu for i in pilot])
     lines: list[str] = []
     scores: dict[int, tuple[float, float]] = {}
     for shots in (0, 1, 2):
-        settings = verbalized_settings(backend, vparams, shots, args)
         est, _ = run_blackbox(
             "verbalized",
-            lambda: VerbalizedConfidence(backend, params=vparams, max_tries=args.verbalized_tries),
-            settings,
+            verbalized_runner(backend, args),
+            verbalized_settings(backend, shots, args),
             [(i, verbalized_query(records[i].question, shots)) for i in pilot],
             args,
         )
@@ -423,20 +479,8 @@ def pick_shots(
         )
     best = max(s[0] for s in scores.values())
     close = [s for s in scores if scores[s][0] >= best - 0.05]
-    chosen = max(close, key=lambda s: (np.nan_to_num(scores[s][1], nan=-2.0), scores[s][0]))
+    chosen = max(close, key=lambda s: (float(np.nan_to_num(scores[s][1], nan=-2.0)), scores[s][0]))
     return chosen, lines
-
-
-def verbalized_settings(
-    backend: Any, params: SamplingParams, shots: int, args: argparse.Namespace
-) -> dict[str, Any]:
-    return {
-        "model": backend.model_id,
-        "params": params.model_dump(mode="json"),
-        "max_tries": args.verbalized_tries,
-        "shots": [list(s) for s in SHOTS[:shots]],
-        "query": "question",
-    }
 
 
 def main() -> None:
@@ -452,19 +496,21 @@ def main() -> None:
         "--features",
         type=Path,
         default=ROOT / "bench" / "results" / "smollm2" / "features.npz",
-        help="stored features of the exact prompts (probe bench output); computed if missing",
+        help="stored features of the exact prompts (probe bench output); live features if missing",
     )
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "estimators_smollm2")
     parser.add_argument("--verbalized-shots", default="auto", choices=["auto", "0", "1", "2"])
     parser.add_argument("--pilot", type=int, default=40, help="train queries the 'auto' shot choice tries")
     parser.add_argument("--verbalized-tries", type=int, default=3)
     parser.add_argument("--verbalized-max-tokens", type=int, default=48)
-    parser.add_argument("--consistency-seed", type=int, default=None, help="seed of consistency sampling")
-    parser.add_argument("--batch-size", type=int, default=16, help="queries per estimate() call")
-    parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the uniform baseline and the verbalized samples"
+        "--unseeded-consistency",
+        action="store_true",
+        help="sample consistency unseeded (default: a seed per query, derived from --seed)",
     )
+    parser.add_argument("--batch-size", type=int, default=16, help="queries per cached batch")
+    parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    parser.add_argument("--seed", type=int, default=0, help="base seed (uniform baseline, per-query seeds)")
     args = parser.parse_args()
 
     records = read_records(args.labels)
@@ -488,85 +534,72 @@ def main() -> None:
     methods.append(Method("Constant prior", dict(zip(test, pe, strict=True)), dict.fromkeys(test, 0.0)))
 
     def add_with_isotonic(
-        name: str, method: str, train_est: dict[str, Estimate], m: Method, queries: dict[str, Query]
+        name: str,
+        method: str,
+        estimates: dict[str, Estimate],
+        walls: dict[str, float],
+        queries: dict[str, Query],
     ) -> None:
-        methods.append(m)
-        replay = Replay(method, {Replay.key(queries[i]): e for i, e in {**train_est, **m.test}.items()})
+        base = Method(name, {i: estimates[i] for i in test}, {i: walls[i] for i in test})
+        methods.append(base)
+        replay = Replay(method, {Replay.key(queries[i]): estimates[i] for i in [*train, *test]})
         fitted = Recalibrated(replay, IsotonicCalibrator()).fit([queries[i] for i in train], mu_train)
         calibrated = fitted.estimate([queries[i] for i in test])
-        n_fit = sum(train_est[i].p is not None for i in train)
-        methods.append(
-            Method(f"{name}+isotonic", dict(zip(test, calibrated, strict=True)), m.wall_s, m.n_per_call)
-        )
+        n_fit = sum(estimates[i].p is not None for i in train)
+        methods.append(Method(f"{name}+isotonic", dict(zip(test, calibrated, strict=True)), base.wall_s))
         notes.append(f"{name}+isotonic: fitted on {n_fit}/{len(train)} usable train estimates")
 
     # Verbalized confidence (on the question), with 0-2 worked examples of the format.
-    vparams = SamplingParams(temperature=0.7, max_tokens=args.verbalized_max_tokens, seed=args.seed)
     if args.verbalized_shots == "auto":
-        shots, pilot_lines = pick_shots(backend, records, train, args, vparams)
-        notes.append(f"verbalized: {shots} worked example(s) chosen on {args.pilot} train queries:")
+        shots, pilot_lines = pick_shots(backend, records, train, args)
+        notes.append(
+            f"verbalized: {shots} worked example(s), chosen on the first {args.pilot} train queries:"
+        )
         notes.extend(pilot_lines)
     else:
         shots = int(args.verbalized_shots)
         notes.append(f"verbalized: {shots} worked example(s) (--verbalized-shots)")
     vq = {i: verbalized_query(records[i].question, shots) for i in records}
-    v_all, v_cache = run_blackbox(
+    v_est, v_wall = run_blackbox(
         "verbalized",
-        lambda: VerbalizedConfidence(backend, params=vparams, max_tries=args.verbalized_tries),
-        verbalized_settings(backend, vparams, shots, args),
+        verbalized_runner(backend, args),
+        verbalized_settings(backend, shots, args),
         [(i, vq[i]) for i in [*train, *test]],
         args,
     )
-    add_with_isotonic(
-        "Verbalized",
-        "verbalized",
-        {i: v_all[i] for i in train},
-        Method(
-            "Verbalized",
-            {i: v_all[i] for i in test},
-            {i: v_cache.wall_s(i) if i in v_cache.entries else 0.0 for i in test},
-        ),
-        vq,
-    )
+    add_with_isotonic("Verbalized", "verbalized", v_est, v_wall, vq)
 
-    # P(True) (on the question).
+    # P(True) (on the question): greedy, so one batched call needs no seed.
     ptrue = PTrue(backend, top_logprobs=20, max_tokens=1)
     pq: dict[str, Query] = {i: records[i].question for i in records}
-    p_all, p_cache = run_blackbox(
+    p_est, p_wall = run_blackbox(
         "p_true",
-        lambda: ptrue,
+        batched(ptrue),
         {"model": backend.model_id, "params": ptrue.params.model_dump(mode="json"), "query": "question"},
         [(i, pq[i]) for i in [*train, *test]],
         args,
     )
-    add_with_isotonic(
-        "P(True)",
-        "p_true",
-        {i: p_all[i] for i in train},
-        Method(
-            "P(True)",
-            {i: p_all[i] for i in test},
-            {i: p_cache.wall_s(i) if i in p_cache.entries else 0.0 for i in test},
-        ),
-        pq,
-    )
+    add_with_isotonic("P(True)", "p_true", p_est, p_wall, pq)
 
     # Consistency(k=5) at the labels' sampling settings, answers grouped by each task's grader.
     from capgate.grading import grader_for
 
-    cparams = SamplingParams(temperature=0.7, top_p=1.0, max_tokens=24, seed=args.consistency_seed)
+    c_seed = None if args.unseeded_consistency else args.seed
     for label, field in (("Consistency(k=5)", "prompt"), ("Consistency(k=5), bare question", "question")):
         estimates: dict[str, Estimate] = {}
         walls: dict[str, float] = {}
         for kind in sorted({r.kind for r in test_records}):
             ids = [r.id for r in test_records if r.kind == kind]
             grader = grader_for(kind)
-            got, cache = run_blackbox(
+            got, wall = run_blackbox(
                 f"consistency-{field}-{kind}",
-                consistency_factory(backend, grader.extract, cparams),
+                consistency_runner(backend, grader.extract, c_seed, args),
                 {
                     "model": backend.model_id,
-                    "params": cparams.model_dump(mode="json"),
+                    "temperature": 0.7,
+                    "top_p": 1.0,
+                    "max_tokens": 24,
+                    "seed": "unseeded" if c_seed is None else f"per query, from base {c_seed}",
                     "k_c": CONSISTENCY_K,
                     "extract": repr(grader),
                     "query": field,
@@ -575,7 +608,7 @@ def main() -> None:
                 args,
             )
             estimates.update(got)
-            walls.update({i: cache.wall_s(i) if i in cache.entries else 0.0 for i in ids})
+            walls.update(wall)
         methods.append(Method(label, {i: estimates[i] for i in test}, walls, n_per_call=CONSISTENCY_K))
 
     # Probe: the shipped probe on the stored features of the exact prompts; timed live for cost.
@@ -602,7 +635,7 @@ def run_probe(
     if live_missing:
         estimator = load_estimator("default", probe=probe_dir, device="cpu", batch_size=8)
     live = cache.fill(
-        estimator if estimator is not None else Replay("probe", {}),
+        batched(estimator if estimator is not None else Replay("probe", {})),
         list(zip(test, prompts, strict=True)),
         batch_size=8,
         label="probe (live, local CPU)",
@@ -614,7 +647,7 @@ def run_probe(
 
         loaded = load_model("default", device="cpu")
     else:
-        loaded = estimator.featurizer.loaded  # type: ignore[attr-defined]
+        loaded = estimator.featurizer.loaded
     n_prompt = {i: len(loaded.prompt_ids(records[i].prompt, chat_template=True)) for i in test}
     live = {
         i: e.model_copy(update={"cost": e.cost.model_copy(update={"prompt_tokens": n_prompt[i]})})
@@ -681,17 +714,17 @@ def report(
         "the exact prompt the labels were sampled under (consistency also on the bare question)"
     )
     print(
-        f"settings: verbalized T=0.7, {args.verbalized_max_tokens} tokens, seed {args.seed}, "
+        f"settings: verbalized T=0.7, {args.verbalized_max_tokens} tokens, one seed per query, "
         f"<= {args.verbalized_tries} tries, {shots} worked example(s); P(True) greedy, 1 token, "
         f"top-20 logprobs; consistency k_c={CONSISTENCY_K}, T=0.7, top_p 1, 24 tokens, "
-        f"{'seed ' + str(args.consistency_seed) if args.consistency_seed is not None else 'unseeded'}; "
+        f"{'unseeded' if args.unseeded_consistency else 'one seed per query'}; "
         "isotonic fitted on the train split's (confidence, µ̂) pairs"
     )
     for note in notes:
         print(note)
 
     p_of = {m.name: np.array([np.nan if m.test[i].p is None else m.test[i].p for i in test]) for m in methods}
-    rows = [r for m in methods if (r := metrics_row(m.name, p_of[m.name], test_records)) is not None]
+    rows = [row for m in methods if (row := metrics_row(m.name, p_of[m.name], test_records)) is not None]
     console.print(
         format_table(
             rows, title="Held-out capability calibration, SmolLM2-135M-Instruct (usable estimates only)"
@@ -704,10 +737,10 @@ def report(
         for line in reasons:
             print(line)
         fallback_rows = [
-            r
+            row
             for m in methods
             if any(e.p is None for e in m.test.values())
-            and (r := metrics_row(m.name + " (-> prior)", p_of[m.name], test_records, fallback=prior))
+            and (row := metrics_row(m.name + " (-> prior)", p_of[m.name], test_records, fallback=prior))
             is not None
         ]
         console.print(
