@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
+from capgate._jsonl import iter_json_objects
 from capgate._types import LabelledQuery
 from capgate.errors import DataError
 from capgate.metrics._validate import FloatArray, IntArray
@@ -29,33 +29,17 @@ def iter_labelled(path: str | Path) -> Iterator[tuple[int, LabelledQuery]]:
     """Yield ``(line_number, record)`` for each non-blank line of a labelled JSONL file.
 
     Raises:
-        DataError: for invalid JSON, a non-object line, or a record that fails validation.
+        DataError: for a missing or unreadable file, invalid JSON, a non-object line, or a record
+            that fails validation. ``.gz`` files are read transparently.
     """
     path = Path(path)
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise DataError(f"cannot open: {exc.strerror}", path=path) from exc
-    with handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"invalid JSON: {exc.msg} (column {exc.colno})", path=path, line=line_number
-                ) from exc
-            if not isinstance(raw, dict):
-                raise DataError(
-                    f"expected a JSON object; got {type(raw).__name__}", path=path, line=line_number
-                )
-            try:
-                record = LabelledQuery.model_validate(raw)
-            except ValidationError as exc:
-                location, message = _first_error(exc)
-                raise DataError(message, path=path, line=line_number, field=location) from exc
-            yield line_number, record
+    for line_number, raw in iter_json_objects(path):
+        try:
+            record = LabelledQuery.model_validate(raw)
+        except ValidationError as exc:
+            location, message = _first_error(exc)
+            raise DataError(message, path=path, line=line_number, field=location) from exc
+        yield line_number, record
 
 
 @dataclass(frozen=True)

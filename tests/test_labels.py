@@ -69,7 +69,7 @@ def test_duplicate_ids_are_errors(tmp_path: Path) -> None:
 def test_empty_and_missing_files(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="no records"):
         read_labelled(write(tmp_path, ""))
-    with pytest.raises(DataError, match="cannot open"):
+    with pytest.raises(DataError, match="file not found"):
         read_labelled(tmp_path / "absent.jsonl")
 
 
