@@ -228,9 +228,9 @@ def test_real_offline_engine_on_cpu(tmp_path: Path) -> None:
     # capgate laid out as it installs, importable by the vLLM venv's python without installing it there.
     layout = tmp_path / "layout"
     shutil.copytree(REPO / "sdk", layout / "capgate", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(
-        REPO / "adapters", layout / "capgate" / "adapters", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for folder in ("adapters", "policies"):
+        target = layout / "capgate" / folder
+        shutil.copytree(REPO / folder, target, ignore=shutil.ignore_patterns("__pycache__"))
     env = {
         **os.environ,
         "PYTHONPATH": str(layout),
