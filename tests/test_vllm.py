@@ -9,7 +9,6 @@ pooling of saved states are tested here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -200,10 +199,6 @@ def test_featurizer_engine_configurations(tmp_path: Path) -> None:
 
 
 def test_featurizer_spec(tmp_path: Path) -> None:
-    if importlib.util.find_spec("capgate.features") is None:
-        pytest.skip(
-            "capgate.features (FeatureSpec) is written on the 'localmodel' branch; not merged here yet"
-        )
     folder = str(tiny_folder(tmp_path))
     spec = VLLMFeaturizer(folder).spec
     assert spec.source == "vllm"
