@@ -15,6 +15,11 @@ Method: every run replays a query's pool in a random order (``capgate.cas.replay
   (``cas_confidence_gap()`` defaults), at most 40. The per-response confidence is the token-
   logprob confidence exp(mean token log-prob) stored with each sample.
 
+* the same two with ``beta_futility(0.05)`` added: give up once even the leading answer is
+  unlikely (posterior < 0.05) to hold a majority of the responses. Added after the first run of
+  this bench showed consensus rules sampling to the cap on queries where no majority forms; its
+  level mirrors the consensus level 0.95 and was not tuned (see the sweep).
+
 A query counts as solved when the vote winner is a correct answer. Printed: accuracy (%),
 mean samples per query, and each method's samples ratio against fixed N = 40 with its accuracy
 gap in points. A sensitivity sweep of the stop thresholds follows, labelled as such (choosing a
@@ -30,7 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
-from capgate.cas import beta_consensus, cas_confidence_gap, replay, stop_after_samples, stop_never
+from capgate.cas import (
+    beta_consensus,
+    beta_futility,
+    cas_confidence_gap,
+    replay,
+    stop_after_samples,
+    stop_never,
+)
 from capgate.cas.stop import StopFn
 from capgate.labels import iter_labelled
 
@@ -118,6 +130,17 @@ def main() -> None:
         cap=cap, weighted=True,
     )  # fmt: skip
     rows.append(("CAS | Beta (capgate default stop)", acc, used))
+    acc, used = run(
+        pools, args.orders, lambda: beta_consensus(0.95) | beta_futility(0.05) | stop_after_samples(cap),
+        cap=cap, weighted=False,
+    )  # fmt: skip
+    rows.append(("Adaptive-Consistency | futility 0.05", acc, used))
+    acc, used = run(
+        pools, args.orders,
+        lambda: cas_confidence_gap() | beta_consensus(0.95) | beta_futility(0.05) | stop_after_samples(cap),
+        cap=cap, weighted=True,
+    )  # fmt: skip
+    rows.append(("CAS | Beta | futility 0.05", acc, used))
 
     ref_acc, ref_used = rows[3][1], rows[3][2]
     print(
@@ -143,6 +166,16 @@ def main() -> None:
             weighted=False,
         )
         print(f"{f'beta_consensus({threshold})':<44} {acc:>10.2f} {used:>14.2f} {ref_used / used:>6.2f}x")
+    for level in (0.01, 0.1, 0.2):
+        acc, used = run(
+            pools, args.orders,
+            lambda t=level: (
+                cas_confidence_gap() | beta_consensus(0.95) | beta_futility(t) | stop_after_samples(cap)
+            ),
+            cap=cap, weighted=True,
+        )  # fmt: skip
+        name = f"CAS | Beta | beta_futility({level})"
+        print(f"{name:<44} {acc:>10.2f} {used:>14.2f} {ref_used / used:>6.2f}x")
     for margin in (0.3, 0.7, 0.9):
         acc, used = run(
             pools, args.orders, lambda m=margin: cas_confidence_gap(margin=m) | stop_after_samples(cap),

@@ -236,3 +236,52 @@ def test_state_is_frozen() -> None:
         s.n_samples = 5  # type: ignore[misc]
     with pytest.raises(TypeError):
         s.votes["a"] = 3  # type: ignore[index]
+
+
+# --------------------------------------------------------------------------- futility
+
+
+def _posterior_by_integration(a: int, b: int, steps: int = 20000) -> float:
+    """P(X > 1/2) for X ~ Beta(a, b) by the midpoint rule (independent of the closed form)."""
+    import math
+
+    xs = [(i + 0.5) / steps for i in range(steps)]
+    log_norm = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+    density = [math.exp(log_norm + (a - 1) * math.log(x) + (b - 1) * math.log(1 - x)) for x in xs]
+    return sum(d for x, d in zip(xs, density, strict=True) if x > 0.5) / steps
+
+
+@pytest.mark.parametrize(
+    ("votes", "unanswered"),
+    [
+        ({"a": 1, "b": 1, "c": 1}, 0),
+        ({"a": 2, "b": 1}, 4),
+        ({"a": 5}, 0),
+        ({"a": 1}, 6),
+        ({"a": 3, "b": 3}, 0),
+    ],
+)
+def test_beta_futility_fires_exactly_when_a_majority_is_unlikely(
+    votes: dict[str, int], unanswered: int
+) -> None:
+    from capgate.cas import SamplingState, beta_futility
+
+    state = SamplingState.build(votes=votes, n_unanswered=unanswered)
+    leader, n = max(votes.values()), sum(votes.values()) + unanswered
+    posterior = _posterior_by_integration(leader + 1, n - leader + 1)
+    rule = beta_futility(0.05)
+    assert rule.posterior(state) == pytest.approx(posterior, abs=1e-4)
+    assert rule(state) == (posterior < 0.05)
+
+
+def test_beta_futility_settings_and_composition() -> None:
+    from capgate.cas import SamplingState, beta_consensus, beta_futility, replay
+
+    with pytest.raises(ValueError, match="`threshold` must be in"):
+        beta_futility(0.5)
+    assert repr(beta_futility()) == "beta_futility(threshold=0.05)"
+    assert not beta_futility()(SamplingState.build(votes={}))
+    # Seven different answers: no majority in sight, so the loop gives up at 7 of 20.
+    pool = [(str(i), i == 0, None, 1) for i in range(20)]
+    result = replay(pool, stop=beta_consensus() | beta_futility(), batch_size=1)
+    assert result.samples_used == 7

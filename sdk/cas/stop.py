@@ -261,6 +261,44 @@ class beta_consensus(StopRule):  # noqa: N801
         return f"beta_consensus(threshold={self.threshold:g})"
 
 
+class beta_futility(StopRule):  # noqa: N801
+    """Give up when no answer is likely to win a majority: P(S > 1/2) < ``threshold``.
+
+    S ~ Beta(v1 + 1, n − v1 + 1) is the posterior share of the leading answer among *all*
+    responses drawn so far (n of them, unanswered ones included), under a uniform prior. When even
+    the leader is unlikely to hold a majority, more samples rarely change the outcome: the loop
+    stops and returns the current (plurality) winner. It is the mirror image of
+    :class:`beta_consensus` (stop when a majority is near-certain), and the default 0.05 mirrors its
+    0.95. With every response different, it fires after 7 samples (P = 0.035).
+
+    Example:
+        >>> from capgate.cas import SamplingState
+        >>> beta_futility()(SamplingState.build(votes={answer: 1 for answer in "abcdefg"}))
+        True
+        >>> beta_futility()(SamplingState.build(votes={"a": 4, "b": 3}))
+        False
+    """
+
+    def __init__(self, threshold: float = 0.05) -> None:
+        if not (isinstance(threshold, int | float) and 0.0 < threshold < 0.5):
+            raise ValueError(f"`threshold` must be in (0, 0.5); got {threshold!r}")
+        self.threshold = float(threshold)
+
+    def posterior(self, state: SamplingState) -> float | None:
+        """P(S > 1/2) for the leader's share of all responses, or ``None`` before any response."""
+        if state.n_samples == 0:
+            return None
+        leader = max(state.votes.values(), default=0)
+        return beta_prob_above_half(leader + 1, state.n_samples - leader + 1)
+
+    def __call__(self, state: SamplingState) -> bool:
+        p = self.posterior(state)
+        return p is not None and p < self.threshold
+
+    def __repr__(self) -> str:
+        return f"beta_futility(threshold={self.threshold:g})"
+
+
 # --------------------------------------------------------------------------- CAS
 
 
