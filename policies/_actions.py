@@ -135,11 +135,15 @@ class StopSettings(Strict):
         confidence_gap: The CAS confidence-gap rule, or ``null`` to disable it.
         consensus: Stop once P(the leading answer is the majority) >= this under a Beta posterior
             on the two top vote counts (:class:`capgate.cas.beta_consensus`), or ``null``.
+        futility: Give up once P(the leading answer holds a majority of all responses) < this
+            (:class:`capgate.cas.beta_futility`; 0.05 mirrors a 0.95 consensus), or ``null``
+            (the default) to keep sampling queries on which no majority forms.
         min_samples: Never stop before this many samples.
     """
 
     confidence_gap: ConfidenceGap | None = Field(default_factory=ConfidenceGap)
     consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
+    futility: float | None = Field(default=None, gt=0.0, lt=0.5)
     min_samples: int = Field(default=1, ge=1)
 
     def rule(self) -> StopRule:
@@ -151,6 +155,7 @@ class StopSettings(Strict):
         """
         from capgate.cas import (
             beta_consensus,
+            beta_futility,
             cas_confidence_gap,
             stop_after_samples,
             stop_all,
@@ -163,6 +168,8 @@ class StopSettings(Strict):
             rules.append(cas_confidence_gap(**self.confidence_gap.model_dump()))
         if self.consensus is not None:
             rules.append(beta_consensus(self.consensus))
+        if self.futility is not None:
+            rules.append(beta_futility(self.futility))
         combined: StopRule = stop_any(*rules) if rules else stop_never()
         if self.min_samples > 1:
             combined = stop_all(stop_after_samples(self.min_samples), combined)

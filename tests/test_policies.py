@@ -210,6 +210,11 @@ def test_stop_settings_build_the_cas_stop_rules() -> None:
     assert "margin=0.2, mode='stochastic'" in repr(gap.rule())
     with pytest.raises(ValidationError):
         StopSettings.model_validate({"confidence_gap": {"mode": "sometimes"}})
+    futile = StopSettings.model_validate({"confidence_gap": None, "futility": 0.05}).rule()
+    assert "beta_futility(threshold=0.05)" in repr(futile)
+    assert futile(SamplingState.build(votes={answer: 1 for answer in "abcdefg"})) is True
+    with pytest.raises(ValidationError):
+        StopSettings.model_validate({"futility": 0.7})
 
 
 def test_python_api_mirrors_the_file_format() -> None:
