@@ -43,6 +43,7 @@ __all__ = [
     "check_backend",
     "cost_of",
     "describe_error",
+    "failed_call_estimate",
     "run_plan",
     "sample_round",
     "wrap_last_user_turn",
@@ -208,3 +209,10 @@ class QueryState:
 
     def add_failed_call(self, latency_s: float) -> None:
         self.cost = self.cost + Cost(calls=1, latency_s=latency_s)
+
+
+def failed_call_estimate(method: str, error: BaseException, latency_s: float) -> Estimate:
+    """The unavailable estimate of a query whose single backend call failed (cost: one call)."""
+    state = QueryState()
+    state.add_failed_call(latency_s)
+    return Estimate.unavailable(method, f"backend error: {describe_error(error)}", cost=state.cost)

@@ -21,6 +21,7 @@ from capgate.estimators._sampling import (
     arun_plan,
     check_backend,
     describe_error,
+    failed_call_estimate,
     run_plan,
 )
 from capgate.estimators.base import CapabilityEstimator, Query
@@ -82,15 +83,10 @@ class Consistency(CapabilityEstimator):
         result = yield Round(list(queries), self._params())
         estimates: list[Estimate] = []
         for outcome in result.outcomes:
-            state = QueryState()
             if isinstance(outcome, BaseException):
-                state.add_failed_call(result.latency_s)
-                estimates.append(
-                    Estimate.unavailable(
-                        self.method, f"backend error: {describe_error(outcome)}", cost=state.cost
-                    )
-                )
+                estimates.append(failed_call_estimate(self.method, outcome, result.latency_s))
                 continue
+            state = QueryState()
             state.add(outcome, result.latency_s)
             answers: list[str | None] = []
             for gen in outcome:

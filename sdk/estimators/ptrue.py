@@ -23,7 +23,7 @@ from capgate.estimators._sampling import (
     Round,
     arun_plan,
     check_backend,
-    describe_error,
+    failed_call_estimate,
     run_plan,
     wrap_last_user_turn,
 )
@@ -173,15 +173,10 @@ class PTrue(CapabilityEstimator):
         result = yield Round([self.build_prompt(q) for q in queries], self.params)
         estimates: list[Estimate] = []
         for outcome in result.outcomes:
-            state = QueryState()
             if isinstance(outcome, BaseException):
-                state.add_failed_call(result.latency_s)
-                estimates.append(
-                    Estimate.unavailable(
-                        self.method, f"backend error: {describe_error(outcome)}", cost=state.cost
-                    )
-                )
+                estimates.append(failed_call_estimate(self.method, outcome, result.latency_s))
                 continue
+            state = QueryState()
             state.add(outcome, result.latency_s)
             gen = outcome[0] if outcome else None
             p, why, details = read_p_true(gen.tokens if gen else None)
