@@ -57,7 +57,7 @@ def load_estimator(
         ValueError: No probe was given for a model other than the default one.
         ProbeMismatchError: The probe was trained on other features.
     """
-    from capgate.estimators.probe import LinearProbe, ProbeEstimator
+    from capgate.estimators.probe import LinearProbe, ProbeEstimator, check_spec_match
     from capgate.features import FeatureSpec, HiddenStateFeaturizer
     from capgate.models import load_model
 
@@ -77,4 +77,5 @@ def load_estimator(
         chat_template=spec.chat_template if spec is not None else True,
         batch_size=batch_size,
     )
-    return ProbeEstimator.load(probe, featurizer)
+    check_spec_match(saved.feature_spec_, featurizer.spec)
+    return ProbeEstimator(featurizer, saved)
