@@ -54,7 +54,13 @@ class DemoQuestion:
 
     item: DatasetItem
     prompt: str
-    mu_hat: float
+    k: int
+    correct: int
+
+    @property
+    def mu_hat(self) -> float:
+        """Measured capability: correct / k."""
+        return self.correct / self.k
 
 
 @dataclass(frozen=True)
@@ -98,8 +104,7 @@ class DemoReport:
         }
         if p:
             out["capability_brier"] = capability_brier(p, mu)
-            correct = [round(m * 40) for m in mu]
-            out["auroc"] = auroc(p, correct, k=40)
+            out["auroc"] = auroc(p, [r.question.correct for r in scored], k=[r.question.k for r in scored])
         return out
 
 
@@ -125,7 +130,9 @@ def demo_questions(n: int, *, seed: int = 0) -> list[DemoQuestion]:
             references=record.references,
             kind=extra.get("kind", "alias"),
         )
-        questions.append(DemoQuestion(item=item, prompt=str(extra["prompt"]), mu_hat=record.mu_hat))
+        questions.append(
+            DemoQuestion(item=item, prompt=str(extra["prompt"]), k=record.k, correct=record.correct)
+        )
     return questions
 
 
