@@ -1,7 +1,14 @@
-"""Backends and framework integrations for capgate.
+"""``capgate.adapters`` (the ``adapters/`` folder): capgate's bridges to other libraries, in two layers.
 
-Each adapter module imports its heavy dependency (transformers, openai, vllm, langgraph,
-langchain) lazily, so importing :mod:`capgate.adapters` itself costs nothing.
+* :mod:`capgate.adapters.backends`: backends that estimators, harvests and CAS call *down* into
+  (local transformers, OpenAI-compatible servers, vLLM, a plain function).
+* :mod:`capgate.adapters.agents`: agent integrations that call *up* into :class:`capgate.Gate`
+  (LangGraph, LangChain).
+
+Each module also has a short import path: ``capgate.adapters.openai``, ``.vllm``,
+``.transformers``, ``.function``, ``.langgraph``, ``.langchain``, ``.chat_model``. Each imports
+its heavy dependency (transformers, openai, vllm, langgraph, langchain) only when imported, so
+importing :mod:`capgate.adapters` itself costs nothing.
 """
 
 __all__: list[str] = []

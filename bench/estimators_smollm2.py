@@ -404,7 +404,7 @@ def degraded_reasons(methods: Sequence[Method]) -> list[str]:
 
 
 def make_backend(args: argparse.Namespace) -> Any:
-    from capgate.adapters.openai import OpenAIBackend
+    from capgate.adapters.backends.openai import OpenAIBackend
 
     return OpenAIBackend(
         args.served_model,

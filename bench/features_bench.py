@@ -79,7 +79,7 @@ def main() -> None:
         os.environ["CAPGATE_CACHE_DIR"] = tempfile.mkdtemp(prefix="capgate-bench-")
 
     from capgate import Generation, SamplingParams
-    from capgate.adapters.transformers import TransformersBackend
+    from capgate.adapters.backends.transformers import TransformersBackend
     from capgate.features import HiddenStateFeaturizer
     from capgate.models import load_model, prepare_model
 

@@ -75,13 +75,13 @@ def main() -> None:
     import torch
 
     from capgate.loading import load_estimator
-    from capgate.models import load_backend
+    from capgate.adapters.backends.transformers import load_backend
 
     torch.set_num_threads(2)
     measure("local: probe (own prefill) + policy", ask_with(load_backend("default", device="cpu")),
             load_estimator("default", device="cpu"), prompts)  # fmt: skip
     if args.server:
-        from capgate.adapters.openai import OpenAIBackend
+        from capgate.adapters.backends.openai import OpenAIBackend
         from capgate.estimators import VerbalizedConfidence
 
         remote = OpenAIBackend(

@@ -70,7 +70,7 @@ def prompt_for(item: DatasetItem) -> str:
 
 def make_backend(server: str | None, model_name: str | None):  # type: ignore[no-untyped-def]
     if server:
-        from capgate.adapters.openai import OpenAIBackend
+        from capgate.adapters.backends.openai import OpenAIBackend
 
         return OpenAIBackend(
             model_name or "SmolLM2-135M-Instruct",
@@ -79,7 +79,7 @@ def make_backend(server: str | None, model_name: str | None):  # type: ignore[no
             timeout=600.0,
             max_concurrency=8,
         )
-    from capgate.models import load_backend
+    from capgate.adapters.backends.transformers import load_backend
 
     return load_backend("default", device="cpu")
 

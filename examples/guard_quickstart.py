@@ -20,7 +20,7 @@ from capgate import SamplingParams
 from capgate.demo import DEMO_POLICY_YAML
 from capgate.estimators import CapabilityEstimator, Consistency
 from capgate.gate import GateBlocked, default_extract
-from capgate.models import load_backend
+from capgate.adapters.transformers import load_backend
 
 QUESTIONS = (
     "One word only: what is the capital of France?",

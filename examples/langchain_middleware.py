@@ -23,7 +23,7 @@ from capgate import SamplingParams
 from capgate.adapters.langchain import CapabilityGate, CapgateChatModel
 from capgate.estimators import Consistency
 from capgate.gate import default_extract
-from capgate.models import load_backend
+from capgate.adapters.transformers import load_backend
 
 QUESTIONS = (
     "What is the capital of Japan?",

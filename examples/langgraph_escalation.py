@@ -35,7 +35,7 @@ from capgate.adapters.langchain import CapgateChatModel
 from capgate.adapters.langgraph import capability_subgraph, read_decision
 from capgate.estimators import Consistency
 from capgate.gate import default_extract
-from capgate.models import load_backend
+from capgate.adapters.transformers import load_backend
 from capgate.policies import Policy
 
 QUESTION = "What is the 20th digit of pi after the decimal point?"

@@ -7,8 +7,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from capgate.cas.stop import CASMode, StopRule
-from capgate.decision.types import Action
+from capgate._types import Action, ConfidenceGap, SamplingPlan, StopSettings
 from capgate.policies import _templates as tpl
 from capgate.policies._base import Loc, PolicyIssueError, Strict, expand_shorthand
 
@@ -112,70 +111,6 @@ class EscalateAction(Strict):
     summary: Template = tpl.ESCALATE_SUMMARY
 
 
-class ConfidenceGap(Strict):
-    """Settings of CAS's confidence-gap stop rule (:class:`capgate.cas.cas_confidence_gap`).
-
-    Stop when σ(scale · (c1 − c2 − margin)) reaches ``level`` (``mode: threshold``), or with that
-    probability (``mode: stochastic``); c1, c2 are the mean confidences of the two leading answers.
-    """
-
-    scale: float = Field(default=10.0, gt=0.0, allow_inf_nan=False)
-    margin: float = Field(default=0.5, ge=-1.0, le=1.0)
-    mode: CASMode = "threshold"
-    level: float = Field(default=0.5, gt=0.0, lt=1.0)
-
-
-class StopSettings(Strict):
-    """When confidence-based adaptive sampling (CAS) may stop before ``max_samples``.
-
-    Sampling stops as soon as any enabled rule fires (and never after ``max_samples``); the
-    defaults are CAS's own :data:`capgate.cas.DEFAULT_STOP`.
-
-    Attributes:
-        confidence_gap: The CAS confidence-gap rule, or ``null`` to disable it.
-        consensus: Stop once P(the leading answer is the majority) >= this under a Beta posterior
-            on the two top vote counts (:class:`capgate.cas.beta_consensus`), or ``null``.
-        futility: Give up once P(the leading answer holds a majority of all responses) < this
-            (:class:`capgate.cas.beta_futility`; 0.05 mirrors a 0.95 consensus), or ``null``
-            (the default) to keep sampling queries on which no majority forms.
-        min_samples: Never stop before this many samples.
-    """
-
-    confidence_gap: ConfidenceGap | None = Field(default_factory=ConfidenceGap)
-    consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
-    futility: float | None = Field(default=None, gt=0.0, lt=0.5)
-    min_samples: int = Field(default=1, ge=1)
-
-    def rule(self) -> StopRule:
-        """The composed stop rule for :func:`capgate.cas.adaptive_sample` (``stop=...``).
-
-        Example:
-            >>> StopSettings(consensus=0.9, confidence_gap=None, min_samples=3).rule()
-            stop_all(stop_after_samples(3), stop_any(beta_consensus(threshold=0.9)))
-        """
-        from capgate.cas import (
-            beta_consensus,
-            beta_futility,
-            cas_confidence_gap,
-            stop_after_samples,
-            stop_all,
-            stop_any,
-            stop_never,
-        )
-
-        rules: list[StopRule] = []
-        if self.confidence_gap is not None:
-            rules.append(cas_confidence_gap(**self.confidence_gap.model_dump()))
-        if self.consensus is not None:
-            rules.append(beta_consensus(self.consensus))
-        if self.futility is not None:
-            rules.append(beta_futility(self.futility))
-        combined: StopRule = stop_any(*rules) if rules else stop_never()
-        if self.min_samples > 1:
-            combined = stop_all(stop_after_samples(self.min_samples), combined)
-        return combined
-
-
 class ResampleAction(Strict):
     """Spend more samples on the query through CAS, within a budget.
 
@@ -223,9 +158,19 @@ class ResampleAction(Strict):
         """
         if self.target_pass_at_k is None or p is None:
             return self.max_samples
-        from capgate.cas import samples_for_target
+        from capgate.cas.budget import samples_for_target
 
         return samples_for_target(p, target=self.target_pass_at_k, max_samples=self.max_samples).k
+
+    def plan(self, p: float | None) -> SamplingPlan:
+        """The sampling plan a decision carries for a query with predicted capability ``p``.
+
+        Example:
+            >>> ResampleAction(max_samples=16, batch_size=8, target_pass_at_k=0.9).plan(0.5).batch_size
+            4
+        """
+        budget = self.budget(p)
+        return SamplingPlan(max_samples=budget, batch_size=min(self.batch_size, budget), stop=self.stop)
 
 
 AnyAction: TypeAlias = AnswerAction | AbstainAction | ClarifyAction | EscalateAction | ResampleAction

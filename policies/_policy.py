@@ -9,10 +9,16 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from capgate._types import Estimate
-from capgate.decision.types import Decision
+from capgate._types import Decision, Estimate
 from capgate.policies import _templates as tpl
-from capgate.policies._actions import AnyAction, DegradedAction, ResampleAction, message_template, render
+from capgate.policies._actions import (
+    AnyAction,
+    DegradedAction,
+    EscalateAction,
+    ResampleAction,
+    message_template,
+    render,
+)
 from capgate.policies._bands import AnyBand, BandList, band_edges
 from capgate.policies._base import Strict, expand_shorthand, fmt
 
@@ -169,7 +175,8 @@ class Policy(Strict):
     def match(self, estimate: Estimate, *, step: str | None = None, tool: str | None = None) -> Match:
         """Pick the action spec for an estimate without building a Decision.
 
-        Integrations use it to read an action's settings (say, the CAS budget of a resample band).
+        :meth:`decide` builds on it; integrations never need it: a :class:`~capgate.Decision`
+        carries every setting its action needs (the sampling plan, the hand-off target).
         """
         rule = self.rule(step=step, tool=tool)
         if estimate.p is None or estimate.degraded:
@@ -196,7 +203,8 @@ class Policy(Strict):
             tool: The tool whose call is gated (selects a tool override; wins over the step).
 
         Returns:
-            The decision, with the user/human text rendered and the sample budget for resample.
+            The decision, self-contained: the user/human text rendered, and for ``resample`` the
+            budget and sampling plan, for ``escalate`` the hand-off target ``to``.
 
         Example:
             >>> from capgate import Estimate
@@ -217,14 +225,16 @@ class Policy(Strict):
         template = message_template(spec)
         if template is not None:
             message = render(template, estimate.p, **texts)
-        budget = spec.budget(estimate.p) if isinstance(spec, ResampleAction) else None
+        plan = spec.plan(estimate.p) if isinstance(spec, ResampleAction) else None
         return Decision(
             action=spec.action,
             estimate=estimate,
             degraded=found.degraded,
             reason=found.reason,
             message=message,
-            budget=budget,
+            budget=plan.max_samples if plan is not None else None,
+            plan=plan,
+            to=spec.to if isinstance(spec, EscalateAction) else None,
             policy=self.name,
             step=step,
             tool=tool,

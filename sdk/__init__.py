@@ -8,11 +8,45 @@ Importing capgate is light: heavy optional dependencies (torch, transformers, vl
 langchain, openai) load only inside the modules that need them.
 """
 
-from capgate._types import Cost, Estimate, LabelledQuery, Sample
-from capgate.backend import AsyncBackend, Backend, Generation, SamplingParams
-from capgate.errors import BackendError, CapgateError, DataError, NotFittedError, ProbeMismatchError
+from capgate._types import (
+    Action,
+    ConfidenceGap,
+    Cost,
+    Decision,
+    Estimate,
+    Extractor,
+    LabelledQuery,
+    Outcome,
+    Sample,
+    SamplingPlan,
+    StopSettings,
+)
+from capgate.backend import AsyncBackend, Backend, ChatMessage, Generation, Prompt, SamplingParams
+from capgate.errors import (
+    BackendError,
+    CapgateError,
+    DataError,
+    NotFittedError,
+    ProbeMismatchError,
+    SettingsError,
+)
 from capgate.estimators.base import CapabilityEstimator
-from capgate.gate import Gate, GateBlocked, Gated
+from capgate.gate import (
+    Abstained,
+    ClarificationNeeded,
+    Escalated,
+    Gate,
+    GateBlocked,
+    Gated,
+    GateSettings,
+    GateStats,
+    ResampleFailed,
+    Sampled,
+    Verdict,
+    default_estimator,
+    default_extract,
+    set_default_estimator,
+)
 from capgate.guard import guard
 from capgate.loading import load_estimator
 from capgate.policies import Policy, load_policy
@@ -20,26 +54,47 @@ from capgate.policies import Policy, load_policy
 __version__ = "0.1.0"
 
 __all__ = [
+    "Abstained",
+    "Action",
     "AsyncBackend",
     "Backend",
     "BackendError",
     "CapabilityEstimator",
     "CapgateError",
+    "ChatMessage",
+    "ClarificationNeeded",
+    "ConfidenceGap",
     "Cost",
     "DataError",
+    "Decision",
+    "Escalated",
     "Estimate",
+    "Extractor",
     "Gate",
     "GateBlocked",
+    "GateSettings",
+    "GateStats",
     "Gated",
     "Generation",
     "LabelledQuery",
     "NotFittedError",
+    "Outcome",
     "Policy",
     "ProbeMismatchError",
+    "Prompt",
+    "ResampleFailed",
     "Sample",
+    "Sampled",
     "SamplingParams",
+    "SamplingPlan",
+    "SettingsError",
+    "StopSettings",
+    "Verdict",
     "__version__",
+    "default_estimator",
+    "default_extract",
     "guard",
     "load_estimator",
     "load_policy",
+    "set_default_estimator",
 ]

@@ -1,13 +1,20 @@
-"""Core value types shared by every layer of capgate.
+"""Core value types shared by every layer of capgate (this module imports only pydantic).
 
 ``Estimate`` is what every capability estimator returns; ``LabelledQuery`` is one query with the
 outcome of sampling the model k times on it (µ̂ = correct / k), the training and evaluation target.
+``Decision`` is what a policy decided for one query: it carries everything its action needs
+(the sampling plan of a ``resample``, the hand-off target of an ``escalate``, the text for the
+user or the human), so an integration acts on the decision alone, also after a restart;
+``Outcome`` is what happened afterwards.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     AliasChoices,
@@ -19,7 +26,20 @@ from pydantic import (
     model_validator,
 )
 
-__all__ = ["Cost", "Estimate", "LabelledQuery", "Sample"]
+__all__ = [
+    "Action",
+    "CASMode",
+    "ConfidenceGap",
+    "Cost",
+    "Decision",
+    "Estimate",
+    "Extractor",
+    "LabelledQuery",
+    "Outcome",
+    "Sample",
+    "SamplingPlan",
+    "StopSettings",
+]
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 
@@ -199,3 +219,164 @@ class LabelledQuery(BaseModel):
     def mu_hat(self) -> float:
         """Empirical capability µ̂ = correct / k."""
         return self.correct / self.k
+
+
+# --------------------------------------------------------------------------- decisions
+
+Action: TypeAlias = Literal["answer", "abstain", "clarify", "escalate", "resample"]
+"""What a policy can do with a query: answer it, abstain, ask the user, hand to a human, or
+spend more samples (CAS)."""
+
+Extractor: TypeAlias = Callable[[str], str | None]
+"""Maps a response text to its normalized answer (``None``: no answer); CAS votes by it. A
+grader's ``extract`` method is one."""
+
+CASMode: TypeAlias = Literal["threshold", "stochastic"]
+"""How CAS's confidence-gap rule uses P_stop: stop once it reaches a level, or stop with that
+probability."""
+
+
+class ConfidenceGap(BaseModel):
+    """Settings of CAS's confidence-gap stop rule (:class:`capgate.cas.cas_confidence_gap`).
+
+    Stop when σ(scale · (c1 − c2 − margin)) reaches ``level`` (``mode: threshold``), or with that
+    probability (``mode: stochastic``); c1, c2 are the mean confidences of the two leading answers.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    scale: float = Field(default=10.0, gt=0.0, allow_inf_nan=False)
+    margin: float = Field(default=0.5, ge=-1.0, le=1.0)
+    mode: CASMode = "threshold"
+    level: float = Field(default=0.5, gt=0.0, lt=1.0)
+
+
+class StopSettings(BaseModel):
+    """When confidence-based adaptive sampling (CAS) may stop before ``max_samples``.
+
+    Sampling stops as soon as any enabled rule fires (and never after ``max_samples``); the
+    defaults are CAS's own :data:`capgate.cas.DEFAULT_STOP`. :func:`capgate.cas.stop_rule` turns
+    the settings into a composed stop rule.
+
+    Attributes:
+        confidence_gap: The CAS confidence-gap rule, or ``null`` to disable it.
+        consensus: Stop once P(the leading answer is the majority) >= this under a Beta posterior
+            on the two top vote counts (:class:`capgate.cas.beta_consensus`), or ``null``.
+        futility: Give up once P(the leading answer holds a majority of all responses) < this
+            (:class:`capgate.cas.beta_futility`; 0.05 mirrors a 0.95 consensus), or ``null``
+            (the default) to keep sampling queries on which no majority forms.
+        min_samples: Never stop before this many samples.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    confidence_gap: ConfidenceGap | None = Field(default_factory=ConfidenceGap)
+    consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
+    futility: float | None = Field(default=None, gt=0.0, lt=0.5)
+    min_samples: int = Field(default=1, ge=1)
+
+
+class SamplingPlan(BaseModel):
+    """How a ``resample`` decision samples: budget, batch size and early-stop settings.
+
+    Attributes:
+        max_samples: The budget: responses drawn at most.
+        batch_size: Responses drawn per round before the stop rule is consulted.
+        stop: When sampling may stop early (:func:`capgate.cas.stop_rule` builds the rule).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_samples: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    stop: StopSettings = Field(default_factory=StopSettings)
+
+    @model_validator(mode="after")
+    def _batch_within_budget(self) -> SamplingPlan:
+        if self.batch_size > self.max_samples:
+            raise ValueError(f"batch_size must be <= max_samples ({self.max_samples}); got {self.batch_size}")
+        return self
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Decision(BaseModel):
+    """A policy's verdict on one query, with everything its action needs.
+
+    A decision is self-contained: stored as JSON (graph state, the decision log) it can be acted
+    on after a restart without the policy that made it.
+
+    Attributes:
+        id: Unique id; outcomes attach to it later.
+        action: What to do.
+        estimate: The capability estimate the decision was made on.
+        degraded: True when the estimate was unavailable or weakened and the policy's
+            ``on_degraded`` fail-safe chose the action.
+        reason: Human-readable account of the rule that fired (band, threshold, fallback).
+        message: Text for the user or the human: abstain message, clarifying question,
+            escalation summary.
+        budget: Samples to spend, for ``resample`` (and the chosen k for verified sampling).
+        plan: For ``resample``: how to sample (budget, batch size, stop settings).
+        to: For ``escalate``: who takes over (a queue, team or channel), if the policy says.
+        policy: Name of the policy that decided.
+        step: Agent step (graph node) the query came from, if any.
+        tool: Tool whose call is being gated, if any.
+        created_at: When the decision was made (UTC).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(default_factory=_new_id)
+    action: Action
+    estimate: Estimate
+    degraded: bool = False
+    reason: str
+    message: str | None = None
+    budget: int | None = Field(default=None, ge=1)
+    plan: SamplingPlan | None = None
+    to: str | None = None
+    policy: str | None = None
+    step: str | None = None
+    tool: str | None = None
+    created_at: datetime = Field(default_factory=_now)
+
+    @model_validator(mode="after")
+    def _plan_matches_action(self) -> Decision:
+        if self.plan is not None and self.action != "resample":
+            raise ValueError(f"only a resample decision has a sampling plan; this one is {self.action!r}")
+        if self.plan is not None and self.budget is not None and self.plan.max_samples != self.budget:
+            raise ValueError(f"plan.max_samples ({self.plan.max_samples}) must equal budget ({self.budget})")
+        return self
+
+    @property
+    def text(self) -> str:
+        """The text to show for a blocking action: the message, else the reason."""
+        return self.message or self.reason
+
+
+class Outcome(BaseModel):
+    """What happened after a decision: attaches to it by ``decision_id``.
+
+    Attributes:
+        decision_id: The decision this outcome belongs to.
+        correct: Whether the final answer was right (``None`` if unknown or not answered).
+        mu_hat: A measured capability for the query (correct / k), when one was sampled.
+        samples_used: Responses actually drawn.
+        latency_s: Seconds from decision to outcome.
+        recorded_at: When the outcome was recorded (UTC).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    decision_id: str = Field(min_length=1)
+    correct: bool | None = None
+    mu_hat: float | None = Field(default=None, ge=0.0, le=1.0)
+    samples_used: int = Field(default=0, ge=0)
+    latency_s: float | None = Field(default=None, ge=0.0)
+    recorded_at: datetime = Field(default_factory=_now)

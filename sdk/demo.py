@@ -164,10 +164,10 @@ def run_demo(
         on_row: Called after each question with its index and row (progress, printing).
     """
     from capgate import guard
+    from capgate.adapters.backends.transformers import load_backend
     from capgate.gate import Gated
     from capgate.grading import grader_for
     from capgate.loading import load_estimator
-    from capgate.models import load_backend
 
     policy = Policy.from_yaml_text(DEMO_POLICY_YAML, source="capgate.demo")
     estimator = load_estimator("default", device="cpu")

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["BackendError", "CapgateError", "DataError", "NotFittedError", "ProbeMismatchError"]
+__all__ = [
+    "BackendError",
+    "CapgateError",
+    "DataError",
+    "NotFittedError",
+    "ProbeMismatchError",
+    "SettingsError",
+]
 
 
 class CapgateError(Exception):
@@ -60,6 +67,15 @@ class NotFittedError(CapgateError, AttributeError):
     def __init__(self, estimator: object) -> None:
         name = type(estimator).__name__
         super().__init__(f"This {name} instance is not fitted yet; call fit(X, y) before using it.")
+
+
+class SettingsError(CapgateError, ValueError, TypeError):
+    """A gate or integration setting has a wrong value or type, or conflicts with ``gate=``.
+
+    The message names the setting. It is both a ``ValueError`` and a ``TypeError``, so callers
+    that catch either (scikit-learn and LangChain raise ``ValueError`` for bad settings; Python
+    raises ``TypeError`` for a wrong type) catch it.
+    """
 
 
 class ProbeMismatchError(CapgateError, ValueError):

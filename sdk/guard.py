@@ -12,10 +12,12 @@ Before each call the gate estimates the capability for that prompt and its polic
   raises the matching :class:`~capgate.gate.GateBlocked` subclass.
 
 The wrapped function keeps its name, docstring, signature and type hints (``functools.wraps``)
-and exposes ``.gate`` (the :class:`~capgate.gate.Gate`) and ``.stats``. Per-call overrides go
-in as keywords that the function never sees: ``capgate_policy=``, ``capgate_step=``,
-``capgate_tool=``, ``capgate_estimator=``, ``capgate_on_block=`` (or, type-checked,
-``fn.with_options(step=...)(...)``).
+and exposes ``.gate`` (the :class:`~capgate.gate.Gate`) and ``.stats``. Per-call settings:
+``fn.with_options(step="draft")(prompt)`` takes every setting :func:`guard` takes and shares the
+gate's statistics and log (the one spelling, as :meth:`capgate.Gate.with_options`).
+
+The call's logic (which action runs the function, what is logged, when to block) is one I/O-free
+flow (:mod:`capgate.gate._flow`) driven by the sync or the async path.
 
 Example:
     >>> import capgate
@@ -40,28 +42,21 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 
-from capgate.backend import Prompt
-from capgate.decision.log import DecisionLog
-from capgate.estimators.base import CapabilityEstimator, Query
-from capgate.gate import (
-    UNSET,
-    Extractor,
-    Gate,
-    Gated,
-    GateStats,
-    OnBlock,
-    PolicyLike,
-    Unset,
-    Verdict,
-    as_query,
-)
+from capgate._types import Extractor
+from capgate.errors import SettingsError
+from capgate.estimators.base import CapabilityEstimator
+from capgate.gate import UNSET, Gate, Gated, GateStats, OnBlock, PolicyLike, Unset
+from capgate.gate._flow import Assess, Flow, Invoke, Record, Sample, adrive, drive
+from capgate.messages import as_query
 
-__all__ = ["OVERRIDE_KEYWORDS", "Guarded", "QueryArg", "guard"]
+if TYPE_CHECKING:
+    from capgate.decision.log import DecisionLog
+
+__all__ = ["Guarded", "QueryArg", "guard"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -70,15 +65,6 @@ R_co = TypeVar("R_co", covariant=True)
 QueryArg = str | int | Callable[..., object]
 """Where the query is: a parameter name, a positional index, or a function called with the same
 arguments as the guarded function that returns the prompt."""
-
-OVERRIDE_KEYWORDS: tuple[str, ...] = (
-    "capgate_policy",
-    "capgate_step",
-    "capgate_tool",
-    "capgate_estimator",
-    "capgate_on_block",
-)
-"""Keywords a guarded function accepts per call (removed before the function is called)."""
 
 _DEFAULT_QUERY_NAMES = ("prompt", "messages")
 
@@ -100,11 +86,15 @@ class Guarded(Protocol[P, R_co]):
         self,
         *,
         policy: PolicyLike | Unset = UNSET,
+        estimator: CapabilityEstimator | Unset | None = UNSET,
+        extract: Extractor | Unset | None = UNSET,
+        on_block: OnBlock | Unset = UNSET,
         step: str | Unset | None = UNSET,
         tool: str | Unset | None = UNSET,
-        estimator: CapabilityEstimator | Unset | None = UNSET,
+        log: DecisionLog | str | Path | Unset | None = UNSET,
+        to_text: Callable[[Any], str] | Unset | None = UNSET,
     ) -> Guarded[P, R_co]:
-        """The same guarded function with per-call settings fixed (shares the gate and stats)."""
+        """The same guarded function with some settings changed (shares the gate's stats and log)."""
         ...
 
 
@@ -124,22 +114,6 @@ class _RaisingDecorator(Protocol):
     def __call__(self, fn: Callable[P, R], /) -> Guarded[P, R]: ...
 
 
-@dataclass(frozen=True)
-class _Overrides:
-    policy: PolicyLike | Unset = UNSET
-    step: str | Unset | None = UNSET
-    tool: str | Unset | None = UNSET
-    estimator: CapabilityEstimator | Unset | None = UNSET
-    on_block: OnBlock | Unset = UNSET
-
-    def merged(self, kwargs: dict[str, Any]) -> _Overrides:
-        """These overrides, updated by the ``capgate_*`` keywords popped from ``kwargs``."""
-        given = {name[len("capgate_") :]: kwargs.pop(name) for name in OVERRIDE_KEYWORDS if name in kwargs}
-        if not given:
-            return self
-        return _Overrides(**{**self.__dict__, **given})
-
-
 class _Binder:
     """Finds the query among a call's arguments (pure logic, shared by the sync and async paths)."""
 
@@ -147,12 +121,6 @@ class _Binder:
         self.fn_name = getattr(fn, "__qualname__", repr(fn))
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters.values())
-        for param in params:
-            if param.name.startswith("capgate_"):
-                raise ValueError(
-                    f"{self.fn_name}() has a parameter {param.name!r}; the capgate_ prefix is reserved "
-                    f"for guard's per-call overrides ({', '.join(OVERRIDE_KEYWORDS)})"
-                )
         self.query_fn: Callable[..., object] | None = None
         self.name: str | None = None
         self.index: int | None = None
@@ -226,126 +194,64 @@ class _Binder:
         raise TypeError(f"{self.fn_name}() was called without its prompt ({where})")
 
 
-def _prepare(
-    binder: _Binder, base: _Overrides, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[_Overrides, Query]:
-    """Pop the per-call overrides from ``kwargs`` and read the query (pure; shared by both paths)."""
-    overrides = base.merged(kwargs)
-    raw, where = binder.query(args, kwargs)
-    return overrides, as_query(raw, where=where)
-
-
-def _assess_kwargs(overrides: _Overrides) -> dict[str, Any]:
-    return {
-        "policy": overrides.policy,
-        "step": overrides.step,
-        "tool": overrides.tool,
-        "estimator": overrides.estimator,
-    }
-
-
-def _wrap(
-    fn: Callable[..., Any],
+def _call_flow(
     gate: Gate,
     binder: _Binder,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     to_text: Callable[[Any], str] | None,
-    base: _Overrides,
-) -> Any:
+) -> Flow[Any]:
+    """One guarded call, I/O-free: decide, then run, resample or block (sync and async alike)."""
+    raw, where = binder.query(args, kwargs)
+    verdict = yield Assess(gate, as_query(raw, where=where))
+    call = Invoke(lambda: fn(*args, **kwargs))
+    if verdict.action == "answer":
+        yield Record(gate, verdict, samples_used=1)
+        return (yield call)
+    if verdict.action != "resample":
+        yield Record(gate, verdict, samples_used=0)
+        return gate.block(verdict)
+    try:
+        sampled = yield Sample(gate, verdict, call, to_text=to_text)
+    except BaseException:
+        yield Record(gate, verdict)
+        raise
+    yield Record(gate, verdict, samples_used=sampled.cas.samples_used)
+    return sampled.value if sampled.value is not None else gate.block(verdict, cas=sampled.cas)
+
+
+def _wrap(fn: Callable[..., Any], gate: Gate, binder: _Binder, to_text: Callable[[Any], str] | None) -> Any:
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            overrides, query = _prepare(binder, base, args, kwargs)
-            verdict = await gate.aassess(query, **_assess_kwargs(overrides))
-            if verdict.action == "answer":
-                await gate.arecord(verdict, samples_used=1)
-                return await fn(*args, **kwargs)
-            if verdict.action == "resample":
-                return await _aresample(fn, gate, verdict, args, kwargs, to_text, overrides)
-            await gate.arecord(verdict, samples_used=0)
-            return gate.block(verdict, on_block=overrides.on_block)
+            return await adrive(_call_flow(gate, binder, fn, args, kwargs, to_text))
 
         wrapper: Any = async_wrapper
     else:
 
         @functools.wraps(fn)
         def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-            overrides, query = _prepare(binder, base, args, kwargs)
-            verdict = gate.assess(query, **_assess_kwargs(overrides))
-            if verdict.action == "answer":
-                gate.record(verdict, samples_used=1)
-                return fn(*args, **kwargs)
-            if verdict.action == "resample":
-                return _resample(fn, gate, verdict, args, kwargs, to_text, overrides)
-            gate.record(verdict, samples_used=0)
-            return gate.block(verdict, on_block=overrides.on_block)
+            return drive(_call_flow(gate, binder, fn, args, kwargs, to_text))
 
         wrapper = sync_wrapper
 
-    def with_options(
-        *,
-        policy: PolicyLike | Unset = UNSET,
-        step: str | Unset | None = UNSET,
-        tool: str | Unset | None = UNSET,
-        estimator: CapabilityEstimator | Unset | None = UNSET,
-    ) -> Any:
-        given = {
-            k: v
-            for k, v in (("policy", policy), ("step", step), ("tool", tool), ("estimator", estimator))
-            if v is not UNSET
-        }
-        return _wrap(fn, gate, binder, to_text, _Overrides(**{**base.__dict__, **given}))
+    def with_options(*, to_text: Callable[[Any], str] | Unset | None = UNSET, **settings: Any) -> Any:
+        text = wrapper.to_text if to_text is UNSET else _checked_to_text(to_text)
+        return _wrap(fn, gate.with_options(**settings), binder, text)
 
     wrapper.gate = gate
     wrapper.with_options = with_options
     wrapper.stats = gate.stats
+    wrapper.to_text = to_text
     return wrapper
 
 
-def _resample(
-    fn: Callable[..., Any],
-    gate: Gate,
-    verdict: Verdict,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    to_text: Callable[[Any], str] | None,
-    overrides: _Overrides,
-) -> Any:
-    def draw(_: Prompt) -> Any:
-        return fn(*args, **kwargs)
-
-    try:
-        sampled = gate.sample(draw, verdict, to_text=to_text)
-    except BaseException:
-        gate.record(verdict)
-        raise
-    gate.record(verdict, samples_used=sampled.cas.samples_used)
-    if sampled.value is None:
-        return gate.block(verdict, on_block=overrides.on_block, cas=sampled.cas)
-    return sampled.value
-
-
-async def _aresample(
-    fn: Callable[..., Awaitable[Any]],
-    gate: Gate,
-    verdict: Verdict,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    to_text: Callable[[Any], str] | None,
-    overrides: _Overrides,
-) -> Any:
-    async def draw(_: Prompt) -> Any:
-        return await fn(*args, **kwargs)
-
-    try:
-        sampled = await gate.asample(draw, verdict, to_text=to_text)
-    except BaseException:
-        await gate.arecord(verdict)
-        raise
-    await gate.arecord(verdict, samples_used=sampled.cas.samples_used)
-    if sampled.value is None:
-        return gate.block(verdict, on_block=overrides.on_block, cas=sampled.cas)
-    return sampled.value
+def _checked_to_text(to_text: object) -> Callable[[Any], str] | None:
+    if to_text is not None and not callable(to_text):
+        raise SettingsError(f"`to_text` must be a function value -> str; got {to_text!r}")
+    return to_text
 
 
 @overload
@@ -423,45 +329,25 @@ def guard(
         The guarded function, or a decorator when called without ``fn``.
 
     Raises:
-        ValueError: A bad setting (named), a prompt parameter that cannot be found, or ``gate``
-            together with gate settings.
+        SettingsError: A bad setting (named), or ``gate`` together with gate settings.
+        ValueError: A prompt parameter that cannot be found.
     """
-    if gate is not None:
-        if not isinstance(gate, Gate):
-            raise TypeError(f"`gate` must be a capgate Gate; got {gate!r}")
-        given = [
-            name
-            for name, value, default in (
-                ("policy", policy, "balanced"),
-                ("estimator", estimator, None),
-                ("extract", extract, None),
-                ("on_block", on_block, "return"),
-                ("step", step, None),
-                ("tool", tool, None),
-                ("log", log, None),
-            )
-            if value != default
-        ]
-        if given:
-            raise ValueError(f"pass either gate= or the gate settings, not both; also got {', '.join(given)}")
-        the_gate = gate
-    else:
-        the_gate = Gate(
-            policy=policy,
-            estimator=estimator,
-            extract=extract,
-            on_block=on_block,
-            step=step,
-            tool=tool,
-            log=log,
-        )
-    if to_text is not None and not callable(to_text):
-        raise TypeError(f"`to_text` must be a function value -> str; got {to_text!r}")
+    the_gate = Gate.coerce(
+        gate,
+        policy=policy,
+        estimator=estimator,
+        extract=extract,
+        on_block=on_block,
+        step=step,
+        tool=tool,
+        log=log,
+    )
+    text = _checked_to_text(to_text)
 
     def decorate(func: Callable[..., Any]) -> Any:
         if not callable(func):
             raise TypeError(f"guard decorates a function; got {func!r}")
-        return _wrap(func, the_gate, _Binder(func, query_arg), to_text, _Overrides())
+        return _wrap(func, the_gate, _Binder(func, query_arg), text)
 
     if fn is not None:
         return decorate(fn)

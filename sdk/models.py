@@ -31,13 +31,10 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from capgate.backend import Prompt, as_messages
 from capgate.errors import CapgateError, DataError
-
-if TYPE_CHECKING:
-    from capgate.adapters.transformers import TransformersBackend
 
 __all__ = [
     "CACHE_ENV",
@@ -51,7 +48,6 @@ __all__ = [
     "cache_dir",
     "default_gguf_path",
     "file_sha256",
-    "load_backend",
     "load_model",
     "prepare_gguf",
     "prepare_model",
@@ -525,35 +521,3 @@ def load_model(
         device=resolved_device,
         dtype=resolved_dtype,
     )
-
-
-def load_backend(
-    name_or_path: str | os.PathLike[str] | LoadedModel = DEFAULT_MODEL,
-    *,
-    device: Device = "auto",
-    dtype: DType = "auto",
-    max_batch_size: int = 16,
-) -> TransformersBackend:
-    """A :class:`~capgate.adapters.transformers.TransformersBackend` over a (loaded) model.
-
-    Args:
-        name_or_path: What :func:`load_model` accepts, or an already loaded model.
-        device: See :func:`load_model` (ignored for an already loaded model).
-        dtype: See :func:`load_model` (ignored for an already loaded model).
-        max_batch_size: Most sequences (prompts times ``n``) sampled in one batch.
-
-    Example:
-        >>> backend = load_backend("default", device="cpu")
-        >>> from capgate import SamplingParams
-        >>> [[g]] = backend.generate(["Say hi."], SamplingParams(max_tokens=8, seed=0))
-        >>> 0 < g.n_tokens <= 8
-        True
-    """
-    from capgate.adapters.transformers import TransformersBackend
-
-    loaded = (
-        name_or_path
-        if isinstance(name_or_path, LoadedModel)
-        else load_model(name_or_path, device=device, dtype=dtype)
-    )
-    return TransformersBackend(loaded, max_batch_size=max_batch_size)

@@ -19,9 +19,9 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
 from capgate import SamplingParams
-from capgate.adapters.langchain import CapgateChatModel
-from capgate.adapters.langgraph import capability_subgraph
-from capgate.models import load_backend
+from capgate.adapters.agents.langchain import CapgateChatModel
+from capgate.adapters.agents.langgraph import capability_subgraph
+from capgate.adapters.backends.transformers import load_backend
 
 THREAD = {"configurable": {"thread_id": "ticket-42"}}
 

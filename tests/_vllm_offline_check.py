@@ -1,4 +1,4 @@
-"""Run with the vLLM venv's python (see tests/test_vllm.py): exercises capgate.adapters.vllm for real.
+"""Run with the vLLM venv's python (see tests/test_vllm.py): exercises capgate.adapters.backends.vllm for real.
 
 Writes one JSON object to the file named by its second argument: samples of two prompts (n=3,
 logprobs, seeded, twice) and the features of two queries from the pooling runner.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 def main() -> None:
     from capgate import SamplingParams
-    from capgate.adapters.vllm import VLLMBackend, VLLMFeaturizer
+    from capgate.adapters.backends.vllm import VLLMBackend, VLLMFeaturizer
 
     model_dir, prompts = sys.argv[1], ["What is 2+3?", "Name a colour."]
     backend = VLLMBackend(model_dir, dtype="float32", max_model_len=512, enforce_eager=True)

@@ -9,8 +9,8 @@ import pytest
 
 MODULES = [
     "capgate.errors",
-    "capgate.adapters.openai",
-    "capgate.adapters.vllm",
+    "capgate.adapters.backends.openai",
+    "capgate.adapters.backends.vllm",
     "capgate.estimators._parsing",
     "capgate.estimators.verbalized",
     "capgate.estimators.ptrue",

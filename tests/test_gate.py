@@ -8,10 +8,10 @@ import itertools
 import pytest
 from _estimators import KeywordEstimator
 
-from capgate import Gate, Gated
+from capgate import Decision, Gate, Gated, SamplingPlan, SettingsError
+from capgate.cas import stop_rule
 from capgate.gate import (
     Abstained,
-    SamplingPlan,
     Verdict,
     as_query,
     default_extract,
@@ -49,9 +49,28 @@ def test_assess_builds_the_sampling_plan_from_the_policy() -> None:
     verdict = gate.assess("a mid question")
     assert verdict.action == "resample"
     assert verdict.plan == SamplingPlan(stop=verdict.plan.stop, batch_size=2, max_samples=4)
-    assert "beta_consensus(threshold=0.9)" in repr(verdict.plan.stop)
+    assert "beta_consensus(threshold=0.9)" in repr(stop_rule(verdict.plan.stop))
     assert verdict.decision.budget == 4
     assert gate.assess("easy").plan is None
+
+
+def test_a_decision_carries_its_plan_and_target_through_json() -> None:
+    """Decide once: a stored decision is acted on without the policy (graph state, the log)."""
+    gate = Gate(policy="cost-saver", estimator=KeywordEstimator({"mid": 0.3}), extract=str.strip)
+    verdict = gate.assess("mid")
+    restored = Decision.model_validate_json(verdict.decision.model_dump_json())
+    assert restored == verdict.decision
+    assert restored.plan is not None and restored.plan.max_samples == restored.budget == 4
+    # A gate whose policy has nothing to do with it samples the restored decision by its own plan.
+    other = Gate(policy="conservative", estimator=KeywordEstimator({}), extract=str.strip)
+    sampled = other.sample(lambda q: "x", Verdict(decision=restored, query="mid"))
+    # Two batches of 2 (Beta consensus 0.9 is not reached at 2:0), then the plan's budget of 4;
+    # the conservative policy has no resample band at all.
+    assert sampled.cas.samples_used == restored.plan.max_samples == 4
+    escalating = Gate(policy="conservative", estimator=KeywordEstimator({"x": 0.7})).assess("x")
+    assert escalating.action == "escalate"
+    assert escalating.decision.to == "human-review"
+    assert escalating.decision.plan is None
 
 
 def test_target_pass_at_k_sets_the_budget() -> None:
@@ -106,7 +125,7 @@ def test_block_returns_or_raises_and_refuses_answers() -> None:
     assert isinstance(gated, Gated)
     assert gated.decision is verdict.decision
     with pytest.raises(Abstained):
-        gate.block(verdict, on_block="raise")
+        gate.with_options(on_block="raise").block(verdict)
     with pytest.raises(ValueError, match="does not block"):
         gate.block(gate.assess("easy"))
 
@@ -118,13 +137,42 @@ def test_constructor_checks_settings() -> None:
         Gate(log=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="`extract`"):
         Gate(extract="first word")  # type: ignore[arg-type]
+    with pytest.raises(SettingsError, match="`on_block`"):
+        Gate(on_block="explode")  # type: ignore[arg-type]
     assert "balanced" in repr(Gate())
 
 
 def test_policy_files_load_once() -> None:
     gate = Gate(policy="conservative", estimator=KeywordEstimator({}))
     assert gate.resolve_policy() is gate.resolve_policy()
-    assert gate.resolve_policy("balanced").name == "balanced"
+    assert gate.with_options(policy="balanced").resolve_policy().name == "balanced"
+    assert gate.with_options(policy="conservative").resolve_policy() is gate.resolve_policy()
+
+
+def test_with_options_takes_every_setting_and_shares_stats() -> None:
+    gate = Gate(policy="balanced", estimator=KeywordEstimator({"hard": 0.1}), tool="refund")
+    view = gate.with_options(step="draft", tool=None, on_block="raise", extract=str.strip)
+    assert (view.settings.step, view.settings.tool, view.settings.on_block) == ("draft", None, "raise")
+    assert view.stats is gate.stats
+    assert gate.with_options() is gate
+    with pytest.raises(Abstained):
+        view.block(view.assess("hard"))
+    assert gate.stats.calls == 1 and gate.stats.last_decision is not None
+    assert gate.stats.last_decision.step == "draft"
+    with pytest.raises(SettingsError, match="unknown gate setting"):
+        gate.settings.replace(colour="red")
+    with pytest.raises(SettingsError, match="`policy`"):
+        gate.with_options(policy=3)  # type: ignore[arg-type]
+
+
+def test_coerce_is_the_one_check_of_gate_against_settings() -> None:
+    gate = Gate(policy="balanced")
+    assert Gate.coerce(gate) is gate
+    assert Gate.coerce(None, step="s").settings.step == "s"
+    with pytest.raises(SettingsError, match="not both; also got estimator, step"):
+        Gate.coerce(gate, estimator=KeywordEstimator({}), step="s", policy="balanced")
+    with pytest.raises(SettingsError, match="`gate` must be a capgate Gate"):
+        Gate.coerce("balanced")  # type: ignore[arg-type]
 
 
 def test_default_extract() -> None:

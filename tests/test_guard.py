@@ -207,7 +207,7 @@ def test_resample_without_any_answer_blocks(kind: str, estimator: KeywordEstimat
     assert result.cas.samples_used == 6
     assert "6 answers" in result.message
     with pytest.raises(ResampleFailed):
-        run(ask("RESAMPLE ?", capgate_on_block="raise"))
+        run(ask.with_options(on_block="raise")("RESAMPLE ?"))
 
 
 # --------------------------------------------------------------------------- fail-safe
@@ -236,7 +236,8 @@ def test_degraded_estimate_follows_on_degraded(kind: str, estimator: KeywordEsti
 # --------------------------------------------------------------------------- overrides
 
 
-def test_per_call_overrides_and_unset(estimator: KeywordEstimator) -> None:
+def test_per_call_settings_through_with_options(estimator: KeywordEstimator) -> None:
+    """One spelling for per-call settings: ``with_options`` takes every setting guard takes."""
     seen: list[tuple[Any, ...]] = []
 
     @capgate.guard(policy=POLICY, estimator=estimator, tool="refund")
@@ -246,38 +247,45 @@ def test_per_call_overrides_and_unset(estimator: KeywordEstimator) -> None:
 
     # The tool override (abstain below 0.95) applies: p = 0.9 abstains.
     assert isinstance(ask("plain"), Gated)
-    # capgate_tool=None removes the tool for this call; the keyword never reaches the function.
-    assert ask("plain", capgate_tool=None) == "ok"
+    # tool=None removes the tool; nothing reaches the function but its own arguments.
+    assert ask.with_options(tool=None)("plain") == "ok"
     assert seen == [("plain", (), {})]
-    # Not given (UNSET) inherits the gate's tool again.
-    assert ask("plain", capgate_tool=UNSET).action == "abstain"
+    # Not given (UNSET) inherits the gate's tool.
+    assert ask.with_options(tool=UNSET)("plain").action == "abstain"
     # Per-call policy: the balanced preset answers p = 0.9 with no tool override.
-    assert ask("plain", capgate_policy="balanced") == "ok"
+    assert ask.with_options(policy="balanced")("plain") == "ok"
     # Per-call step of the gate without its tool: the step override (0.95) abstains.
-    assert ask("plain", capgate_tool=None, capgate_step="draft").decision.step == "draft"
+    assert ask.with_options(tool=None, step="draft")("plain").decision.step == "draft"
     # Per-call estimator.
     low = KeywordEstimator({}, default=0.05)
-    assert ask("plain", capgate_tool=None, capgate_estimator=low).action == "abstain"
+    assert ask.with_options(tool=None, estimator=low)("plain").action == "abstain"
     assert low.calls == 1
     # Per-call on_block.
     with pytest.raises(Abstained):
-        ask("plain", capgate_on_block="raise")
-    with pytest.raises(ValueError, match="capgate_on_block"):
-        ask("plain", capgate_on_block="explode")
-    with pytest.raises(ValueError, match="capgate_policy"):
-        ask("plain", capgate_policy=3)
+        ask.with_options(on_block="raise")("plain")
+    with pytest.raises(ValueError, match="on_block"):
+        ask.with_options(on_block="explode")
+    with pytest.raises(ValueError, match="`policy`"):
+        ask.with_options(policy=3)
+    with pytest.raises(TypeError, match="`to_text`"):
+        ask.with_options(to_text="content")
+    # A prompt keyword named like a setting reaches the function untouched.
+    assert ask.with_options(tool=None)("plain", capgate_step="x") == "ok"
+    assert seen[-1] == ("plain", (), {"capgate_step": "x"})
 
 
-def test_with_options_shares_gate_and_stats(estimator: KeywordEstimator) -> None:
-    @capgate.guard(policy=POLICY, estimator=estimator)
+def test_with_options_shares_the_gates_stats_and_log(estimator: KeywordEstimator, tmp_path: Any) -> None:
+    @capgate.guard(policy=POLICY, estimator=estimator, log=tmp_path / "log.db")
     def ask(prompt: str) -> str:
         return "ok"
 
     as_refund = ask.with_options(tool="refund")
     assert as_refund("plain").action == "abstain"
     assert ask("plain") == "ok"
-    assert as_refund.gate is ask.gate
+    assert as_refund.gate.stats is ask.gate.stats
+    assert as_refund.gate.log is ask.gate.log
     assert ask.stats.calls == 2
+    assert len(ask.gate.log) == 2
     assert as_refund.with_options(tool=None)("plain") == "ok"
 
 
@@ -390,12 +398,6 @@ def test_bad_queries_and_settings_are_named(estimator: KeywordEstimator) -> None
         ask(42)
     with pytest.raises(TypeError, match=r"ask\(\), message 0: expected a chat message"):
         ask([{"content": "no role"}])
-    with pytest.raises(ValueError, match="'capgate_x'"):
-
-        @capgate.guard(estimator=estimator)
-        def clash(prompt: str, capgate_x: int) -> str:
-            return ""
-
     with pytest.raises(ValueError, match="'nope' is not a parameter"):
 
         @capgate.guard(estimator=estimator, query_arg="nope")

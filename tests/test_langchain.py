@@ -19,7 +19,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from capgate import Gate, Generation, SamplingParams
-from capgate.adapters.langchain import CapabilityGate, CapgateChatModel
+from capgate.adapters.agents.langchain import CapabilityGate, CapgateChatModel
 from capgate.policies import Policy
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ class Counting:
 
 @pytest.fixture(scope="module")
 def real_backend(default_model_dir: Path) -> Any:
-    from capgate.models import load_backend
+    from capgate.adapters.backends.transformers import load_backend
 
     return load_backend("default")
 

@@ -1,5 +1,5 @@
 """LangGraph integration, end to end with real langgraph, a real model (the embedded default model
-through capgate.models.load_backend) and real checkpointers (in memory and SqliteSaver across a
+through capgate.adapters.backends.transformers.load_backend) and real checkpointers (in memory and SqliteSaver across a
 SIGKILL). The capability estimator is a small deterministic one that picks the policy branch."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from langgraph.types import Command
 from pydantic import ValidationError
 
 from capgate import Gate, SamplingParams
-from capgate.adapters._agents import TOOL_ABSTAINED, TOOL_REJECTED
-from capgate.adapters.langchain import CapgateChatModel
-from capgate.adapters.langgraph import (
+from capgate.adapters.agents._shared import TOOL_ABSTAINED, TOOL_REJECTED
+from capgate.adapters.agents.langchain import CapgateChatModel
+from capgate.adapters.agents.langgraph import (
     CapabilityState,
     ToolCallGate,
     capability_node,
@@ -57,7 +57,7 @@ POLICY = Policy.model_validate(
 
 @pytest.fixture(scope="module")
 def model(default_model_dir: Path) -> CapgateChatModel:
-    from capgate.models import load_backend
+    from capgate.adapters.backends.transformers import load_backend
 
     return CapgateChatModel(
         backend=load_backend("default"), params=SamplingParams(max_tokens=16, temperature=0.8, seed=None)
@@ -211,7 +211,7 @@ def test_capability_node_and_router_in_a_custom_graph(model: CapgateChatModel) -
         return {"reply": model.invoke(state["question"]).content}
 
     graph = StateGraph(State)
-    graph.add_node("gate", capability_node(gate, query="question", step="qa"))
+    graph.add_node("gate", capability_node(gate=gate.with_options(step="qa"), query="question"))
     graph.add_node("reply", reply)
     graph.add_node("decline", lambda s: {"reply": "declined"})
     graph.add_edge(START, "gate")
@@ -311,7 +311,7 @@ def _tool_app(model: CapgateChatModel) -> tuple[Any, list[str], KeywordEstimator
         return f"encyclopedia entry for {term}"
 
     estimator = KeywordEstimator(MARKERS)
-    gate = ToolCallGate(Gate(policy=TOOL_POLICY, estimator=estimator))
+    gate = ToolCallGate(gate=Gate(policy=TOOL_POLICY, estimator=estimator))
     bound = model.bind_tools([lookup], tool_choice="lookup")
 
     def propose(state: CapabilityState) -> dict[str, Any]:

@@ -292,7 +292,7 @@ def test_default_model_end_to_end(default_model_dir: Path, monkeypatch: pytest.M
     from transformers import AutoModelForCausalLM
 
     from capgate import SamplingParams
-    from capgate.adapters.transformers import TransformersBackend
+    from capgate.adapters.backends.transformers import TransformersBackend
     from capgate.features import HiddenStateFeaturizer
 
     gguf = default_gguf_path()

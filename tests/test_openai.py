@@ -16,7 +16,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from capgate import AsyncBackend, Backend, BackendError, SamplingParams
-from capgate.adapters.openai import OpenAIBackend, _apportion, _retry_after_s, _split_tokens, is_retryable
+from capgate.adapters.backends.openai import OpenAIBackend, _apportion, _retry_after_s, _split_tokens, is_retryable
 
 
 def _http() -> Any:
@@ -271,6 +271,6 @@ def test_import_is_lazy() -> None:
     import subprocess
     import sys
 
-    code = "import capgate, capgate.adapters.openai, sys; print('openai' in sys.modules)"
+    code = "import capgate, capgate.adapters.backends.openai, sys; print('openai' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -18,7 +18,7 @@ import pytest
 from _fault_server import FaultServer, Hang, Raw, Reply, chat_completion
 
 from capgate import BackendError, SamplingParams
-from capgate.adapters.openai import OpenAIBackend
+from capgate.adapters.backends.openai import OpenAIBackend
 from capgate.estimators import FallbackChain, PTrue, VerbalizedConfidence
 
 FAST = {"backoff_initial": 0.01, "backoff_max": 0.05}

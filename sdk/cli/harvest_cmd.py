@@ -56,12 +56,12 @@ def _make_backend(model: str, backend: str | None, *, device: str, dtype: str) -
                 param_hint="--backend",
             )
         return made
-    # The local model path (capgate.models) imports torch/transformers: only when asked for.
-    models = importlib.import_module("capgate.models")
+    # The local model backend imports torch/transformers: only when asked for.
+    local = importlib.import_module("capgate.adapters.backends.transformers")
     options = {key: value for key, value in (("device", device), ("dtype", dtype)) if value != "auto"}
-    loaded = models.load_backend(model, **options)
+    loaded = local.load_backend(model, **options)
     if not isinstance(loaded, Backend):
-        raise RuntimeError(f"capgate.models.load_backend({model!r}) did not return a capgate.Backend")
+        raise RuntimeError(f"load_backend({model!r}) did not return a capgate.Backend")
     return loaded
 
 

@@ -4,11 +4,11 @@ Replay of policies on labelled data (:mod:`capgate.decision.simulate`) and risk-
 thresholds (:mod:`capgate.decision.risk`) are pure functions on arrays of confidences and labels.
 """
 
+from capgate._types import Action, Decision, Outcome
 from capgate.decision.log import DecisionLog, LoggedDecision, default_log_path, query_hash
 from capgate.decision.monitor import MethodReport, WindowStats, calibration_report
 from capgate.decision.risk import RiskControl, calibrate_threshold
 from capgate.decision.simulate import ReplaySummary, replay_policy, threshold_frontier
-from capgate.decision.types import Action, Decision, Outcome
 
 __all__ = [
     "Action",

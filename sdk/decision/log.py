@@ -41,8 +41,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from capgate._types import Decision, Outcome
 from capgate.backend import as_messages
-from capgate.decision.types import Decision, Outcome
 from capgate.errors import DataError
 from capgate.estimators.base import Query
 

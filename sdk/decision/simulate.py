@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from capgate.decision.types import Action
+from capgate._types import Action
 
 if TYPE_CHECKING:
     from capgate.policies import Policy

@@ -1,9 +1,10 @@
-"""What the LangGraph and LangChain adapters share: human-in-the-loop schemas, the texts shown to
-a model or a human, message conversion, tool-call queries and the tool-call gate.
+"""What the LangGraph and LangChain integrations share: human-in-the-loop schemas, the texts shown
+to a model or a human, tool-call queries and the tool-call gate.
 
 Decisions and estimates travel through graph state as plain JSON dicts
-(``Decision.model_dump(mode="json")``), so that any checkpointer stores them without a custom
-serializer and a graph resumed in a new process reads them back with :func:`read_decision`.
+(``Decision.model_dump(mode="json")``); a decision is self-contained (its sampling plan, its
+hand-off target, its texts), so a graph resumed in a new process acts on it with
+:func:`read_decision` alone, without the policy file.
 
 Requires ``langchain-core`` (installed with either extra, ``capgate[langgraph]`` or
 ``capgate[langchain]``).
@@ -12,21 +13,26 @@ Requires ``langchain-core`` (installed with either extra, ``capgate[langgraph]``
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolCall, ToolMessage
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from capgate.backend import ChatMessage
-from capgate.decision.types import Decision
-from capgate.gate import Gate, Verdict
+from capgate._types import Decision
+from capgate.backend import ChatMessage, Prompt
+from capgate.estimators.base import CapabilityEstimator
+from capgate.gate import Gate, OnBlock, PolicyLike, Verdict
+from capgate.gate._flow import Assess, Flow, Invoke, Record, adrive, drive
+from capgate.messages import chat_messages, content_text, tool_call_text
+
+if TYPE_CHECKING:
+    from capgate.decision.log import DecisionLog
 
 __all__ = [
     "ESCALATION_REJECTED",
     "TOOL_ABSTAINED",
-    "TOOL_CALL_TEXT",
     "TOOL_CLARIFIED",
     "TOOL_REJECTED",
     "ClarifyRequest",
@@ -34,16 +40,16 @@ __all__ = [
     "EscalationRequest",
     "EscalationResponse",
     "ToolCallGate",
+    "ask_clarification",
     "ask_human",
-    "messages_to_query",
+    "ask_review",
+    "decision_records",
     "read_decision",
+    "review_reply",
     "tool_call_query",
 ]
 
 # --------------------------------------------------------------------------- texts
-
-TOOL_CALL_TEXT = "Proposed tool call: {name}({args})"
-"""How a proposed tool call reads in the query given to the capability estimator."""
 
 TOOL_ABSTAINED = "The tool call {tool} was not run: {message}"
 """Tool result the model sees when the policy abstains on a tool call."""
@@ -164,53 +170,60 @@ def ask_human(payload: BaseModel, schema: type[BaseModel]) -> Any:
     return schema.model_validate(answer)
 
 
-# --------------------------------------------------------------------------- messages and queries
+# --------------------------------------------------------------------------- acting on decisions
 
 
-def _text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        return "".join(
-            str(p.get("text", "")) if isinstance(p, Mapping) else str(p) for p in content if p is not None
-        )
-    return str(content)
+def _query_json(query: Prompt) -> list[dict[str, Any]] | str:
+    return query if isinstance(query, str) else [dict(m) for m in query]
 
 
-def _call_text(call: Mapping[str, Any]) -> str:
-    args = json.dumps(call.get("args", {}), ensure_ascii=False, sort_keys=True, default=str)
-    return TOOL_CALL_TEXT.format(name=call.get("name", "?"), args=args)
+def ask_clarification(verdict: Verdict, *, tool_call: Mapping[str, Any] | None = None) -> ClarifyResponse:
+    """Pause for the user's answer to the decision's clarifying question (an ``interrupt``)."""
+    decision = verdict.decision
+    request = ClarifyRequest(
+        question=decision.text,
+        decision=decision.model_dump(mode="json"),
+        tool_call=dict(tool_call) if tool_call is not None else None,
+    )
+    reply: ClarifyResponse = ask_human(request, ClarifyResponse)
+    return reply
 
 
-_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
+def ask_review(verdict: Verdict, *, tool_call: Mapping[str, Any] | None = None) -> EscalationResponse:
+    """Pause for a reviewer's verdict on an escalated decision (an ``interrupt``); the request
+    carries the decision's summary and its hand-off target ``to``."""
+    decision = verdict.decision
+    request = EscalationRequest(
+        summary=decision.text,
+        to=decision.to,
+        decision=decision.model_dump(mode="json"),
+        query=_query_json(verdict.query),
+        tool_call=dict(tool_call) if tool_call is not None else None,
+    )
+    review: EscalationResponse = ask_human(request, EscalationResponse)
+    return review
 
 
-def messages_to_query(messages: Sequence[BaseMessage | Mapping[str, Any]]) -> list[ChatMessage]:
-    """A conversation as a capgate query: ``{role, content}`` messages, tool calls written out.
+def review_reply(review: EscalationResponse) -> str:
+    """What the user is told after a review that did not approve: the reply, or the rejection."""
+    if review.decision == "reply":
+        return review.message or ""
+    return ESCALATION_REJECTED.format(reason=_reason(review.message))
 
-    Example:
-        >>> from langchain_core.messages import AIMessage, HumanMessage
-        >>> messages_to_query([HumanMessage("2+2?"), AIMessage("4")])
-        [{'role': 'user', 'content': '2+2?'}, {'role': 'assistant', 'content': '4'}]
-    """
-    out: list[ChatMessage] = []
-    for i, message in enumerate(messages):
-        if isinstance(message, Mapping):
-            role = str(message.get("role", message.get("type", "")))
-            content = message.get("content", "")
-            calls: Sequence[Mapping[str, Any]] = message.get("tool_calls") or []
-        else:
-            role = message.type
-            content = message.content
-            calls = message.tool_calls if isinstance(message, AIMessage) else []
-        mapped = _ROLES.get(role, role)
-        if mapped not in ("user", "assistant", "system", "tool"):
-            raise TypeError(f"messages[{i}]: cannot turn a {role!r} message into a query")
-        text = _text(content)
-        if calls:
-            text = "\n".join([t for t in (text,) if t] + [_call_text(c) for c in calls])
-        out.append({"role": mapped, "content": text})  # type: ignore[typeddict-item]
-    return out
+
+def decision_records(verdict: Verdict) -> dict[str, Any]:
+    """The estimate and the decision as JSON, under the state keys the integrations use."""
+    return {
+        "capgate_estimate": verdict.estimate.model_dump(mode="json"),
+        "capgate_decision": verdict.decision.model_dump(mode="json"),
+    }
+
+
+def read_decision(value: Decision | Mapping[str, Any] | None) -> Decision | None:
+    """A decision stored in graph state (a JSON dict) as a :class:`~capgate.Decision`."""
+    if value is None or isinstance(value, Decision):
+        return value
+    return Decision.model_validate(value)
 
 
 def tool_call_query(messages: Sequence[BaseMessage], call: Mapping[str, Any]) -> list[ChatMessage]:
@@ -225,17 +238,12 @@ def tool_call_query(messages: Sequence[BaseMessage], call: Mapping[str, Any]) ->
             proposer = message
             history = history[:index]
             break
-    query = messages_to_query(history)
-    text = _text(proposer.content) if proposer is not None else ""
-    query.append({"role": "assistant", "content": "\n".join([t for t in (text,) if t] + [_call_text(call)])})
+    query = chat_messages(history, where="messages")
+    text = content_text(proposer.content) if proposer is not None else ""
+    query.append(
+        {"role": "assistant", "content": "\n".join([t for t in (text,) if t] + [tool_call_text(call)])}
+    )
     return query
-
-
-def read_decision(value: Decision | Mapping[str, Any] | None) -> Decision | None:
-    """A decision stored in graph state (a JSON dict) as a :class:`~capgate.decision.Decision`."""
-    if value is None or isinstance(value, Decision):
-        return value
-    return Decision.model_validate(value)
 
 
 # --------------------------------------------------------------------------- gating tool calls
@@ -266,30 +274,47 @@ class ToolCallGate:
       by vote (recorded in state) runs; a resample decided here raises ``ValueError`` (gate tool
       calls where the model is called, with the middleware).
 
+    With the gate's ``on_block="raise"``, abstain / clarify / escalate raise the matching
+    :class:`~capgate.GateBlocked` instead.
+
     A decision made here is remade when the graph resumes after an interrupt (LangGraph re-runs
     the node), so use a deterministic estimator (a probe) or store decisions in state first.
 
     Args:
-        gate: The gate (its policy's ``tools:`` overrides select per-tool rules).
+        gate: A ready gate (or give the settings below); its policy's ``tools:`` overrides select
+            per-tool rules (``tool=`` is each call's tool name, so it is not a setting here).
+        policy: Policy, preset name or policy file path.
+        estimator: The capability estimator.
+        on_block: ``"return"`` (the tool's result says why it did not run) or ``"raise"``.
+        step: Step name passed to the policy.
+        log: Decision log.
         decisions_key: State key of the stored per-call decisions.
         messages_key: State key of the conversation.
+
+    Raises:
+        SettingsError: A bad setting, or ``gate=`` together with settings.
     """
 
     def __init__(
         self,
-        gate: Gate,
         *,
+        gate: Gate | None = None,
+        policy: PolicyLike = "balanced",
+        estimator: CapabilityEstimator | None = None,
+        on_block: OnBlock = "return",
+        step: str | None = None,
+        log: DecisionLog | str | Path | None = None,
         decisions_key: str = "capgate_tool_decisions",
         messages_key: str = "messages",
     ) -> None:
-        if not isinstance(gate, Gate):
-            raise TypeError(f"`gate` must be a capgate Gate; got {gate!r}")
-        self.gate = gate
+        self.gate = Gate.coerce(
+            gate, policy=policy, estimator=estimator, on_block=on_block, step=step, log=log
+        )
         self.decisions_key = decisions_key
         self.messages_key = messages_key
 
     def __repr__(self) -> str:
-        return f"ToolCallGate({self.gate!r})"
+        return f"ToolCallGate(gate={self.gate!r})"
 
     # ---------------------------------------------------------------- pure parts
 
@@ -326,27 +351,16 @@ class ToolCallGate:
                 "model's proposal; gate tool calls with capgate.adapters.langchain.CapabilityGate "
                 "(which resamples in wrap_model_call) or give this tool another action"
             )
-        message = decision.message or decision.reason
+        verdict = Verdict(decision=decision, query=self._query(request))
+        self.gate.block(verdict)  # raises with on_block="raise"
         if decision.action == "abstain":
-            return self._message(request, TOOL_ABSTAINED.format(tool=tool, message=message), status="error")
-        decision_json = decision.model_dump(mode="json")
-        if decision.action == "clarify":
-            reply: ClarifyResponse = ask_human(
-                ClarifyRequest(question=message, decision=decision_json, tool_call=dict(call)),
-                ClarifyResponse,
-            )
-            text = TOOL_CLARIFIED.format(tool=tool, question=message, answer=reply.answer)
+            text = TOOL_ABSTAINED.format(tool=tool, message=decision.text)
             return self._message(request, text, status="error")
-        review: EscalationResponse = ask_human(
-            EscalationRequest(
-                summary=message,
-                to=_escalate_to(self.gate, decision),
-                decision=decision_json,
-                query=[dict(m) for m in self._query(request)],
-                tool_call=dict(call),
-            ),
-            EscalationResponse,
-        )
+        if decision.action == "clarify":
+            reply = ask_clarification(verdict, tool_call=call)
+            text = TOOL_CLARIFIED.format(tool=tool, question=decision.text, answer=reply.answer)
+            return self._message(request, text, status="error")
+        review = ask_review(verdict, tool_call=call)
         if review.decision == "approve":
             return None
         if review.decision == "reply":
@@ -355,41 +369,25 @@ class ToolCallGate:
             request, TOOL_REJECTED.format(tool=tool, reason=_reason(review.message)), status="error"
         )
 
+    def _flow(self, request: Any, execute: Invoke) -> Flow[ToolResult]:
+        stored = self._stored(request)
+        if stored is None:
+            gate = self.gate.with_options(tool=request.tool_call["name"])
+            verdict = yield Assess(gate, self._query(request))
+            yield Record(gate, verdict, samples_used=0)
+            stored = (verdict.decision, False)
+        result = self._act(request, *stored)
+        return (yield execute) if result is None else result
+
     # ---------------------------------------------------------------- I/O
 
     def __call__(self, request: Any, execute: Execute) -> ToolResult:
         """Sync wrapper (LangGraph's ``wrap_tool_call`` signature)."""
-        stored = self._stored(request)
-        if stored is None:
-            verdict = self.gate.assess(self._query(request), tool=request.tool_call["name"])
-            self.gate.record(verdict, samples_used=0)
-            stored = (verdict.decision, False)
-        result = self._act(request, *stored)
-        return execute(request) if result is None else result
+        return drive(self._flow(request, Invoke(lambda: execute(request))))
 
     async def acall(self, request: Any, execute: AExecute) -> ToolResult:
         """Async wrapper (LangGraph's ``awrap_tool_call`` signature)."""
-        stored = self._stored(request)
-        if stored is None:
-            verdict = await self.gate.aassess(self._query(request), tool=request.tool_call["name"])
-            await self.gate.arecord(verdict, samples_used=0)
-            stored = (verdict.decision, False)
-        result = self._act(request, *stored)
-        return await execute(request) if result is None else result
-
-
-def _escalate_to(gate: Gate, decision: Decision) -> str | None:
-    """The ``to`` of the escalate action that made ``decision`` (its policy looked up by name)."""
-    from capgate.policies import EscalateAction
-
-    try:
-        policy = gate.resolve_policy()
-    except Exception:  # pragma: no cover - a policy that loaded once loads again
-        return None
-    if policy.name != decision.policy:
-        return None
-    spec = policy.match(decision.estimate, step=decision.step, tool=decision.tool).spec
-    return spec.to if isinstance(spec, EscalateAction) else None
+        return await adrive(self._flow(request, Invoke(lambda: execute(request))))
 
 
 def record_tool_decisions(verdicts: Mapping[str, Verdict], *, voted: bool) -> dict[str, dict[str, Any]]:

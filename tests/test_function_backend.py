@@ -9,14 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from capgate import SamplingParams
-from capgate.cas import (
-    AsyncFunctionBackend,
-    FunctionBackend,
-    aadaptive_sample,
-    adaptive_sample,
-    response_text,
-    stop_after_samples,
-)
+from capgate.adapters.function import AsyncFunctionBackend, FunctionBackend, response_text
+from capgate.cas import aadaptive_sample, adaptive_sample, stop_after_samples
 
 
 @dataclass

@@ -1,0 +1,367 @@
+"""LangChain 1.x integration: the :class:`CapabilityGate` middleware for ``create_agent``
+(:class:`~capgate.adapters.agents.chat_model.CapgateChatModel`, a chat model over any capgate
+backend, lives beside it).
+
+``CapabilityGate`` gates every model step of an agent by the model's predicted capability:
+
+* ``before_model`` estimates the step (the conversation so far) and applies the policy:
+  ``abstain`` ends the run (``jump_to: "end"``) with an AI message carrying the abstain text;
+  ``clarify`` and ``escalate`` pause with ``interrupt()`` (a :class:`ClarifyRequest` /
+  :class:`EscalationRequest`; resume with ``Command(resume=...)`` holding a
+  :class:`ClarifyResponse` / :class:`EscalationResponse`). A clarification joins the conversation
+  and the step is estimated again (up to ``max_clarifications`` rounds); an escalation's
+  ``reply`` answers the user, ``approve`` lets the model answer, ``reject`` declines.
+* ``wrap_model_call`` carries out ``resample``: the model handler is called repeatedly under CAS
+  (each call one sample; text answers grouped by ``extract``, tool-call proposals by their exact
+  calls) and the winning response is kept. It then gates each proposed tool call (the
+  conversation plus the call is the query, ``tool=`` its name; a ``resample`` there redraws the
+  proposal the same way) and stores the per-call decisions in state.
+* ``wrap_tool_call`` acts on those decisions before a tool runs (:class:`ToolCallGate`): run it,
+  ask the user, escalate for approval, or abstain.
+
+Every hook has an async twin (``abefore_model``, ``awrap_model_call``, ``awrap_tool_call``); each
+hook's logic is one I/O-free flow that both twins drive. With ``on_block="raise"`` a blocked step
+raises the matching :class:`~capgate.GateBlocked` instead.
+Decisions are stored in state as JSON (``capgate_decision``, ``capgate_estimate``,
+``capgate_tool_decisions``); ``middleware.gate.stats`` counts what the gate did.
+
+Install with ``pip install 'capgate[langchain]'``.
+
+Example:
+    >>> from langchain.agents import create_agent
+    >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
+    >>> from capgate import Estimate
+    >>> from capgate.estimators import CapabilityEstimator
+    >>> class Low(CapabilityEstimator):
+    ...     method = "demo"
+    ...     def estimate(self, queries):
+    ...         return [Estimate(p=0.1, method=self.method) for _ in queries]
+    >>> agent = create_agent(FakeListChatModel(responses=["unused"]),
+    ...                      middleware=[CapabilityGate(estimator=Low())])
+    >>> agent.invoke({"messages": [{"role": "user", "content": "Next week's lottery numbers?"}]}
+    ...              )["messages"][-1].content
+    "I can't answer this reliably (estimated chance of a correct answer: 10%)."
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NotRequired, cast
+
+from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
+from langchain.agents.middleware.types import ExtendedModelResponse, hook_config
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langgraph.types import Command
+
+from capgate._types import Extractor
+from capgate.adapters.agents._shared import (
+    ClarifyRequest,
+    ClarifyResponse,
+    EscalationRequest,
+    EscalationResponse,
+    ToolCallGate,
+    ask_clarification,
+    ask_review,
+    decision_records,
+    read_decision,
+    record_tool_decisions,
+    review_reply,
+    tool_call_query,
+)
+from capgate.adapters.agents.chat_model import CapgateChatModel
+from capgate.backend import ChatMessage
+from capgate.decision.log import query_hash
+from capgate.errors import SettingsError
+from capgate.estimators.base import CapabilityEstimator
+from capgate.gate import Gate, OnBlock, PolicyLike, Verdict
+from capgate.gate._flow import Assess, AssessEach, Flow, Invoke, Record, Sample, adrive, drive
+from capgate.messages import as_query, chat_messages
+
+if TYPE_CHECKING:
+    from capgate.decision.log import DecisionLog
+
+__all__ = [
+    "CapabilityGate",
+    "CapabilityGateState",
+    "CapgateChatModel",
+    "ClarifyRequest",
+    "ClarifyResponse",
+    "EscalationRequest",
+    "EscalationResponse",
+    "ToolCallGate",
+]
+
+_CALLS_PREFIX = "tool-calls:"
+
+ModelResult = ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]
+
+
+class CapabilityGateState(AgentState[Any]):
+    """Agent state with the gate's records (JSON dicts; read with
+    :func:`capgate.adapters.langgraph.read_decision`)."""
+
+    capgate_estimate: NotRequired[dict[str, Any] | None]
+    capgate_decision: NotRequired[dict[str, Any] | None]
+    capgate_tool_decisions: NotRequired[dict[str, dict[str, Any]]]
+    capgate_human: NotRequired[dict[str, Any] | None]
+
+
+def _response_message(response: Any) -> AIMessage:
+    result = response.result if isinstance(response, ModelResponse) else [response]
+    for message in reversed(result):
+        if isinstance(message, AIMessage):
+            return message
+    raise TypeError(f"the model handler returned no AI message: {response!r}")
+
+
+def _response_key(response: Any) -> str:
+    """What a model response votes as: its exact tool calls, or its text."""
+    message = _response_message(response)
+    if message.tool_calls:
+        calls = [{"name": c["name"], "args": c["args"]} for c in message.tool_calls]
+        return _CALLS_PREFIX + json.dumps(calls, sort_keys=True, ensure_ascii=False, default=str)
+    return (
+        message.text if hasattr(message, "text") and isinstance(message.text, str) else str(message.content)
+    )
+
+
+def _voting_extract(extract: Extractor) -> Extractor:
+    """``extract`` for text answers; a tool-call proposal votes as its exact calls."""
+
+    def vote(text: str) -> str | None:
+        return text if text.startswith(_CALLS_PREFIX) else extract(text)
+
+    return vote
+
+
+class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
+    """Gate an agent's model steps and tool calls by the model's predicted capability.
+
+    Args:
+        gate: A ready :class:`~capgate.Gate` (or give the settings below).
+        policy: Policy, preset name or policy file path.
+        estimator: The capability estimator.
+        step: Step name passed to the policy for model steps (its ``steps:`` override).
+        tool: Tool name passed to the policy for model steps (tool calls are gated with their own
+            names).
+        on_block: ``"return"`` (the agent replies with the message, or pauses with an interrupt)
+            or ``"raise"`` a :class:`~capgate.GateBlocked`.
+        log: Decision log (a DecisionLog or a path).
+        extract: Answer extractor for resample votes on text answers.
+        gate_tools: Also gate proposed tool calls (``wrap_model_call`` decides, ``wrap_tool_call``
+            acts).
+        max_clarifications: Clarifying questions per model step before the question is put to
+            the user as the agent's reply instead of another interrupt.
+
+    Raises:
+        SettingsError: A setting has a wrong value (the message names it); it is a ``ValueError``.
+    """
+
+    state_schema = CapabilityGateState
+
+    def __init__(
+        self,
+        *,
+        gate: Gate | None = None,
+        policy: PolicyLike = "balanced",
+        estimator: CapabilityEstimator | None = None,
+        step: str | None = None,
+        tool: str | None = None,
+        on_block: OnBlock = "return",
+        log: DecisionLog | str | Path | None = None,
+        extract: Extractor | None = None,
+        gate_tools: bool = True,
+        max_clarifications: int = 2,
+    ) -> None:
+        super().__init__()
+        self.gate = Gate.coerce(
+            gate,
+            policy=policy,
+            estimator=estimator,
+            step=step,
+            tool=tool,
+            on_block=on_block,
+            log=log,
+            extract=extract,
+        )
+        if not isinstance(gate_tools, bool):
+            raise SettingsError(f"`gate_tools` must be True or False; got {gate_tools!r}")
+        if (
+            isinstance(max_clarifications, bool)
+            or not isinstance(max_clarifications, int)
+            or max_clarifications < 0
+        ):
+            raise SettingsError(
+                f"`max_clarifications` must be a non-negative integer; got {max_clarifications!r}"
+            )
+        self.gate_tools = gate_tools
+        self.max_clarifications = max_clarifications
+        self.tool_gate = ToolCallGate(gate=self.gate)
+        self._voter = self.gate.with_options(extract=_voting_extract(self.gate.extract))
+        self._memo: OrderedDict[tuple[str | None, str], Verdict] = OrderedDict()
+
+    # ------------------------------------------------------------------ shared logic (no I/O)
+
+    @staticmethod
+    def _thread() -> str | None:
+        try:
+            from langgraph.config import get_config
+
+            value = get_config().get("configurable", {}).get("thread_id")
+        except RuntimeError:
+            return None
+        return None if value is None else str(value)
+
+    def _remembered(self, query: list[ChatMessage]) -> tuple[tuple[str | None, str], Verdict | None]:
+        # LangGraph re-runs a node from its start when it resumes after an interrupt; reusing the
+        # verdict keeps the decision (and its id) stable within this process.
+        key = (self._thread(), query_hash(query))
+        return key, self._memo.get(key)
+
+    def _remember(self, key: tuple[str | None, str], verdict: Verdict) -> None:
+        self._memo[key] = verdict
+        self._memo.move_to_end(key)
+        while len(self._memo) > 512:
+            self._memo.popitem(last=False)
+
+    def _outcome(self, verdict: Verdict, added: list[BaseMessage]) -> dict[str, Any]:
+        """The state update for a model-step verdict that needs no human."""
+        update = decision_records(verdict)
+        if verdict.action in ("abstain", "clarify"):  # clarify: out of rounds, ask in the chat
+            update["messages"] = [*added, AIMessage(self.gate.block(verdict).message)]
+            update["jump_to"] = "end"
+        elif added:
+            update["messages"] = added
+        return update
+
+    def _escalated(
+        self, verdict: Verdict, added: list[BaseMessage], review: EscalationResponse
+    ) -> dict[str, Any]:
+        update = decision_records(verdict)
+        update["capgate_human"] = review.model_dump(mode="json")
+        if review.decision == "approve":
+            if added:
+                update["messages"] = added
+            return update
+        update["messages"] = [*added, AIMessage(review_reply(review))]
+        update["jump_to"] = "end"
+        return update
+
+    # ------------------------------------------------------------------ before_model
+
+    def _before_model_flow(self, state: CapabilityGateState) -> Flow[dict[str, Any] | None]:
+        added: list[BaseMessage] = []
+        for round_ in range(self.max_clarifications + 1):
+            query = chat_messages([*state["messages"], *added], where="messages")
+            key, verdict = self._remembered(query)
+            if verdict is None:
+                verdict = yield Assess(self.gate, query)
+                yield Record(self.gate, verdict)
+                self._remember(key, verdict)
+            if verdict.action == "clarify" and round_ < self.max_clarifications:
+                question = self.gate.block(verdict).message  # raises with on_block="raise"
+                reply = ask_clarification(verdict)
+                added += [AIMessage(question), HumanMessage(reply.answer)]
+                continue
+            if verdict.action == "escalate":
+                self.gate.block(verdict)
+                return self._escalated(verdict, added, ask_review(verdict))
+            return self._outcome(verdict, added)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @hook_config(can_jump_to=["end"])
+    def before_model(self, state: CapabilityGateState, runtime: Any) -> dict[str, Any] | None:
+        """Estimate the model step and apply the policy (sync)."""
+        return drive(self._before_model_flow(state))
+
+    @hook_config(can_jump_to=["end"])
+    async def abefore_model(self, state: CapabilityGateState, runtime: Any) -> dict[str, Any] | None:
+        """Async twin of :meth:`before_model` (uses the estimator's ``aestimate``)."""
+        return await adrive(self._before_model_flow(state))
+
+    # ------------------------------------------------------------------ wrap_model_call
+
+    def _step_verdict(self, request: ModelRequest[Any]) -> Verdict | None:
+        decision = read_decision(cast("Mapping[str, Any] | None", request.state.get("capgate_decision")))
+        if decision is None or decision.action != "resample":
+            return None
+        return Verdict(decision=decision, query=as_query(request.messages, where="messages"))
+
+    def _tool_assessments(self, request: ModelRequest[Any], message: AIMessage) -> AssessEach:
+        history = [*request.messages, message]
+        return AssessEach(
+            [
+                (self.gate.with_options(tool=c["name"]), tool_call_query(history, c))
+                for c in message.tool_calls
+            ]
+        )
+
+    def _finish(self, response: Any, verdicts: Mapping[str, Verdict], voted: bool) -> ModelResult:
+        if not verdicts:
+            return response  # type: ignore[no-any-return]
+        model_response = response if isinstance(response, ModelResponse) else ModelResponse(result=[response])
+        update = {"capgate_tool_decisions": record_tool_decisions(verdicts, voted=voted)}
+        return ExtendedModelResponse(model_response=model_response, command=Command(update=update))
+
+    def _model_call_flow(self, request: ModelRequest[Any], draw: Invoke) -> Flow[ModelResult]:
+        voted = False
+        step = self._step_verdict(request)
+        if step is not None:
+            sampled = yield Sample(self._voter, step, draw, to_text=_response_key)
+            yield Record(self.gate, step, samples_used=sampled.cas.samples_used)
+            if sampled.value is None:
+                return AIMessage(self.gate.block(step, cas=sampled.cas).message)
+            response: Any = sampled.value
+            voted = True
+        else:
+            response = yield draw
+        if not self.gate_tools:
+            return response  # type: ignore[no-any-return]
+        message = _response_message(response)
+        if not message.tool_calls:
+            return response  # type: ignore[no-any-return]
+        ids = [c["id"] or "" for c in message.tool_calls]
+        verdicts = dict(zip(ids, (yield self._tool_assessments(request, message)), strict=True))
+        redraw = next((v for v in verdicts.values() if v.action == "resample"), None)
+        if redraw is not None and not voted:
+            sampled = yield Sample(self._voter, redraw, draw, to_text=_response_key)
+            if sampled.value is not None:
+                response, voted = sampled.value, True
+                message = _response_message(response)
+                ids = [c["id"] or "" for c in message.tool_calls]
+                found = (yield self._tool_assessments(request, message)) if message.tool_calls else []
+                verdicts = dict(zip(ids, found, strict=True))
+        for verdict in verdicts.values():
+            yield Record(self.gate, verdict, samples_used=0)
+        return self._finish(response, verdicts, voted)
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> ModelResult:
+        """Resample the model step under CAS if the policy said so, then gate proposed tool calls."""
+        return drive(self._model_call_flow(request, Invoke(lambda: handler(request))))
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> ModelResult:
+        """Async twin of :meth:`wrap_model_call` (the draws of one batch run concurrently)."""
+        return await adrive(self._model_call_flow(request, Invoke(lambda: handler(request))))
+
+    # ------------------------------------------------------------------ wrap_tool_call
+
+    def wrap_tool_call(self, request: Any, handler: Callable[[Any], ToolMessage | Command[Any]]) -> Any:
+        """Act on the tool call's decision before it runs (see :class:`ToolCallGate`)."""
+        return self.tool_gate(request, handler) if self.gate_tools else handler(request)
+
+    async def awrap_tool_call(
+        self, request: Any, handler: Callable[[Any], Awaitable[ToolMessage | Command[Any]]]
+    ) -> Any:
+        """Async twin of :meth:`wrap_tool_call`."""
+        return await self.tool_gate.acall(request, handler) if self.gate_tools else await handler(request)

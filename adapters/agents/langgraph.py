@@ -1,0 +1,392 @@
+"""LangGraph integration: capability nodes, a decision router, a gated answer subgraph with human
+escalation, and a tool-call gate for ``ToolNode``.
+
+* :func:`capability_node` estimates the capability of the step's query (read from graph state)
+  and writes the estimate and the policy's decision into state (as JSON dicts).
+* :func:`route_on_decision` (or :func:`decision_router` for another key) routes on the decided
+  action in ``add_conditional_edges``.
+* :func:`capability_subgraph` returns an **uncompiled** ``StateGraph``
+  (estimate → answer | abstain | clarify | escalate | resample) that the caller compiles with its
+  own checkpointer. ``clarify`` and ``escalate`` pause with ``interrupt()``; resume with
+  ``Command(resume=...)`` carrying a :class:`ClarifyResponse` / :class:`EscalationResponse`. With a
+  durable checkpointer (``SqliteSaver``) a pending escalation survives the process: a new process
+  resumes it from the same ``thread_id``.
+* :class:`ToolCallGate` gates tool calls in ``ToolNode(..., wrap_tool_call=...)``.
+
+Install with ``pip install 'capgate[langgraph]'``.
+
+Example:
+    >>> from langchain_core.messages import AIMessage, HumanMessage
+    >>> from langgraph.checkpoint.memory import InMemorySaver
+    >>> from langgraph.types import Command
+    >>> from capgate import Estimate
+    >>> from capgate.estimators import CapabilityEstimator, query_text
+    >>> class Hard(CapabilityEstimator):
+    ...     method = "demo"
+    ...     def estimate(self, queries):
+    ...         return [Estimate(p=0.75 if "prove" in query_text(q) else 0.95, method=self.method)
+    ...                 for q in queries]
+    >>> def answer(state):
+    ...     return {"messages": [AIMessage("It is 4.")]}
+    >>> graph = capability_subgraph(answer, policy="conservative", estimator=Hard())
+    >>> app = graph.compile(checkpointer=InMemorySaver())
+    >>> config = {"configurable": {"thread_id": "t1"}}
+    >>> out = app.invoke({"messages": [HumanMessage("Please prove it.")]}, config)
+    >>> out["__interrupt__"][0].value["kind"]
+    'escalate'
+    >>> out = app.invoke(Command(resume={"decision": "reply", "message": "A human says: yes."}), config)
+    >>> out["messages"][-1].content
+    'A human says: yes.'
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
+
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.runnables import Runnable, RunnableLambda
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import Command
+from typing_extensions import TypedDict
+
+from capgate._types import Action, Decision, Extractor
+from capgate.adapters.agents._shared import (
+    ClarifyRequest,
+    ClarifyResponse,
+    EscalationRequest,
+    EscalationResponse,
+    ToolCallGate,
+    ask_clarification,
+    ask_review,
+    decision_records,
+    read_decision,
+    review_reply,
+)
+from capgate.adapters.backends.function import response_text
+from capgate.backend import Prompt
+from capgate.estimators.base import CapabilityEstimator
+from capgate.gate import Gate, Gated, OnBlock, PolicyLike, Verdict
+from capgate.gate._flow import Assess, Flow, Invoke, Record, Sample, adrive, drive
+from capgate.messages import as_query
+
+if TYPE_CHECKING:
+    from capgate.decision.log import DecisionLog
+
+__all__ = [
+    "ACTIONS",
+    "CapabilityState",
+    "ClarifyRequest",
+    "ClarifyResponse",
+    "EscalationRequest",
+    "EscalationResponse",
+    "QuerySource",
+    "ToolCallGate",
+    "capability_node",
+    "capability_subgraph",
+    "decision_router",
+    "read_decision",
+    "route_on_decision",
+]
+
+ACTIONS: tuple[Action, ...] = ("answer", "abstain", "clarify", "escalate", "resample")
+"""The routes out of a capability node, one per policy action."""
+
+QuerySource: TypeAlias = str | Callable[[Mapping[str, Any]], object]
+"""Where a node finds the query: a state key (its value is a prompt string or messages), or a
+function of the state returning one."""
+
+
+class CapabilityState(TypedDict, total=False):
+    """Graph state used by :func:`capability_subgraph` (extend it for your own graph).
+
+    Attributes:
+        messages: The conversation (LangGraph's ``add_messages`` reducer).
+        capgate_estimate: The last capability estimate, as JSON.
+        capgate_decision: The last decision, as JSON (read it with :func:`read_decision`).
+        capgate_human: The last human response (clarification or review), as JSON.
+        capgate_cas: Summary of the last resample run (answer, votes, samples used), as JSON.
+    """
+
+    messages: Annotated[list[AnyMessage], add_messages]
+    capgate_estimate: dict[str, Any] | None
+    capgate_decision: dict[str, Any] | None
+    capgate_human: dict[str, Any] | None
+    capgate_cas: dict[str, Any] | None
+
+
+def _reader(query: QuerySource | None) -> Callable[[Mapping[str, Any]], Prompt]:
+    source: QuerySource = "messages" if query is None else query
+    if isinstance(source, str):
+        key = source
+
+        def read(state: Mapping[str, Any]) -> Prompt:
+            if key not in state:
+                raise KeyError(f"the capability node reads the query from state[{key!r}], which is missing")
+            return as_query(state[key], where=f"state[{key!r}]")
+
+        return read
+    if callable(source):
+        fn = source
+
+        def read_with(state: Mapping[str, Any]) -> Prompt:
+            return as_query(fn(state), where="the query function's value")
+
+        return read_with
+    raise TypeError(f"`query` must be a state key or a function of the state; got {query!r}")
+
+
+def capability_node(
+    *,
+    gate: Gate | None = None,
+    policy: PolicyLike = "balanced",
+    estimator: CapabilityEstimator | None = None,
+    step: str | None = None,
+    tool: str | None = None,
+    on_block: OnBlock = "return",
+    log: DecisionLog | str | Path | None = None,
+    query: QuerySource | None = None,
+    estimate_key: str = "capgate_estimate",
+    decision_key: str = "capgate_decision",
+) -> Runnable[Any, dict[str, Any]]:
+    """A node that estimates the step's capability and writes the estimate and decision to state.
+
+    The node works in sync and async graphs (``invoke`` / ``ainvoke``; the async path uses the
+    estimator's ``aestimate``). Its state must have the two keys (see :class:`CapabilityState`).
+    The decision is self-contained: route on it (:func:`route_on_decision`) and act on it later,
+    also in another process, without the policy.
+
+    Args:
+        gate: A ready :class:`~capgate.Gate` (or give the settings below).
+        policy: Policy, preset name or file.
+        estimator: The capability estimator.
+        step: Step name passed to the policy (its ``steps:`` override).
+        tool: Tool name passed to the policy.
+        on_block: Kept for the nodes that act on the decision (this node only decides).
+        log: Decision log.
+        query: Where the query is (default: ``state["messages"]``).
+        estimate_key: State key for the estimate (JSON).
+        decision_key: State key for the decision (JSON).
+
+    Returns:
+        A runnable to pass to ``StateGraph.add_node``.
+    """
+    the_gate = Gate.coerce(
+        gate, policy=policy, estimator=estimator, step=step, tool=tool, on_block=on_block, log=log
+    )
+    read = _reader(query)
+
+    def flow(state: Mapping[str, Any]) -> Flow[dict[str, Any]]:
+        verdict = yield Assess(the_gate, read(state))
+        yield Record(the_gate, verdict)
+        records = decision_records(verdict)
+        return {estimate_key: records["capgate_estimate"], decision_key: records["capgate_decision"]}
+
+    async def aestimate(state: Mapping[str, Any]) -> dict[str, Any]:
+        return await adrive(flow(state))
+
+    return RunnableLambda(lambda state: drive(flow(state)), afunc=aestimate, name="capgate_estimate")
+
+
+def decision_router(decision_key: str = "capgate_decision") -> Callable[[Mapping[str, Any]], Action]:
+    """A routing function for ``add_conditional_edges``: the action of the decision in state.
+
+    Example:
+        >>> decision_router("d")({"d": {"action": "clarify"}})
+        'clarify'
+    """
+
+    def route(state: Mapping[str, Any]) -> Action:
+        value = state.get(decision_key)
+        if value is None:
+            raise KeyError(f"no decision in state[{decision_key!r}]; run a capability node before routing")
+        action = value.action if isinstance(value, Decision) else value.get("action")
+        if action not in ACTIONS:
+            raise ValueError(f"state[{decision_key!r}] has no valid action; got {action!r}")
+        return action
+
+    return route
+
+
+route_on_decision = decision_router()
+"""Route on ``state["capgate_decision"]``: returns ``"answer"``, ``"abstain"``, ``"clarify"``,
+``"escalate"`` or ``"resample"``."""
+
+
+# --------------------------------------------------------------------------- the subgraph
+
+AnswerNode: TypeAlias = Callable[..., Any] | Runnable[Any, Any]
+
+
+def _update_text(update: object) -> str:
+    """The text of an answer node's update: its last message's content (or a plain string)."""
+    if isinstance(update, Mapping) and "messages" in update:
+        messages = update["messages"]
+        last = messages[-1] if isinstance(messages, Sequence) and messages else messages
+        if isinstance(last, Mapping):
+            return str(last.get("content", ""))
+        return response_text(last)
+    return response_text(update)
+
+
+def _cas_summary(verdict: Verdict, cas: Any) -> dict[str, Any]:
+    return {
+        "answer": cas.answer,
+        "votes": dict(cas.votes),
+        "samples_used": cas.samples_used,
+        "stop_reason": cas.stop_reason,
+        "decision_id": verdict.decision.id,
+    }
+
+
+def capability_subgraph(
+    answer: AnswerNode,
+    *,
+    gate: Gate | None = None,
+    policy: PolicyLike = "balanced",
+    estimator: CapabilityEstimator | None = None,
+    step: str | None = None,
+    tool: str | None = None,
+    on_block: OnBlock = "return",
+    log: DecisionLog | str | Path | None = None,
+    extract: Extractor | None = None,
+    query: QuerySource | None = None,
+    to_text: Callable[[Any], str] | None = None,
+    state_schema: type[Any] = CapabilityState,
+) -> StateGraph[Any, Any, Any, Any]:
+    """An uncompiled graph that answers only when the policy lets it.
+
+    Nodes: ``estimate`` (a :func:`capability_node`) routes to
+
+    * ``answer``: your node (a function of the state, sync or async, or a runnable) runs;
+    * ``resample``: your node runs repeatedly under CAS (each call one sample, answers grouped by
+      ``extract`` over the text of the update's last message), within the decision's sampling
+      plan; the winning update is applied and ``capgate_cas`` summarizes the vote;
+    * ``abstain``: the policy's message is added as an AI message;
+    * ``clarify``: ``interrupt()`` with a :class:`ClarifyRequest`; resume with
+      ``Command(resume={"answer": "..."})``: the question and the answer join the conversation and
+      the step is estimated again;
+    * ``escalate``: ``interrupt()`` with an :class:`EscalationRequest` (its ``to`` is the
+      decision's); resume with ``Command(resume={"decision": "reply" | "approve" | "reject",
+      "message": ...})``: a reply is the answer, approve lets your node answer, reject declines.
+
+    With ``on_block="raise"``, abstain / clarify / escalate (and a resample that found no answer)
+    raise the matching :class:`~capgate.GateBlocked` out of the graph instead.
+
+    Compile it yourself, with your checkpointer (interrupts need one)::
+
+        app = capability_subgraph(answer, estimator=probe).compile(checkpointer=SqliteSaver(conn))
+
+    Args:
+        answer: The node that calls the model and returns a state update (``{"messages": [...]}``).
+        gate: A ready gate (or give the settings below).
+        policy: Policy, preset name or file.
+        estimator: The capability estimator.
+        step: Step name passed to the policy.
+        tool: Tool name passed to the policy.
+        on_block: ``"return"`` (messages and interrupts) or ``"raise"``.
+        log: Decision log.
+        extract: Answer extractor for resample votes.
+        query: Where the query is (default: ``state["messages"]``).
+        to_text: Reads the text of an update for voting (default: its last message's content).
+        state_schema: The graph's state type (must have the keys of :class:`CapabilityState`).
+
+    Returns:
+        The uncompiled ``StateGraph``.
+    """
+    the_gate = Gate.coerce(
+        gate,
+        policy=policy,
+        estimator=estimator,
+        step=step,
+        tool=tool,
+        on_block=on_block,
+        log=log,
+        extract=extract,
+    )
+    if not (callable(answer) or isinstance(answer, Runnable)):
+        raise TypeError(f"`answer` must be a node (a function of the state or a runnable); got {answer!r}")
+    read = _reader(query)
+    read_text = to_text or _update_text
+    is_async = inspect.iscoroutinefunction(answer) or inspect.iscoroutinefunction(
+        getattr(answer, "__call__", None)  # noqa: B004 - a callable object's async __call__
+    )
+
+    def call_answer(state: Any) -> Any:
+        return answer.invoke(state) if isinstance(answer, Runnable) else answer(state)
+
+    async def acall_answer(state: Any) -> Any:
+        if isinstance(answer, Runnable):
+            return await answer.ainvoke(state)
+        result = answer(state)
+        return await result if inspect.isawaitable(result) else result
+
+    def current(state: Any) -> Verdict:
+        decision = read_decision(state.get("capgate_decision"))
+        if decision is None:
+            raise KeyError("no decision in state['capgate_decision']; the estimate node must run first")
+        return Verdict(decision=decision, query=read(state))
+
+    def resample_flow(state: Any) -> Flow[dict[str, Any]]:
+        verdict = current(state)
+        draw = Invoke(lambda: call_answer(state), lambda: acall_answer(state))
+        sampled = yield Sample(the_gate, verdict, draw, to_text=read_text)
+        summary = _cas_summary(verdict, sampled.cas)
+        if sampled.value is None:
+            gated = the_gate.block(verdict, cas=sampled.cas)
+            return {"messages": [AIMessage(gated.message)], "capgate_cas": summary}
+        update = dict(sampled.value) if isinstance(sampled.value, Mapping) else {"messages": [sampled.value]}
+        update["capgate_cas"] = summary
+        return update
+
+    async def aresample(state: Any) -> dict[str, Any]:
+        return await adrive(resample_flow(state))
+
+    def blocked(state: Any) -> tuple[Verdict, Gated]:
+        verdict = current(state)
+        return verdict, the_gate.block(verdict)  # raises with on_block="raise"
+
+    def abstain(state: Any) -> dict[str, Any]:
+        return {"messages": [AIMessage(blocked(state)[1].message)]}
+
+    def clarify(state: Any) -> Command[str]:
+        verdict, gated = blocked(state)
+        reply = ask_clarification(verdict)
+        return Command(
+            goto="estimate",
+            update={
+                "messages": [AIMessage(gated.message), HumanMessage(reply.answer)],
+                "capgate_human": reply.model_dump(mode="json"),
+            },
+        )
+
+    def escalate(state: Any) -> Command[str]:
+        verdict, _ = blocked(state)
+        review = ask_review(verdict)
+        record = review.model_dump(mode="json")
+        if review.decision == "approve":
+            return Command(goto="answer", update={"capgate_human": record})
+        return Command(
+            goto=END, update={"messages": [AIMessage(review_reply(review))], "capgate_human": record}
+        )
+
+    graph: StateGraph[Any, Any, Any, Any] = StateGraph(state_schema)
+    graph.add_node("estimate", capability_node(gate=the_gate, query=query))
+    if is_async or isinstance(answer, Runnable):
+        graph.add_node("answer", RunnableLambda(call_answer, afunc=acall_answer, name="answer"))
+    else:
+        graph.add_node("answer", answer)
+    graph.add_node(
+        "resample", RunnableLambda(lambda s: drive(resample_flow(s)), afunc=aresample, name="resample")
+    )
+    graph.add_node("abstain", abstain)
+    graph.add_node("clarify", clarify, destinations=("estimate",))
+    graph.add_node("escalate", escalate, destinations=("answer", END))
+    graph.add_edge(START, "estimate")
+    graph.add_conditional_edges("estimate", route_on_decision, {a: a for a in ACTIONS})
+    for node in ("answer", "resample", "abstain"):
+        graph.add_edge(node, END)
+    return graph

@@ -1,0 +1,38 @@
+"""Stop rules from declarative settings: :class:`~capgate.StopSettings` (a policy's ``stop:`` block,
+carried by every resample :class:`~capgate.Decision`) turned into a composed stop rule."""
+
+from __future__ import annotations
+
+from capgate._types import StopSettings
+from capgate.cas.stop import (
+    StopRule,
+    beta_consensus,
+    beta_futility,
+    cas_confidence_gap,
+    stop_after_samples,
+    stop_all,
+    stop_any,
+    stop_never,
+)
+
+__all__ = ["stop_rule"]
+
+
+def stop_rule(settings: StopSettings) -> StopRule:
+    """The composed stop rule for :func:`capgate.cas.adaptive_sample` (``stop=...``).
+
+    Example:
+        >>> stop_rule(StopSettings(consensus=0.9, confidence_gap=None, min_samples=3))
+        stop_all(stop_after_samples(3), stop_any(beta_consensus(threshold=0.9)))
+    """
+    rules: list[StopRule] = []
+    if settings.confidence_gap is not None:
+        rules.append(cas_confidence_gap(**settings.confidence_gap.model_dump()))
+    if settings.consensus is not None:
+        rules.append(beta_consensus(settings.consensus))
+    if settings.futility is not None:
+        rules.append(beta_futility(settings.futility))
+    combined: StopRule = stop_any(*rules) if rules else stop_never()
+    if settings.min_samples > 1:
+        combined = stop_all(stop_after_samples(settings.min_samples), combined)
+    return combined

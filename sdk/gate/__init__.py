@@ -1,0 +1,56 @@
+"""The capability gate: estimate a query's capability, let a policy decide, act on the decision.
+
+:class:`Gate` is the object every integration shares: the :func:`~capgate.guard` decorator, the
+LangGraph nodes (:mod:`capgate.adapters.agents.langgraph`) and the LangChain middleware
+(:mod:`capgate.adapters.agents.langchain`) differ only in how they read the query and carry out the
+action. The gate does the rest once: it estimates (sync :meth:`Gate.assess` or async
+:meth:`Gate.aassess`), decides through its :class:`~capgate.policies.Policy` (the
+:class:`~capgate.Decision` carries everything its action needs), counts what it did
+(:class:`GateStats`), writes decisions to an optional :class:`~capgate.decision.DecisionLog`,
+runs ``resample`` through CAS over any function that draws one response per call
+(:meth:`Gate.sample` / :meth:`Gate.asample`), and turns ``abstain`` / ``clarify`` / ``escalate``
+into a typed :class:`Gated` result or a :class:`GateBlocked` exception (:meth:`Gate.block`).
+Per-call settings: :meth:`Gate.with_options`, which takes every setting the constructor takes.
+"""
+
+from capgate._types import Extractor
+from capgate.gate._defaults import default_estimator, default_extract, set_default_estimator
+from capgate.gate._gate import Gate
+from capgate.gate._results import (
+    RESAMPLE_FAILED_MESSAGE,
+    Abstained,
+    ClarificationNeeded,
+    Escalated,
+    GateBlocked,
+    Gated,
+    ResampleFailed,
+    Sampled,
+    Verdict,
+)
+from capgate.gate._settings import UNSET, GateSettings, OnBlock, PolicyLike, Unset
+from capgate.gate._stats import GateStats
+from capgate.messages import as_query
+
+__all__ = [
+    "RESAMPLE_FAILED_MESSAGE",
+    "UNSET",
+    "Abstained",
+    "ClarificationNeeded",
+    "Escalated",
+    "Extractor",
+    "Gate",
+    "GateBlocked",
+    "GateSettings",
+    "GateStats",
+    "Gated",
+    "OnBlock",
+    "PolicyLike",
+    "ResampleFailed",
+    "Sampled",
+    "Unset",
+    "Verdict",
+    "as_query",
+    "default_estimator",
+    "default_extract",
+    "set_default_estimator",
+]

@@ -1,0 +1,170 @@
+"""I/O-free flows: each integration's logic written once, run by a sync or an async driver.
+
+A *flow* is a generator that yields :class:`Effect` s (estimate a query, log a decision, call the
+user's function, resample it) and receives each one's result back, then returns its own result.
+:func:`drive` runs a flow with the sync I/O of each effect and :func:`adrive` with the async I/O,
+so a flow's decisions (which action leads where, what is logged, when to block) exist once and
+the sync and async paths of an integration cannot drift apart, as in
+:mod:`capgate.estimators._sampling`. An effect that fails is thrown back into the flow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+from capgate.gate._results import Sampled, Verdict
+
+if TYPE_CHECKING:
+    from capgate.gate._gate import Gate
+
+__all__ = ["Assess", "AssessEach", "Effect", "Flow", "Invoke", "Record", "Sample", "adrive", "drive"]
+
+R = TypeVar("R")
+
+
+class Effect:
+    """One piece of I/O a flow asks for; :meth:`run` does it sync, :meth:`arun` async."""
+
+    def run(self) -> Any:
+        """Do it synchronously."""
+        raise NotImplementedError
+
+    async def arun(self) -> Any:
+        """Do it asynchronously."""
+        raise NotImplementedError
+
+
+Flow: TypeAlias = Generator[Effect, Any, R]
+"""A flow yields effects, receives their results, and returns its own."""
+
+
+@dataclass(frozen=True)
+class Assess(Effect):
+    """Estimate a query and decide: a :class:`~capgate.gate.Verdict`."""
+
+    gate: Gate
+    query: object
+
+    def run(self) -> Verdict:
+        return self.gate.assess(self.query)
+
+    async def arun(self) -> Verdict:
+        return await self.gate.aassess(self.query)
+
+
+@dataclass(frozen=True)
+class AssessEach(Effect):
+    """Several assessments, each by its own gate (view): a list of verdicts, in order.
+
+    The async path runs them concurrently.
+    """
+
+    items: Sequence[tuple[Gate, object]]
+
+    def run(self) -> list[Verdict]:
+        return [gate.assess(query) for gate, query in self.items]
+
+    async def arun(self) -> list[Verdict]:
+        return list(await asyncio.gather(*(gate.aassess(query) for gate, query in self.items)))
+
+
+@dataclass(frozen=True)
+class Record(Effect):
+    """Write a decision to the gate's log."""
+
+    gate: Gate
+    verdict: Verdict
+    samples_used: int | None = None
+
+    def run(self) -> None:
+        self.gate.record(self.verdict, samples_used=self.samples_used)
+
+    async def arun(self) -> None:
+        await self.gate.arecord(self.verdict, samples_used=self.samples_used)
+
+
+async def _awaited(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+@dataclass(frozen=True)
+class Invoke(Effect):
+    """Call the user's code: ``call()`` on the sync path, ``acall()`` (awaited) on the async one.
+
+    Without ``acall``, the async path awaits what ``call()`` returns when it is awaitable (a
+    coroutine function's call).
+    """
+
+    call: Callable[[], Any]
+    acall: Callable[[], Awaitable[Any]] | None = None
+
+    def run(self) -> Any:
+        return self.call()
+
+    async def arun(self) -> Any:
+        return await (self.acall() if self.acall is not None else _awaited(self.call()))
+
+
+@dataclass(frozen=True)
+class Sample(Effect):
+    """Carry out a resample verdict: draw with ``draw`` under CAS (:meth:`Gate.sample`)."""
+
+    gate: Gate
+    verdict: Verdict
+    draw: Invoke
+    to_text: Callable[[Any], str] | None = None
+
+    def run(self) -> Sampled[Any]:
+        return self.gate.sample(lambda _: self.draw.run(), self.verdict, to_text=self.to_text)
+
+    async def arun(self) -> Sampled[Any]:
+        async def draw(_: object) -> Any:
+            return await self.draw.arun()
+
+        return await self.gate.asample(draw, self.verdict, to_text=self.to_text)
+
+
+@dataclass(frozen=True)
+class _Done:
+    value: Any
+
+
+def _advance(flow: Flow[Any], result: Any, error: BaseException | None) -> Effect | _Done:
+    try:
+        return flow.throw(error) if error is not None else flow.send(result)
+    except StopIteration as stop:
+        return _Done(stop.value)
+
+
+def _attempt(run: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+    try:
+        return run(), None
+    except BaseException as exc:  # handed to the flow, which re-raises what it does not handle
+        return None, exc
+
+
+async def _aattempt(arun: Callable[[], Awaitable[Any]]) -> tuple[Any, BaseException | None]:
+    try:
+        return await arun(), None
+    except BaseException as exc:  # handed to the flow, which re-raises what it does not handle
+        return None, exc
+
+
+def drive(flow: Flow[R]) -> R:
+    """Run a flow, doing each effect's sync I/O."""
+    step = _advance(flow, None, None)
+    while isinstance(step, Effect):
+        step = _advance(flow, *_attempt(step.run))
+    return step.value  # type: ignore[no-any-return]
+
+
+async def adrive(flow: Flow[R]) -> R:
+    """Run a flow, doing each effect's async I/O."""
+    step = _advance(flow, None, None)
+    while isinstance(step, Effect):
+        step = _advance(flow, *await _aattempt(step.arun))
+    return step.value  # type: ignore[no-any-return]

@@ -1,0 +1,346 @@
+"""The :class:`Gate`: estimate a query's capability, let the policy decide, count, log and act."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from capgate._types import Estimate, Extractor
+from capgate.adapters.backends.function import AsyncFunctionBackend, FunctionBackend
+from capgate.backend import Prompt
+from capgate.cas.loop import CASResult, aadaptive_sample, adaptive_sample
+from capgate.cas.settings import stop_rule
+from capgate.errors import SettingsError
+from capgate.estimators.base import CapabilityEstimator
+from capgate.gate._defaults import default_estimator, default_extract
+from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
+from capgate.gate._settings import UNSET, GateSettings, OnBlock, PolicyLike, Unset, given_settings
+from capgate.gate._stats import GateStats
+from capgate.messages import as_query
+from capgate.policies import Policy, load_policy
+
+if TYPE_CHECKING:
+    from capgate.decision.log import DecisionLog
+
+__all__ = ["Gate"]
+
+T = TypeVar("T")
+
+
+class _Shared:
+    """What a gate and its :meth:`Gate.with_options` views share: stats, loaded policies, logs."""
+
+    def __init__(self) -> None:
+        self.stats = GateStats()
+        self.lock = threading.Lock()
+        self.policies: dict[str, Policy] = {}
+        self.logs: dict[str, DecisionLog] = {}
+
+
+class Gate:
+    """Estimate, decide, count, log and act: the engine behind every capgate integration.
+
+    The constructor only checks and stores its settings (:class:`~capgate.GateSettings`); the
+    policy loads on first use. Per-call settings: :meth:`with_options`.
+
+    Args:
+        policy: A :class:`~capgate.policies.Policy`, a preset name or a policy file path.
+        estimator: The capability estimator; ``None`` uses :func:`capgate.default_estimator` at
+            call time.
+        extract: Answer extractor for ``resample`` votes (default: :func:`capgate.default_extract`).
+        on_block: ``"return"`` a :class:`~capgate.Gated` result or ``"raise"`` a
+            :class:`~capgate.GateBlocked`.
+        step: Agent step name passed to the policy (selects its step override).
+        tool: Tool name passed to the policy (selects its tool override).
+        log: Decision log (a :class:`~capgate.decision.DecisionLog` or a path to one).
+
+    Raises:
+        SettingsError: A setting has a wrong value or type (the message names it).
+
+    Example:
+        >>> from capgate import Estimate
+        >>> from capgate.estimators import CapabilityEstimator
+        >>> class Fixed(CapabilityEstimator):
+        ...     method = "fixed"
+        ...     def estimate(self, queries):
+        ...         return [Estimate(p=0.2, method=self.method) for _ in queries]
+        >>> gate = Gate(policy="balanced", estimator=Fixed())
+        >>> verdict = gate.assess("Prove the Riemann hypothesis.")
+        >>> verdict.action, gate.stats.calls
+        ('abstain', 1)
+        >>> gate.block(verdict).message
+        "I can't answer this reliably (estimated chance of a correct answer: 20%)."
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: PolicyLike = "balanced",
+        estimator: CapabilityEstimator | None = None,
+        extract: Extractor | None = None,
+        on_block: OnBlock = "return",
+        step: str | None = None,
+        tool: str | None = None,
+        log: DecisionLog | str | Path | None = None,
+    ) -> None:
+        self.settings = GateSettings(
+            policy=policy,
+            estimator=estimator,
+            extract=extract,
+            on_block=on_block,
+            step=step,
+            tool=tool,
+            log=log,
+        )
+        self._shared = _Shared()
+
+    @classmethod
+    def from_settings(cls, settings: GateSettings) -> Gate:
+        """A gate with the given settings."""
+        gate = cls.__new__(cls)
+        gate.settings = settings
+        gate._shared = _Shared()
+        return gate
+
+    @classmethod
+    def coerce(cls, gate: Gate | None = None, **settings: Any) -> Gate:
+        """``gate`` itself, or a new gate from ``settings``: the one check every integration makes.
+
+        Args:
+            gate: A ready gate, or ``None``.
+            **settings: The integration's gate settings (``policy``, ``estimator``, ``extract``,
+                ``on_block``, ``step``, ``tool``, ``log``), defaults for those not given.
+
+        Raises:
+            SettingsError: ``gate`` is not a Gate, or is given together with settings other than
+                their defaults (the message names them), or a setting is wrong.
+        """
+        if gate is None:
+            return cls.from_settings(GateSettings().replace(**settings))
+        if not isinstance(gate, Gate):
+            raise SettingsError(f"`gate` must be a capgate Gate; got {gate!r}")
+        given = given_settings(**settings)
+        if given:
+            raise SettingsError(
+                f"pass either gate= or the gate settings, not both; also got {', '.join(given)}"
+            )
+        return gate
+
+    def with_options(
+        self,
+        *,
+        policy: PolicyLike | Unset = UNSET,
+        estimator: CapabilityEstimator | Unset | None = UNSET,
+        extract: Extractor | Unset | None = UNSET,
+        on_block: OnBlock | Unset = UNSET,
+        step: str | Unset | None = UNSET,
+        tool: str | Unset | None = UNSET,
+        log: DecisionLog | str | Path | Unset | None = UNSET,
+    ) -> Gate:
+        """The same gate with some settings changed: shares its stats, loaded policies and logs.
+
+        Every setting the constructor takes can be changed; ``None`` clears ``step`` / ``tool``.
+
+        Example:
+            >>> gate = Gate(policy="balanced", tool="refund")
+            >>> view = gate.with_options(step="draft", tool=None)
+            >>> (view.settings.step, view.settings.tool, view.stats is gate.stats)
+            ('draft', None, True)
+        """
+        settings = self.settings.replace(
+            policy=policy,
+            estimator=estimator,
+            extract=extract,
+            on_block=on_block,
+            step=step,
+            tool=tool,
+            log=log,
+        )
+        if settings is self.settings:
+            return self
+        view = Gate.__new__(Gate)
+        view.settings = settings
+        view._shared = self._shared
+        return view
+
+    def __repr__(self) -> str:
+        s = self.settings
+        policy = s.policy.name if isinstance(s.policy, Policy) else str(s.policy)
+        return (
+            f"Gate(policy={policy!r}, estimator={s.estimator!r}, on_block={s.on_block!r}, "
+            f"step={s.step!r}, tool={s.tool!r})"
+        )
+
+    # ------------------------------------------------------------------ settings
+
+    @property
+    def stats(self) -> GateStats:
+        """What this gate (and every view of it) has done so far."""
+        return self._shared.stats
+
+    @property
+    def on_block(self) -> OnBlock:
+        """The gate's ``on_block`` setting."""
+        return self.settings.on_block
+
+    @property
+    def extract(self) -> Extractor:
+        """The answer extractor in force for resample votes."""
+        return self.settings.extract or default_extract
+
+    @property
+    def log(self) -> DecisionLog | None:
+        """The decision log in force (a path is opened once and shared by every view)."""
+        from capgate.decision.log import DecisionLog
+
+        log = self.settings.log
+        if log is None or isinstance(log, DecisionLog):
+            return log
+        key = str(log)
+        with self._shared.lock:
+            if key not in self._shared.logs:
+                self._shared.logs[key] = DecisionLog(log)
+            return self._shared.logs[key]
+
+    def resolve_policy(self) -> Policy:
+        """The policy in force (a preset or file is loaded once, then cached)."""
+        chosen = self.settings.policy
+        if isinstance(chosen, Policy):
+            return chosen
+        key = str(chosen)
+        with self._shared.lock:
+            if key not in self._shared.policies:
+                self._shared.policies[key] = load_policy(chosen)
+            return self._shared.policies[key]
+
+    def resolve_estimator(self) -> CapabilityEstimator:
+        """The estimator in force.
+
+        Raises:
+            SettingsError: None was given and no default is set.
+        """
+        chosen = self.settings.estimator
+        if chosen is None:
+            chosen = default_estimator()
+        if chosen is None:
+            raise SettingsError(
+                "no capability estimator: pass estimator=... (any capgate CapabilityEstimator) or "
+                "call capgate.set_default_estimator(...)"
+            )
+        return chosen
+
+    # ------------------------------------------------------------------ deciding
+
+    def _verdict(self, query: Prompt, estimates: object, estimator: CapabilityEstimator) -> Verdict:
+        if not (isinstance(estimates, list) and len(estimates) == 1 and isinstance(estimates[0], Estimate)):
+            raise TypeError(
+                f"{type(estimator).__name__}.estimate([query]) must return a list of one Estimate; "
+                f"got {estimates!r}"
+            )
+        decision = self.resolve_policy().decide(
+            estimates[0], step=self.settings.step, tool=self.settings.tool
+        )
+        self.stats.decided(decision)
+        return Verdict(decision=decision, query=query)
+
+    def assess(self, query: object) -> Verdict:
+        """Estimate the query's capability and decide (counted in :attr:`stats`, not logged).
+
+        Args:
+            query: A prompt string or chat messages (see :func:`capgate.messages.as_query`).
+
+        Returns:
+            The self-contained decision and the normalized query. Degraded estimates follow the
+            policy's ``on_degraded`` and the decision records it.
+        """
+        q, estimator = as_query(query), self.resolve_estimator()
+        return self._verdict(q, estimator.estimate([q]), estimator)
+
+    async def aassess(self, query: object) -> Verdict:
+        """Async twin of :meth:`assess` (uses the estimator's ``aestimate``)."""
+        q, estimator = as_query(query), self.resolve_estimator()
+        return self._verdict(q, await estimator.aestimate([q]), estimator)
+
+    # ------------------------------------------------------------------ logging
+
+    def record(self, verdict: Verdict, *, samples_used: int | None = None) -> None:
+        """Write the decision to the gate's log (no-op without one)."""
+        log = self.log
+        if log is not None:
+            log.record(verdict.decision, query=verdict.query, samples_used=samples_used)
+
+    async def arecord(self, verdict: Verdict, *, samples_used: int | None = None) -> None:
+        """Async twin of :meth:`record` (the write runs in a worker thread)."""
+        if self.settings.log is not None:
+            await asyncio.to_thread(self.record, verdict, samples_used=samples_used)
+
+    # ------------------------------------------------------------------ blocking
+
+    def block(self, verdict: Verdict, *, cas: CASResult | None = None) -> Gated:
+        """The :class:`~capgate.Gated` result for a blocked decision, or raise it (``on_block="raise"``).
+
+        Raises:
+            GateBlocked: The action's subclass, when the gate's ``on_block`` is ``"raise"``.
+            ValueError: The decision does not block (answer, or resample with an answer).
+        """
+        gated = Gated.of(verdict, cas)
+        if self.settings.on_block == "raise":
+            raise blocked_error(gated)
+        return gated
+
+    # ------------------------------------------------------------------ resampling
+
+    def _sampling(self, verdict: Verdict) -> dict[str, Any]:
+        plan = verdict.decision.plan
+        if plan is None:
+            raise ValueError(f"only a resample decision can be sampled; this one is {verdict.action!r}")
+        return {
+            "extract": self.extract,
+            "stop": stop_rule(plan.stop),
+            "batch_size": plan.batch_size,
+            "max_samples": plan.max_samples,
+        }
+
+    def sample(
+        self,
+        draw: Callable[[Prompt], T],
+        verdict: Verdict,
+        *,
+        to_text: Callable[[T], str] | None = None,
+        count_tokens: Callable[[T], int] | None = None,
+    ) -> Sampled[T]:
+        """Carry out a ``resample`` decision: call ``draw`` under CAS and return the vote winner.
+
+        Each call of ``draw(query)`` is one sample; the decision's plan (stop settings, batch
+        size, budget) bounds the run.
+
+        Args:
+            draw: Draws one response (any object: a string, a chat message, a state update).
+            verdict: A resample verdict from :meth:`assess`.
+            to_text: Reads a drawn value's text (default: a string, or its ``content``).
+            count_tokens: Reads a drawn value's generated tokens, if known.
+        """
+        backend = FunctionBackend(draw, to_text=to_text, count_tokens=count_tokens)
+        cas = adaptive_sample(backend, verdict.query, **self._sampling(verdict))
+        self.stats.sampled(cas)
+        return Sampled(value=backend.winner(cas), cas=cas)
+
+    async def asample(
+        self,
+        draw: Callable[[Prompt], Awaitable[T]],
+        verdict: Verdict,
+        *,
+        to_text: Callable[[T], str] | None = None,
+        count_tokens: Callable[[T], int] | None = None,
+        concurrent: bool = True,
+    ) -> Sampled[T]:
+        """Async twin of :meth:`sample`; the draws of one batch run concurrently by default."""
+        backend = AsyncFunctionBackend(
+            draw, to_text=to_text, count_tokens=count_tokens, concurrent=concurrent
+        )
+        cas = await aadaptive_sample(backend, verdict.query, **self._sampling(verdict))
+        self.stats.sampled(cas)
+        return Sampled(value=backend.winner(cas), cas=cas)

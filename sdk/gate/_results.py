@@ -1,0 +1,180 @@
+"""What a gate hands back: a verdict to act on, a blocked result or exception, a resample's winner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from capgate._types import Action, Decision, Estimate, SamplingPlan
+from capgate.backend import Prompt
+from capgate.cas.loop import CASResult
+
+__all__ = [
+    "RESAMPLE_FAILED_MESSAGE",
+    "Abstained",
+    "ClarificationNeeded",
+    "Escalated",
+    "GateBlocked",
+    "Gated",
+    "ResampleFailed",
+    "Sampled",
+    "Verdict",
+    "blocked_error",
+]
+
+T = TypeVar("T")
+
+RESAMPLE_FAILED_MESSAGE = (
+    "I sampled {n} answers to check my consistency, but none of them gave an answer I could "
+    "compare, so I won't guess."
+)
+"""Text of a :class:`Gated` result when ``resample`` drew responses but none had an answer."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A decision on a query, and the query it was made on: all an integration needs to act.
+
+    Attributes:
+        decision: The policy's decision (self-contained: it carries its sampling plan, its
+            hand-off target and its texts).
+        query: The query (normalized: a string or chat messages).
+    """
+
+    decision: Decision
+    query: Prompt
+
+    @property
+    def action(self) -> Action:
+        """The decided action."""
+        return self.decision.action
+
+    @property
+    def estimate(self) -> Estimate:
+        """The capability estimate."""
+        return self.decision.estimate
+
+    @property
+    def plan(self) -> SamplingPlan | None:
+        """For ``resample``, how to sample (the decision's plan); else ``None``."""
+        return self.decision.plan
+
+
+@dataclass(frozen=True)
+class Gated:
+    """What a gated call returns instead of an answer when the policy blocks it.
+
+    Attributes:
+        decision: The policy's decision (its ``action`` is abstain, clarify or escalate; or
+            resample when no sampled response had an answer).
+        query: The query the decision was made on.
+        message: The text for the user (abstain message, clarifying question) or the human
+            (escalation summary).
+        cas: For a failed resample, the sampling run.
+    """
+
+    decision: Decision
+    query: Prompt
+    message: str
+    cas: CASResult | None = None
+
+    @classmethod
+    def of(cls, verdict: Verdict, cas: CASResult | None = None) -> Gated:
+        """The blocked result of a verdict (``cas``: the resample run that found no answer).
+
+        Raises:
+            ValueError: The decision does not block (answer, or resample with no run given).
+        """
+        decision = verdict.decision
+        if decision.action == "answer" or (decision.action == "resample" and cas is None):
+            raise ValueError(f"a {decision.action!r} decision does not block; nothing to return or raise")
+        if decision.action == "resample":
+            assert cas is not None
+            message = RESAMPLE_FAILED_MESSAGE.format(n=cas.samples_used)
+        else:
+            message = decision.text
+        return cls(decision=decision, query=verdict.query, message=message, cas=cas)
+
+    @property
+    def action(self) -> Action:
+        """The action that blocked the call."""
+        return self.decision.action
+
+    @property
+    def estimate(self) -> Estimate:
+        """The capability estimate the decision was made on."""
+        return self.decision.estimate
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class GateBlocked(Exception):  # noqa: N818 - reads as a state, like StopIteration
+    """Raised (with ``on_block="raise"``) when the policy does not let the query be answered.
+
+    Catch the subclass for one action, or this class for all of them.
+
+    Attributes:
+        gated: The blocked result, with the decision, the estimate and the message.
+    """
+
+    def __init__(self, gated: Gated) -> None:
+        self.gated = gated
+        super().__init__(gated.message)
+
+    @property
+    def decision(self) -> Decision:
+        """The policy's decision."""
+        return self.gated.decision
+
+    @property
+    def estimate(self) -> Estimate:
+        """The capability estimate."""
+        return self.gated.estimate
+
+    @property
+    def message(self) -> str:
+        """The text for the user or the human."""
+        return self.gated.message
+
+
+class Abstained(GateBlocked):
+    """The policy abstained; ``message`` is the text for the user."""
+
+
+class ClarificationNeeded(GateBlocked):
+    """The policy asks the user to clarify; ``message`` is the clarifying question."""
+
+
+class Escalated(GateBlocked):
+    """The policy hands the query to a human; ``message`` is the hand-off summary."""
+
+
+class ResampleFailed(GateBlocked):
+    """Resampling drew responses but none had an extractable answer."""
+
+
+_BLOCKED: dict[str, type[GateBlocked]] = {
+    "abstain": Abstained,
+    "clarify": ClarificationNeeded,
+    "escalate": Escalated,
+    "resample": ResampleFailed,
+}
+
+
+def blocked_error(gated: Gated) -> GateBlocked:
+    """The :class:`GateBlocked` subclass instance for a blocked result (to raise)."""
+    return _BLOCKED[gated.action](gated)
+
+
+@dataclass(frozen=True)
+class Sampled(Generic[T]):
+    """The outcome of resampling a function under CAS.
+
+    Attributes:
+        value: The first drawn value whose answer won the vote (``None`` if no response had one).
+        cas: The sampling run (votes, samples used, why it stopped).
+    """
+
+    value: T | None
+    cas: CASResult

@@ -1,0 +1,116 @@
+"""The settings every gate and integration takes, checked in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+
+from capgate._types import Extractor
+from capgate.errors import SettingsError
+from capgate.estimators.base import CapabilityEstimator
+from capgate.policies import Policy
+
+if TYPE_CHECKING:
+    from capgate.decision.log import DecisionLog
+
+__all__ = ["ON_BLOCK", "UNSET", "GateSettings", "OnBlock", "PolicyLike", "Unset", "given_settings"]
+
+
+class Unset(enum.Enum):
+    """Type of :data:`UNSET`."""
+
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = Unset.UNSET
+"""Marks a setting as not given (inherit it), unlike an explicit ``None`` (which, for ``step`` and
+``tool``, means "no step" / "no tool")."""
+
+OnBlock: TypeAlias = Literal["return", "raise"]
+"""What a blocked query (abstain, clarify, escalate, a resample without an answer) produces: a
+:class:`~capgate.Gated` result (or, in agent integrations, the framework's own way: a message,
+an interrupt), or a :class:`~capgate.GateBlocked` exception."""
+
+ON_BLOCK: tuple[OnBlock, ...] = ("return", "raise")
+
+PolicyLike: TypeAlias = str | Path | Policy
+"""A policy, a preset name (``"balanced"``) or a policy file path."""
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """What a :class:`~capgate.Gate` is configured with; every integration takes the same keywords.
+
+    Checked on construction (and on :meth:`replace`), each error naming the setting.
+
+    Attributes:
+        policy: A :class:`~capgate.policies.Policy`, a preset name or a policy file path.
+        estimator: The capability estimator; ``None`` uses the process-wide default
+            (:func:`capgate.set_default_estimator`) at call time.
+        extract: Answer extractor for ``resample`` votes (default: :func:`capgate.default_extract`).
+        on_block: ``"return"`` a result or ``"raise"`` a :class:`~capgate.GateBlocked`.
+        step: Agent step passed to the policy (selects its ``steps:`` override).
+        tool: Tool name passed to the policy (selects its ``tools:`` override).
+        log: Decision log (a :class:`~capgate.decision.DecisionLog` or a path to one).
+
+    Raises:
+        SettingsError: A setting has a wrong value or type (the message names it).
+    """
+
+    policy: PolicyLike = "balanced"
+    estimator: CapabilityEstimator | None = None
+    extract: Extractor | None = None
+    on_block: OnBlock = "return"
+    step: str | None = None
+    tool: str | None = None
+    log: DecisionLog | str | Path | None = None
+
+    def __post_init__(self) -> None:
+        from capgate.decision.log import DecisionLog
+
+        policy = self.policy
+        if not isinstance(policy, str | Path | Policy) or (isinstance(policy, str) and not policy):
+            raise SettingsError(
+                f"`policy` must be a Policy, a preset name or a policy file path; got {policy!r}"
+            )
+        if self.estimator is not None and not isinstance(self.estimator, CapabilityEstimator):
+            raise SettingsError(
+                f"`estimator` must be a capgate CapabilityEstimator or None; got {self.estimator!r}"
+            )
+        if self.extract is not None and not callable(self.extract):
+            raise SettingsError(f"`extract` must be a function text -> answer or None; got {self.extract!r}")
+        if self.on_block not in ON_BLOCK:
+            raise SettingsError(f"`on_block` must be one of {ON_BLOCK}; got {self.on_block!r}")
+        for name in ("step", "tool"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value):
+                raise SettingsError(f"`{name}` must be a non-empty string or None; got {value!r}")
+        if self.log is not None and not isinstance(self.log, DecisionLog | str | Path):
+            raise SettingsError(f"`log` must be a DecisionLog, a path or None; got {self.log!r}")
+
+    def replace(self, **changes: Any) -> GateSettings:
+        """A copy with some settings changed (:data:`UNSET` values are ignored), checked again.
+
+        Raises:
+            SettingsError: An unknown setting, or a wrong value.
+        """
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise SettingsError(f"unknown gate setting(s): {', '.join(unknown)}")
+        given = {k: v for k, v in changes.items() if v is not UNSET}
+        return dataclasses.replace(self, **given) if given else self
+
+
+def given_settings(**values: Any) -> dict[str, Any]:
+    """The settings among ``values`` that differ from :class:`GateSettings`' defaults.
+
+    Integrations call it with their keyword arguments to tell which were given alongside ``gate=``.
+    """
+    defaults = GateSettings()
+    return {k: v for k, v in values.items() if v is not UNSET and v != getattr(defaults, k)}
