@@ -74,8 +74,8 @@ def main() -> None:
 
     import torch
 
-    from capgate.loading import load_estimator
     from capgate.adapters.backends.transformers import load_backend
+    from capgate.loading import load_estimator
 
     torch.set_num_threads(2)
     measure("local: probe (own prefill) + policy", ask_with(load_backend("default", device="cpu")),

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 import capgate
 from capgate import SamplingParams
+from capgate.adapters.transformers import load_backend
 from capgate.demo import DEMO_POLICY_YAML
 from capgate.estimators import CapabilityEstimator, Consistency
 from capgate.gate import GateBlocked, default_extract
-from capgate.adapters.transformers import load_backend
 
 QUESTIONS = (
     "One word only: what is the capital of France?",

@@ -21,9 +21,9 @@ from langgraph.types import Command
 
 from capgate import SamplingParams
 from capgate.adapters.langchain import CapabilityGate, CapgateChatModel
+from capgate.adapters.transformers import load_backend
 from capgate.estimators import Consistency
 from capgate.gate import default_extract
-from capgate.adapters.transformers import load_backend
 
 QUESTIONS = (
     "What is the capital of Japan?",

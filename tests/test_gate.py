@@ -60,7 +60,8 @@ def test_a_decision_carries_its_plan_and_target_through_json() -> None:
     verdict = gate.assess("mid")
     restored = Decision.model_validate_json(verdict.decision.model_dump_json())
     assert restored == verdict.decision
-    assert restored.plan is not None and restored.plan.max_samples == restored.budget == 4
+    assert restored.plan is not None
+    assert restored.plan.max_samples == restored.budget == 4
     # A gate whose policy has nothing to do with it samples the restored decision by its own plan.
     other = Gate(policy="conservative", estimator=KeywordEstimator({}), extract=str.strip)
     sampled = other.sample(lambda q: "x", Verdict(decision=restored, query="mid"))
@@ -157,7 +158,8 @@ def test_with_options_takes_every_setting_and_shares_stats() -> None:
     assert gate.with_options() is gate
     with pytest.raises(Abstained):
         view.block(view.assess("hard"))
-    assert gate.stats.calls == 1 and gate.stats.last_decision is not None
+    assert gate.stats.calls == 1
+    assert gate.stats.last_decision is not None
     assert gate.stats.last_decision.step == "draft"
     with pytest.raises(SettingsError, match="unknown gate setting"):
         gate.settings.replace(colour="red")

@@ -16,7 +16,13 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from capgate import AsyncBackend, Backend, BackendError, SamplingParams
-from capgate.adapters.backends.openai import OpenAIBackend, _apportion, _retry_after_s, _split_tokens, is_retryable
+from capgate.adapters.backends.openai import (
+    OpenAIBackend,
+    _apportion,
+    _retry_after_s,
+    _split_tokens,
+    is_retryable,
+)
 
 
 def _http() -> Any:

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from capgate import Backend, Generation, SamplingParams
-from capgate.adapters.backends.transformers import TransformersBackend
+from capgate.adapters.backends.transformers import TransformersBackend, load_backend
 from capgate.backend import Prompt
-from capgate.adapters.backends.transformers import load_backend
 from capgate.models import LoadedModel
 
 SHORT: Prompt = "What is 2+3?"
