@@ -1,6 +1,7 @@
 """LangGraph integration, end to end with real langgraph, a real model (the embedded default model
 through capgate.adapters.transformers.load_backend) and real checkpointers (in memory and
-SqliteSaver across a SIGKILL). The capability estimator is a small deterministic one that picks the policy branch."""
+SqliteSaver across a SIGKILL). The capability estimator is a small deterministic one that picks
+the policy branch."""
 
 from __future__ import annotations
 
