@@ -18,9 +18,7 @@ from collections.abc import Sequence
 import capgate
 from capgate import SamplingParams
 from capgate.adapters.transformers import load_backend
-from capgate.demo import DEMO_POLICY_YAML
 from capgate.estimators import CapabilityEstimator, Consistency
-from capgate.gate import GateBlocked, default_extract
 
 QUESTIONS = (
     "One word only: what is the capital of France?",
@@ -44,14 +42,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         estimator = Consistency(
             backend,
             k_c=4,
-            extract=default_extract,
+            extract=capgate.default_extract,
             params=SamplingParams(temperature=0.7, max_tokens=24, seed=0),
         )
 
     # The presets ("balanced", "conservative", "cost-saver") suit capable models; a 135M model is
     # rarely right, so the embedded model gets the demo's policy, whose thresholds were set from
     # the shipped probe's predictions on its training questions.
-    policy = capgate.Policy.from_yaml_text(DEMO_POLICY_YAML) if args.model == "default" else "balanced"
+    policy = "demo-smollm2" if args.model == "default" else "balanced"
 
     @capgate.guard(policy=policy, estimator=estimator)
     def ask(prompt: str) -> str:
@@ -72,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     strict = capgate.guard(policy="conservative", estimator=estimator, on_block="raise")(ask.__wrapped__)
     try:
         print(f"strict answer: {strict(QUESTIONS[2])}")
-    except GateBlocked as blocked:
+    except capgate.GateBlocked as blocked:
         print(f"strict: {type(blocked).__name__}: {blocked.message}")
 
     stats = ask.stats

@@ -19,11 +19,10 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
-from capgate import SamplingParams
+from capgate import SamplingParams, default_extract
 from capgate.adapters.langchain import CapabilityGate, CapgateChatModel
 from capgate.adapters.transformers import load_backend
 from capgate.estimators import Consistency
-from capgate.gate import default_extract
 
 QUESTIONS = (
     "What is the capital of Japan?",
@@ -59,11 +58,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     estimator = Consistency(
         backend, k_c=4, extract=default_extract, params=SamplingParams(temperature=0.7, max_tokens=24, seed=0)
     )
-    gate = CapabilityGate(policy="balanced", estimator=estimator)
+    middleware = CapabilityGate(policy="balanced", estimator=estimator)
     agent = create_agent(
         CapgateChatModel(backend=backend, params=SamplingParams(temperature=0.3, max_tokens=40, seed=0)),
         tools=[multiply],
-        middleware=[gate],
+        middleware=[middleware],
         checkpointer=InMemorySaver(),
     )
     for i, question in enumerate(QUESTIONS):
@@ -78,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             out = agent.invoke(Command(resume=resume), config)
             print(f"  after the user's reply, decision: {describe(decision_of(out))}")
         print(f"  reply: {out['messages'][-1].content}")
-    stats = gate.gate.stats
+    stats = middleware.stats
     print(f"gate stats: calls={stats.calls} actions={dict(stats.actions)}")
 
 

@@ -30,12 +30,11 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
-from capgate import SamplingParams
+from capgate import SamplingParams, default_extract
 from capgate.adapters.langchain import CapgateChatModel
 from capgate.adapters.langgraph import capability_subgraph, read_decision
 from capgate.adapters.transformers import load_backend
 from capgate.estimators import Consistency
-from capgate.gate import default_extract
 from capgate.policies import Policy
 
 QUESTION = "What is the 20th digit of pi after the decimal point?"

@@ -1,5 +1,7 @@
 """Declarative capability policies (YAML files validated by pydantic) and the shipped presets.
 
+``capgate.policies`` is the ``policies/`` folder (the presets are its ``*.yaml`` files).
+
 A policy maps a predicted capability p to an action through ordered threshold bands covering
 [0, 1], with per-step and per-tool overrides and a mandatory ``on_degraded`` fail-safe::
 
@@ -66,8 +68,9 @@ __all__ = [
     "preset_path",
 ]
 
-PRESETS: tuple[str, ...] = ("balanced", "conservative", "cost-saver")
-"""Names of the policies shipped with capgate (``policies/<name>.yaml``)."""
+PRESETS: tuple[str, ...] = ("balanced", "conservative", "cost-saver", "demo-smollm2")
+"""Names of the policies shipped with capgate (``policies/<name>.yaml``); ``demo-smollm2`` is
+tuned for the embedded default model and its shipped probe (``capgate demo``)."""
 
 
 def preset_path(name: str) -> Path:

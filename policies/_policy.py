@@ -142,14 +142,14 @@ class Policy(Strict):
         """
         from capgate.policies._yaml import load_policy_file
 
-        return load_policy_file(path)
+        return load_policy_file(path, model=cls)
 
     @classmethod
     def from_yaml_text(cls, text: str, *, source: str = "<string>") -> Policy:
         """Validate a policy given as YAML text; ``source`` names it in error messages."""
         from capgate.policies._yaml import parse_policy
 
-        return parse_policy(text, source=source)
+        return parse_policy(text, source=source, model=cls)
 
     def to_yaml(self, *, header: str | None = None) -> str:
         """The policy as a policy file (full form); ``header`` lines become leading comments."""

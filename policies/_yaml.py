@@ -11,7 +11,7 @@ import types
 import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -20,7 +20,9 @@ from capgate.errors import DataError
 from capgate.policies._actions import AnyAction
 from capgate.policies._bands import AnyBand, check_edges
 from capgate.policies._base import Loc, PolicyIssueError
-from capgate.policies._policy import Policy
+
+if TYPE_CHECKING:
+    from capgate.policies._policy import Policy
 
 __all__ = ["PolicyError", "dump_policy", "load_policy_file", "parse_policy"]
 
@@ -46,8 +48,8 @@ class PolicyError(DataError):
         return "\n".join(str(e) for e in self.errors)
 
 
-def load_policy_file(path: str | Path) -> Policy:
-    """Read and validate a policy file.
+def load_policy_file(path: str | Path, *, model: type[Policy]) -> Policy:
+    """Read and validate a policy file as ``model`` (:class:`~capgate.policies.Policy`).
 
     Raises:
         PolicyError: The file is unreadable, not YAML, or not a valid policy (every problem listed).
@@ -56,11 +58,11 @@ def load_policy_file(path: str | Path) -> Policy:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError([DataError(f"cannot read policy file: {exc}", path=path)]) from None
-    return parse_policy(text, source=str(path))
+    return parse_policy(text, source=str(path), model=model)
 
 
-def parse_policy(text: str, *, source: str = "<string>") -> Policy:
-    """Validate a policy given as YAML text; ``source`` names it in error messages.
+def parse_policy(text: str, *, model: type[Policy], source: str = "<string>") -> Policy:
+    """Validate a policy given as YAML text as ``model``; ``source`` names it in error messages.
 
     Raises:
         PolicyError: Every problem, each with its line and field.
@@ -84,9 +86,9 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
         )
     errors = list(_duplicate_keys(node, source))
     try:
-        policy = Policy.model_validate(data)
+        policy = model.model_validate(data)
     except ValidationError as exc:
-        errors.extend(_located_errors(exc, node, source))
+        errors.extend(_located_errors(exc, node, source, model))
         errors.extend(_raw_band_errors(exc, data, node, source))
         policy = None
     if errors:
@@ -146,7 +148,9 @@ def _walk(root: yaml.Node, loc: Loc) -> tuple[int, str, yaml.Node | None]:
     return line, field, node
 
 
-def _located_errors(exc: ValidationError, root: yaml.Node, source: str) -> Iterator[DataError]:
+def _located_errors(
+    exc: ValidationError, root: yaml.Node, source: str, model: type[BaseModel]
+) -> Iterator[DataError]:
     for err in exc.errors():
         loc: Loc = tuple(err["loc"])
         cause = err.get("ctx", {}).get("error")
@@ -165,7 +169,7 @@ def _located_errors(exc: ValidationError, root: yaml.Node, source: str) -> Itera
             yield _at(root, (*loc, "action"), msg, source)
             continue
         if kind == "extra_forbidden":
-            allowed = _allowed_keys(loc[:-1])
+            allowed = _allowed_keys(loc[:-1], model)
             hint = f" (allowed here: {', '.join(allowed)})" if allowed else ""
             yield _at(root, loc, f"unknown key {loc[-1]!r}{hint}", source)
             continue
@@ -225,9 +229,9 @@ def _at(root: yaml.Node, loc: Loc, message: str, source: str) -> DataError:
     return DataError(message, path=source, line=line, field=field or None)
 
 
-def _allowed_keys(loc: Loc) -> list[str]:
+def _allowed_keys(loc: Loc, model: type[BaseModel]) -> list[str]:
     """The keys the model at ``loc`` accepts, following fields, list items, dict values and tags."""
-    current: Any = Policy
+    current: Any = model
     for part in loc:
         current = _unwrap(current)
         if isinstance(current, list):  # union of action models, selected by tag

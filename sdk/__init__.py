@@ -1,5 +1,8 @@
 """capgate: predict an LLM's capability on a query, and act on it.
 
+``capgate`` is the ``sdk/`` folder; ``capgate.adapters`` is ``adapters/`` and ``capgate.policies``
+is ``policies/``.
+
 The capability µ(x) is the expected accuracy of a response sampled from the model on query x.
 capgate estimates it (a probe on hidden states, verbalized confidence, P(True), consistency),
 measures how well-calibrated those estimates are, and lets policies act on them.

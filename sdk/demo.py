@@ -22,30 +22,14 @@ from capgate._types import LabelledQuery
 from capgate.backend import Backend
 from capgate.datasets import DatasetItem
 from capgate.labels import iter_labelled
-from capgate.policies import Policy
+from capgate.policies import load_policy
 
-__all__ = ["DEMO_POLICY_YAML", "DemoQuestion", "DemoReport", "DemoRow", "demo_questions", "run_demo"]
+__all__ = ["DEMO_POLICY", "DemoQuestion", "DemoReport", "DemoRow", "demo_questions", "run_demo"]
 
-DEMO_POLICY_YAML = """\
-version: 1
-name: demo-smollm2
-description: >-
-  Thresholds for a 135M-parameter model whose capability is low on most questions: answer
-  when the probe predicts p >= 0.2, spend a few extra samples (CAS) in [0.08, 0.2), abstain
-  below 0.08 and whenever no estimate is available.
-bands:
-  - below: 0.08
-    action: abstain
-    message: "I can't answer this reliably (estimated chance of a correct answer: {p:.0%})."
-  - below: 0.2
-    action: resample
-    max_samples: 6
-    batch_size: 2
-  - action: answer
-on_degraded: abstain
-"""
-"""The demo's policy. Its edges sit at the 71st and 94th percentiles of the shipped probe's
-predictions on the *training* split, never chosen from the demo questions."""
+DEMO_POLICY = "demo-smollm2"
+"""The demo's policy: the shipped preset tuned for the embedded model (``policies/demo-smollm2.yaml``;
+its edges sit at the 71st and 94th percentiles of the shipped probe's predictions on the *training*
+split, never chosen from the demo questions)."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +153,7 @@ def run_demo(
     from capgate.grading import grader_for
     from capgate.loading import load_estimator
 
-    policy = Policy.from_yaml_text(DEMO_POLICY_YAML, source="capgate.demo")
+    policy = load_policy(DEMO_POLICY)
     estimator = load_estimator("default", device="cpu")
     backend = load_backend("default", device="cpu")
     report = DemoReport()

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from capgate.demo import DEMO_POLICY_YAML, demo_questions
-from capgate.policies import Policy
+from capgate.demo import DEMO_POLICY, demo_questions
+from capgate.policies import load_policy
 
 
 def test_demo_policy_is_valid_and_questions_are_held_out() -> None:
-    policy = Policy.from_yaml_text(DEMO_POLICY_YAML, source="demo")
+    policy = load_policy(DEMO_POLICY)
     assert policy.name == "demo-smollm2"
     questions = demo_questions(5, seed=0)
     assert len(questions) == 5

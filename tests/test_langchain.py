@@ -295,3 +295,19 @@ def test_chat_model_parses_json_tool_calls_and_counts_tokens(backend: Counting) 
     assert CapgateChatModel._argument("integer", " 42 apples") == 42
     with pytest.raises(ValueError, match="not a bound tool"):
         CapgateChatModel._forced([{"function": {"name": "lookup"}}], "search")
+
+
+def test_every_integration_takes_the_same_settings(backend: Counting) -> None:
+    """tool= and on_block= work on the middleware as on guard; on_block="raise" raises the block."""
+    from capgate import Abstained
+
+    agent, middleware = _agent(backend, tool="lookup", step="chat")
+    out = agent.invoke(_ask("What is 2 + 2?"), _config("settings"))
+    decision = out["capgate_decision"]
+    assert (decision["tool"], decision["step"]) == ("lookup", "chat")
+    assert middleware.stats is middleware.gate.stats
+    raising, _ = _agent(backend, on_block="raise")
+    with pytest.raises(Abstained) as blocked:
+        raising.invoke(_ask("ABSTAIN: lottery"), _config("raise"))
+    assert blocked.value.decision.action == "abstain"
+    assert backend.calls == 1  # only the answered question reached the model

@@ -371,3 +371,44 @@ def test_tool_call_clarify_asks_the_user(model: CapgateChatModel) -> None:
     out = app.invoke(Command(resume={"answer": "Hamlet, the play"}), config)
     assert looked_up == []
     assert out["messages"][-1].content.endswith("The user answered: Hamlet, the play")
+
+
+def test_subgraph_takes_tool_and_on_block(model: CapgateChatModel) -> None:
+    from capgate import Abstained
+
+    app, answer, _ = _app(model, tool="search", step="qa")
+    out = app.invoke({"messages": [HumanMessage("What is 2 + 2?")]}, _config("settings"))
+    decision = read_decision(out["capgate_decision"])
+    assert decision is not None
+    assert (decision.tool, decision.step) == ("search", "qa")
+    raising, answer, _ = _app(model, on_block="raise")
+    with pytest.raises(Abstained):
+        raising.invoke({"messages": [HumanMessage("ABSTAIN: lottery")]}, _config("raise"))
+    assert answer.calls == 0
+
+
+def test_a_stored_resample_decision_is_acted_on_without_its_policy(model: CapgateChatModel) -> None:
+    """The subgraph samples a decision read from state by the decision's own plan: a graph whose
+    gate has a policy with no resample band at all still resamples it."""
+    app, answer, _ = _app(model)
+    out = app.invoke({"messages": [HumanMessage("RESAMPLE: 2 + 2?")]}, _config("stored"))
+    stored = read_decision(out["capgate_decision"])
+    assert stored is not None
+    assert stored.plan is not None
+    assert stored.plan.max_samples == 4
+
+    class State(CapabilityState, total=False):
+        pass
+
+    other = capability_subgraph(answer, policy="conservative", estimator=KeywordEstimator({}))
+    graph = StateGraph(State)
+    resample = other.nodes["resample"].runnable
+    graph.add_node("resample", resample)
+    graph.add_edge(START, "resample")
+    graph.add_edge("resample", END)
+    calls_before = answer.calls
+    done = graph.compile().invoke(
+        {"messages": [HumanMessage("RESAMPLE: 2 + 2?")], "capgate_decision": stored.model_dump(mode="json")}
+    )
+    assert done["capgate_cas"]["decision_id"] == stored.id
+    assert 1 <= answer.calls - calls_before == done["capgate_cas"]["samples_used"] <= 4

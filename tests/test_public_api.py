@@ -16,6 +16,7 @@ import capgate
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC_MODULES = [
     "capgate",
+    "capgate.adapters.backends",
     "capgate.cas",
     "capgate.datasets",
     "capgate.decision",
@@ -23,6 +24,7 @@ PUBLIC_MODULES = [
     "capgate.gate",
     "capgate.grading",
     "capgate.guard",
+    "capgate.messages",
     "capgate.metrics",
     "capgate.policies",
 ]

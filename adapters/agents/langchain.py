@@ -76,7 +76,7 @@ from capgate.backend import ChatMessage
 from capgate.decision.log import query_hash
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
-from capgate.gate import Gate, OnBlock, PolicyLike, Verdict
+from capgate.gate import Gate, GateStats, OnBlock, PolicyLike, Verdict
 from capgate.gate._flow import Assess, AssessEach, Flow, Invoke, Record, Sample, adrive, drive
 from capgate.messages import as_query, chat_messages
 
@@ -202,6 +202,11 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         self.tool_gate = ToolCallGate(gate=self.gate)
         self._voter = self.gate.with_options(extract=_voting_extract(self.gate.extract))
         self._memo: OrderedDict[tuple[str | None, str], Verdict] = OrderedDict()
+
+    @property
+    def stats(self) -> GateStats:
+        """What the gate has done so far (model steps and tool calls)."""
+        return self.gate.stats
 
     # ------------------------------------------------------------------ shared logic (no I/O)
 

@@ -1,0 +1,227 @@
+"""The house rules that keep capgate navigable: layers, no import cycles, small modules, and a
+public surface that the README and the examples keep to."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"sdk": "capgate", "adapters": "capgate.adapters", "policies": "capgate.policies"}
+MAX_LINES = 600
+
+
+def _modules() -> dict[str, Path]:
+    """Every capgate module, by dotted name, from the three package folders."""
+    found: dict[str, Path] = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([package, *parts])] = path
+    # adapters/ and policies/ also sit inside sdk/'s namespace: keep their own mapping.
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """The capgate modules a module imports anywhere in its body (lazy imports included)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):  # imports for type checkers only never run
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                targets.add(full if full in MODULES else base)
+    return {t for t in targets if t in MODULES and t != name}
+
+
+GRAPH = {name: _imports(path, name) for name, path in MODULES.items()}
+
+
+def _cycle() -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(GRAPH):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_import_graph_is_read_from_the_source() -> None:
+    """The checker below sees real edges (lazy ones too), so its silence means something."""
+    assert "capgate.gate" in GRAPH["capgate.guard"]
+    assert "capgate.policies" in GRAPH["capgate.gate._settings"]
+    # a lazy import inside a function body counts
+    assert "capgate.decision.log" in GRAPH["capgate.gate._settings"]
+    # a TYPE_CHECKING import does not
+    assert "capgate.policies._policy" not in GRAPH["capgate.policies._yaml"]
+
+
+def test_no_import_cycle_among_capgate_modules() -> None:
+    assert _cycle() is None, f"import cycle: {' -> '.join(_cycle() or [])}"
+
+
+def test_layers() -> None:
+    """Policies never import the decision log; core types import nothing of capgate; backends
+    never import agent integrations; the core never imports an agent integration."""
+    for name, targets in GRAPH.items():
+        if name.startswith("capgate.policies"):
+            assert not any(t.startswith("capgate.decision") for t in targets), (name, targets)
+        if name.startswith("capgate.adapters.backends"):
+            assert not any(t.startswith("capgate.adapters.agents") for t in targets), (name, targets)
+        if not name.startswith("capgate.adapters"):
+            assert not any(t.startswith("capgate.adapters.agents") for t in targets), (name, targets)
+    assert GRAPH["capgate._types"] == set()
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_is_over_600_lines(name: str) -> None:
+    lines = MODULES[name].read_text(encoding="utf-8").count("\n")
+    assert lines <= MAX_LINES, f"{MODULES[name]} has {lines} lines; split it by responsibility"
+
+
+def test_no_integration_rematches_a_decided_policy() -> None:
+    """Decide once: outside policies/, nothing calls Policy.match."""
+    for name, path in MODULES.items():
+        if name.startswith("capgate.policies"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\bpolicy\w*\.match\(", text), f"{path} re-matches a policy"
+
+
+def test_no_adapter_imports_another_modules_private_names() -> None:
+    for name, path in MODULES.items():
+        if not name.startswith("capgate.adapters"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("capgate"):
+                private = [a.name for a in node.names if a.name.startswith("_") and a.name != "__all__"]
+                assert not private, f"{path} imports private {private} from {node.module}"
+
+
+# --------------------------------------------------------------------------- public surface
+
+
+def _public_module(module: str) -> bool:
+    return not any(part.startswith("_") for part in module.split("."))
+
+
+def _check_import(node: ast.AST, where: str) -> list[str]:
+    problems: list[str] = []
+    if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "capgate":
+        module = node.module or ""
+        if not _public_module(module):
+            problems.append(f"{where}: imports from the private module {module}")
+            return problems
+        exported = set(getattr(importlib.import_module(module), "__all__", ()))
+        for alias in node.names:
+            full = f"{module}.{alias.name}"
+            if alias.name not in exported and full not in MODULES:
+                problems.append(f"{where}: {alias.name} is not in {module}.__all__")
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name.split(".")[0] == "capgate" and not _public_module(alias.name):
+                problems.append(f"{where}: imports the private module {alias.name}")
+    return problems
+
+
+def _dotted_uses(tree: ast.AST) -> set[str]:
+    """``capgate.x.y`` attribute chains used in code (``capgate.guard(...)``)."""
+    uses: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            parts: list[str] = []
+            inner: ast.AST = node
+            while isinstance(inner, ast.Attribute):
+                parts.append(inner.attr)
+                inner = inner.value
+            if isinstance(inner, ast.Name) and inner.id == "capgate":
+                uses.add(".".join(["capgate", *reversed(parts)]))
+    return uses
+
+
+def _check_dotted(use: str, where: str) -> list[str]:
+    parts = use.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:cut])
+        if module in MODULES:
+            name = parts[cut]
+            exported = set(getattr(importlib.import_module(module), "__all__", ()))
+            if name not in exported and f"{module}.{name}" not in MODULES:
+                return [f"{where}: {module}.{name} is not in {module}.__all__"]
+            return []
+    return [f"{where}: {use} is not a capgate module"]
+
+
+def _readme_blocks() -> list[tuple[int, str]]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = []
+    for match in re.finditer(r"```python\n(.*?)```", text, re.DOTALL):
+        blocks.append((text[: match.start()].count("\n") + 1, match.group(1)))
+    return blocks
+
+
+def test_readme_has_python_blocks() -> None:
+    assert len(_readme_blocks()) >= 3
+
+
+@pytest.mark.parametrize(("line", "code"), _readme_blocks(), ids=lambda v: str(v) if isinstance(v, int) else "")
+def test_readme_code_uses_only_public_names(line: int, code: str) -> None:
+    tree = ast.parse(code)
+    where = f"README.md, block at line {line}"
+    problems = [p for node in ast.walk(tree) for p in _check_import(node, where)]
+    problems += [p for use in sorted(_dotted_uses(tree)) for p in _check_dotted(use, where)]
+    assert problems == []
+
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_use_only_public_names(path: Path) -> None:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    where = f"examples/{path.name}"
+    problems = [p for node in ast.walk(tree) for p in _check_import(node, where)]
+    problems += [p for use in sorted(_dotted_uses(tree)) for p in _check_dotted(use, where)]
+    assert problems == []
+
+
+def test_the_public_surface_check_catches_private_and_unexported_names() -> None:
+    bad = ast.parse("from capgate.gate._gate import Gate\nfrom capgate.gate import _Shared\nimport capgate._types")
+    problems = [p for node in ast.walk(bad) for p in _check_import(node, "t")]
+    assert len(problems) == 3
+    assert _check_dotted("capgate.models.load_backend", "t") != []
+    assert _check_dotted("capgate.guard", "t") == []
