@@ -198,7 +198,7 @@ def test_readme_has_python_blocks() -> None:
     assert len(_readme_blocks()) >= 3
 
 
-@pytest.mark.parametrize(("line", "code"), _readme_blocks(), ids=lambda v: str(v) if isinstance(v, int) else "")
+@pytest.mark.parametrize(("line", "code"), _readme_blocks(), ids=[f"line{n}" for n, _ in _readme_blocks()])
 def test_readme_code_uses_only_public_names(line: int, code: str) -> None:
     tree = ast.parse(code)
     where = f"README.md, block at line {line}"
@@ -220,7 +220,9 @@ def test_examples_use_only_public_names(path: Path) -> None:
 
 
 def test_the_public_surface_check_catches_private_and_unexported_names() -> None:
-    bad = ast.parse("from capgate.gate._gate import Gate\nfrom capgate.gate import _Shared\nimport capgate._types")
+    bad = ast.parse(
+        "from capgate.gate._gate import Gate\nfrom capgate.gate import _Shared\nimport capgate._types"
+    )
     problems = [p for node in ast.walk(bad) for p in _check_import(node, "t")]
     assert len(problems) == 3
     assert _check_dotted("capgate.models.load_backend", "t") != []
