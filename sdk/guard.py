@@ -43,18 +43,13 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Coroutine, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
+from typing import Any, Literal, ParamSpec, Protocol, Required, TypedDict, TypeVar, Unpack, cast, overload
 
-from capgate._types import Extractor
 from capgate.errors import SettingsError
-from capgate.estimators.base import CapabilityEstimator
-from capgate.gate import UNSET, Gate, Gated, GateStats, OnBlock, PolicyLike, Unset
+from capgate.gate import UNSET, Gate, Gated, GateOptions, GateStats, Unset
 from capgate.gate._flow import Assess, Flow, Invoke, Record, Sample, adrive, drive
+from capgate.gate._settings import SharedOptions
 from capgate.messages import as_query
-
-if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
 
 __all__ = ["Guarded", "QueryArg", "guard"]
 
@@ -83,19 +78,24 @@ class Guarded(Protocol[P, R_co]):
         ...
 
     def with_options(
-        self,
-        *,
-        policy: PolicyLike | Unset = UNSET,
-        estimator: CapabilityEstimator | Unset | None = UNSET,
-        extract: Extractor | Unset | None = UNSET,
-        on_block: OnBlock | Unset = UNSET,
-        step: str | Unset | None = UNSET,
-        tool: str | Unset | None = UNSET,
-        log: DecisionLog | str | Path | Unset | None = UNSET,
-        to_text: Callable[[Any], str] | Unset | None = UNSET,
+        self, *, to_text: Callable[[Any], str] | Unset | None = UNSET, **settings: Unpack[GateOptions]
     ) -> Guarded[P, R_co]:
         """The same guarded function with some settings changed (shares the gate's stats and log)."""
         ...
+
+
+class _GuardExtras(TypedDict, total=False):
+    to_text: Callable[[Any], str] | None
+    query_arg: QueryArg | None
+    gate: Gate | None
+
+
+class _RaisingOptions(SharedOptions, _GuardExtras, total=False):
+    on_block: Required[Literal["raise"]]
+
+
+class _ReturningOptions(SharedOptions, _GuardExtras, total=False):
+    on_block: Literal["return"]
 
 
 class _Decorator(Protocol):
@@ -259,47 +259,17 @@ def guard(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Guarded[P, Coroutine[An
 @overload
 def guard(fn: Callable[P, R], /) -> Guarded[P, R | Gated]: ...
 @overload
-def guard(
-    *,
-    policy: PolicyLike = ...,
-    estimator: CapabilityEstimator | None = ...,
-    extract: Extractor | None = ...,
-    to_text: Callable[[Any], str] | None = ...,
-    on_block: Literal["raise"],
-    step: str | None = ...,
-    tool: str | None = ...,
-    log: DecisionLog | str | Path | None = ...,
-    query_arg: QueryArg | None = ...,
-    gate: Gate | None = ...,
-) -> _RaisingDecorator: ...
+def guard(**options: Unpack[_RaisingOptions]) -> _RaisingDecorator: ...
 @overload
-def guard(
-    *,
-    policy: PolicyLike = ...,
-    estimator: CapabilityEstimator | None = ...,
-    extract: Extractor | None = ...,
-    to_text: Callable[[Any], str] | None = ...,
-    on_block: Literal["return"] = ...,
-    step: str | None = ...,
-    tool: str | None = ...,
-    log: DecisionLog | str | Path | None = ...,
-    query_arg: QueryArg | None = ...,
-    gate: Gate | None = ...,
-) -> _Decorator: ...
+def guard(**options: Unpack[_ReturningOptions]) -> _Decorator: ...
 def guard(
     fn: Callable[..., Any] | None = None,
     /,
     *,
-    policy: PolicyLike = "balanced",
-    estimator: CapabilityEstimator | None = None,
-    extract: Extractor | None = None,
     to_text: Callable[[Any], str] | None = None,
-    on_block: OnBlock = "return",
-    step: str | None = None,
-    tool: str | None = None,
-    log: DecisionLog | str | Path | None = None,
     query_arg: QueryArg | None = None,
     gate: Gate | None = None,
+    **settings: Unpack[GateOptions],
 ) -> Any:
     """Gate a function that asks an LLM by the model's predicted capability on its prompt.
 
@@ -309,21 +279,19 @@ def guard(
 
     Args:
         fn: The function (when used bare).
-        policy: A :class:`~capgate.policies.Policy`, a preset name or a policy file path.
-        estimator: The capability estimator (default: the process-wide default estimator).
-        extract: Answer extractor for ``resample`` votes (a grader's ``extract`` works; default
-            :func:`capgate.gate.default_extract`).
         to_text: Reads the function's return value as text for voting (default: a string, or its
             ``content`` / ``text`` attribute).
-        on_block: ``"return"`` a :class:`~capgate.gate.Gated`, or ``"raise"`` a
-            :class:`~capgate.gate.GateBlocked`, when the policy does not answer.
-        step: Agent step passed to the policy (selects a step override).
-        tool: Tool name passed to the policy (selects a tool override).
-        log: A :class:`~capgate.decision.DecisionLog` (or its path) recording every decision.
         query_arg: Where the prompt is (default: the ``prompt`` or ``messages`` parameter, else the
             first positional one).
-        gate: A ready :class:`~capgate.gate.Gate` to share between functions (then leave the
-            gate settings above at their defaults).
+        gate: A ready :class:`~capgate.gate.Gate` to share between functions (then give none of
+            the gate settings below).
+        **settings: The gate settings (:class:`~capgate.gate.GateOptions`): ``policy`` (a
+            policy, preset name or file; default ``"balanced"``), ``estimator`` (default: the
+            process-wide default), ``extract`` (answer extractor for ``resample`` votes; a
+            grader's ``extract`` works), ``on_block`` (``"return"`` a
+            :class:`~capgate.gate.Gated`, or ``"raise"`` a :class:`~capgate.gate.GateBlocked`),
+            ``step`` / ``tool`` (select the policy's overrides), ``log`` (a
+            :class:`~capgate.decision.DecisionLog` or its path).
 
     Returns:
         The guarded function, or a decorator when called without ``fn``.
@@ -332,16 +300,7 @@ def guard(
         SettingsError: A bad setting (named), or ``gate`` together with gate settings.
         ValueError: A prompt parameter that cannot be found.
     """
-    the_gate = Gate.coerce(
-        gate,
-        policy=policy,
-        estimator=estimator,
-        extract=extract,
-        on_block=on_block,
-        step=step,
-        tool=tool,
-        log=log,
-    )
+    the_gate = Gate.coerce(gate, **settings)
     text = _checked_to_text(to_text)
 
     def decorate(func: Callable[..., Any]) -> Any:

@@ -25,7 +25,7 @@ from langgraph.types import Command
 from pydantic import ValidationError
 
 from capgate import Gate, SamplingParams
-from capgate.adapters.agents._shared import TOOL_ABSTAINED, TOOL_REJECTED
+from capgate.adapters.agents.hitl import TOOL_ABSTAINED, TOOL_REJECTED
 from capgate.adapters.agents.langchain import CapgateChatModel
 from capgate.adapters.agents.langgraph import (
     CapabilityState,

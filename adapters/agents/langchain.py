@@ -48,8 +48,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, cast
+from typing import Any, NotRequired, Unpack, cast
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
 from langchain.agents.middleware.types import ExtendedModelResponse, hook_config
@@ -57,7 +56,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langgraph.types import Command
 
 from capgate._types import Extractor
-from capgate.adapters.agents._shared import (
+from capgate.adapters.agents.chat_model import CapgateChatModel
+from capgate.adapters.agents.hitl import (
     ClarifyRequest,
     ClarifyResponse,
     EscalationRequest,
@@ -71,17 +71,12 @@ from capgate.adapters.agents._shared import (
     review_reply,
     tool_call_query,
 )
-from capgate.adapters.agents.chat_model import CapgateChatModel
 from capgate.backend import ChatMessage
 from capgate.decision.log import query_hash
 from capgate.errors import SettingsError
-from capgate.estimators.base import CapabilityEstimator
-from capgate.gate import Gate, GateStats, OnBlock, PolicyLike, Verdict
+from capgate.gate import Gate, GateOptions, GateStats, Verdict
 from capgate.gate._flow import Assess, AssessEach, Flow, Invoke, Record, Sample, adrive, drive
 from capgate.messages import as_query, chat_messages
-
-if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
 
 __all__ = [
     "CapabilityGate",
@@ -141,20 +136,17 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
     """Gate an agent's model steps and tool calls by the model's predicted capability.
 
     Args:
-        gate: A ready :class:`~capgate.Gate` (or give the settings below).
-        policy: Policy, preset name or policy file path.
-        estimator: The capability estimator.
-        step: Step name passed to the policy for model steps (its ``steps:`` override).
-        tool: Tool name passed to the policy for model steps (tool calls are gated with their own
-            names).
-        on_block: ``"return"`` (the agent replies with the message, or pauses with an interrupt)
-            or ``"raise"`` a :class:`~capgate.GateBlocked`.
-        log: Decision log (a DecisionLog or a path).
-        extract: Answer extractor for resample votes on text answers.
+        gate: A ready :class:`~capgate.Gate` (or give the settings instead).
         gate_tools: Also gate proposed tool calls (``wrap_model_call`` decides, ``wrap_tool_call``
             acts).
         max_clarifications: Clarifying questions per model step before the question is put to
             the user as the agent's reply instead of another interrupt.
+        **settings: The gate settings (:class:`~capgate.gate.GateOptions`), as for
+            :func:`capgate.guard`: ``policy``, ``estimator``, ``step`` and ``tool`` (passed to the
+            policy for model steps; tool calls are gated with their own names), ``on_block``
+            (``"return"``: the agent replies with the message or pauses with an interrupt;
+            ``"raise"``: a :class:`~capgate.GateBlocked`), ``log``, ``extract`` (for votes on
+            text answers).
 
     Raises:
         SettingsError: A setting has a wrong value (the message names it); it is a ``ValueError``.
@@ -166,27 +158,12 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         self,
         *,
         gate: Gate | None = None,
-        policy: PolicyLike = "balanced",
-        estimator: CapabilityEstimator | None = None,
-        step: str | None = None,
-        tool: str | None = None,
-        on_block: OnBlock = "return",
-        log: DecisionLog | str | Path | None = None,
-        extract: Extractor | None = None,
         gate_tools: bool = True,
         max_clarifications: int = 2,
+        **settings: Unpack[GateOptions],
     ) -> None:
         super().__init__()
-        self.gate = Gate.coerce(
-            gate,
-            policy=policy,
-            estimator=estimator,
-            step=step,
-            tool=tool,
-            on_block=on_block,
-            log=log,
-            extract=extract,
-        )
+        self.gate = Gate.coerce(gate, **settings)
         if not isinstance(gate_tools, bool):
             raise SettingsError(f"`gate_tools` must be True or False; got {gate_tools!r}")
         if (

@@ -43,8 +43,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
+from typing import Annotated, Any, TypeAlias, Unpack
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.runnables import Runnable, RunnableLambda
@@ -53,8 +52,8 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command
 from typing_extensions import TypedDict
 
-from capgate._types import Action, Decision, Extractor
-from capgate.adapters.agents._shared import (
+from capgate._types import Action, Decision
+from capgate.adapters.agents.hitl import (
     ClarifyRequest,
     ClarifyResponse,
     EscalationRequest,
@@ -68,13 +67,9 @@ from capgate.adapters.agents._shared import (
 )
 from capgate.adapters.backends.function import response_text
 from capgate.backend import Prompt
-from capgate.estimators.base import CapabilityEstimator
-from capgate.gate import Gate, Gated, OnBlock, PolicyLike, Verdict
+from capgate.gate import Gate, Gated, GateOptions, Verdict
 from capgate.gate._flow import Assess, Flow, Invoke, Record, Sample, adrive, drive
 from capgate.messages import as_query
-
-if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
 
 __all__ = [
     "ACTIONS",
@@ -142,15 +137,10 @@ def _reader(query: QuerySource | None) -> Callable[[Mapping[str, Any]], Prompt]:
 def capability_node(
     *,
     gate: Gate | None = None,
-    policy: PolicyLike = "balanced",
-    estimator: CapabilityEstimator | None = None,
-    step: str | None = None,
-    tool: str | None = None,
-    on_block: OnBlock = "return",
-    log: DecisionLog | str | Path | None = None,
     query: QuerySource | None = None,
     estimate_key: str = "capgate_estimate",
     decision_key: str = "capgate_decision",
+    **settings: Unpack[GateOptions],
 ) -> Runnable[Any, dict[str, Any]]:
     """A node that estimates the step's capability and writes the estimate and decision to state.
 
@@ -160,13 +150,10 @@ def capability_node(
     also in another process, without the policy.
 
     Args:
-        gate: A ready :class:`~capgate.Gate` (or give the settings below).
-        policy: Policy, preset name or file.
-        estimator: The capability estimator.
-        step: Step name passed to the policy (its ``steps:`` override).
-        tool: Tool name passed to the policy.
-        on_block: Kept for the nodes that act on the decision (this node only decides).
-        log: Decision log.
+        gate: A ready :class:`~capgate.Gate` (or give the settings instead).
+        **settings: The gate settings (:class:`~capgate.gate.GateOptions`: ``policy``,
+            ``estimator``, ``step``, ``tool``, ``on_block``, ``log``, ``extract``), as for
+            :func:`capgate.guard`.
         query: Where the query is (default: ``state["messages"]``).
         estimate_key: State key for the estimate (JSON).
         decision_key: State key for the decision (JSON).
@@ -174,9 +161,7 @@ def capability_node(
     Returns:
         A runnable to pass to ``StateGraph.add_node``.
     """
-    the_gate = Gate.coerce(
-        gate, policy=policy, estimator=estimator, step=step, tool=tool, on_block=on_block, log=log
-    )
+    the_gate = Gate.coerce(gate, **settings)
     read = _reader(query)
 
     def flow(state: Mapping[str, Any]) -> Flow[dict[str, Any]]:
@@ -246,16 +231,10 @@ def capability_subgraph(
     answer: AnswerNode,
     *,
     gate: Gate | None = None,
-    policy: PolicyLike = "balanced",
-    estimator: CapabilityEstimator | None = None,
-    step: str | None = None,
-    tool: str | None = None,
-    on_block: OnBlock = "return",
-    log: DecisionLog | str | Path | None = None,
-    extract: Extractor | None = None,
     query: QuerySource | None = None,
     to_text: Callable[[Any], str] | None = None,
     state_schema: type[Any] = CapabilityState,
+    **settings: Unpack[GateOptions],
 ) -> StateGraph[Any, Any, Any, Any]:
     """An uncompiled graph that answers only when the policy lets it.
 
@@ -282,14 +261,10 @@ def capability_subgraph(
 
     Args:
         answer: The node that calls the model and returns a state update (``{"messages": [...]}``).
-        gate: A ready gate (or give the settings below).
-        policy: Policy, preset name or file.
-        estimator: The capability estimator.
-        step: Step name passed to the policy.
-        tool: Tool name passed to the policy.
-        on_block: ``"return"`` (messages and interrupts) or ``"raise"``.
-        log: Decision log.
-        extract: Answer extractor for resample votes.
+        gate: A ready gate (or give the settings instead).
+        **settings: The gate settings (:class:`~capgate.gate.GateOptions`: ``policy``,
+            ``estimator``, ``step``, ``tool``, ``on_block``, ``log``, ``extract``), as for
+            :func:`capgate.guard`.
         query: Where the query is (default: ``state["messages"]``).
         to_text: Reads the text of an update for voting (default: its last message's content).
         state_schema: The graph's state type (must have the keys of :class:`CapabilityState`).
@@ -297,16 +272,7 @@ def capability_subgraph(
     Returns:
         The uncompiled ``StateGraph``.
     """
-    the_gate = Gate.coerce(
-        gate,
-        policy=policy,
-        estimator=estimator,
-        step=step,
-        tool=tool,
-        on_block=on_block,
-        log=log,
-        extract=extract,
-    )
+    the_gate = Gate.coerce(gate, **settings)
     if not (callable(answer) or isinstance(answer, Runnable)):
         raise TypeError(f"`answer` must be a node (a function of the state or a runnable); got {answer!r}")
     read = _reader(query)

@@ -27,7 +27,7 @@ from capgate.gate._results import (
     Sampled,
     Verdict,
 )
-from capgate.gate._settings import UNSET, GateSettings, OnBlock, PolicyLike, Unset
+from capgate.gate._settings import UNSET, GateOptions, GateSettings, OnBlock, PolicyLike, Unset
 from capgate.gate._stats import GateStats
 from capgate.messages import as_query
 
@@ -40,6 +40,7 @@ __all__ = [
     "Extractor",
     "Gate",
     "GateBlocked",
+    "GateOptions",
     "GateSettings",
     "GateStats",
     "Gated",

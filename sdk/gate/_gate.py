@@ -6,7 +6,7 @@ import asyncio
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from capgate._types import Estimate, Extractor
 from capgate.adapters.backends.function import AsyncFunctionBackend, FunctionBackend
@@ -17,7 +17,7 @@ from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._defaults import default_estimator, default_extract
 from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
-from capgate.gate._settings import UNSET, GateSettings, OnBlock, PolicyLike, Unset, given_settings
+from capgate.gate._settings import GateOptions, GateSettings, OnBlock, PolicyLike, given_settings
 from capgate.gate._stats import GateStats
 from capgate.messages import as_query
 from capgate.policies import Policy, load_policy
@@ -106,13 +106,13 @@ class Gate:
         return gate
 
     @classmethod
-    def coerce(cls, gate: Gate | None = None, **settings: Any) -> Gate:
+    def coerce(cls, gate: Gate | None = None, **settings: Unpack[GateOptions]) -> Gate:
         """``gate`` itself, or a new gate from ``settings``: the one check every integration makes.
 
         Args:
             gate: A ready gate, or ``None``.
-            **settings: The integration's gate settings (``policy``, ``estimator``, ``extract``,
-                ``on_block``, ``step``, ``tool``, ``log``), defaults for those not given.
+            **settings: The integration's gate settings (:class:`~capgate.gate.GateOptions`),
+                defaults for those not given.
 
         Raises:
             SettingsError: ``gate`` is not a Gate, or is given together with settings other than
@@ -124,25 +124,15 @@ class Gate:
             raise SettingsError(f"`gate` must be a capgate Gate; got {gate!r}")
         given = given_settings(**settings)
         if given:
-            raise SettingsError(
-                f"pass either gate= or the gate settings, not both; also got {', '.join(given)}"
-            )
+            msg = f"pass either gate= or the gate settings, not both; also got {', '.join(given)}"
+            raise SettingsError(msg)
         return gate
 
-    def with_options(
-        self,
-        *,
-        policy: PolicyLike | Unset = UNSET,
-        estimator: CapabilityEstimator | Unset | None = UNSET,
-        extract: Extractor | Unset | None = UNSET,
-        on_block: OnBlock | Unset = UNSET,
-        step: str | Unset | None = UNSET,
-        tool: str | Unset | None = UNSET,
-        log: DecisionLog | str | Path | Unset | None = UNSET,
-    ) -> Gate:
+    def with_options(self, **changes: Unpack[GateOptions]) -> Gate:
         """The same gate with some settings changed: shares its stats, loaded policies and logs.
 
-        Every setting the constructor takes can be changed; ``None`` clears ``step`` / ``tool``.
+        Takes every setting the constructor takes (:class:`~capgate.gate.GateOptions`); ``None``
+        clears ``step`` / ``tool``, :data:`~capgate.gate.UNSET` keeps the gate's value.
 
         Example:
             >>> gate = Gate(policy="balanced", tool="refund")
@@ -150,15 +140,7 @@ class Gate:
             >>> (view.settings.step, view.settings.tool, view.stats is gate.stats)
             ('draft', None, True)
         """
-        settings = self.settings.replace(
-            policy=policy,
-            estimator=estimator,
-            extract=extract,
-            on_block=on_block,
-            step=step,
-            tool=tool,
-            log=log,
-        )
+        settings = self.settings.replace(**changes)
         if settings is self.settings:
             return self
         view = Gate.__new__(Gate)

@@ -6,7 +6,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict
 
 from capgate._types import Extractor
 from capgate.errors import SettingsError
@@ -16,7 +16,17 @@ from capgate.policies import Policy
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
 
-__all__ = ["ON_BLOCK", "UNSET", "GateSettings", "OnBlock", "PolicyLike", "Unset", "given_settings"]
+__all__ = [
+    "ON_BLOCK",
+    "UNSET",
+    "GateOptions",
+    "GateSettings",
+    "OnBlock",
+    "PolicyLike",
+    "SharedOptions",
+    "Unset",
+    "given_settings",
+]
 
 
 class Unset(enum.Enum):
@@ -41,6 +51,28 @@ ON_BLOCK: tuple[OnBlock, ...] = ("return", "raise")
 
 PolicyLike: TypeAlias = str | Path | Policy
 """A policy, a preset name (``"balanced"``) or a policy file path."""
+
+
+class SharedOptions(TypedDict, total=False):
+    """The gate settings but ``on_block`` (whose type some overloads narrow)."""
+
+    policy: PolicyLike
+    estimator: CapabilityEstimator | None
+    extract: Extractor | None
+    step: str | None
+    tool: str | None
+    log: DecisionLog | str | Path | None
+
+
+class GateOptions(SharedOptions, total=False):
+    """The gate settings as keyword arguments: what every integration and ``with_options`` take.
+
+    Each key is a field of :class:`GateSettings` (see there); one not given keeps its default (or,
+    in ``with_options``, the gate's value). Integrations declare ``**settings: Unpack[GateOptions]``
+    so the same keywords are type-checked everywhere.
+    """
+
+    on_block: OnBlock
 
 
 @dataclass(frozen=True)
@@ -111,6 +143,12 @@ def given_settings(**values: Any) -> dict[str, Any]:
     """The settings among ``values`` that differ from :class:`GateSettings`' defaults.
 
     Integrations call it with their keyword arguments to tell which were given alongside ``gate=``.
+
+    Raises:
+        SettingsError: A name that is not a gate setting.
     """
     defaults = GateSettings()
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(defaults)})
+    if unknown:
+        raise SettingsError(f"unknown gate setting(s): {', '.join(unknown)}")
     return {k: v for k, v in values.items() if v is not UNSET and v != getattr(defaults, k)}

@@ -1,5 +1,6 @@
-"""What the LangGraph and LangChain integrations share: human-in-the-loop schemas, the texts shown
-to a model or a human, tool-call queries and the tool-call gate.
+"""Human in the loop, shared by the LangGraph and LangChain integrations: the interrupt schemas,
+the texts shown to a model or a human, acting on a decision, tool-call queries and the tool-call
+gate.
 
 Decisions and estimates travel through graph state as plain JSON dicts
 (``Decision.model_dump(mode="json")``); a decision is self-contained (its sampling plan, its
@@ -14,21 +15,16 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Unpack
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolCall, ToolMessage
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capgate._types import Decision
 from capgate.backend import ChatMessage, Prompt
-from capgate.estimators.base import CapabilityEstimator
-from capgate.gate import Gate, OnBlock, PolicyLike, Verdict
+from capgate.gate import Gate, GateOptions, Verdict
 from capgate.gate._flow import Assess, Flow, Invoke, Record, adrive, drive
 from capgate.messages import chat_messages, content_text, tool_call_text
-
-if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
 
 __all__ = [
     "ESCALATION_REJECTED",
@@ -281,15 +277,13 @@ class ToolCallGate:
     the node), so use a deterministic estimator (a probe) or store decisions in state first.
 
     Args:
-        gate: A ready gate (or give the settings below); its policy's ``tools:`` overrides select
-            per-tool rules (``tool=`` is each call's tool name, so it is not a setting here).
-        policy: Policy, preset name or policy file path.
-        estimator: The capability estimator.
-        on_block: ``"return"`` (the tool's result says why it did not run) or ``"raise"``.
-        step: Step name passed to the policy.
-        log: Decision log.
+        gate: A ready gate (or give the settings instead); its policy's ``tools:`` overrides
+            select per-tool rules.
         decisions_key: State key of the stored per-call decisions.
         messages_key: State key of the conversation.
+        **settings: The gate settings (:class:`~capgate.gate.GateOptions`), as for
+            :func:`capgate.guard`; ``tool`` is replaced by each call's tool name, ``on_block``
+            ``"return"`` gives the model a tool result saying why the tool did not run.
 
     Raises:
         SettingsError: A bad setting, or ``gate=`` together with settings.
@@ -299,17 +293,11 @@ class ToolCallGate:
         self,
         *,
         gate: Gate | None = None,
-        policy: PolicyLike = "balanced",
-        estimator: CapabilityEstimator | None = None,
-        on_block: OnBlock = "return",
-        step: str | None = None,
-        log: DecisionLog | str | Path | None = None,
         decisions_key: str = "capgate_tool_decisions",
         messages_key: str = "messages",
+        **settings: Unpack[GateOptions],
     ) -> None:
-        self.gate = Gate.coerce(
-            gate, policy=policy, estimator=estimator, on_block=on_block, step=step, log=log
-        )
+        self.gate = Gate.coerce(gate, **settings)
         self.decisions_key = decisions_key
         self.messages_key = messages_key
 
