@@ -26,7 +26,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -40,7 +39,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from capgate._jsonl import atomic_write_lines, data_error_from_validation
+from capgate._atomic import atomic_write_json, fsync_dir
+from capgate._jsonl import data_error_from_validation
 from capgate._types import LabelledQuery, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
 from capgate.datasets import DatasetItem, build_prompt
@@ -210,7 +210,7 @@ class _HarvestRun:
                     )
         else:
             meta = {"format": "capgate.harvest", "version": FORMAT_VERSION, **self.settings}
-            atomic_write_lines(path, [json.dumps(meta, indent=2, sort_keys=True)])
+            atomic_write_json(path, meta)
 
     def _scan_existing(self, fd: int) -> set[str]:
         """Ids already labelled in the log; cuts off a torn last line (called under the lock).
@@ -278,7 +278,7 @@ class _HarvestRun:
         try:
             _lock(fd, self.out)
             if created:
-                _fsync_dir(self.out.parent)
+                fsync_dir(self.out.parent)
             self._check_meta()
             done = self._scan_existing(fd)
         except BaseException:
@@ -421,15 +421,6 @@ def _lock(fd: int, path: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise DataError("another harvest is writing to this file", path=path) from None
-
-
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):  # not every platform can open a folder
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def _append(fd: int, data: bytes) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from capgate._atomic import atomic_path
 from capgate.errors import DataError
 from capgate.estimators._common import (
     FloatArray,
@@ -530,10 +530,8 @@ class LinearProbe:
         if self.mean_ is not None and self.scale_ is not None:
             tensors["mean"] = np.ascontiguousarray(self.mean_, dtype=np.float64)
             tensors["scale"] = np.ascontiguousarray(self.scale_, dtype=np.float64)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{WEIGHTS_FILE}.")
-        os.close(fd)
-        st.save_file(tensors, tmp, metadata={"format": FORMAT})
-        os.replace(tmp, folder / WEIGHTS_FILE)
+        with atomic_path(folder / WEIGHTS_FILE, suffix="") as tmp:
+            st.save_file(tensors, str(tmp), metadata={"format": FORMAT})
         meta = self.metadata()
         meta["weights_sha256"] = _sha256(folder / WEIGHTS_FILE)
         write_json(folder / META_FILE, meta)
