@@ -1,7 +1,8 @@
 """Sync and async twins driven from one I/O-free plan (the way httpx keeps its twins in step).
 
-A *plan* is a generator that yields requests, ``(prompts, params)``, receives the backend's
-answer to each, and returns the result; it does everything but the I/O. :func:`drive` runs a plan
+A *plan* is a generator that yields requests (the arguments of one call, such as
+``(prompts, params)``), receives the answer to each, and returns the result; it does everything
+but the I/O. :func:`drive` runs a plan
 with a blocking call and :func:`adrive` with an awaitable one, so a public function and its async
 twin differ only in which driver and which backend method they use.
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 __all__ = ["Plan", "adrive", "drive", "twin_of"]
@@ -34,8 +35,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 B = TypeVar("B")
 
-Plan: TypeAlias = Generator[tuple[Sequence[Any], Any], Any, R]
-"""Yields ``(prompts, params)`` requests, receives each answer, returns the result."""
+Plan: TypeAlias = Generator[tuple[Any, ...], Any, R]
+"""Yields the arguments of each call (e.g. ``(prompts, params)``), receives its answer, returns the result."""
 
 
 def twin_of(
@@ -59,8 +60,8 @@ def twin_of(
     return decorate
 
 
-def drive(plan: Plan[R], call: Callable[[Any, Any], Any]) -> R:
-    """Run ``plan`` to its result, answering each request with ``call(prompts, params)``."""
+def drive(plan: Plan[R], call: Callable[..., Any]) -> R:
+    """Run ``plan`` to its result, answering each request with ``call(*request)``."""
     with contextlib.closing(plan):  # an error in ``call`` still runs the plan's cleanup at once
         try:
             request = next(plan)
@@ -71,8 +72,8 @@ def drive(plan: Plan[R], call: Callable[[Any, Any], Any]) -> R:
             return result
 
 
-async def adrive(plan: Plan[R], call: Callable[[Any, Any], Awaitable[Any]]) -> R:
-    """Async twin of :func:`drive`: each request is answered with ``await call(prompts, params)``."""
+async def adrive(plan: Plan[R], call: Callable[..., Awaitable[Any]]) -> R:
+    """Async twin of :func:`drive`: each request is answered with ``await call(*request)``."""
     with contextlib.closing(plan):
         try:
             request = next(plan)
