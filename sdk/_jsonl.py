@@ -17,7 +17,13 @@ from pydantic import ValidationError
 from capgate._atomic import atomic_open
 from capgate.errors import DataError
 
-__all__ = ["atomic_write_lines", "data_error_from_validation", "iter_json_objects", "open_text"]
+__all__ = [
+    "atomic_write_lines",
+    "data_error_from_validation",
+    "iter_json_objects",
+    "note_unique_id",
+    "open_text",
+]
 
 
 def open_text(path: Path) -> IO[str]:
@@ -72,6 +78,19 @@ def data_error_from_validation(
             shown = shown[:77] + "..."
         message = f"{message}; got {shown}"
     return DataError(message, path=path, line=line, field=loc)
+
+
+def note_unique_id(seen: dict[str, int], item_id: str, *, path: str | Path, line: int) -> None:
+    """Record that ``item_id`` is on ``line`` of ``path`` in ``seen``, or raise if an earlier line had it.
+
+    Raises:
+        DataError: ``item_id`` is already in ``seen`` (the error names both lines).
+    """
+    if item_id in seen:
+        raise DataError(
+            f"duplicate id {item_id!r} (first on line {seen[item_id]})", path=path, line=line, field="id"
+        )
+    seen[item_id] = line
 
 
 def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:

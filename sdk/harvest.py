@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from capgate._atomic import atomic_write_json, fsync_dir
-from capgate._jsonl import data_error_from_validation
+from capgate._jsonl import data_error_from_validation, note_unique_id
 from capgate._twins import Plan, adrive, drive, twin_of
 from capgate._types import LabelledQuery, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
@@ -259,14 +259,7 @@ class _HarvestRun:
                 line=number,
                 field="k",
             )
-        if record.id in done:
-            raise DataError(
-                f"duplicate id {record.id!r} (first on line {done[record.id]})",
-                path=self.out,
-                line=number,
-                field="id",
-            )
-        done[record.id] = number
+        note_unique_id(done, record.id, path=self.out, line=number)
 
     def open(self, model_id: str) -> list[list[DatasetItem]]:
         """Lock and scan the output, write or check the settings; return the batches still to do."""
