@@ -1,8 +1,7 @@
 """Sync and async twins driven from one I/O-free plan (the way httpx keeps its twins in step).
 
-A *plan* is a generator that yields requests (the arguments of one call, such as
-``(prompts, params)``), receives the answer to each, and returns the result; it does everything
-but the I/O. :func:`drive` runs a plan
+A *plan* is a generator that yields requests (what one call needs, such as ``(prompts, params)``),
+receives the answer to each, and returns the result; it does everything but the I/O. :func:`drive` runs a plan
 with a blocking call and :func:`adrive` with an awaitable one, so a public function and its async
 twin differ only in which driver and which backend method they use.
 
@@ -15,7 +14,7 @@ Example:
     ...     return answers
     >>> @twin_of(doubled)
     ... def run(backend: object, *args: Any, **kwargs: Any) -> list[str]:
-    ...     return drive(doubled(*args, **kwargs), lambda prompts, n: prompts * n)
+    ...     return drive(doubled(*args, **kwargs), lambda request: request[0] * request[1])
     >>> run(None, 7)
     ['say 7', 'say 7']
     >>> str(inspect.signature(run))
@@ -35,8 +34,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 B = TypeVar("B")
 
-Plan: TypeAlias = Generator[tuple[Any, ...], Any, R]
-"""Yields the arguments of each call (e.g. ``(prompts, params)``), receives its answer, returns the result."""
+Plan: TypeAlias = Generator[Any, Any, R]
+"""Yields each request (e.g. ``(prompts, params)``), receives its answer, returns the result."""
 
 
 def twin_of(
@@ -60,25 +59,25 @@ def twin_of(
     return decorate
 
 
-def drive(plan: Plan[R], call: Callable[..., Any]) -> R:
-    """Run ``plan`` to its result, answering each request with ``call(*request)``."""
+def drive(plan: Plan[R], call: Callable[[Any], Any]) -> R:
+    """Run ``plan`` to its result, answering each request with ``call(request)``."""
     with contextlib.closing(plan):  # an error in ``call`` still runs the plan's cleanup at once
         try:
             request = next(plan)
             while True:
-                request = plan.send(call(*request))
+                request = plan.send(call(request))
         except StopIteration as done:
             result: R = done.value
             return result
 
 
-async def adrive(plan: Plan[R], call: Callable[..., Awaitable[Any]]) -> R:
-    """Async twin of :func:`drive`: each request is answered with ``await call(*request)``."""
+async def adrive(plan: Plan[R], call: Callable[[Any], Awaitable[Any]]) -> R:
+    """Async twin of :func:`drive`: each request is answered with ``await call(request)``."""
     with contextlib.closing(plan):
         try:
             request = next(plan)
             while True:
-                request = plan.send(await call(*request))
+                request = plan.send(await call(request))
         except StopIteration as done:
             result: R = done.value
             return result

@@ -470,10 +470,12 @@ def harvest(backend: Backend, *args: Any, **kwargs: Any) -> HarvestReport:
         ValueError: A ``custom`` item and no grader, or a bad ``k`` / ``batch_size``.
         RuntimeError: The backend returned the wrong number of responses.
     """
-    return drive(_HarvestRun(*args, **kwargs).plan(backend.model_id), backend.generate)
+    plan = _HarvestRun(*args, **kwargs).plan(backend.model_id)
+    return drive(plan, lambda request: backend.generate(*request))
 
 
 @twin_of(_HarvestRun)
 async def aharvest(backend: AsyncBackend, *args: Any, **kwargs: Any) -> HarvestReport:
     """Async twin of :func:`harvest` for an :class:`~capgate.AsyncBackend` (same arguments and log)."""
-    return await adrive(_HarvestRun(*args, **kwargs).plan(backend.model_id), backend.agenerate)
+    plan = _HarvestRun(*args, **kwargs).plan(backend.model_id)
+    return await adrive(plan, lambda request: backend.agenerate(*request))

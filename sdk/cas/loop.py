@@ -284,7 +284,7 @@ def adaptive_sample(backend: Backend, *args: Any, **kwargs: Any) -> CASResult:
         >>> r.answer, r.samples_used, r.stop_reason
         ('4', 2, 'rule')
     """
-    return drive(_sampling_plan(*args, **kwargs), backend.generate)
+    return drive(_sampling_plan(*args, **kwargs), lambda request: backend.generate(*request))
 
 
 @twin_of(_sampling_plan)
@@ -301,7 +301,7 @@ async def aadaptive_sample(backend: AsyncBackend, *args: Any, **kwargs: Any) -> 
         >>> asyncio.run(aadaptive_sample(Fixed(), "2+2?", extract=str.strip)).samples_used
         4
     """
-    return await adrive(_sampling_plan(*args, **kwargs), backend.agenerate)
+    return await adrive(_sampling_plan(*args, **kwargs), lambda request: backend.agenerate(*request))
 
 
 def _pool_item(item: PoolItem | Sample, index: int) -> DrawnSample:

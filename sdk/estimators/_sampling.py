@@ -14,12 +14,14 @@ concurrently one per call from the start. A failure reaches the plan as the exce
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+from capgate._twins import adrive, drive
 from capgate._types import Cost, Estimate
 from capgate.backend import (
     AsyncBackend,
@@ -177,24 +179,12 @@ async def asample_round(backend: AnyBackend, round_: Round) -> RoundResult:
 
 def run_plan(plan: Plan, backend: AnyBackend) -> list[Estimate]:
     """Drive a plan to completion with blocking calls."""
-    try:
-        round_ = next(plan)
-        while True:
-            round_ = plan.send(sample_round(backend, round_))
-    except StopIteration as stop:
-        result: list[Estimate] = stop.value
-        return result
+    return drive(plan, functools.partial(sample_round, backend))
 
 
 async def arun_plan(plan: Plan, backend: AnyBackend) -> list[Estimate]:
     """Drive a plan to completion without blocking the event loop."""
-    try:
-        round_ = next(plan)
-        while True:
-            round_ = plan.send(await asample_round(backend, round_))
-    except StopIteration as stop:
-        result: list[Estimate] = stop.value
-        return result
+    return await adrive(plan, functools.partial(asample_round, backend))
 
 
 @dataclass

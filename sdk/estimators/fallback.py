@@ -143,14 +143,16 @@ class _Raised:
     error: Exception
 
 
-def _ask(est: CapabilityEstimator, queries: list[Query]) -> Any:
+def _ask(request: tuple[CapabilityEstimator, list[Query]]) -> Any:
+    est, queries = request
     try:
         return est.estimate(queries)
     except Exception as exc:
         return _Raised(exc)
 
 
-async def _aask(est: CapabilityEstimator, queries: list[Query]) -> Any:
+async def _aask(request: tuple[CapabilityEstimator, list[Query]]) -> Any:
+    est, queries = request
     try:
         return await est.aestimate(queries)
     except Exception as exc:
