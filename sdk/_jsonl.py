@@ -7,19 +7,23 @@ Every reader here reports bad input as a :class:`~capgate.errors.DataError` nami
 from __future__ import annotations
 
 import gzip
-import io
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from pydantic import ValidationError
 
+from capgate._atomic import atomic_open
 from capgate.errors import DataError
 
-__all__ = ["atomic_write_lines", "data_error_from_validation", "iter_json_objects", "open_text"]
+__all__ = [
+    "atomic_write_lines",
+    "data_error_from_validation",
+    "iter_json_objects",
+    "note_unique_id",
+    "open_text",
+]
 
 
 def open_text(path: Path) -> IO[str]:
@@ -76,27 +80,31 @@ def data_error_from_validation(
     return DataError(message, path=path, line=line, field=loc)
 
 
+def note_unique_id(seen: dict[str, int], item_id: str, *, path: str | Path, line: int) -> None:
+    """Record that ``item_id`` is on ``line`` of ``path`` in ``seen``, or raise if an earlier line had it.
+
+    Raises:
+        DataError: ``item_id`` is already in ``seen`` (the error names both lines).
+    """
+    if item_id in seen:
+        raise DataError(
+            f"duplicate id {item_id!r} (first on line {seen[item_id]})", path=path, line=line, field="id"
+        )
+    seen[item_id] = line
+
+
 def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
     """Write text lines to ``path`` atomically (gzip-compressed if it ends in ``.gz``).
 
     A temporary file in the same folder is written and fsynced, then renamed over ``path``, so a
     crash leaves either the old file or the new one, never a torn mix.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            sink: io.BufferedIOBase = raw
-            if path.name.endswith(".gz"):
-                sink = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0)
-            for line in lines:
-                sink.write(line.encode("utf-8"))
-                sink.write(b"\n")
-            if sink is not raw:
-                sink.close()
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as raw:
+        sink: IO[bytes] | gzip.GzipFile = raw
+        if path.name.endswith(".gz"):
+            sink = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0)
+        for line in lines:
+            sink.write(line.encode("utf-8"))
+            sink.write(b"\n")
+        if sink is not raw:
+            sink.close()

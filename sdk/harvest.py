@@ -26,7 +26,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -40,7 +39,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from capgate._jsonl import atomic_write_lines, data_error_from_validation
+from capgate._atomic import atomic_write_json, fsync_dir
+from capgate._jsonl import data_error_from_validation, note_unique_id
+from capgate._twins import Plan, adrive, drive, twin_of
 from capgate._types import LabelledQuery, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
 from capgate.datasets import DatasetItem, build_prompt
@@ -111,28 +112,27 @@ class _HarvestRun:
 
     def __init__(
         self,
-        *,
-        model_id: str,
         items: Iterable[DatasetItem],
         out: str | Path,
+        *,
         k: int,
-        temperature: float,
-        top_p: float,
-        max_tokens: int,
-        seed: int | None,
-        batch_size: int,
-        grader: GraderLike | None,
-        prompt: Callable[[DatasetItem], Prompt] | None,
-        keep_text: bool,
-        logprobs: bool,
-        dataset: str | None,
-        progress: bool | None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_tokens: int = 1024,
+        seed: int | None = None,
+        batch_size: int = 8,
+        grader: GraderLike | None = None,
+        prompt: Callable[[DatasetItem], Prompt] | None = None,
+        keep_text: bool = False,
+        logprobs: bool = True,
+        dataset: str | None = None,
+        progress: bool | None = None,
     ) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"`k` must be a positive integer; got {k!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"`batch_size` must be a positive integer; got {batch_size!r}")
-        self.model_id = model_id
+        self.model_id = ""  # set by open(), from the backend
         self.items = list(items)
         self.out = Path(out)
         self.k = k
@@ -144,7 +144,6 @@ class _HarvestRun:
         self.grader: Grader | None = None if grader is None else as_grader(grader)
         self.prompt = prompt or build_prompt
         self.settings: dict[str, Any] = {
-            "model_id": model_id,
             "dataset": dataset,
             "k": k,
             "temperature": temperature,
@@ -210,7 +209,7 @@ class _HarvestRun:
                     )
         else:
             meta = {"format": "capgate.harvest", "version": FORMAT_VERSION, **self.settings}
-            atomic_write_lines(path, [json.dumps(meta, indent=2, sort_keys=True)])
+            atomic_write_json(path, meta)
 
     def _scan_existing(self, fd: int) -> set[str]:
         """Ids already labelled in the log; cuts off a torn last line (called under the lock).
@@ -260,17 +259,11 @@ class _HarvestRun:
                 line=number,
                 field="k",
             )
-        if record.id in done:
-            raise DataError(
-                f"duplicate id {record.id!r} (first on line {done[record.id]})",
-                path=self.out,
-                line=number,
-                field="id",
-            )
-        done[record.id] = number
+        note_unique_id(done, record.id, path=self.out, line=number)
 
-    def open(self) -> list[list[DatasetItem]]:
+    def open(self, model_id: str) -> list[list[DatasetItem]]:
         """Lock and scan the output, write or check the settings; return the batches still to do."""
+        self.model_id = self.settings["model_id"] = model_id
         self._check_items()
         self.out.parent.mkdir(parents=True, exist_ok=True)
         created = not self.out.exists()
@@ -278,7 +271,7 @@ class _HarvestRun:
         try:
             _lock(fd, self.out)
             if created:
-                _fsync_dir(self.out.parent)
+                fsync_dir(self.out.parent)
             self._check_meta()
             done = self._scan_existing(fd)
         except BaseException:
@@ -350,6 +343,14 @@ class _HarvestRun:
         if self._progress is not None:
             elapsed = max(time.perf_counter() - self.started, 1e-9)
             self._progress.update(self._task, advance=len(batch), rate=f"{self.n_samples / elapsed:.1f}")
+
+    def plan(self, model_id: str) -> Plan[HarvestReport]:
+        """The whole run without the backend calls: yields each batch's request, records its answer."""
+        with self:
+            for batch in self.open(model_id):
+                prompts = self.prompts_for(batch)
+                self.record(batch, prompts, (yield prompts, self.params_for(batch)))
+            return self.close()
 
     def _require_fd(self) -> int:
         if self._fd is None:
@@ -423,15 +424,6 @@ def _lock(fd: int, path: Path) -> None:
         raise DataError("another harvest is writing to this file", path=path) from None
 
 
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):  # not every platform can open a folder
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
 def _append(fd: int, data: bytes) -> None:
     """Append ``data`` and make it durable before returning."""
     view = memoryview(data)
@@ -441,24 +433,8 @@ def _append(fd: int, data: bytes) -> None:
     os.fsync(fd)
 
 
-def harvest(
-    backend: Backend,
-    items: Iterable[DatasetItem],
-    out: str | Path,
-    *,
-    k: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_tokens: int = 1024,
-    seed: int | None = None,
-    batch_size: int = 8,
-    grader: GraderLike | None = None,
-    prompt: Callable[[DatasetItem], Prompt] | None = None,
-    keep_text: bool = False,
-    logprobs: bool = True,
-    dataset: str | None = None,
-    progress: bool | None = None,
-) -> HarvestReport:
+@twin_of(_HarvestRun)
+def harvest(backend: Backend, *args: Any, **kwargs: Any) -> HarvestReport:
     """Sample ``k`` responses per query from ``backend``, grade them, and append labels to ``out``.
 
     Queries go to the backend ``batch_size`` at a time, as one ``generate`` call with
@@ -494,44 +470,12 @@ def harvest(
         ValueError: A ``custom`` item and no grader, or a bad ``k`` / ``batch_size``.
         RuntimeError: The backend returned the wrong number of responses.
     """
-    run = _HarvestRun(
-        model_id=backend.model_id, items=items, out=out, k=k, temperature=temperature, top_p=top_p,
-        max_tokens=max_tokens, seed=seed, batch_size=batch_size, grader=grader, prompt=prompt,
-        keep_text=keep_text, logprobs=logprobs, dataset=dataset, progress=progress,
-    )  # fmt: skip
-    with run:
-        for batch in run.open():
-            prompts = run.prompts_for(batch)
-            run.record(batch, prompts, backend.generate(prompts, run.params_for(batch)))
-        return run.close()
+    plan = _HarvestRun(*args, **kwargs).plan(backend.model_id)
+    return drive(plan, lambda request: backend.generate(*request))
 
 
-async def aharvest(
-    backend: AsyncBackend,
-    items: Iterable[DatasetItem],
-    out: str | Path,
-    *,
-    k: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_tokens: int = 1024,
-    seed: int | None = None,
-    batch_size: int = 8,
-    grader: GraderLike | None = None,
-    prompt: Callable[[DatasetItem], Prompt] | None = None,
-    keep_text: bool = False,
-    logprobs: bool = True,
-    dataset: str | None = None,
-    progress: bool | None = None,
-) -> HarvestReport:
+@twin_of(_HarvestRun)
+async def aharvest(backend: AsyncBackend, *args: Any, **kwargs: Any) -> HarvestReport:
     """Async twin of :func:`harvest` for an :class:`~capgate.AsyncBackend` (same arguments and log)."""
-    run = _HarvestRun(
-        model_id=backend.model_id, items=items, out=out, k=k, temperature=temperature, top_p=top_p,
-        max_tokens=max_tokens, seed=seed, batch_size=batch_size, grader=grader, prompt=prompt,
-        keep_text=keep_text, logprobs=logprobs, dataset=dataset, progress=progress,
-    )  # fmt: skip
-    with run:
-        for batch in run.open():
-            prompts = run.prompts_for(batch)
-            run.record(batch, prompts, await backend.agenerate(prompts, run.params_for(batch)))
-        return run.close()
+    plan = _HarvestRun(*args, **kwargs).plan(backend.model_id)
+    return await adrive(plan, lambda request: backend.agenerate(*request))

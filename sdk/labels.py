@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from capgate._jsonl import iter_json_objects
+from capgate._jsonl import iter_json_objects, note_unique_id
 from capgate._types import LabelledQuery
 from capgate.errors import DataError
 from capgate.metrics._validate import FloatArray, IntArray
@@ -124,14 +124,7 @@ def read_labelled(
     columns: dict[str, list[float]] = {name: [] for name in confidence}
     seen: dict[str, int] = {}
     for line, record in iter_labelled(path):
-        if record.id in seen:
-            raise DataError(
-                f"duplicate id {record.id!r} (first on line {seen[record.id]})",
-                path=path,
-                line=line,
-                field="id",
-            )
-        seen[record.id] = line
+        note_unique_id(seen, record.id, path=path, line=line)
         for name in confidence:
             columns[name].append(_confidence(record, name, path, line, allow_missing))
         ids.append(record.id)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
+from capgate._atomic import atomic_write_json
 from capgate.backend import Prompt, as_messages
 from capgate.errors import CapgateError, DataError
 
@@ -130,19 +131,6 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """The sha256 (hex) of a file's contents, computed once per (path, size, mtime).
 
@@ -181,7 +169,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     digest = hasher.hexdigest()
     known[key] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
     with contextlib.suppress(OSError):  # a read-only cache only costs a re-hash next time
-        _write_json_atomic(store, known)
+        atomic_write_json(store, known)
     return digest
 
 
@@ -285,7 +273,7 @@ def _convert_gguf_into(gguf: Path, out: Path, *, model_id: str, fingerprint: str
     model.save_pretrained(str(out))
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer.save_pretrained(str(out))
-    _write_json_atomic(
+    atomic_write_json(
         out / MODEL_METADATA_FILE,
         {
             "format": 1,

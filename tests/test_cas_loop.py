@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 from collections.abc import Sequence
 
@@ -277,3 +278,13 @@ def test_stop_after_samples_through_the_loop() -> None:
     r = replay([("a", True, None, 3)] * 30, stop=stop_after_samples(7), batch_size=3)
     assert r.samples_used == 9
     assert r.stop_reason == "rule"
+
+
+def test_async_twin_shows_the_same_parameters() -> None:
+    sync = inspect.signature(adaptive_sample).parameters
+    twin = inspect.signature(aadaptive_sample).parameters
+    assert list(twin) == list(sync)
+    assert [(p.kind, p.default) for p in twin.values()] == [(p.kind, p.default) for p in sync.values()]
+    assert inspect.iscoroutinefunction(aadaptive_sample)
+    with pytest.raises(TypeError, match="batch_sise"):
+        adaptive_sample(object(), "q", extract=str.strip, batch_sise=2)  # type: ignore[call-arg]

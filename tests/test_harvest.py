@@ -216,6 +216,22 @@ def test_a_backend_that_breaks_its_contract_writes_nothing(tmp_path: Path) -> No
     assert out.read_text() == ""
 
 
+class FailsOnSecondCall(ScriptedBackend):
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
+        if self.calls:
+            raise ConnectionError("server went away")
+        return super().generate(prompts, params)
+
+
+def test_a_failing_backend_releases_the_file_at_once(tmp_path: Path) -> None:
+    out = tmp_path / "labels.jsonl"
+    with pytest.raises(ConnectionError) as failure:
+        harvest(FailsOnSecondCall(), make_items(4), out, k=2, batch_size=2, progress=False)
+    assert failure.value is not None  # the traceback is still alive here, yet the lock is gone
+    assert len(read_records(out)) == 2
+    assert harvest(ScriptedBackend(), make_items(4), out, k=2, batch_size=2, progress=False).n_new == 2
+
+
 def test_async_harvest_writes_what_sync_harvest_writes(tmp_path: Path) -> None:
     assert isinstance(AsyncScriptedBackend(), AsyncBackend)
     out = tmp_path / "async" / "labels.jsonl"

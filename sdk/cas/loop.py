@@ -1,9 +1,10 @@
 """The adaptive sampling loop: draw batches, vote, stop by a rule.
 
 :func:`adaptive_sample` (sync, over :class:`~capgate.Backend`) and :func:`aadaptive_sample`
-(async, over :class:`~capgate.AsyncBackend`) differ only in how a batch is drawn; the bookkeeping
-(grouping answers, confidences, the stop decision, the result) lives once in ``_LoopCore``, which
-:func:`replay` also drives over a pre-drawn pool of graded samples.
+(async, over :class:`~capgate.AsyncBackend`) differ only in how a batch is drawn: both drive one
+I/O-free plan, ``_sampling_plan``, which yields each batch to draw and receives what the backend
+returned. The bookkeeping (grouping answers, confidences, the stop decision, the result) lives once
+in ``_LoopCore``, which :func:`replay` also drives over a pre-drawn pool of graded samples.
 
 Each round draws ``b`` responses (the first round ``initial_batch`` if given, e.g. the budget a
 capability estimate suggests), extracts and groups their answers, and asks the stop rule; the
@@ -16,16 +17,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from capgate._twins import Plan, adrive, drive, twin_of
 from capgate._types import Sample
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState, _Tally
 from capgate.cas.confidence import DEFAULT_CONFIDENCE, ConfidenceSource, strip_confidence_tag
-from capgate.cas.stop import StopFn, StopRule, beta_consensus, cas_confidence_gap
+from capgate.cas.stop import StopFn, StopRule, beta_consensus, cas_confidence_gap, rule_name
 
 __all__ = [
     "DEFAULT_STOP",
@@ -100,16 +102,11 @@ class CASResult(BaseModel):
     samples: tuple[DrawnSample, ...] = ()
 
 
-def _rule_name(rule: StopFn) -> str:
-    return repr(rule) if isinstance(rule, StopRule) else getattr(rule, "__name__", repr(rule))
-
-
 class _LoopCore:
     """Everything but I/O: batch sizes, counting, the stop decision and the result."""
 
     def __init__(
         self,
-        *,
         stop: StopFn,
         batch_size: int,
         max_samples: int,
@@ -167,7 +164,7 @@ class _LoopCore:
             flags = [s.correct for s in self.samples if s.answer == winner]
             correct = flags[0] if flags else None
         if reason == "rule":
-            stopped_by = _rule_name(self.stop)
+            stopped_by = rule_name(self.stop)
         elif reason == "max_samples":
             stopped_by = f"max_samples={self.max_samples}"
         else:
@@ -225,8 +222,7 @@ def _first_row(rows: list[list[Generation]], n: int) -> list[Generation]:
     return rows[0][:n]
 
 
-def adaptive_sample(
-    backend: Backend,
+def _sampling_plan(
     prompt: Prompt,
     *,
     extract: Extractor,
@@ -239,7 +235,23 @@ def adaptive_sample(
     seed: int | np.random.Generator | None = None,
     unknown_weight: float = UNKNOWN_CONFIDENCE_WEIGHT,
     keep_text: bool = False,
-) -> CASResult:
+) -> Plan[CASResult]:
+    """The loop of :func:`adaptive_sample` without its I/O: yields each batch to draw, gets its rows."""
+    core = _LoopCore(stop, batch_size, max_samples, initial_batch, seed, unknown_weight)
+    base = params or SamplingParams()
+    start = time.monotonic()
+    while True:
+        n = core.next_batch_size()
+        rows = yield [prompt], _batch_params(base, n, core.tally.n_samples)
+        for generation in _first_row(rows, n):
+            core.absorb(_drawn(generation, extract=extract, confidence=confidence, keep_text=keep_text))
+        reason = core.end_batch(time.monotonic() - start)
+        if reason is not None:
+            return core.result(reason, time.monotonic() - start)
+
+
+@twin_of(_sampling_plan)
+def adaptive_sample(backend: Backend, *args: Any, **kwargs: Any) -> CASResult:
     """Sample ``prompt`` in batches until ``stop`` says so (or ``max_samples``), then vote.
 
     Args:
@@ -272,41 +284,11 @@ def adaptive_sample(
         >>> r.answer, r.samples_used, r.stop_reason
         ('4', 2, 'rule')
     """
-    core = _LoopCore(
-        stop=stop,
-        batch_size=batch_size,
-        max_samples=max_samples,
-        initial_batch=initial_batch,
-        seed=seed,
-        unknown_weight=unknown_weight,
-    )
-    base = params or SamplingParams()
-    start = time.monotonic()
-    while True:
-        n = core.next_batch_size()
-        rows = backend.generate([prompt], _batch_params(base, n, core.tally.n_samples))
-        for generation in _first_row(rows, n):
-            core.absorb(_drawn(generation, extract=extract, confidence=confidence, keep_text=keep_text))
-        reason = core.end_batch(time.monotonic() - start)
-        if reason is not None:
-            return core.result(reason, time.monotonic() - start)
+    return drive(_sampling_plan(*args, **kwargs), lambda request: backend.generate(*request))
 
 
-async def aadaptive_sample(
-    backend: AsyncBackend,
-    prompt: Prompt,
-    *,
-    extract: Extractor,
-    stop: StopFn = DEFAULT_STOP,
-    batch_size: int = 4,
-    max_samples: int = 40,
-    initial_batch: int | None = None,
-    confidence: ConfidenceSource | None = DEFAULT_CONFIDENCE,
-    params: SamplingParams | None = None,
-    seed: int | np.random.Generator | None = None,
-    unknown_weight: float = UNKNOWN_CONFIDENCE_WEIGHT,
-    keep_text: bool = False,
-) -> CASResult:
+@twin_of(_sampling_plan)
+async def aadaptive_sample(backend: AsyncBackend, *args: Any, **kwargs: Any) -> CASResult:
     """Async twin of :func:`adaptive_sample` over an :class:`~capgate.AsyncBackend`.
 
     Example:
@@ -319,24 +301,7 @@ async def aadaptive_sample(
         >>> asyncio.run(aadaptive_sample(Fixed(), "2+2?", extract=str.strip)).samples_used
         4
     """
-    core = _LoopCore(
-        stop=stop,
-        batch_size=batch_size,
-        max_samples=max_samples,
-        initial_batch=initial_batch,
-        seed=seed,
-        unknown_weight=unknown_weight,
-    )
-    base = params or SamplingParams()
-    start = time.monotonic()
-    while True:
-        n = core.next_batch_size()
-        rows = await backend.agenerate([prompt], _batch_params(base, n, core.tally.n_samples))
-        for generation in _first_row(rows, n):
-            core.absorb(_drawn(generation, extract=extract, confidence=confidence, keep_text=keep_text))
-        reason = core.end_batch(time.monotonic() - start)
-        if reason is not None:
-            return core.result(reason, time.monotonic() - start)
+    return await adrive(_sampling_plan(*args, **kwargs), lambda request: backend.agenerate(*request))
 
 
 def _pool_item(item: PoolItem | Sample, index: int) -> DrawnSample:
@@ -402,14 +367,7 @@ def replay(
     if not items:
         raise ValueError("replay needs a non-empty pool of samples")
     cap = len(items) if max_samples is None else max_samples
-    core = _LoopCore(
-        stop=stop,
-        batch_size=batch_size,
-        max_samples=cap,
-        initial_batch=initial_batch,
-        seed=seed,
-        unknown_weight=unknown_weight,
-    )
+    core = _LoopCore(stop, batch_size, cap, initial_batch, seed, unknown_weight)
     position = 0
     while True:
         n = core.next_batch_size()

@@ -28,22 +28,7 @@ import numpy as np
 
 from capgate.cas._state import SamplingState
 
-__all__ = [
-    "CASMode",
-    "StopFn",
-    "StopRule",
-    "beta_consensus",
-    "beta_prob_above_half",
-    "cas_confidence_gap",
-    "incomplete_beta",
-    "stop_after_delay",
-    "stop_after_samples",
-    "stop_after_tokens",
-    "stop_all",
-    "stop_any",
-    "stop_if",
-    "stop_never",
-]
+# The public names are listed once, in ``capgate.cas.__all__`` (this module's list had drifted from it).
 
 StopFn: TypeAlias = Callable[[SamplingState], bool]
 """Anything that decides from a state: a :class:`StopRule` or a plain function."""
@@ -71,7 +56,8 @@ class StopRule(ABC):
         return stop_all(other, self)
 
 
-def _name(rule: StopFn) -> str:
+def rule_name(rule: StopFn) -> str:
+    """How a rule is shown in reprs and results: its repr, or a plain function's name."""
     return repr(rule) if isinstance(rule, StopRule) else getattr(rule, "__name__", repr(rule))
 
 
@@ -95,7 +81,7 @@ class stop_any(StopRule):  # noqa: N801 - tenacity-style phrase name
         return any(rule(state) for rule in self.rules)
 
     def __repr__(self) -> str:
-        return f"stop_any({', '.join(_name(r) for r in self.rules)})"
+        return f"stop_any({', '.join(rule_name(r) for r in self.rules)})"
 
 
 class stop_all(StopRule):  # noqa: N801
@@ -112,7 +98,7 @@ class stop_all(StopRule):  # noqa: N801
         return all(rule(state) for rule in self.rules)
 
     def __repr__(self) -> str:
-        return f"stop_all({', '.join(_name(r) for r in self.rules)})"
+        return f"stop_all({', '.join(rule_name(r) for r in self.rules)})"
 
 
 class stop_if(StopRule):  # noqa: N801
@@ -126,7 +112,7 @@ class stop_if(StopRule):  # noqa: N801
         return bool(self.predicate(state))
 
     def __repr__(self) -> str:
-        return f"stop_if({_name(self.predicate)})"
+        return f"stop_if({rule_name(self.predicate)})"
 
 
 class stop_never(StopRule):  # noqa: N801

@@ -13,7 +13,15 @@ from rich.console import Console
 
 from capgate.errors import CapgateError
 
-__all__ = ["EXIT_BAD_INPUT", "console", "fail", "parse_int_list", "run_reporting_errors", "write_json"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "console",
+    "fail",
+    "parse_int_list",
+    "run_reporting_errors",
+    "sub_app",
+    "write_json",
+]
 
 EXIT_BAD_INPUT = 2
 T = TypeVar("T")
@@ -22,6 +30,17 @@ T = TypeVar("T")
 def console() -> Console:
     """A rich console; wide enough for metric tables when output is piped to a file."""
     return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def sub_app(name: str, description: str) -> typer.Typer:
+    """A ``capgate <name>`` command group: help when called bare, no completion or pretty tracebacks."""
+    return typer.Typer(
+        name=name,
+        help=description,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
 
 
 def fail(message: str) -> NoReturn:

@@ -10,19 +10,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capgate.cli._common import fail
+from capgate.cli._common import fail, sub_app
 from capgate.decision.log import DecisionLog, default_log_path
 from capgate.errors import CapgateError
 
 __all__ = ["log_app", "register"]
 
 
-log_app = typer.Typer(
-    name="log",
-    help="Read the decision log and attach outcomes to logged decisions.",
-    no_args_is_help=True,
-    add_completion=False,
-)
+log_app = sub_app("log", "Read the decision log and attach outcomes to logged decisions.")
 
 DbOption = Annotated[
     Path | None,

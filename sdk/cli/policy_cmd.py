@@ -10,16 +10,13 @@ from typing import Annotated, cast, get_args
 
 import typer
 
-from capgate.cli._common import EXIT_BAD_INPUT
+from capgate.cli._common import EXIT_BAD_INPUT, sub_app
 from capgate.errors import DataError
 
 __all__ = ["policy_app", "register"]
 
-policy_app = typer.Typer(
-    name="policy",
-    help="Policy files: print the JSON Schema, validate files, calibrate a risk-controlled threshold.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
+policy_app = sub_app(
+    "policy", "Policy files: print the JSON Schema, validate files, calibrate a risk-controlled threshold."
 )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from capgate._jsonl import atomic_write_lines, data_error_from_validation, iter_json_objects
+from capgate._jsonl import atomic_write_lines, data_error_from_validation, iter_json_objects, note_unique_id
 from capgate.datasets._item import DatasetItem
 from capgate.errors import DataError
 
@@ -46,14 +46,7 @@ def read_dataset(path: str | Path, *, limit: int | None = None) -> list[DatasetI
             item = DatasetItem.model_validate(obj)
         except ValidationError as exc:
             raise data_error_from_validation(exc, path=path, line=line) from None
-        if item.id in first_line:
-            raise DataError(
-                f"duplicate id {item.id!r} (first on line {first_line[item.id]})",
-                path=path,
-                line=line,
-                field="id",
-            )
-        first_line[item.id] = line
+        note_unique_id(first_line, item.id, path=path, line=line)
         items.append(item)
     return items
 

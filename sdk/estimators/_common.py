@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -17,6 +15,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from capgate._atomic import atomic_write_json
 from capgate.errors import DataError, NotFittedError
 
 FloatArray: TypeAlias = npt.NDArray[np.float64]
@@ -108,12 +107,7 @@ def spec_as_dict(spec: object) -> dict[str, Any]:
 
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:
     """Write ``payload`` as JSON atomically (a killed save never leaves a half-written file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-        tmp.write(text)
-        tmp_name = tmp.name
-    os.replace(tmp_name, path)
+    atomic_write_json(path, payload, allow_nan=False)
 
 
 def read_json(path: Path, *, kind: str) -> dict[str, Any]:

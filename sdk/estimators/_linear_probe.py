@@ -1,7 +1,8 @@
 """The linear capability probe: logistic regression on hidden states, trained on soft targets µ̂.
 
-Public name: :class:`capgate.estimators.probe.LinearProbe`. Training needs torch (extra ``local``);
-prediction, saving and loading are numpy + safetensors only.
+Public name: :class:`capgate.estimators.probe.LinearProbe`. Training needs torch (extra ``local``)
+and lives in :mod:`capgate.estimators._probe_training`; prediction, saving and loading are numpy +
+safetensors only.
 """
 
 from __future__ import annotations
@@ -9,16 +10,15 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
+from capgate._atomic import atomic_path
 from capgate.errors import DataError
 from capgate.estimators._common import (
     FloatArray,
@@ -31,9 +31,7 @@ from capgate.estimators._common import (
     spec_as_dict,
     write_json,
 )
-
-if TYPE_CHECKING:
-    import torch
+from capgate.estimators._probe_training import TrainingSplit, train_probe
 
 __all__ = ["LR_GRID", "LinearProbe"]
 
@@ -50,17 +48,6 @@ FORMAT_VERSION = 1
 WEIGHTS_FILE = "probe.safetensors"
 META_FILE = "probe.json"
 _FINGERPRINT_KEYS = ("weights_fingerprint", "fingerprint")
-_PRIOR_EPS = 1e-6
-
-
-def _require_torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        raise ImportError(
-            "fitting a LinearProbe needs torch; install the extra: pip install 'capgate[local]'"
-        ) from None
-    return torch
 
 
 def _require_safetensors() -> Any:
@@ -82,18 +69,6 @@ def spec_fingerprint(spec: Mapping[str, Any] | None) -> str | None:
         if isinstance(value, str):
             return value
     return None
-
-
-@dataclass(frozen=True)
-class _Run:
-    """The best checkpoint of one training run (one learning rate)."""
-
-    weight: npt.NDArray[np.float32]
-    bias: float
-    val_loss: float
-    best_epoch: int
-    epochs_run: int
-    diverged: bool
 
 
 class LinearProbe:
@@ -313,7 +288,8 @@ class LinearProbe:
         else:
             mean = scale = None
 
-        runs = {lr: self._train(X_tr, y_tr, X_va, y_va, mean, scale, lr) for lr in rates}
+        split = TrainingSplit(X_tr, y_tr, X_va, y_va, mean, scale)
+        runs = {lr: train_probe(self, split, lr) for lr in rates}
         best_lr = min(rates, key=lambda r: runs[r].val_loss)
         best = runs[best_lr]
         if best.diverged:
@@ -353,106 +329,6 @@ class LinearProbe:
         q = np.clip(p, 1e-12, 1 - 1e-12)
         bce = -np.mean(y_va * np.log(q) + (1 - y_va) * np.log1p(-q))
         return {"n": int(y_va.shape[0]), "bce": float(bce), "brier": float(np.mean((p - y_va) ** 2))}
-
-    def _train(
-        self,
-        X_tr: FloatArray,
-        y_tr: FloatArray,
-        X_va: FloatArray | None,
-        y_va: FloatArray | None,
-        mean: FloatArray | None,
-        scale: FloatArray | None,
-        lr: float,
-    ) -> _Run:
-        torch = _require_torch()
-        device = torch.device(self.device)
-        if device.type != "cpu":
-            return self._train_loop(torch, device, X_tr, y_tr, X_va, y_va, mean, scale, lr)
-        # Minibatches of 32 rows are far too small to gain from threads, and on a loaded machine
-        # the thread pool's contention slows training many-fold; use one thread, then restore.
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return self._train_loop(torch, device, X_tr, y_tr, X_va, y_va, mean, scale, lr)
-        finally:
-            torch.set_num_threads(threads)
-
-    def _train_loop(
-        self,
-        torch: Any,
-        device: torch.device,
-        X_tr: FloatArray,
-        y_tr: FloatArray,
-        X_va: FloatArray | None,
-        y_va: FloatArray | None,
-        mean: FloatArray | None,
-        scale: FloatArray | None,
-        lr: float,
-    ) -> _Run:
-        functional = torch.nn.functional
-
-        def tensor(a: FloatArray, standardized: bool) -> torch.Tensor:
-            if standardized and mean is not None and scale is not None:
-                a = (a - mean) / scale
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(device)
-
-        xt, yt = tensor(X_tr, True), tensor(y_tr, False)
-        xv = None if X_va is None else tensor(X_va, True)
-        yv = None if y_va is None else tensor(y_va, False)
-        generator = torch.Generator().manual_seed(self.random_state)
-
-        prior = min(max(float(y_tr.mean()), _PRIOR_EPS), 1 - _PRIOR_EPS)
-        weight = torch.zeros(X_tr.shape[1], dtype=torch.float32, device=device, requires_grad=True)
-        bias = torch.full((1,), math.log(prior / (1 - prior)), dtype=torch.float32, device=device)
-        bias.requires_grad_(True)
-        optimizer = torch.optim.SGD(
-            [
-                {"params": [weight], "weight_decay": self.weight_decay},
-                {"params": [bias], "weight_decay": 0.0},
-            ],
-            lr=lr,
-            momentum=self.momentum,
-        )
-
-        def val_loss() -> float:
-            if xv is None or yv is None:
-                return math.nan
-            with torch.no_grad():
-                logits = (xv @ weight + bias).double()
-                return float(functional.binary_cross_entropy_with_logits(logits, yv.double()).item())
-
-        def snapshot() -> tuple[npt.NDArray[np.float32], float]:
-            w = weight.detach().cpu().numpy().astype(np.float32, copy=True)
-            return w, float(bias.detach().cpu().numpy()[0])
-
-        best_w, best_b = snapshot()
-        best_loss, best_epoch, epochs_run, diverged = val_loss(), 0, 0, False
-        n = xt.shape[0]
-        for epoch in range(1, self.max_epochs + 1):
-            order = torch.randperm(n, generator=generator).to(device)
-            for start in range(0, n, self.batch_size):
-                idx = order[start : start + self.batch_size]
-                optimizer.zero_grad(set_to_none=True)
-                loss = functional.binary_cross_entropy_with_logits(xt[idx] @ weight + bias, yt[idx])
-                loss.backward()
-                optimizer.step()
-            epochs_run = epoch
-            if not (torch.isfinite(weight).all() and torch.isfinite(bias).all()):
-                diverged = True
-                break
-            if xv is None:
-                best_w, best_b, best_epoch = (*snapshot(), epoch)
-                continue
-            current = val_loss()
-            if not math.isfinite(current):
-                diverged = True
-                break
-            if current < best_loss:
-                best_loss, best_epoch = current, epoch
-                best_w, best_b = snapshot()
-            elif epoch - best_epoch >= self.patience:
-                break
-        return _Run(best_w, best_b, best_loss, best_epoch, epochs_run, diverged)
 
     # --------------------------------------------------------------- prediction
 
@@ -530,10 +406,8 @@ class LinearProbe:
         if self.mean_ is not None and self.scale_ is not None:
             tensors["mean"] = np.ascontiguousarray(self.mean_, dtype=np.float64)
             tensors["scale"] = np.ascontiguousarray(self.scale_, dtype=np.float64)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{WEIGHTS_FILE}.")
-        os.close(fd)
-        st.save_file(tensors, tmp, metadata={"format": FORMAT})
-        os.replace(tmp, folder / WEIGHTS_FILE)
+        with atomic_path(folder / WEIGHTS_FILE, suffix="") as tmp:
+            st.save_file(tensors, str(tmp), metadata={"format": FORMAT})
         meta = self.metadata()
         meta["weights_sha256"] = _sha256(folder / WEIGHTS_FILE)
         write_json(folder / META_FILE, meta)

@@ -14,12 +14,14 @@ concurrently one per call from the start. A failure reaches the plan as the exce
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+from capgate._twins import adrive, drive
 from capgate._types import Cost, Estimate
 from capgate.backend import (
     AsyncBackend,
@@ -33,8 +35,8 @@ from capgate.backend import (
 
 __all__ = [
     "AnyBackend",
-    "Outcome",
     "Plan",
+    "PromptResult",
     "QueryState",
     "Round",
     "RoundResult",
@@ -52,7 +54,7 @@ __all__ = [
 AnyBackend: TypeAlias = Backend | AsyncBackend
 """A backend with ``generate``, ``agenerate`` or both."""
 
-Outcome: TypeAlias = list[Generation] | BaseException
+PromptResult: TypeAlias = list[Generation] | BaseException
 """What one prompt of a round produced: its samples, or the error that stopped them."""
 
 
@@ -68,7 +70,7 @@ class Round:
 class RoundResult:
     """The outcome of each prompt of a round (same order) and the round's wall-clock time."""
 
-    outcomes: list[Outcome]
+    outcomes: list[PromptResult]
     latency_s: float = 0.0
 
 
@@ -114,7 +116,7 @@ def wrap_last_user_turn(query: Prompt, render: Any) -> list[ChatMessage]:
     return [*head, {"role": "user", "content": render(messages[last]["content"])}]
 
 
-def _check_shape(result: Any, n_prompts: int) -> list[Outcome]:
+def _check_shape(result: Any, n_prompts: int) -> list[PromptResult]:
     if not isinstance(result, list) or len(result) != n_prompts:
         got = len(result) if isinstance(result, list) else type(result).__name__
         raise TypeError(f"backend returned {got} results for {n_prompts} prompts")
@@ -136,7 +138,7 @@ def _sync_generate(
 def sample_round(backend: AnyBackend, round_: Round) -> RoundResult:
     """Run one round on a sync (or async-only) backend, isolating failing prompts."""
     start = time.perf_counter()
-    outcomes: list[Outcome]
+    outcomes: list[PromptResult]
     try:
         outcomes = _check_shape(_sync_generate(backend, round_.prompts, round_.params), len(round_.prompts))
     except Exception as exc:
@@ -167,7 +169,7 @@ async def asample_round(backend: AnyBackend, round_: Round) -> RoundResult:
         return got
 
     gathered = await asyncio.gather(*(one(p) for p in round_.prompts), return_exceptions=True)
-    outcomes: list[Outcome] = []
+    outcomes: list[PromptResult] = []
     for item in gathered:
         if isinstance(item, BaseException) and not isinstance(item, Exception):
             raise item  # cancellation and the like are not per-query failures
@@ -177,24 +179,12 @@ async def asample_round(backend: AnyBackend, round_: Round) -> RoundResult:
 
 def run_plan(plan: Plan, backend: AnyBackend) -> list[Estimate]:
     """Drive a plan to completion with blocking calls."""
-    try:
-        round_ = next(plan)
-        while True:
-            round_ = plan.send(sample_round(backend, round_))
-    except StopIteration as stop:
-        result: list[Estimate] = stop.value
-        return result
+    return drive(plan, functools.partial(sample_round, backend))
 
 
 async def arun_plan(plan: Plan, backend: AnyBackend) -> list[Estimate]:
     """Drive a plan to completion without blocking the event loop."""
-    try:
-        round_ = next(plan)
-        while True:
-            round_ = plan.send(await asample_round(backend, round_))
-    except StopIteration as stop:
-        result: list[Estimate] = stop.value
-        return result
+    return await adrive(plan, functools.partial(asample_round, backend))
 
 
 @dataclass

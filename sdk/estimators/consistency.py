@@ -11,25 +11,16 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from capgate._types import Estimate
-from capgate.backend import SamplingParams
+from capgate.backend import Generation, SamplingParams
+from capgate.estimators._backed import BackendEstimator, one_round_plan
 from capgate.estimators._parsing import normalize_answer
-from capgate.estimators._sampling import (
-    AnyBackend,
-    Plan,
-    QueryState,
-    Round,
-    arun_plan,
-    check_backend,
-    describe_error,
-    failed_call_estimate,
-    run_plan,
-)
-from capgate.estimators.base import CapabilityEstimator, Query
+from capgate.estimators._sampling import AnyBackend, Plan, QueryState, Round, describe_error
+from capgate.estimators.base import Query
 
 __all__ = ["Consistency"]
 
 
-class Consistency(CapabilityEstimator):
+class Consistency(BackendEstimator):
     """Capability as the agreement among ``k_c`` sampled answers.
 
     Args:
@@ -61,10 +52,9 @@ class Consistency(CapabilityEstimator):
         extract: Callable[[str], str | None] | None = None,
         params: SamplingParams | None = None,
     ) -> None:
-        check_backend(backend)
+        super().__init__(backend)
         if k_c < 2:
             raise ValueError(f"`k_c` must be >= 2 (agreement needs several samples); got {k_c!r}")
-        self.backend = backend
         self.k_c = k_c
         self.extract = extract
         self.params = params
@@ -77,43 +67,24 @@ class Consistency(CapabilityEstimator):
         return base.model_copy(update={"n": self.k_c})
 
     def _plan(self, queries: Sequence[Query]) -> Plan:
-        if not queries:
-            return []
+        return one_round_plan(self.method, Round(list(queries), self._params()), self._read)
+
+    def _read(self, samples: list[Generation], state: QueryState) -> Estimate:
         extract = self.extract or normalize_answer
-        result = yield Round(list(queries), self._params())
-        estimates: list[Estimate] = []
-        for outcome in result.outcomes:
-            if isinstance(outcome, BaseException):
-                estimates.append(failed_call_estimate(self.method, outcome, result.latency_s))
-                continue
-            state = QueryState()
-            state.add(outcome, result.latency_s)
-            answers: list[str | None] = []
-            for gen in outcome:
-                try:
-                    answers.append(extract(gen.text))
-                except Exception as exc:  # a grader's extractor choking on one response
-                    answers.append(None)
-                    state.failures.append(describe_error(exc))
-            counts = Counter(a for a in answers if a is not None)
-            details = {"answers": answers, "samples": len(outcome), "k_c": self.k_c}
-            if state.failures:
-                details["extract_errors"] = state.failures
-            if not counts:
-                reason = f"no answer could be extracted from any of the {len(outcome)} samples"
-                estimates.append(Estimate.unavailable(self.method, reason, cost=state.cost, **details))
-                continue
-            majority, votes = counts.most_common(1)[0]
-            details.update(majority=majority, votes=votes)
-            estimates.append(
-                Estimate(p=votes / len(outcome), method=self.method, cost=state.cost, details=details)
-            )
-        return estimates
-
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
-        """Sample ``k_c`` answers per query and measure their agreement (blocking)."""
-        return run_plan(self._plan(queries), self.backend)
-
-    async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
-        """Async twin of :meth:`estimate` (native when the backend has ``agenerate``)."""
-        return await arun_plan(self._plan(queries), self.backend)
+        answers: list[str | None] = []
+        for gen in samples:
+            try:
+                answers.append(extract(gen.text))
+            except Exception as exc:  # a grader's extractor choking on one response
+                answers.append(None)
+                state.failures.append(describe_error(exc))
+        counts = Counter(a for a in answers if a is not None)
+        details = {"answers": answers, "samples": len(samples), "k_c": self.k_c}
+        if state.failures:
+            details["extract_errors"] = state.failures
+        if not counts:
+            reason = f"no answer could be extracted from any of the {len(samples)} samples"
+            return Estimate.unavailable(self.method, reason, cost=state.cost, **details)
+        majority, votes = counts.most_common(1)[0]
+        details.update(majority=majority, votes=votes)
+        return Estimate(p=votes / len(samples), method=self.method, cost=state.cost, details=details)

@@ -12,8 +12,10 @@ policy's fail-safe acts on it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from capgate._twins import Plan, adrive, drive
 from capgate._types import Cost, Estimate
 from capgate.estimators._sampling import describe_error
 from capgate.estimators.base import CapabilityEstimator, Query
@@ -105,8 +107,8 @@ class FallbackChain(CapabilityEstimator):
                 still.append(i)
         return still
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
-        """Estimate each query with the first estimator that can (blocking)."""
+    def _plan(self, queries: Sequence[Query]) -> Plan[list[Estimate]]:
+        """The chain without its calls: yields ``(link, queries)``, receives the link's answer."""
         n = len(queries)
         results: list[Estimate | None] = [None] * n
         attempts: list[list[dict[str, str]]] = [[] for _ in range(n)]
@@ -115,30 +117,43 @@ class FallbackChain(CapabilityEstimator):
         for pos, est in enumerate(self.estimators):
             if not pending:
                 break
-            try:
-                got = self._checked(est, est.estimate([queries[i] for i in pending]), len(pending))
-            except Exception as exc:
-                got = self._crashed(est, exc, len(pending))
+            answer = yield est, [queries[i] for i in pending]
+            if isinstance(answer, _Raised):
+                got = self._crashed(est, answer.error, len(pending))
+            else:
+                got = self._checked(est, answer, len(pending))
             pending = self._step(pos, pending, got, results, attempts, costs)
         return [
             r if r is not None else self._all_failed(attempts[i], costs[i]) for i, r in enumerate(results)
         ]
 
+    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+        """Estimate each query with the first estimator that can (blocking)."""
+        return drive(self._plan(queries), _ask)
+
     async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
         """Async twin of :meth:`estimate`: each link's ``aestimate`` in turn."""
-        n = len(queries)
-        results: list[Estimate | None] = [None] * n
-        attempts: list[list[dict[str, str]]] = [[] for _ in range(n)]
-        costs = [Cost() for _ in range(n)]
-        pending = list(range(n))
-        for pos, est in enumerate(self.estimators):
-            if not pending:
-                break
-            try:
-                got = self._checked(est, await est.aestimate([queries[i] for i in pending]), len(pending))
-            except Exception as exc:
-                got = self._crashed(est, exc, len(pending))
-            pending = self._step(pos, pending, got, results, attempts, costs)
-        return [
-            r if r is not None else self._all_failed(attempts[i], costs[i]) for i, r in enumerate(results)
-        ]
+        return await adrive(self._plan(queries), _aask)
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """A link's call raised (told apart from whatever a link might return)."""
+
+    error: Exception
+
+
+def _ask(request: tuple[CapabilityEstimator, list[Query]]) -> Any:
+    est, queries = request
+    try:
+        return est.estimate(queries)
+    except Exception as exc:
+        return _Raised(exc)
+
+
+async def _aask(request: tuple[CapabilityEstimator, list[Query]]) -> Any:
+    est, queries = request
+    try:
+        return await est.aestimate(queries)
+    except Exception as exc:
+        return _Raised(exc)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from capgate._atomic import atomic_open
 from capgate.errors import DataError, ProbeMismatchError
 from capgate.estimators._common import read_json, spec_as_dict, write_json
 from capgate.estimators.base import Query
@@ -130,15 +130,8 @@ def _check_arrays(path: Path, ids: list[str], matrix: npt.NDArray[np.float32], s
 
 
 def _write_npz(target: Path, ids: list[str], matrix: npt.NDArray[np.float32]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".npz")
-    os.close(fd)
-    try:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, ids=np.array(ids, dtype=np.str_), features=matrix)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_open(target, suffix=".npz") as fh:
+        np.savez(fh, ids=np.array(ids, dtype=np.str_), features=matrix)
 
 
 def _read_npz(path: Path) -> tuple[list[str], npt.NDArray[np.float32]]:

@@ -14,20 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from capgate._types import Estimate
-from capgate.backend import Prompt, SamplingParams, TokenLogprob
+from capgate.backend import Generation, Prompt, SamplingParams, TokenLogprob
+from capgate.estimators._backed import BackendEstimator, at_least, check_template, one_round_plan
 from capgate.estimators._parsing import THINK_CLOSE, THINK_OPEN
-from capgate.estimators._sampling import (
-    AnyBackend,
-    Plan,
-    QueryState,
-    Round,
-    arun_plan,
-    check_backend,
-    failed_call_estimate,
-    run_plan,
-    wrap_last_user_turn,
-)
-from capgate.estimators.base import CapabilityEstimator, Query
+from capgate.estimators._sampling import AnyBackend, Plan, QueryState, Round, wrap_last_user_turn
+from capgate.estimators.base import Query
 from capgate.estimators.verbalized import delimit_question
 
 __all__ = ["PTRUE_TEMPLATE", "PTrue", "read_p_true"]
@@ -107,7 +98,7 @@ def read_p_true(tokens: Sequence[TokenLogprob] | None) -> tuple[float | None, st
     return yes / (yes + no), "", details
 
 
-class PTrue(CapabilityEstimator):
+class PTrue(BackendEstimator):
     """Capability as P(Yes) to "Are you able to answer the question correctly?".
 
     Args:
@@ -139,17 +130,12 @@ class PTrue(CapabilityEstimator):
         max_tokens: int = 1,
         template: str = PTRUE_TEMPLATE,
     ) -> None:
-        check_backend(backend)
+        super().__init__(backend)
         if not 1 <= top_logprobs <= 20:
             raise ValueError(f"`top_logprobs` must be in [1, 20]; got {top_logprobs!r}")
-        if max_tokens < 1:
-            raise ValueError(f"`max_tokens` must be >= 1; got {max_tokens!r}")
-        if "{question}" not in template:
-            raise ValueError("`template` must contain a {question} placeholder")
-        self.backend = backend
         self.top_logprobs = top_logprobs
-        self.max_tokens = max_tokens
-        self.template = template
+        self.max_tokens = at_least(1, "max_tokens", max_tokens)
+        self.template = check_template(template)
 
     def __repr__(self) -> str:
         return (
@@ -168,29 +154,13 @@ class PTrue(CapabilityEstimator):
         return wrap_last_user_turn(query, lambda q: self.template.format(question=delimit_question(q)))
 
     def _plan(self, queries: Sequence[Query]) -> Plan:
-        if not queries:
-            return []
-        result = yield Round([self.build_prompt(q) for q in queries], self.params)
-        estimates: list[Estimate] = []
-        for outcome in result.outcomes:
-            if isinstance(outcome, BaseException):
-                estimates.append(failed_call_estimate(self.method, outcome, result.latency_s))
-                continue
-            state = QueryState()
-            state.add(outcome, result.latency_s)
-            gen = outcome[0] if outcome else None
-            p, why, details = read_p_true(gen.tokens if gen else None)
-            details["completion"] = gen.text if gen else ""
-            if p is None:
-                estimates.append(Estimate.unavailable(self.method, why, cost=state.cost, **details))
-            else:
-                estimates.append(Estimate(p=p, method=self.method, cost=state.cost, details=details))
-        return estimates
+        prompts = [self.build_prompt(q) for q in queries]
+        return one_round_plan(self.method, Round(prompts, self.params), self._read)
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
-        """Read P(True) for each query (blocking)."""
-        return run_plan(self._plan(queries), self.backend)
-
-    async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
-        """Async twin of :meth:`estimate` (native when the backend has ``agenerate``)."""
-        return await arun_plan(self._plan(queries), self.backend)
+    def _read(self, samples: list[Generation], state: QueryState) -> Estimate:
+        gen = samples[0] if samples else None
+        p, why, details = read_p_true(gen.tokens if gen else None)
+        details["completion"] = gen.text if gen else ""
+        if p is None:
+            return Estimate.unavailable(self.method, why, cost=state.cost, **details)
+        return Estimate(p=p, method=self.method, cost=state.cost, details=details)

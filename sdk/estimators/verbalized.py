@@ -18,19 +18,17 @@ from collections.abc import Sequence
 
 from capgate._types import Estimate
 from capgate.backend import Prompt, SamplingParams
+from capgate.estimators._backed import BackendEstimator, at_least, check_template
 from capgate.estimators._parsing import parse_probability
 from capgate.estimators._sampling import (
     AnyBackend,
     Plan,
     QueryState,
     Round,
-    arun_plan,
-    check_backend,
     describe_error,
-    run_plan,
     wrap_last_user_turn,
 )
-from capgate.estimators.base import CapabilityEstimator, Query, query_text
+from capgate.estimators.base import Query, query_text
 
 __all__ = [
     "VERBALIZED_SCALE",
@@ -94,7 +92,7 @@ def render_verbalized_prompt(question: str, *, template: str = VERBALIZED_TEMPLA
     return template.format(question=delimit_question(question), scale=scale)
 
 
-class VerbalizedConfidence(CapabilityEstimator):
+class VerbalizedConfidence(BackendEstimator):
     """Capability from the probability the model states for itself, before answering.
 
     Unparsable completions are re-asked, up to ``max_tries`` attempts in all (with the seed, if
@@ -128,15 +126,10 @@ class VerbalizedConfidence(CapabilityEstimator):
         max_tries: int = 3,
         template: str = VERBALIZED_TEMPLATE,
     ) -> None:
-        check_backend(backend)
-        if max_tries < 1:
-            raise ValueError(f"`max_tries` must be >= 1; got {max_tries!r}")
-        if "{question}" not in template:
-            raise ValueError("`template` must contain a {question} placeholder")
-        self.backend = backend
+        super().__init__(backend)
         self.params = params
-        self.max_tries = max_tries
-        self.template = template
+        self.max_tries = at_least(1, "max_tries", max_tries)
+        self.template = check_template(template)
 
     def __repr__(self) -> str:
         return f"VerbalizedConfidence(backend={self.backend!r}, max_tries={self.max_tries})"
@@ -209,11 +202,3 @@ class VerbalizedConfidence(CapabilityEstimator):
                     )
                 )
         return estimates
-
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
-        """Ask the model for its confidence on each query (blocking)."""
-        return run_plan(self._plan(queries), self.backend)
-
-    async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
-        """Async twin of :meth:`estimate` (native when the backend has ``agenerate``)."""
-        return await arun_plan(self._plan(queries), self.backend)

@@ -11,15 +11,20 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 
-def as_float_array(name: str, values: ArrayLike) -> FloatArray:
-    """A 1-D float64 copy-free view of ``values``; rejects empty, NaN and infinite input."""
-    array = np.asarray(values, dtype=np.float64)
+def _one_dimensional(name: str, array: NDArray[Any]) -> NDArray[Any]:
+    """``array`` as 1-D (a scalar becomes length 1); rejects other shapes and empty input."""
     if array.ndim == 0:
         array = array.reshape(1)
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be one-dimensional; got shape {array.shape}")
     if array.size == 0:
         raise ValueError(f"`{name}` must not be empty")
+    return array
+
+
+def as_float_array(name: str, values: ArrayLike) -> FloatArray:
+    """A 1-D float64 copy-free view of ``values``; rejects empty, NaN and infinite input."""
+    array: FloatArray = _one_dimensional(name, np.asarray(values, dtype=np.float64))
     if not np.all(np.isfinite(array)):
         bad = int(np.flatnonzero(~np.isfinite(array))[0])
         raise ValueError(f"`{name}` must be finite; got {array[bad]} at index {bad}")
@@ -38,13 +43,7 @@ def as_probabilities(name: str, values: ArrayLike) -> FloatArray:
 
 def as_counts(name: str, values: ArrayLike, *, minimum: int = 0) -> IntArray:
     """A 1-D int64 array of counts >= ``minimum``; rejects fractional values."""
-    raw = np.asarray(values)
-    if raw.ndim == 0:
-        raw = raw.reshape(1)
-    if raw.ndim != 1:
-        raise ValueError(f"`{name}` must be one-dimensional; got shape {raw.shape}")
-    if raw.size == 0:
-        raise ValueError(f"`{name}` must not be empty")
+    raw = _one_dimensional(name, np.asarray(values))
     if raw.dtype.kind == "f":
         if not np.all(np.isfinite(raw)) or np.any(raw != np.round(raw)):
             raise ValueError(f"`{name}` must hold whole numbers; got {raw[~(raw == np.round(raw))][:1]}")

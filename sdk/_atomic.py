@@ -1,0 +1,95 @@
+"""Atomic file writes: a reader sees the old file or the new one, never a half-written mix.
+
+Every writer here follows the same steps: write a hidden temporary file in the target's folder,
+fsync it, ``os.replace`` it over the target, then fsync the folder so the rename itself is durable.
+If anything fails (or the process is interrupted) before the rename, the temporary file is removed
+and the target is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["atomic_open", "atomic_path", "atomic_write_bytes", "atomic_write_json", "fsync_dir"]
+
+
+def fsync_dir(folder: str | os.PathLike[str]) -> None:
+    """Make a rename or a file creation in ``folder`` durable (a no-op where folders cannot be opened)."""
+    with contextlib.suppress(OSError):  # not every platform can open a folder
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str], *, suffix: str = ".tmp") -> Iterator[Path]:
+    """A temporary path to write in place of ``path``; renamed over it when the block succeeds.
+
+    For writers that want a file name rather than a handle (``safetensors.save_file``). The
+    folder is created if needed; the file is fsynced before the rename.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> target = pathlib.Path(tempfile.mkdtemp()) / "out.bin"
+        >>> with atomic_path(target) as tmp:
+        ...     _ = tmp.write_bytes(b"data")
+        >>> target.read_bytes()
+        b'data'
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDWR)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike[str], *, suffix: str = ".tmp") -> Iterator[IO[bytes]]:
+    """A binary handle whose content replaces ``path`` atomically when the block succeeds."""
+    with atomic_path(path, suffix=suffix) as tmp, tmp.open("wb") as handle:
+        yield handle
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically."""
+    with atomic_open(path) as handle:
+        handle.write(data)
+
+
+def atomic_write_json(path: str | os.PathLike[str], payload: Any, *, allow_nan: bool = True) -> None:
+    """Replace ``path`` with ``payload`` as indented, key-sorted JSON (UTF-8, trailing newline).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> target = pathlib.Path(tempfile.mkdtemp()) / "a.json"
+        >>> atomic_write_json(target, {"b": 1, "a": [2]})
+        >>> print(target.read_text(), end="")
+        {
+          "a": [
+            2
+          ],
+          "b": 1
+        }
+    """
+    text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=allow_nan) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"))

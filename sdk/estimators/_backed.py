@@ -1,0 +1,89 @@
+"""What the estimators that query a model through a backend share, beyond the sampling plumbing.
+
+:class:`BackendEstimator` gives them :meth:`~BackendEstimator.estimate` and its async twin, both
+driving the subclass's plan (see :mod:`capgate.estimators._sampling`); :func:`one_round_plan` is the
+plan of an estimator that asks once per query; :func:`at_least` and :func:`check_template` check
+constructor settings with the same messages everywhere.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+
+from capgate._types import Estimate
+from capgate.backend import Generation
+from capgate.estimators._sampling import (
+    AnyBackend,
+    Plan,
+    QueryState,
+    Round,
+    arun_plan,
+    check_backend,
+    failed_call_estimate,
+    run_plan,
+)
+from capgate.estimators.base import CapabilityEstimator, Query
+
+__all__ = ["BackendEstimator", "at_least", "check_template", "one_round_plan"]
+
+
+def one_round_plan(
+    method: str, round_: Round, read: Callable[[list[Generation], QueryState], Estimate]
+) -> Plan:
+    """A plan of one round: a failed prompt gets :func:`failed_call_estimate`, a sampled one ``read``.
+
+    ``read`` receives the prompt's samples and its :class:`QueryState` (their cost already added).
+    No round is sent when there are no prompts.
+    """
+    if not round_.prompts:
+        return []
+    result = yield round_
+    estimates: list[Estimate] = []
+    for outcome in result.outcomes:
+        if isinstance(outcome, BaseException):
+            estimates.append(failed_call_estimate(method, outcome, result.latency_s))
+            continue
+        state = QueryState()
+        state.add(outcome, result.latency_s)
+        estimates.append(read(outcome, state))
+    return estimates
+
+
+def at_least(minimum: int, name: str, value: int) -> int:
+    """``value`` itself, once it is known to be at least ``minimum`` (``name`` is the setting's name)."""
+    if value < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}; got {value!r}")
+    return value
+
+
+def check_template(template: str) -> str:
+    """``template`` itself, once it is known to contain a ``{question}`` placeholder."""
+    if "{question}" not in template:
+        raise ValueError("`template` must contain a {question} placeholder")
+    return template
+
+
+class BackendEstimator(CapabilityEstimator):
+    """Base of the estimators that query a model: :meth:`estimate` and :meth:`aestimate` drive the
+    subclass's plan (:meth:`_plan`) with blocking or non-blocking calls.
+
+    Args:
+        backend: A :class:`~capgate.Backend` and/or :class:`~capgate.AsyncBackend`.
+    """
+
+    def __init__(self, backend: AnyBackend) -> None:
+        check_backend(backend)
+        self.backend = backend
+
+    @abstractmethod
+    def _plan(self, queries: Sequence[Query]) -> Plan:
+        """The estimator's rounds of prompts and how their samples become estimates."""
+
+    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+        """Estimate each query by querying the model (blocking)."""
+        return run_plan(self._plan(queries), self.backend)
+
+    async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
+        """Async twin of :meth:`estimate` (native when the backend has ``agenerate``)."""
+        return await arun_plan(self._plan(queries), self.backend)
