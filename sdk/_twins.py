@@ -59,13 +59,36 @@ def twin_of(
     return decorate
 
 
+def _attempt(call: Callable[[Any], Any], request: Any) -> tuple[Any, BaseException | None]:
+    try:
+        return call(request), None
+    except BaseException as exc:  # handed to the plan, which re-raises what it does not handle
+        return None, exc
+
+
+async def _aattempt(call: Callable[[Any], Awaitable[Any]], request: Any) -> tuple[Any, BaseException | None]:
+    try:
+        return await call(request), None
+    except BaseException as exc:  # handed to the plan, which re-raises what it does not handle
+        return None, exc
+
+
+def _resume(plan: Plan[Any], outcome: tuple[Any, BaseException | None]) -> Any:
+    answer, error = outcome
+    return plan.throw(error) if error is not None else plan.send(answer)
+
+
 def drive(plan: Plan[R], call: Callable[[Any], Any]) -> R:
-    """Run ``plan`` to its result, answering each request with ``call(request)``."""
-    with contextlib.closing(plan):  # an error in ``call`` still runs the plan's cleanup at once
+    """Run ``plan`` to its result, answering each request with ``call(request)``.
+
+    An error raised by ``call`` is thrown into the plan at its ``yield``: the plan may handle it
+    (log it, fall back) and go on, or let it propagate, its cleanup running at once.
+    """
+    with contextlib.closing(plan):
         try:
             request = next(plan)
             while True:
-                request = plan.send(call(request))
+                request = _resume(plan, _attempt(call, request))
         except StopIteration as done:
             result: R = done.value
             return result
@@ -77,7 +100,7 @@ async def adrive(plan: Plan[R], call: Callable[[Any], Awaitable[Any]]) -> R:
         try:
             request = next(plan)
             while True:
-                request = plan.send(await call(request))
+                request = _resume(plan, await _aattempt(call, request))
         except StopIteration as done:
             result: R = done.value
             return result

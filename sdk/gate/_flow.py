@@ -4,8 +4,9 @@ A *flow* is a generator that yields :class:`Effect` s (estimate a query, log a d
 user's function, resample it) and receives each one's result back, then returns its own result.
 :func:`drive` runs a flow with the sync I/O of each effect and :func:`adrive` with the async I/O,
 so a flow's decisions (which action leads where, what is logged, when to block) exist once and
-the sync and async paths of an integration cannot drift apart, as in
-:mod:`capgate.estimators._sampling`. An effect that fails is thrown back into the flow.
+the sync and async paths of an integration cannot drift apart. Both run on the drivers of
+:mod:`capgate._twins`, like every other plan in capgate; an effect that fails is thrown back
+into the flow.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
+from capgate import _twins as twins
 from capgate.gate._results import Sampled, Verdict
 
 if TYPE_CHECKING:
@@ -128,43 +130,11 @@ class Sample(Effect):
         return await self.gate.asample(draw, self.verdict, to_text=self.to_text)
 
 
-@dataclass(frozen=True)
-class _Done:
-    value: Any
-
-
-def _advance(flow: Flow[Any], result: Any, error: BaseException | None) -> Effect | _Done:
-    try:
-        return flow.throw(error) if error is not None else flow.send(result)
-    except StopIteration as stop:
-        return _Done(stop.value)
-
-
-def _attempt(run: Callable[[], Any]) -> tuple[Any, BaseException | None]:
-    try:
-        return run(), None
-    except BaseException as exc:  # handed to the flow, which re-raises what it does not handle
-        return None, exc
-
-
-async def _aattempt(arun: Callable[[], Awaitable[Any]]) -> tuple[Any, BaseException | None]:
-    try:
-        return await arun(), None
-    except BaseException as exc:  # handed to the flow, which re-raises what it does not handle
-        return None, exc
-
-
 def drive(flow: Flow[R]) -> R:
-    """Run a flow, doing each effect's sync I/O."""
-    step = _advance(flow, None, None)
-    while isinstance(step, Effect):
-        step = _advance(flow, *_attempt(step.run))
-    return step.value  # type: ignore[no-any-return]
+    """Run a flow, doing each effect's sync I/O (:func:`capgate._twins.drive`)."""
+    return twins.drive(flow, lambda effect: effect.run())
 
 
 async def adrive(flow: Flow[R]) -> R:
-    """Run a flow, doing each effect's async I/O."""
-    step = _advance(flow, None, None)
-    while isinstance(step, Effect):
-        step = _advance(flow, *await _aattempt(step.arun))
-    return step.value  # type: ignore[no-any-return]
+    """Run a flow, doing each effect's async I/O (:func:`capgate._twins.adrive`)."""
+    return await twins.adrive(flow, lambda effect: effect.arun())
