@@ -6,9 +6,10 @@ backend, lives beside it).
 
 * ``before_model`` estimates the step (the conversation so far) and applies the policy:
   ``abstain`` ends the run (``jump_to: "end"``) with an AI message carrying the abstain text;
-  ``clarify`` and ``escalate`` pause with ``interrupt()`` (a :class:`ClarifyRequest` /
-  :class:`EscalationRequest`; resume with ``Command(resume=...)`` holding a
-  :class:`ClarifyResponse` / :class:`EscalationResponse`). A clarification joins the conversation
+  ``clarify`` and ``escalate`` pause with ``interrupt()`` (a ``ClarifyRequest`` /
+  ``EscalationRequest`` of :mod:`capgate.adapters.agents.hitl`; resume with
+  ``Command(resume=...)`` holding a ``ClarifyResponse`` / ``EscalationResponse``). A
+  clarification joins the conversation
   and the step is estimated again (up to ``max_clarifications`` rounds); an escalation's
   ``reply`` answers the user, ``approve`` lets the model answer, ``reject`` declines.
 * ``wrap_model_call`` carries out ``resample``: the model handler is called repeatedly under CAS
@@ -16,8 +17,9 @@ backend, lives beside it).
   calls) and the winning response is kept. It then gates each proposed tool call (the
   conversation plus the call is the query, ``tool=`` its name; a ``resample`` there redraws the
   proposal the same way) and stores the per-call decisions in state.
-* ``wrap_tool_call`` acts on those decisions before a tool runs (:class:`ToolCallGate`): run it,
-  ask the user, escalate for approval, or abstain.
+* ``wrap_tool_call`` acts on those decisions before a tool runs
+  (:class:`~capgate.adapters.agents.hitl.ToolCallGate`): run it, ask the user, escalate for
+  approval, or abstain.
 
 Every hook has an async twin (``abefore_model``, ``awrap_model_call``, ``awrap_tool_call``); each
 hook's logic is one I/O-free flow that both twins drive. With ``on_block="raise"`` a blocked step
@@ -56,21 +58,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langgraph.types import Command
 
 from capgate._types import Extractor
+from capgate.adapters.agents import hitl
 from capgate.adapters.agents.chat_model import CapgateChatModel
-from capgate.adapters.agents.hitl import (
-    ClarifyRequest,
-    ClarifyResponse,
-    EscalationRequest,
-    EscalationResponse,
-    ToolCallGate,
-    ask_clarification,
-    ask_review,
-    decision_records,
-    read_decision,
-    record_tool_decisions,
-    review_reply,
-    tool_call_query,
-)
 from capgate.backend import ChatMessage
 from capgate.decision.log import query_hash
 from capgate.errors import SettingsError
@@ -82,11 +71,6 @@ __all__ = [
     "CapabilityGate",
     "CapabilityGateState",
     "CapgateChatModel",
-    "ClarifyRequest",
-    "ClarifyResponse",
-    "EscalationRequest",
-    "EscalationResponse",
-    "ToolCallGate",
 ]
 
 _CALLS_PREFIX = "tool-calls:"
@@ -176,7 +160,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
             )
         self.gate_tools = gate_tools
         self.max_clarifications = max_clarifications
-        self.tool_gate = ToolCallGate(gate=self.gate)
+        self.tool_gate = hitl.ToolCallGate(gate=self.gate)
         self._voter = self.gate.with_options(extract=_voting_extract(self.gate.extract))
         self._memo: OrderedDict[tuple[str | None, str], Verdict] = OrderedDict()
 
@@ -211,7 +195,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
 
     def _outcome(self, verdict: Verdict, added: list[BaseMessage]) -> dict[str, Any]:
         """The state update for a model-step verdict that needs no human."""
-        update = decision_records(verdict)
+        update = hitl.decision_records(verdict)
         if verdict.action in ("abstain", "clarify"):  # clarify: out of rounds, ask in the chat
             update["messages"] = [*added, AIMessage(self.gate.block(verdict).message)]
             update["jump_to"] = "end"
@@ -220,15 +204,15 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         return update
 
     def _escalated(
-        self, verdict: Verdict, added: list[BaseMessage], review: EscalationResponse
+        self, verdict: Verdict, added: list[BaseMessage], review: hitl.EscalationResponse
     ) -> dict[str, Any]:
-        update = decision_records(verdict)
+        update = hitl.decision_records(verdict)
         update["capgate_human"] = review.model_dump(mode="json")
         if review.decision == "approve":
             if added:
                 update["messages"] = added
             return update
-        update["messages"] = [*added, AIMessage(review_reply(review))]
+        update["messages"] = [*added, AIMessage(hitl.review_reply(review))]
         update["jump_to"] = "end"
         return update
 
@@ -245,12 +229,12 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
                 self._remember(key, verdict)
             if verdict.action == "clarify" and round_ < self.max_clarifications:
                 question = self.gate.block(verdict).message  # raises with on_block="raise"
-                reply = ask_clarification(verdict)
+                reply = hitl.ask_clarification(verdict)
                 added += [AIMessage(question), HumanMessage(reply.answer)]
                 continue
             if verdict.action == "escalate":
                 self.gate.block(verdict)
-                return self._escalated(verdict, added, ask_review(verdict))
+                return self._escalated(verdict, added, hitl.ask_review(verdict))
             return self._outcome(verdict, added)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -267,7 +251,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
     # ------------------------------------------------------------------ wrap_model_call
 
     def _step_verdict(self, request: ModelRequest[Any]) -> Verdict | None:
-        decision = read_decision(cast("Mapping[str, Any] | None", request.state.get("capgate_decision")))
+        decision = hitl.read_decision(cast("Mapping[str, Any] | None", request.state.get("capgate_decision")))
         if decision is None or decision.action != "resample":
             return None
         return Verdict(decision=decision, query=as_query(request.messages, where="messages"))
@@ -276,7 +260,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         history = [*request.messages, message]
         return AssessEach(
             [
-                (self.gate.with_options(tool=c["name"]), tool_call_query(history, c))
+                (self.gate.with_options(tool=c["name"]), hitl.tool_call_query(history, c))
                 for c in message.tool_calls
             ]
         )
@@ -285,7 +269,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         if not verdicts:
             return response  # type: ignore[no-any-return]
         model_response = response if isinstance(response, ModelResponse) else ModelResponse(result=[response])
-        update = {"capgate_tool_decisions": record_tool_decisions(verdicts, voted=voted)}
+        update = {"capgate_tool_decisions": hitl.record_tool_decisions(verdicts, voted=voted)}
         return ExtendedModelResponse(model_response=model_response, command=Command(update=update))
 
     def _model_call_flow(self, request: ModelRequest[Any], draw: Invoke) -> Flow[ModelResult]:
@@ -339,7 +323,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
     # ------------------------------------------------------------------ wrap_tool_call
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], ToolMessage | Command[Any]]) -> Any:
-        """Act on the tool call's decision before it runs (see :class:`ToolCallGate`)."""
+        """Act on the tool call's decision before it runs (see ``hitl.ToolCallGate``)."""
         return self.tool_gate(request, handler) if self.gate_tools else handler(request)
 
     async def awrap_tool_call(

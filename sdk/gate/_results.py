@@ -31,8 +31,24 @@ RESAMPLE_FAILED_MESSAGE = (
 """Text of a :class:`Gated` result when ``resample`` drew responses but none had an answer."""
 
 
+class _DecisionFacts:
+    """``action`` and ``estimate`` read from the object's ``decision``."""
+
+    decision: Decision
+
+    @property
+    def action(self) -> Action:
+        """The decided action."""
+        return self.decision.action
+
+    @property
+    def estimate(self) -> Estimate:
+        """The capability estimate the decision was made on."""
+        return self.decision.estimate
+
+
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(_DecisionFacts):
     """A decision on a query, and the query it was made on: all an integration needs to act.
 
     Attributes:
@@ -45,23 +61,13 @@ class Verdict:
     query: Prompt
 
     @property
-    def action(self) -> Action:
-        """The decided action."""
-        return self.decision.action
-
-    @property
-    def estimate(self) -> Estimate:
-        """The capability estimate."""
-        return self.decision.estimate
-
-    @property
     def plan(self) -> SamplingPlan | None:
         """For ``resample``, how to sample (the decision's plan); else ``None``."""
         return self.decision.plan
 
 
 @dataclass(frozen=True)
-class Gated:
+class Gated(_DecisionFacts):
     """What a gated call returns instead of an answer when the policy blocks it.
 
     Attributes:
@@ -95,21 +101,11 @@ class Gated:
             message = decision.text
         return cls(decision=decision, query=verdict.query, message=message, cas=cas)
 
-    @property
-    def action(self) -> Action:
-        """The action that blocked the call."""
-        return self.decision.action
-
-    @property
-    def estimate(self) -> Estimate:
-        """The capability estimate the decision was made on."""
-        return self.decision.estimate
-
     def __str__(self) -> str:
         return self.message
 
 
-class GateBlocked(Exception):  # noqa: N818 - reads as a state, like StopIteration
+class GateBlocked(_DecisionFacts, Exception):  # noqa: N818 - reads as a state, like StopIteration
     """Raised (with ``on_block="raise"``) when the policy does not let the query be answered.
 
     Catch the subclass for one action, or this class for all of them.
@@ -123,14 +119,9 @@ class GateBlocked(Exception):  # noqa: N818 - reads as a state, like StopIterati
         super().__init__(gated.message)
 
     @property
-    def decision(self) -> Decision:
+    def decision(self) -> Decision:  # type: ignore[override]  # read-only here, a field elsewhere
         """The policy's decision."""
         return self.gated.decision
-
-    @property
-    def estimate(self) -> Estimate:
-        """The capability estimate."""
-        return self.gated.estimate
 
     @property
     def message(self) -> str:
