@@ -83,7 +83,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate import Estimate
-from capgate.backend import ChatMessage, SamplingParams, as_messages
+from capgate.backend import ChatMessage, Prompt, SamplingParams, as_messages
 from capgate.errors import DataError
 from capgate.estimators import (
     CapabilityEstimator,
@@ -91,7 +91,6 @@ from capgate.estimators import (
     ConstantPrior,
     IsotonicCalibrator,
     PTrue,
-    Query,
     Recalibrated,
     UniformRandom,
     VerbalizedConfidence,
@@ -173,7 +172,7 @@ def read_split(path: Path, records: dict[str, Record]) -> tuple[list[str], list[
 
 # ---------------------------------------------------------------------- resumable estimate cache
 
-BatchRunner: TypeAlias = Callable[[list[tuple[str, Query]]], list[Estimate]]
+BatchRunner: TypeAlias = Callable[[list[tuple[str, Prompt]]], list[Estimate]]
 """Estimates a batch of ``(id, query)`` items, in order."""
 
 
@@ -193,11 +192,11 @@ def per_query(
 ) -> BatchRunner:
     """One estimator per query, seeded with :func:`query_seed` (or unseeded), run concurrently."""
 
-    def one(item: tuple[str, Query]) -> Estimate:
+    def one(item: tuple[str, Prompt]) -> Estimate:
         seed = None if base is None else query_seed(base, item[0])
         return make(seed).estimate([item[1]])[0]
 
-    def run(batch: list[tuple[str, Query]]) -> list[Estimate]:
+    def run(batch: list[tuple[str, Prompt]]) -> list[Estimate]:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(one, batch))
 
@@ -252,7 +251,7 @@ class EstimateCache:
     def fill(
         self,
         run: BatchRunner,
-        items: Sequence[tuple[str, Query]],
+        items: Sequence[tuple[str, Prompt]],
         *,
         batch_size: int,
         label: str,
@@ -294,17 +293,17 @@ class Replay(CapabilityEstimator):
         self.by_query = by_query
 
     @staticmethod
-    def key(query: Query) -> str:
+    def key(query: Prompt) -> str:
         return json.dumps(as_messages(query), sort_keys=True)
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         return [self.by_query[self.key(q)] for q in queries]
 
 
 # ---------------------------------------------------------------------- estimators
 
 
-def verbalized_query(question: str, shots: int) -> Query:
+def verbalized_query(question: str, shots: int) -> Prompt:
     """The question, after ``shots`` worked examples of the answer format (as earlier turns)."""
     if shots == 0:
         return question
@@ -419,7 +418,7 @@ def run_blackbox(
     name: str,
     run: BatchRunner,
     settings: dict[str, Any],
-    items: Sequence[tuple[str, Query]],
+    items: Sequence[tuple[str, Prompt]],
     args: argparse.Namespace,
 ) -> tuple[dict[str, Estimate], dict[str, float]]:
     """Estimates (cached or new) for ``items`` and each one's share of its batch's wall time."""
@@ -532,7 +531,7 @@ def main() -> None:
         f"estimating on {len(train)} train + {len(test)} held-out queries via {args.server}", file=sys.stderr
     )
 
-    # Query-blind baselines.
+    # Prompt-blind baselines.
     uniform = UniformRandom(random_state=args.seed)
     u = uniform.estimate([records[i].prompt for i in test])
     methods.append(Method("Uniform", dict(zip(test, u, strict=True)), dict.fromkeys(test, 0.0)))
@@ -546,7 +545,7 @@ def main() -> None:
         method: str,
         estimates: dict[str, Estimate],
         walls: dict[str, float],
-        queries: dict[str, Query],
+        queries: dict[str, Prompt],
         *,
         label: str | None = None,
         n_per_call: int = 1,
@@ -590,7 +589,7 @@ def main() -> None:
 
     # P(True) (on the question): greedy, so one batched call needs no seed.
     ptrue = PTrue(backend, top_logprobs=20, max_tokens=1)
-    pq: dict[str, Query] = {i: records[i].question for i in records}
+    pq: dict[str, Prompt] = {i: records[i].question for i in records}
     p_est, p_wall = run_blackbox(
         "p_true",
         batched(ptrue),
@@ -631,7 +630,7 @@ def main() -> None:
             estimates.update(got)
             walls.update(wall)
         if field == "prompt":
-            cq: dict[str, Query] = {i: records[i].prompt for i in records}
+            cq: dict[str, Prompt] = {i: records[i].prompt for i in records}
             add_with_isotonic(
                 "Consistency(k=5)", "consistency", estimates, walls, cq, n_per_call=CONSISTENCY_K
             )

@@ -20,7 +20,7 @@ from typing import Literal, TypeAlias
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from capgate.estimators.base import Query
+from capgate.backend import Prompt
 from capgate.models import LoadedModel
 
 __all__ = ["FeatureSpec", "HiddenStateFeaturizer", "Pooling"]
@@ -151,7 +151,7 @@ class HiddenStateFeaturizer:
             source="transformers",
         )
 
-    def transform(self, queries: Sequence[Query]) -> np.ndarray:
+    def transform(self, queries: Sequence[Prompt]) -> np.ndarray:
         """Feature vectors of ``queries``: float32, shape ``(len(queries), spec.dim)``.
 
         Raises:

@@ -10,7 +10,8 @@ import asyncio
 from collections.abc import Mapping, Sequence
 
 from capgate import Estimate
-from capgate.estimators import CapabilityEstimator, Query, query_text
+from capgate.backend import Prompt
+from capgate.estimators import CapabilityEstimator, query_text
 
 
 class KeywordEstimator(CapabilityEstimator):
@@ -30,9 +31,9 @@ class KeywordEstimator(CapabilityEstimator):
         self.whole = whole
         self.calls = 0
         self.acalls = 0
-        self.seen: list[Query] = []
+        self.seen: list[Prompt] = []
 
-    def _one(self, query: Query) -> Estimate:
+    def _one(self, query: Prompt) -> Estimate:
         text = str(query) if self.whole else query_text(query)
         for marker, p in self.table.items():
             if marker in text:
@@ -41,12 +42,12 @@ class KeywordEstimator(CapabilityEstimator):
                 return Estimate(p=p, method=self.method, details={"marker": marker})
         return Estimate(p=self.default, method=self.method)
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         self.calls += 1
         self.seen.extend(queries)
         return [self._one(q) for q in queries]
 
-    async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    async def aestimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         self.acalls += 1
         await asyncio.sleep(0)
         self.seen.extend(queries)

@@ -16,7 +16,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
-from capgate.estimators.base import Query, query_text
+from capgate.backend import Prompt
+from capgate.estimators.base import query_text
 
 ALPHABET = string.ascii_lowercase + string.digits + " ?"
 
@@ -61,7 +62,7 @@ class CharCountFeaturizer:
     def spec(self) -> Any:
         return self._spec
 
-    def counts(self, queries: Sequence[Query]) -> npt.NDArray[np.float64]:
+    def counts(self, queries: Sequence[Prompt]) -> npt.NDArray[np.float64]:
         out = np.zeros((len(queries), len(ALPHABET)))
         for i, query in enumerate(queries):
             for ch in query_text(query).lower():
@@ -70,7 +71,7 @@ class CharCountFeaturizer:
                     out[i, j] += 1
         return out
 
-    def transform(self, queries: Sequence[Query]) -> npt.NDArray[np.float32]:
+    def transform(self, queries: Sequence[Prompt]) -> npt.NDArray[np.float32]:
         self.calls.append(len(queries))
         return (self.counts(queries) @ self._projection).astype(np.float32)
 

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from capgate import Cost, Estimate
-from capgate.estimators import CapabilityEstimator, FallbackChain, Query
+from capgate.backend import Prompt
+from capgate.estimators import CapabilityEstimator, FallbackChain
 
 
 class Fixed(CapabilityEstimator):
@@ -19,9 +20,9 @@ class Fixed(CapabilityEstimator):
         self.p = p
         self.knows = knows
         self.crash = crash
-        self.seen: list[Query] = []
+        self.seen: list[Prompt] = []
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         if self.crash:
             raise RuntimeError(f"{self.method} exploded")
         self.seen.extend(queries)

@@ -18,7 +18,7 @@ import pytest
 from _probe_helpers import CharCountFeaturizer, random_queries
 
 from capgate import DataError, ProbeMismatchError
-from capgate.estimators.base import Query
+from capgate.backend import Prompt
 from capgate.estimators.feature_store import featurize_to, load_features, save_features, spec_path
 
 SPEC = {"model_id": "m", "weights_fingerprint": "f", "dim": 3}
@@ -89,7 +89,7 @@ class CountingFeaturizer(CharCountFeaturizer):
         self.seen: list[str] = []
         self.fail_on = fail_on
 
-    def transform(self, queries: Sequence[Query]) -> npt.NDArray[np.float32]:
+    def transform(self, queries: Sequence[Prompt]) -> npt.NDArray[np.float32]:
         if self.fail_on is not None and len(self.calls) + 1 == self.fail_on:
             raise KeyboardInterrupt
         self.seen.extend(str(q) for q in queries)

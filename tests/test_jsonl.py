@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from capgate import DataError, Estimate
-from capgate.estimators import CapabilityEstimator, Query, estimate_jsonl, read_labelled_jsonl
+from capgate.backend import Prompt
+from capgate.estimators import CapabilityEstimator, estimate_jsonl, read_labelled_jsonl
 
 
 class Length(CapabilityEstimator):
@@ -18,7 +19,7 @@ class Length(CapabilityEstimator):
     def __init__(self) -> None:
         self.batches: list[int] = []
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         self.batches.append(len(queries))
         return [Estimate(p=min(1.0, len(str(q)) / 100), method="length") for q in queries]
 

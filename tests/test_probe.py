@@ -20,8 +20,8 @@ from _probe_helpers import (
 )
 
 from capgate import DataError, NotFittedError, ProbeMismatchError
+from capgate.backend import Prompt
 from capgate.estimators import ConstantPrior, LinearProbe, ProbeEstimator, UniformRandom
-from capgate.estimators.base import Query
 from capgate.estimators.probe import LR_GRID, check_spec_match
 from capgate.metrics import capability_brier
 
@@ -414,7 +414,7 @@ def test_check_spec_match_reports_fields_only_one_side_has() -> None:
 class FlakyFeaturizer(CharCountFeaturizer):
     """Raises on any batch with a query containing "boom"; NaN features for "nan"."""
 
-    def transform(self, queries: Sequence[Query]) -> npt.NDArray[np.float32]:
+    def transform(self, queries: Sequence[Prompt]) -> npt.NDArray[np.float32]:
         texts = [q if isinstance(q, str) else q[-1]["content"] for q in queries]
         if any("boom" in t for t in texts):
             raise RuntimeError("CUDA out of memory")

@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capgate import DataError, Estimate, NotFittedError
+from capgate.backend import Prompt
 from capgate.estimators import IsotonicCalibrator, PlattCalibrator, Recalibrated, UniformRandom
-from capgate.estimators.base import CapabilityEstimator, Query
+from capgate.estimators.base import CapabilityEstimator
 from capgate.estimators.recalibration import pool_adjacent_violators
 from capgate.metrics import capability_brier, expected_calibration_error
 
@@ -211,7 +212,7 @@ class Scripted(CapabilityEstimator):
 
     method = "verbalized"
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         out = []
         for q in queries:
             text = str(q)

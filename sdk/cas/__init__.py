@@ -7,6 +7,7 @@ Example:
     '4'
 """
 
+from capgate._types import CASMode
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState
 from capgate.cas.budget import Route, StartingBudget, allocate_budget, route_by_capability, samples_for_target
 from capgate.cas.confidence import (
@@ -33,7 +34,6 @@ from capgate.cas.loop import (
 )
 from capgate.cas.settings import stop_rule
 from capgate.cas.stop import (
-    CASMode,
     StopFn,
     StopRule,
     beta_consensus,

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from capgate._twins import Plan, adrive, drive, twin_of
-from capgate._types import Sample
+from capgate._types import Extractor, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState, _Tally
 from capgate.cas.confidence import DEFAULT_CONFIDENCE, ConfidenceSource, strip_confidence_tag
@@ -46,8 +46,6 @@ the pre-drawn pool ran out first."""
 
 PoolItem: TypeAlias = tuple[str | None, bool, float | None, int]
 """One pre-drawn sample for :func:`replay`: (answer, correct, confidence, n_tokens)."""
-
-Extractor: TypeAlias = Callable[[str], str | None]
 
 DEFAULT_STOP: StopRule = cas_confidence_gap() | beta_consensus(0.95)
 """Stop when the CAS confidence gap is convincing or, failing confidences, when the Beta vote

@@ -22,18 +22,17 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Literal, TypeAlias
+from typing import TypeAlias
 
 import numpy as np
 
+from capgate._types import CASMode
 from capgate.cas._state import SamplingState
 
 # The public names are listed once, in ``capgate.cas.__all__`` (this module's list had drifted from it).
 
 StopFn: TypeAlias = Callable[[SamplingState], bool]
 """Anything that decides from a state: a :class:`StopRule` or a plain function."""
-
-CASMode: TypeAlias = Literal["threshold", "stochastic"]
 
 
 class StopRule(ABC):

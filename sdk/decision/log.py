@@ -42,9 +42,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from capgate._types import Decision, Outcome
-from capgate.backend import as_messages
+from capgate.backend import Prompt, as_messages
 from capgate.errors import DataError
-from capgate.estimators.base import Query
 
 __all__ = ["SCHEMA_VERSION", "DecisionLog", "LoggedDecision", "default_log_path", "query_hash"]
 
@@ -104,7 +103,7 @@ def default_log_path() -> Path:
     return user_data_path("capgate") / "decisions.sqlite3"
 
 
-def query_hash(query: Query) -> str:
+def query_hash(query: Prompt) -> str:
     """SHA-256 (hex) of a query, as stored in the log.
 
     The query is normalized to chat messages first, so a bare string and the same text as a single
@@ -279,7 +278,7 @@ class DecisionLog:
         self,
         decision: Decision,
         *,
-        query: Query | None = None,
+        query: Prompt | None = None,
         samples_used: int | None = None,
         latency_s: float | None = None,
     ) -> str:

@@ -9,7 +9,7 @@ outcomes; :class:`FallbackChain` composes estimators so the first usable estimat
 """
 
 from capgate.estimators._parsing import normalize_answer, parse_probability
-from capgate.estimators.base import CapabilityEstimator, Query, query_text
+from capgate.estimators.base import CapabilityEstimator, query_text
 from capgate.estimators.baselines import ConstantPrior, UniformRandom
 from capgate.estimators.consistency import Consistency
 from capgate.estimators.fallback import FallbackChain
@@ -30,7 +30,6 @@ __all__ = [
     "PTrue",
     "PlattCalibrator",
     "ProbeEstimator",
-    "Query",
     "Recalibrated",
     "UniformRandom",
     "VerbalizedConfidence",

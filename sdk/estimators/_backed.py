@@ -12,7 +12,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Sequence
 
 from capgate._types import Estimate
-from capgate.backend import Generation
+from capgate.backend import Generation, Prompt
 from capgate.estimators._sampling import (
     AnyBackend,
     Plan,
@@ -23,7 +23,7 @@ from capgate.estimators._sampling import (
     failed_call_estimate,
     run_plan,
 )
-from capgate.estimators.base import CapabilityEstimator, Query
+from capgate.estimators.base import CapabilityEstimator
 
 __all__ = ["BackendEstimator", "at_least", "check_template", "one_round_plan"]
 
@@ -77,13 +77,13 @@ class BackendEstimator(CapabilityEstimator):
         self.backend = backend
 
     @abstractmethod
-    def _plan(self, queries: Sequence[Query]) -> Plan:
+    def _plan(self, queries: Sequence[Prompt]) -> Plan:
         """The estimator's rounds of prompts and how their samples become estimates."""
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """Estimate each query by querying the model (blocking)."""
         return run_plan(self._plan(queries), self.backend)
 
-    async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    async def aestimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """Async twin of :meth:`estimate` (native when the backend has ``agenerate``)."""
         return await arun_plan(self._plan(queries), self.backend)

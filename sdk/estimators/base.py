@@ -5,18 +5,14 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TypeAlias
 
 from capgate._types import Estimate
 from capgate.backend import ChatMessage, Prompt, as_messages
 
-__all__ = ["CapabilityEstimator", "Query", "query_text"]
-
-Query: TypeAlias = Prompt
-"""What an estimator judges: a bare question, or the chat transcript of the step."""
+__all__ = ["CapabilityEstimator", "query_text"]
 
 
-def query_text(query: Query) -> str:
+def query_text(query: Prompt) -> str:
     """The text of the last user turn of a query (the question being asked)."""
     messages: list[ChatMessage] = as_messages(query)
     for message in reversed(messages):
@@ -39,13 +35,13 @@ class CapabilityEstimator(ABC):
     method: str = "estimator"
 
     @abstractmethod
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """Estimate capability for each query; ``result[i]`` belongs to ``queries[i]``."""
 
-    async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    async def aestimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """Async twin of :meth:`estimate`."""
         return await asyncio.to_thread(self.estimate, queries)
 
-    def estimate_one(self, query: Query) -> Estimate:
+    def estimate_one(self, query: Prompt) -> Estimate:
         """Estimate capability for a single query."""
         return self.estimate([query])[0]

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate._types import Estimate
-from capgate.backend import as_messages
+from capgate.backend import Prompt, as_messages
 from capgate.errors import DataError
 from capgate.estimators._common import (
     FloatArray,
@@ -29,7 +29,7 @@ from capgate.estimators._common import (
     read_json,
     write_json,
 )
-from capgate.estimators.base import CapabilityEstimator, Query
+from capgate.estimators.base import CapabilityEstimator
 
 __all__ = ["ConstantPrior", "UniformRandom"]
 
@@ -78,12 +78,12 @@ class UniformRandom(CapabilityEstimator):
     def __repr__(self) -> str:
         return f"UniformRandom(random_state={self.random_state!r})"
 
-    def fit(self, X: Sequence[Query] | npt.ArrayLike, y: npt.ArrayLike) -> UniformRandom:
+    def fit(self, X: Sequence[Prompt] | npt.ArrayLike, y: npt.ArrayLike) -> UniformRandom:
         """Check ``X`` and ``y`` line up; there is nothing to learn. Returns ``self``."""
         as_vector(y, name="y", n=n_rows(X), unit=True)
         return self
 
-    def predict(self, X: Sequence[Query] | npt.ArrayLike) -> FloatArray:
+    def predict(self, X: Sequence[Prompt] | npt.ArrayLike) -> FloatArray:
         """One draw in [0, 1) per query (or per row of an array)."""
         if not isinstance(self.random_state, int) or isinstance(self.random_state, bool):
             raise ValueError(f"`random_state` must be an integer; got {self.random_state!r}")
@@ -96,7 +96,7 @@ class UniformRandom(CapabilityEstimator):
             out[i] = (int.from_bytes(digest, "little") >> 11) * 2.0**-53
         return out
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """One estimate per query, ``method="uniform-random"``."""
         return [Estimate(p=float(p), method=self.method) for p in self.predict(list(queries))]
 
@@ -137,7 +137,7 @@ class ConstantPrior(CapabilityEstimator):
 
     def fit(
         self,
-        X: Sequence[Query] | npt.ArrayLike,
+        X: Sequence[Prompt] | npt.ArrayLike,
         y: npt.ArrayLike,
         *,
         sample_weight: npt.ArrayLike | None = None,
@@ -160,13 +160,13 @@ class ConstantPrior(CapabilityEstimator):
         estimator.n_train_ = n_train
         return estimator
 
-    def predict(self, X: Sequence[Query] | npt.ArrayLike) -> FloatArray:
+    def predict(self, X: Sequence[Prompt] | npt.ArrayLike) -> FloatArray:
         """``prior_`` for every query (or row of an array)."""
         check_fitted(self, "prior_")
         assert self.prior_ is not None
         return np.full(n_rows(X), self.prior_, dtype=np.float64)
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """One estimate per query, ``method="constant-prior"``."""
         return [Estimate(p=float(p), method=self.method) for p in self.predict(list(queries))]
 

@@ -11,11 +11,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from capgate._types import Estimate
-from capgate.backend import Generation, SamplingParams
+from capgate.backend import Generation, Prompt, SamplingParams
 from capgate.estimators._backed import BackendEstimator, one_round_plan
 from capgate.estimators._parsing import normalize_answer
 from capgate.estimators._sampling import AnyBackend, Plan, QueryState, Round, describe_error
-from capgate.estimators.base import Query
 
 __all__ = ["Consistency"]
 
@@ -66,7 +65,7 @@ class Consistency(BackendEstimator):
         base = self.params or SamplingParams(temperature=1.0, max_tokens=512)
         return base.model_copy(update={"n": self.k_c})
 
-    def _plan(self, queries: Sequence[Query]) -> Plan:
+    def _plan(self, queries: Sequence[Prompt]) -> Plan:
         return one_round_plan(self.method, Round(list(queries), self._params()), self._read)
 
     def _read(self, samples: list[Generation], state: QueryState) -> Estimate:

@@ -17,8 +17,9 @@ from typing import Any
 
 from capgate._twins import Plan, adrive, drive
 from capgate._types import Cost, Estimate
+from capgate.backend import Prompt
 from capgate.estimators._sampling import describe_error
-from capgate.estimators.base import CapabilityEstimator, Query
+from capgate.estimators.base import CapabilityEstimator
 
 __all__ = ["FallbackChain"]
 
@@ -107,7 +108,7 @@ class FallbackChain(CapabilityEstimator):
                 still.append(i)
         return still
 
-    def _plan(self, queries: Sequence[Query]) -> Plan[list[Estimate]]:
+    def _plan(self, queries: Sequence[Prompt]) -> Plan[list[Estimate]]:
         """The chain without its calls: yields ``(link, queries)``, receives the link's answer."""
         n = len(queries)
         results: list[Estimate | None] = [None] * n
@@ -127,11 +128,11 @@ class FallbackChain(CapabilityEstimator):
             r if r is not None else self._all_failed(attempts[i], costs[i]) for i, r in enumerate(results)
         ]
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """Estimate each query with the first estimator that can (blocking)."""
         return drive(self._plan(queries), _ask)
 
-    async def aestimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    async def aestimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """Async twin of :meth:`estimate`: each link's ``aestimate`` in turn."""
         return await adrive(self._plan(queries), _aask)
 
@@ -143,7 +144,7 @@ class _Raised:
     error: Exception
 
 
-def _ask(request: tuple[CapabilityEstimator, list[Query]]) -> Any:
+def _ask(request: tuple[CapabilityEstimator, list[Prompt]]) -> Any:
     est, queries = request
     try:
         return est.estimate(queries)
@@ -151,7 +152,7 @@ def _ask(request: tuple[CapabilityEstimator, list[Query]]) -> Any:
         return _Raised(exc)
 
 
-async def _aask(request: tuple[CapabilityEstimator, list[Query]]) -> Any:
+async def _aask(request: tuple[CapabilityEstimator, list[Prompt]]) -> Any:
     est, queries = request
     try:
         return await est.aestimate(queries)

@@ -22,9 +22,9 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate._atomic import atomic_open
+from capgate.backend import Prompt
 from capgate.errors import DataError, ProbeMismatchError
 from capgate.estimators._common import read_json, spec_as_dict, write_json
-from capgate.estimators.base import Query
 from capgate.estimators.probe import Featurizer, check_spec_match
 
 __all__ = ["StoredFeatures", "featurize_to", "load_features", "save_features", "spec_path"]
@@ -180,7 +180,7 @@ def load_features(path: str | os.PathLike[str]) -> StoredFeatures:
 def featurize_to(
     path: str | os.PathLike[str],
     ids: Sequence[str],
-    queries: Sequence[Query],
+    queries: Sequence[Prompt],
     featurizer: Featurizer,
     *,
     batch_size: int = 16,

@@ -19,10 +19,11 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate._types import Cost, Estimate
+from capgate.backend import Prompt
 from capgate.errors import NotFittedError, ProbeMismatchError
 from capgate.estimators._common import FloatArray, spec_as_dict
 from capgate.estimators._linear_probe import LR_GRID, LinearProbe, spec_fingerprint
-from capgate.estimators.base import CapabilityEstimator, Query
+from capgate.estimators.base import CapabilityEstimator
 
 __all__ = [
     "LR_GRID",
@@ -46,7 +47,7 @@ class Featurizer(Protocol):
         """How the features are made (model id, weights fingerprint, layers, pooling, dim...)."""
         ...
 
-    def transform(self, queries: Sequence[Query]) -> npt.NDArray[np.float32]:
+    def transform(self, queries: Sequence[Prompt]) -> npt.NDArray[np.float32]:
         """Features of shape ``(len(queries), dim)``; row ``i`` belongs to ``queries[i]``."""
         ...
 
@@ -145,10 +146,10 @@ class ProbeEstimator(CapabilityEstimator):
 
     def fit(
         self,
-        queries: Sequence[Query],
+        queries: Sequence[Prompt],
         y: npt.ArrayLike,
         *,
-        queries_val: Sequence[Query] | None = None,
+        queries_val: Sequence[Prompt] | None = None,
         y_val: npt.ArrayLike | None = None,
         source: str | None = None,
     ) -> ProbeEstimator:
@@ -162,7 +163,7 @@ class ProbeEstimator(CapabilityEstimator):
         self.probe.fit(X, y, X_val=X_val, y_val=y_val, feature_spec=self.featurizer.spec, source=source)
         return self
 
-    def _transform(self, queries: Sequence[Query]) -> npt.NDArray[np.float32]:
+    def _transform(self, queries: Sequence[Prompt]) -> npt.NDArray[np.float32]:
         features = np.asarray(self.featurizer.transform(list(queries)))
         if features.ndim != 2 or features.shape[0] != len(queries):
             raise ValueError(
@@ -176,12 +177,12 @@ class ProbeEstimator(CapabilityEstimator):
             raise NotFittedError(self)
         check_spec_match(self.probe.feature_spec_, self.featurizer.spec, ignore=self.ignore_spec_fields)
 
-    def predict(self, queries: Sequence[Query]) -> FloatArray:
+    def predict(self, queries: Sequence[Prompt]) -> FloatArray:
         """Predicted capability per query (raises if the featurizer fails; see :meth:`estimate`)."""
         self._check_ready()
         return self.probe.predict(self._transform(queries))
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """One :class:`~capgate.Estimate` per query, ``method="probe"`` (fail-closed per query)."""
         self._check_ready()
         queries = list(queries)
@@ -219,7 +220,7 @@ class ProbeEstimator(CapabilityEstimator):
             estimates.append(Estimate(p=p, method=self.method, cost=cost, details=details))
         return estimates
 
-    def _featurize_alone(self, query: Query) -> npt.NDArray[np.float32] | str:
+    def _featurize_alone(self, query: Prompt) -> npt.NDArray[np.float32] | str:
         try:
             row: npt.NDArray[np.float32] = self._transform([query])[0]
         except Exception as error:

@@ -18,7 +18,6 @@ from capgate.backend import Generation, Prompt, SamplingParams, TokenLogprob
 from capgate.estimators._backed import BackendEstimator, at_least, check_template, one_round_plan
 from capgate.estimators._parsing import THINK_CLOSE, THINK_OPEN
 from capgate.estimators._sampling import AnyBackend, Plan, QueryState, Round, wrap_last_user_turn
-from capgate.estimators.base import Query
 from capgate.estimators.verbalized import delimit_question
 
 __all__ = ["PTRUE_TEMPLATE", "PTrue", "read_p_true"]
@@ -149,11 +148,11 @@ class PTrue(BackendEstimator):
             n=1, temperature=0.0, max_tokens=self.max_tokens, logprobs=True, top_logprobs=self.top_logprobs
         )
 
-    def build_prompt(self, query: Query) -> Prompt:
+    def build_prompt(self, query: Prompt) -> Prompt:
         """The prompt sent for ``query`` (earlier chat turns kept as context)."""
         return wrap_last_user_turn(query, lambda q: self.template.format(question=delimit_question(q)))
 
-    def _plan(self, queries: Sequence[Query]) -> Plan:
+    def _plan(self, queries: Sequence[Prompt]) -> Plan:
         prompts = [self.build_prompt(q) for q in queries]
         return one_round_plan(self.method, Round(prompts, self.params), self._read)
 

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate._types import Estimate
+from capgate.backend import Prompt
 from capgate.errors import DataError
 from capgate.estimators._common import (
     FloatArray,
@@ -30,7 +31,7 @@ from capgate.estimators._common import (
     sigmoid,
     write_json,
 )
-from capgate.estimators.base import CapabilityEstimator, Query
+from capgate.estimators.base import CapabilityEstimator
 
 __all__ = ["Calibrator", "IsotonicCalibrator", "PlattCalibrator", "Recalibrated", "load_calibrator"]
 
@@ -446,7 +447,7 @@ class Recalibrated(CapabilityEstimator):
         return f"Recalibrated({self.estimator!r}, {self.calibrator!r})"
 
     def fit(
-        self, queries: Sequence[Query], y: npt.ArrayLike, *, sample_weight: npt.ArrayLike | None = None
+        self, queries: Sequence[Prompt], y: npt.ArrayLike, *, sample_weight: npt.ArrayLike | None = None
     ) -> Recalibrated:
         """Fit the calibrator on the base estimator's confidences for ``queries`` and µ̂ = ``y``.
 
@@ -467,7 +468,7 @@ class Recalibrated(CapabilityEstimator):
         self.calibrator.fit(p, target[usable], sample_weight=weights[usable])
         return self
 
-    def estimate(self, queries: Sequence[Query]) -> list[Estimate]:
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """The base estimates, recalibrated where usable; degraded ones untouched."""
         estimates = self.estimator.estimate(list(queries))
         index = [i for i, e in enumerate(estimates) if e.p is not None and not e.degraded]
@@ -482,7 +483,7 @@ class Recalibrated(CapabilityEstimator):
                 )
         return out
 
-    def predict(self, queries: Sequence[Query]) -> FloatArray:
+    def predict(self, queries: Sequence[Prompt]) -> FloatArray:
         """``p`` of :meth:`estimate` per query, NaN where the base estimate has no value."""
         return np.array([np.nan if e.p is None else e.p for e in self.estimate(queries)], dtype=np.float64)
 

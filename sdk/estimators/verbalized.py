@@ -28,7 +28,7 @@ from capgate.estimators._sampling import (
     describe_error,
     wrap_last_user_turn,
 )
-from capgate.estimators.base import Query, query_text
+from capgate.estimators.base import query_text
 
 __all__ = [
     "VERBALIZED_SCALE",
@@ -141,11 +141,11 @@ class VerbalizedConfidence(BackendEstimator):
             update["seed"] = base.seed + attempt
         return base.model_copy(update=update)
 
-    def build_prompt(self, query: Query) -> Prompt:
+    def build_prompt(self, query: Prompt) -> Prompt:
         """The prompt sent for ``query`` (earlier chat turns kept as context)."""
         return wrap_last_user_turn(query, lambda q: render_verbalized_prompt(q, template=self.template))
 
-    def _plan(self, queries: Sequence[Query]) -> Plan:
+    def _plan(self, queries: Sequence[Prompt]) -> Plan:
         states = [QueryState() for _ in queries]
         found: dict[int, tuple[float, str]] = {}
         errored: set[int] = set()
