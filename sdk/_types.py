@@ -325,6 +325,9 @@ class Decision(BaseModel):
         plan: For ``resample``: how to sample (budget, batch size, stop settings).
         to: For ``escalate``: who takes over (a queue, team or channel), if the policy says.
         policy: Name of the policy that decided.
+        target: The model whose capability was estimated (the model the gated call goes to).
+        target_override: True when the estimator predicts another model's capability than the
+            one the call goes to, and the gate was told to allow it (``allow_other_target``).
         step: Agent step (graph node) the query came from, if any.
         tool: Tool whose call is being gated, if any.
         created_at: When the decision was made (UTC).
@@ -342,6 +345,8 @@ class Decision(BaseModel):
     plan: SamplingPlan | None = None
     to: str | None = None
     policy: str | None = None
+    target: str | None = None
+    target_override: bool = False
     step: str | None = None
     tool: str | None = None
     created_at: datetime = Field(default_factory=_now)

@@ -17,11 +17,13 @@ __all__ = [
     "AsyncBackend",
     "Backend",
     "ChatMessage",
+    "EndpointKind",
     "Generation",
     "Prompt",
     "SamplingParams",
     "TokenLogprob",
     "as_messages",
+    "backend_endpoint",
 ]
 
 
@@ -34,6 +36,24 @@ class ChatMessage(TypedDict):
 
 Prompt: TypeAlias = str | Sequence[ChatMessage]
 """A bare user prompt, or a full chat transcript."""
+
+
+EndpointKind: TypeAlias = Literal["local", "openai", "vllm", "function", "other"]
+"""How a backend reaches its model: a local transformers model, an OpenAI-compatible server,
+vLLM's offline engine, a plain function, or something else."""
+
+
+def backend_endpoint(backend: object) -> tuple[EndpointKind, str | None]:
+    """How a backend reaches its model: the endpoint kind and, for a server, its base URL.
+
+    A backend of capgate's own says it by its ``endpoint`` attribute (and ``base_url``); any
+    other backend is ``"other"``.
+    """
+    kind = getattr(backend, "endpoint", None)
+    if kind in ("local", "openai", "vllm", "function"):
+        url = getattr(backend, "base_url", None)
+        return kind, url if isinstance(url, str) else None
+    return "other", None
 
 
 def as_messages(prompt: Prompt) -> list[ChatMessage]:

@@ -43,7 +43,7 @@ from capgate._atomic import atomic_write_json, fsync_dir
 from capgate._jsonl import data_error_from_validation, note_unique_id
 from capgate._twins import Plan, adrive, drive, twin_of
 from capgate._types import LabelledQuery, Sample
-from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
+from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams, backend_endpoint
 from capgate.datasets import DatasetItem, build_prompt
 from capgate.errors import DataError
 from capgate.grading import Grader, GraderLike, as_grader, grader_for
@@ -261,9 +261,14 @@ class _HarvestRun:
             )
         note_unique_id(done, record.id, path=self.out, line=number)
 
-    def open(self, model_id: str) -> list[list[DatasetItem]]:
-        """Lock and scan the output, write or check the settings; return the batches still to do."""
-        self.model_id = self.settings["model_id"] = model_id
+    def open(self, backend: object) -> list[list[DatasetItem]]:
+        """Lock and scan the output, write or check the settings; return the batches still to do.
+
+        The settings record the target: the backend's model and how it is reached (endpoint kind,
+        base URL), so a probe fitted on these labels knows whose capability it predicts.
+        """
+        self.model_id = self.settings["model_id"] = str(getattr(backend, "model_id", ""))
+        self.settings["endpoint"], self.settings["base_url"] = backend_endpoint(backend)
         self._check_items()
         self.out.parent.mkdir(parents=True, exist_ok=True)
         created = not self.out.exists()
@@ -344,10 +349,10 @@ class _HarvestRun:
             elapsed = max(time.perf_counter() - self.started, 1e-9)
             self._progress.update(self._task, advance=len(batch), rate=f"{self.n_samples / elapsed:.1f}")
 
-    def plan(self, model_id: str) -> Plan[HarvestReport]:
+    def plan(self, backend: object) -> Plan[HarvestReport]:
         """The whole run without the backend calls: yields each batch's request, records its answer."""
         with self:
-            for batch in self.open(model_id):
+            for batch in self.open(backend):
                 prompts = self.prompts_for(batch)
                 self.record(batch, prompts, (yield prompts, self.params_for(batch)))
             return self.close()
@@ -470,12 +475,12 @@ def harvest(backend: Backend, *args: Any, **kwargs: Any) -> HarvestReport:
         ValueError: A ``custom`` item and no grader, or a bad ``k`` / ``batch_size``.
         RuntimeError: The backend returned the wrong number of responses.
     """
-    plan = _HarvestRun(*args, **kwargs).plan(backend.model_id)
+    plan = _HarvestRun(*args, **kwargs).plan(backend)
     return drive(plan, lambda request: backend.generate(*request))
 
 
 @twin_of(_HarvestRun)
 async def aharvest(backend: AsyncBackend, *args: Any, **kwargs: Any) -> HarvestReport:
     """Async twin of :func:`harvest` for an :class:`~capgate.AsyncBackend` (same arguments and log)."""
-    plan = _HarvestRun(*args, **kwargs).plan(backend.model_id)
+    plan = _HarvestRun(*args, **kwargs).plan(backend)
     return await adrive(plan, lambda request: backend.agenerate(*request))

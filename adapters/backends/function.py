@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
-from capgate.backend import Generation, Prompt, SamplingParams
+from capgate.backend import EndpointKind, Generation, Prompt, SamplingParams
 from capgate.cas.loop import CASResult
 
 __all__ = ["AsyncFunctionBackend", "FunctionBackend", "response_text"]
@@ -57,6 +57,9 @@ def response_text(value: object) -> str:
 
 class _Drawn(Generic[T]):
     """What both function backends share: turning drawn values into generations, and the record."""
+
+    endpoint: ClassVar[EndpointKind] = "function"
+    """How this backend reaches its model (:func:`capgate.backend.backend_endpoint`)."""
 
     def __init__(
         self,

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, ClassVar, Literal, TypeAlias
 
 from tenacity import (
     AsyncRetrying,
@@ -40,7 +40,15 @@ from tenacity import (
     stop_after_attempt,
 )
 
-from capgate.backend import ChatMessage, Generation, Prompt, SamplingParams, TokenLogprob, as_messages
+from capgate.backend import (
+    ChatMessage,
+    EndpointKind,
+    Generation,
+    Prompt,
+    SamplingParams,
+    TokenLogprob,
+    as_messages,
+)
 from capgate.errors import BackendError
 
 __all__ = ["ApiKind", "OpenAIBackend", "is_retryable"]
@@ -188,6 +196,9 @@ class OpenAIBackend:
         >>> backend.build_request([{"role": "user", "content": "Hi"}], SamplingParams(n=4, seed=1))["n"]
         4
     """
+
+    endpoint: ClassVar[EndpointKind] = "openai"
+    """How this backend reaches its model (:func:`capgate.backend.backend_endpoint`)."""
 
     def __init__(
         self,

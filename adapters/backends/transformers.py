@@ -31,7 +31,7 @@ import bisect
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import (
@@ -42,7 +42,7 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from capgate.backend import Generation, Prompt, SamplingParams, TokenLogprob
+from capgate.backend import EndpointKind, Generation, Prompt, SamplingParams, TokenLogprob
 from capgate.models import DEFAULT_MODEL, Device, DType, LoadedModel, load_model
 
 __all__ = ["TransformersBackend", "load_backend"]
@@ -115,6 +115,9 @@ class TransformersBackend:
         >>> answer.finish_reason in {"stop", "length"}
         True
     """
+
+    endpoint: ClassVar[EndpointKind] = "local"
+    """How this backend reaches its model (:func:`capgate.backend.backend_endpoint`)."""
 
     def __init__(self, loaded: LoadedModel, *, max_batch_size: int = 16) -> None:
         if not isinstance(loaded, LoadedModel):

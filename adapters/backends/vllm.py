@@ -31,11 +31,19 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any, ClassVar, Literal, TypeAlias
 
 import numpy as np
 
-from capgate.backend import ChatMessage, Generation, Prompt, SamplingParams, TokenLogprob, as_messages
+from capgate.backend import (
+    ChatMessage,
+    EndpointKind,
+    Generation,
+    Prompt,
+    SamplingParams,
+    TokenLogprob,
+    as_messages,
+)
 from capgate.errors import BackendError
 
 __all__ = [
@@ -146,6 +154,9 @@ class VLLMBackend:
         >>> backend.model_id
         'HuggingFaceTB/SmolLM2-135M-Instruct'
     """
+
+    endpoint: ClassVar[EndpointKind] = "vllm"
+    """How this backend reaches its model (:func:`capgate.backend.backend_endpoint`)."""
 
     def __init__(
         self,

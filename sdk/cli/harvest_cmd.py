@@ -39,7 +39,42 @@ def load_object(spec: str, *, option: str) -> Any:
     return target
 
 
-def _make_backend(model: str, backend: str | None, *, device: str, dtype: str) -> Backend:
+def _openai_backend(base_url: str, served_model: str | None, api_key_env: str | None) -> Backend:
+    """An OpenAI-compatible server as the harvest's target (``--base-url``)."""
+    import os
+
+    if not served_model:
+        raise typer.BadParameter(
+            "--base-url needs --served-model (the server's model name)", param_hint="--served-model"
+        )
+    api_key = None
+    if api_key_env is not None:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise typer.BadParameter(
+                f"the environment variable {api_key_env!r} is not set", param_hint="--api-key-env"
+            )
+    from capgate.adapters.backends.openai import OpenAIBackend
+
+    return OpenAIBackend(served_model, base_url=base_url, api_key=api_key or "EMPTY")
+
+
+def _make_backend(
+    model: str,
+    backend: str | None,
+    *,
+    device: str,
+    dtype: str,
+    base_url: str | None = None,
+    served_model: str | None = None,
+    api_key_env: str | None = None,
+) -> Backend:
+    if base_url is not None:
+        if backend is not None:
+            raise typer.BadParameter("give --base-url or --backend, not both", param_hint="--base-url")
+        return _openai_backend(base_url, served_model, api_key_env)
+    if served_model is not None or api_key_env is not None:
+        raise typer.BadParameter("--served-model and --api-key-env need --base-url", param_hint="--base-url")
     if backend is not None:
         factory = load_object(backend, option="--backend")
         made = factory
@@ -92,6 +127,19 @@ def harvest_command(
         str | None,
         typer.Option(help="module:factory returning a capgate.Backend (overrides --model)."),
     ] = None,
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Harvest an OpenAI-compatible server (e.g. http://host:8000/v1) instead of --model."
+        ),
+    ] = None,
+    served_model: Annotated[
+        str | None, typer.Option(help="With --base-url: the server's model name (the probe's target).")
+    ] = None,
+    api_key_env: Annotated[
+        str | None,
+        typer.Option(help="With --base-url: the environment variable holding the API key (never the key)."),
+    ] = None,
     k: Annotated[int, typer.Option("-k", "--k", min=1, help="Responses sampled per query.")] = 8,
     split: Annotated[str | None, typer.Option(help="Dataset split (default: the dataset's own).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Only the first N queries.")] = None,
@@ -115,14 +163,27 @@ def harvest_command(
     ] = True,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
-    """Sample k responses per query, grade them, and append one labelled query per line (resumable)."""
+    """Sample k responses per query, grade them, and append one labelled query per line (resumable).
+
+    The model sampled is the *target* of a probe fitted on these labels: a local model
+    (``--model``), an OpenAI-compatible server (``--base-url`` + ``--served-model``) or any
+    backend (``--backend``); ``<out>.meta.json`` records it with the sampling settings.
+    """
     from capgate.datasets import load_dataset
     from capgate.harvest import harvest
 
     try:
         items = load_dataset(dataset, split=split, limit=limit)
         chosen_grader = _make_grader(grader)
-        model_backend = _make_backend(model, backend, device=device, dtype=dtype)
+        model_backend = _make_backend(
+            model,
+            backend,
+            device=device,
+            dtype=dtype,
+            base_url=base_url,
+            served_model=served_model,
+            api_key_env=api_key_env,
+        )
         report = harvest(
             model_backend, items, out, k=k, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
             seed=seed, batch_size=batch_size, grader=chosen_grader, keep_text=keep_text, logprobs=logprobs,

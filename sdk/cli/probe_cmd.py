@@ -181,11 +181,20 @@ def fit_command(
     seed: Annotated[int, typer.Option(help="Seed of the split and minibatch order.")] = 0,
     batch_size: BatchOpt = 16,
 ) -> None:
-    """Fit a linear probe on µ̂ = correct / k and save it with its feature spec."""
+    """Fit a linear probe on µ̂ = correct / k and save it with its feature spec and its target.
+
+    The target (the model the labels were sampled from, with the sampling settings) is read from
+    the harvest's ``<labels>.meta.json``; the features come from the reader (``--model``).
+    """
+    from capgate.estimators._target import ProbeTarget, check_target_match
     from capgate.estimators.probe import LinearProbe
 
     _one_source(features, model, featurizer)
     labelled = run_reporting_errors(lambda: read_labelled(labels))
+    target = run_reporting_errors(lambda: ProbeTarget.from_harvest(labels))
+    if val_labels is not None:
+        val_target = run_reporting_errors(lambda: ProbeTarget.from_harvest(val_labels))
+        run_reporting_errors(lambda: check_target_match(target, val_target, what="validation labels"))
     X, spec = run_reporting_errors(lambda: _features_for(labelled, features, model, featurizer, batch_size))
     X_val = y_val = None
     if val_labels is not None:
@@ -205,7 +214,13 @@ def fit_command(
         try:
             run_reporting_errors(
                 lambda: probe.fit(
-                    X, labelled.mu_hat, X_val=X_val, y_val=y_val, feature_spec=spec, source=str(labels)
+                    X,
+                    labelled.mu_hat,
+                    X_val=X_val,
+                    y_val=y_val,
+                    feature_spec=spec,
+                    source=str(labels),
+                    target=target,
                 )
             )
         except ImportError as exc:
@@ -219,6 +234,8 @@ def fit_command(
         f"lr {probe.lr_:g}, best epoch {probe.best_epoch_} of {probe.n_epochs_}"
         + (f"; validation ({val['n']}): Brier {val['brier']:.4f}, BCE {val['bce']:.4f}" if val else "")
     )
+    reader = spec.get("model_id") if isinstance(spec, dict) else getattr(spec, "model_id", None)
+    typer.echo(f"reader {reader}; target {target.model if target is not None else 'not recorded'}")
     typer.echo(f"wrote {out}")
 
 
@@ -239,6 +256,9 @@ def eval_command(
         list[str] | None,
         typer.Option(help="Feature-spec field not to compare with the probe's (repeatable; e.g. source)."),
     ] = None,
+    ignore_target: Annotated[
+        bool, typer.Option(help="Evaluate on labels of another target than the probe's.")
+    ] = False,
 ) -> None:
     """Calibration of the probe beside the uniform-random and constant-prior baselines."""
     from capgate.estimators.baselines import ConstantPrior, UniformRandom
@@ -253,6 +273,11 @@ def eval_command(
     labelled = run_reporting_errors(lambda: read_labelled(labels))
     X, spec = run_reporting_errors(lambda: _features_for(labelled, features, model, featurizer, batch_size))
     run_reporting_errors(lambda: check_spec_match(probe.feature_spec_, spec, ignore=ignore_spec_field or ()))
+    if not ignore_target:
+        from capgate.estimators._target import ProbeTarget, check_target_match
+
+        labels_target = run_reporting_errors(lambda: ProbeTarget.from_harvest(labels))
+        run_reporting_errors(lambda: check_target_match(probe.target_, labels_target))
     prior = ConstantPrior.from_mean(probe.training_["mean_mu_hat"], n_train=probe.training_["n"])
     sources = {
         "probe": probe.predict(X),

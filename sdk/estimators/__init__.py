@@ -9,6 +9,7 @@ outcomes; :class:`FallbackChain` composes estimators so the first usable estimat
 """
 
 from capgate.estimators._parsing import normalize_answer, parse_probability
+from capgate.estimators._target import ProbeTarget, check_target_match
 from capgate.estimators.base import CapabilityEstimator, query_text
 from capgate.estimators.baselines import ConstantPrior, UniformRandom
 from capgate.estimators.consistency import Consistency
@@ -30,9 +31,11 @@ __all__ = [
     "PTrue",
     "PlattCalibrator",
     "ProbeEstimator",
+    "ProbeTarget",
     "Recalibrated",
     "UniformRandom",
     "VerbalizedConfidence",
+    "check_target_match",
     "estimate_jsonl",
     "normalize_answer",
     "parse_probability",

@@ -32,6 +32,7 @@ from capgate.estimators._common import (
     write_json,
 )
 from capgate.estimators._probe_training import TrainingSplit, train_probe
+from capgate.estimators._target import ProbeTarget
 
 __all__ = ["LR_GRID", "LinearProbe"]
 
@@ -113,7 +114,10 @@ class LinearProbe:
         n_epochs_: Epochs run before stopping.
         validation_: Validation metrics of the kept probe (``n``, ``bce``, ``brier``), or ``{}``.
         training_: Training-data summary (``n``, ``mean_mu_hat``, ``source``).
-        feature_spec_: The feature spec given to ``fit`` as a JSON-able dict, or ``None``.
+        feature_spec_: The feature spec given to ``fit`` as a JSON-able dict, or ``None``: the
+            *reader* (the model whose hidden states are the features).
+        target_: The *target* (:class:`ProbeTarget`: the model whose capability the probe
+            predicts, and the settings its labels were sampled at), or ``None`` if not recorded.
 
     Example:
         >>> import numpy as np
@@ -223,6 +227,7 @@ class LinearProbe:
         y_val: npt.ArrayLike | None = None,
         feature_spec: object | None = None,
         source: str | None = None,
+        target: ProbeTarget | Mapping[str, Any] | None = None,
     ) -> LinearProbe:
         """Fit the probe on features ``X`` and soft targets ``y`` = µ̂ in [0, 1].
 
@@ -235,6 +240,8 @@ class LinearProbe:
             feature_spec: How the features were made (a pydantic ``FeatureSpec`` or a mapping);
                 recorded so that a saved probe refuses a featurizer that does not match.
             source: Where the labels came from (a file name), for the saved training summary.
+            target: The model whose capability the labels measure (:class:`ProbeTarget`; read a
+                harvest's with ``ProbeTarget.from_harvest(labels)``), recorded as ``target_``.
 
         Returns:
             The fitted probe (``self``).
@@ -316,6 +323,7 @@ class LinearProbe:
         self.best_epoch_ = best.best_epoch
         self.n_epochs_ = best.epochs_run
         self.feature_spec_ = spec
+        self.target_ = _as_target(target)
         self.training_: dict[str, Any] = {
             "n": int(y_tr.shape[0]),
             "mean_mu_hat": float(y_tr.mean()),
@@ -382,6 +390,7 @@ class LinearProbe:
             "n_epochs": self.n_epochs_,
             "training": self.training_,
             "validation": self.validation_,
+            "target": None if self.target_ is None else self.target_.model_dump(mode="json"),
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -472,9 +481,21 @@ class LinearProbe:
         if spec is not None and not isinstance(spec, dict):
             raise DataError(f"expected an object or null; got {spec!r}", path=meta_path, field="feature_spec")
         probe.feature_spec_ = spec
+        try:
+            probe.target_ = _as_target(meta.get("target"))
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"not a probe target: {exc}", path=meta_path, field="target") from None
         probe.training_ = dict(get_field(meta, "training", dict, meta_path))
         probe.validation_ = dict(get_field(meta, "validation", dict, meta_path))
         return probe
+
+
+def _as_target(value: object) -> ProbeTarget | None:
+    if value is None or isinstance(value, ProbeTarget):
+        return value
+    if isinstance(value, Mapping):
+        return ProbeTarget.model_validate(dict(value))
+    raise TypeError(f"`target` must be a ProbeTarget, a mapping or None; got {value!r}")
 
 
 def _sha256(path: Path) -> str:

@@ -34,6 +34,12 @@ class CapabilityEstimator(ABC):
     #: Short name recorded in every Estimate this estimator returns.
     method: str = "estimator"
 
+    @property
+    def target_model(self) -> str | None:
+        """The model whose capability this estimator predicts, when it knows (a probe records it
+        from its labels); ``None`` means "whatever model it is asked about"."""
+        return None
+
     @abstractmethod
     def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """Estimate capability for each query; ``result[i]`` belongs to ``queries[i]``."""

@@ -141,6 +141,12 @@ class ProbeEstimator(CapabilityEstimator):
         self.probe = probe
         self.ignore_spec_fields = ignore_spec_fields
 
+    @property
+    def target_model(self) -> str | None:
+        """The model the probe's labels were sampled from (its ``target_``), if recorded."""
+        target = getattr(self.probe, "target_", None)
+        return None if target is None else str(target.model)
+
     def __repr__(self) -> str:
         return f"ProbeEstimator(featurizer={self.featurizer!r}, probe={self.probe!r})"
 

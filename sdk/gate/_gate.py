@@ -30,6 +30,9 @@ __all__ = ["Gate"]
 T = TypeVar("T")
 
 
+_OVERRIDE_NOTE = "the estimator predicts {predicts!r}'s capability (allow_other_target)"
+
+
 class _Shared:
     """What a gate and its :meth:`Gate.with_options` views share: stats, loaded policies, logs."""
 
@@ -56,9 +59,12 @@ class Gate:
         step: Agent step name passed to the policy (selects its step override).
         tool: Tool name passed to the policy (selects its tool override).
         log: Decision log (a :class:`~capgate.decision.DecisionLog` or a path to one).
+        target: The model the gated calls go to; checked against the estimator's target.
+        allow_other_target: Gate ``target`` with an estimator of another model (recorded).
 
     Raises:
-        SettingsError: A setting has a wrong value or type (the message names it).
+        SettingsError: A setting has a wrong value or type (the message names it), or the
+            estimator predicts another model's capability than ``target``.
 
     Example:
         >>> from capgate import Estimate
@@ -85,8 +91,12 @@ class Gate:
         step: str | None = None,
         tool: str | None = None,
         log: DecisionLog | str | Path | None = None,
+        target: str | None = None,
+        allow_other_target: bool = False,
     ) -> None:
         self.settings = GateSettings(
+            target=target,
+            allow_other_target=allow_other_target,
             policy=policy,
             estimator=estimator,
             extract=extract,
@@ -222,9 +232,16 @@ class Gate:
                 f"{type(estimator).__name__}.estimate([query]) must return a list of one Estimate; "
                 f"got {estimates!r}"
             )
+        target, override = self.settings.target_check(estimator)
         decision = self.resolve_policy().decide(
             estimates[0], step=self.settings.step, tool=self.settings.tool
         )
+        if target is not None:
+            extra: dict[str, object] = {"target": target, "target_override": override}
+            if override:
+                note = _OVERRIDE_NOTE.format(predicts=estimator.target_model)
+                extra["reason"] = f"{decision.reason}; {note}"
+            decision = decision.model_copy(update=extra)
         self.stats.decided(decision)
         return Verdict(decision=decision, query=query)
 

@@ -62,6 +62,8 @@ class SharedOptions(TypedDict, total=False):
     step: str | None
     tool: str | None
     log: DecisionLog | str | Path | None
+    target: str | None
+    allow_other_target: bool
 
 
 class GateOptions(SharedOptions, total=False):
@@ -90,9 +92,15 @@ class GateSettings:
         step: Agent step passed to the policy (selects its ``steps:`` override).
         tool: Tool name passed to the policy (selects its ``tools:`` override).
         log: Decision log (a :class:`~capgate.decision.DecisionLog` or a path to one).
+        target: The model the gated calls go to (a model id or served name); recorded in each
+            decision and checked against the estimator's target (a probe knows whose
+            capability it predicts).
+        allow_other_target: Gate calls to ``target`` with an estimator of another model's
+            capability; each decision records the override (``target_override``).
 
     Raises:
-        SettingsError: A setting has a wrong value or type (the message names it).
+        SettingsError: A setting has a wrong value or type (the message names it), or the
+            estimator predicts another model than ``target`` without ``allow_other_target``.
     """
 
     policy: PolicyLike = "balanced"
@@ -102,6 +110,8 @@ class GateSettings:
     step: str | None = None
     tool: str | None = None
     log: DecisionLog | str | Path | None = None
+    target: str | None = None
+    allow_other_target: bool = False
 
     def __post_init__(self) -> None:
         from capgate.decision.log import DecisionLog
@@ -125,6 +135,33 @@ class GateSettings:
                 raise SettingsError(f"`{name}` must be a non-empty string or None; got {value!r}")
         if self.log is not None and not isinstance(self.log, DecisionLog | str | Path):
             raise SettingsError(f"`log` must be a DecisionLog, a path or None; got {self.log!r}")
+        if self.target is not None and not (isinstance(self.target, str) and self.target):
+            raise SettingsError(f"`target` must be a non-empty model name or None; got {self.target!r}")
+        if not isinstance(self.allow_other_target, bool):
+            raise SettingsError(
+                f"`allow_other_target` must be True or False; got {self.allow_other_target!r}"
+            )
+        if self.estimator is not None:
+            self.target_check(self.estimator)
+
+    def target_check(self, estimator: CapabilityEstimator) -> tuple[str | None, bool]:
+        """The model a decision is about, and whether it overrides the estimator's own target.
+
+        Raises:
+            SettingsError: The estimator predicts another model's capability than ``target``
+                and ``allow_other_target`` is off.
+        """
+        predicts = estimator.target_model
+        if self.target is None or predicts is None or predicts == self.target:
+            return self.target or predicts, False
+        if not self.allow_other_target:
+            raise SettingsError(
+                f"the estimator predicts the capability of {predicts!r} (the target its labels were "
+                f"sampled from), but this gate's calls go to {self.target!r}: harvest labels from "
+                f"{self.target!r} and fit a probe for it, or pass allow_other_target=True to gate "
+                "anyway (each decision records the override)"
+            )
+        return self.target, True
 
     def replace(self, **changes: Any) -> GateSettings:
         """A copy with some settings changed (:data:`UNSET` values are ignored), checked again.
