@@ -1,20 +1,28 @@
 """Calibrate your own model: harvest labels → fit a probe → evaluate it → calibrate a policy.
 
 The whole workflow on a small scale, with the commands a user runs (``capgate harvest``,
-``capgate probe featurize / fit / eval``, ``capgate policy calibrate``), on the local model
-(the embedded SmolLM2-135M-Instruct by default; any HF folder or hub id works the same way):
+``capgate probe featurize / fit / eval``, ``capgate policy calibrate``). The probe has a *reader*
+(``--model``: the local model whose hidden states are its features; the embedded
+SmolLM2-135M-Instruct by default, any HF folder or hub id works the same way) and a *target* (the
+model whose capability it predicts: the reader itself by default, or, with ``--target-url`` and
+``--target-model``, any OpenAI-compatible server — a hosted model whose hidden states nobody can
+read; this is a *proxy probe*):
 
 1. sample k answers per question and grade them (µ̂ = correct / k);
 2. extract hidden-state features and fit a linear probe on a train split;
 3. print the held-out calibration table (probe vs uniform vs constant prior);
 4. score the held-out questions with the probe and pick, with a risk guarantee, the threshold
-   above which the policy answers.
+   above which the policy answers;
+5. with a target server: gate calls to the target with the probe (``target=`` the served model):
+   the estimates read only the local reader, so the gate makes no extra call to the target, and a
+   gate for another model is refused.
 
 At this toy scale (default 32 questions, k = 4) the numbers are noisy and the calibration step
 may decline to certify any threshold: that is the guarantee working. Scale ``--questions`` and
 ``-k`` up for real use (``bench/probe_smollm2.py`` is the full-size version).
 
 Run: .venv/bin/python examples/calibrate_your_model.py [--model default] [--work DIR]
+     [--target-url http://127.0.0.1:8000/v1 --target-model NAME]
 """
 
 from __future__ import annotations
@@ -56,14 +64,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--questions", type=int, default=32)
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--target-url", default=None, help="OpenAI-compatible server of the target")
+    parser.add_argument("--target-model", default=None, help="the target's served model name")
     args = parser.parse_args(argv)
+    if (args.target_url is None) != (args.target_model is None):
+        parser.error("--target-url and --target-model go together")
+    source = (
+        ["--model", args.model]
+        if args.target_url is None
+        else ["--base-url", args.target_url, "--served-model", args.target_model]
+    )
     work = args.work or Path(tempfile.mkdtemp(prefix="capgate-calibrate-"))
     work.mkdir(parents=True, exist_ok=True)
     labels = work / "labels.jsonl"
 
     # 1. Labels: k graded samples per question (resumable: rerun to continue a killed run).
     capgate("harvest", "basic_arithmetic:easy", "--limit", str(args.questions), "-k", str(args.k),
-            "--max-tokens", "16", "--temperature", "0.7", "--seed", "0", "--model", args.model,
+            "--max-tokens", "16", "--temperature", "0.7", *source,
             "--out", str(labels), "--no-progress")  # fmt: skip
     train, test = work / "train.jsonl", work / "test.jsonl"
     split_file(labels, train, test)
@@ -105,7 +122,36 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("no threshold certified at this scale: harvest more questions (the guarantee needs data)")
     else:
         print(f"calibrated policy written to {work / 'policy.yaml'}")
+    if args.target_url is not None:
+        gate_calls_to_the_target(estimator, args.target_url, args.target_model, rows)
     print(f"workflow files in {work}")
+
+
+def gate_calls_to_the_target(estimator: object, url: str, served: str, rows: list[dict[str, object]]) -> None:
+    """Step 5: the proxy probe gates calls to the remote target; estimating costs it nothing."""
+    import capgate as cg
+    from capgate.adapters.openai import OpenAIBackend
+
+    target = OpenAIBackend(served, base_url=url, api_key="EMPTY")
+    calls: list[str] = []
+
+    @cg.guard(policy="balanced", estimator=estimator, target=served)
+    def ask(prompt: str) -> str:
+        calls.append(prompt)
+        [[answer]] = target.generate([prompt], cg.SamplingParams(max_tokens=16, temperature=0.7))
+        return answer.text
+
+    for row in rows[:4]:
+        ask(str(row["prompt"]))
+        decision = ask.stats.last_decision
+        assert decision is not None
+        print(f"gated call to {decision.target}: p={decision.estimate.p:.3f} -> {decision.action}")
+    drawn = ask.stats.actions["answer"] + ask.stats.samples  # an answer calls once; resample draws
+    print(f"calls to the target: {len(calls)}; drawn by the decisions: {drawn}; by the estimates: 0")
+    try:
+        cg.Gate(estimator=estimator, target="another-model")  # type: ignore[arg-type]
+    except cg.SettingsError as refused:
+        print(f"a gate for another model is refused: {str(refused)[:80]}...")
 
 
 if __name__ == "__main__":

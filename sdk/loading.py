@@ -38,13 +38,17 @@ def load_estimator(
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
     batch_size: int = 8,
 ) -> ProbeEstimator:
-    """A probe estimator for ``model``, ready to use.
+    """A saved capability estimator, ready to use: a probe and the reader model it reads.
 
-    ``load_estimator("default")`` loads the embedded SmolLM2-135M-Instruct and the probe shipped
-    with capgate for it, fully offline. For any other model (an HF hub id or a local folder),
-    pass the folder of a probe trained on its features (``capgate probe fit``). The probe's
-    feature spec (model, weights fingerprint, layers, pooling, chat template) must match the
-    model's featurizer, or loading refuses it with :class:`~capgate.ProbeMismatchError`.
+    The probe is capgate's estimator with learned state on disk (safetensors + JSON); the
+    black-box estimators (verbalized, P(True), consistency) have none and are built directly
+    over a backend. ``load_estimator("default")`` loads the embedded SmolLM2-135M-Instruct and
+    the probe shipped with capgate for it, fully offline. For any other reader (an HF hub id or a
+    local folder), pass the folder of a probe trained on its features (``capgate probe fit``). The
+    probe's feature spec (model, weights fingerprint, layers, pooling, chat template) must match
+    the reader's featurizer, or loading refuses it with :class:`~capgate.ProbeMismatchError`. The
+    probe's *target* (the model whose capability it predicts, possibly a hosted one: a proxy
+    probe) is the estimator's ``target_model``; a gate with ``target=`` checks it.
 
     Args:
         model: ``"default"``, a local model folder, or a Hugging Face model id.

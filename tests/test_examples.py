@@ -108,3 +108,32 @@ def test_calibrate_your_model_runs_the_whole_workflow(tmp_path: Path) -> None:
     assert (tmp_path / "probe" / "probe.safetensors").is_file()
     assert "constant-prior" in out or "constant prior" in out
     assert ("calibrated policy written" in out) != ("no threshold certified" in out)
+
+
+@pytest.mark.slow
+def test_proxy_probe_workflow_against_the_vllm_server(tmp_path: Path) -> None:
+    """A proxy probe: the embedded model reads, the CI vLLM server (sampled at another setting
+    than the shipped probe's labels) is the target; gating its calls costs it no extra call."""
+    import json
+    import os
+
+    url, served = os.environ.get("CAPGATE_TEST_VLLM_URL"), os.environ.get("CAPGATE_TEST_VLLM_MODEL")
+    assert url, "run under scripts/with-vllm-server.sh (CAPGATE_TEST_VLLM_URL is not set)"
+    assert served, "run under scripts/with-vllm-server.sh (CAPGATE_TEST_VLLM_MODEL is not set)"
+    out = run(
+        "calibrate_your_model.py", "--questions", "16", "-k", "2", "--work", str(tmp_path),
+        "--target-url", url, "--target-model", served,
+    )  # fmt: skip
+    meta = json.loads((tmp_path / "labels.jsonl.meta.json").read_text())
+    assert (meta["model_id"], meta["endpoint"], meta["temperature"]) == (served, "openai", 0.7)
+    saved = json.loads((tmp_path / "probe" / "probe.json").read_text())
+    assert saved["target"]["model"] == served
+    assert saved["feature_spec"]["model_id"]  # the reader, recorded beside the target
+    assert saved["target"]["endpoint"] == "openai"
+    assert f"target {served}" in out
+    gated = re.findall(rf"gated call to {re.escape(served)}: p=[\d.]+ -> (\w+)", out)
+    assert len(gated) == 4
+    calls = re.search(r"calls to the target: (\d+); drawn by the decisions: (\d+); by the estimates: 0", out)
+    assert calls is not None
+    assert calls.group(1) == calls.group(2)
+    assert "a gate for another model is refused" in out
