@@ -31,19 +31,14 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
 import numpy as np
 
-from capgate.backend import (
-    ChatMessage,
-    EndpointKind,
-    Generation,
-    Prompt,
-    SamplingParams,
-    TokenLogprob,
-    as_messages,
-)
+from capgate.backend import ChatMessage, Generation, Prompt, SamplingParams, TokenLogprob, as_messages
+
+if TYPE_CHECKING:
+    from capgate.backend import EndpointKind
 from capgate.errors import BackendError
 
 __all__ = [
