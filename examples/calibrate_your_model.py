@@ -50,10 +50,14 @@ def capgate(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def split_file(labels: Path, train: Path, test: Path) -> None:
+    """70/30 split; each part keeps the harvest's settings file (the labels' target)."""
+    from capgate.harvest import meta_path
+
     lines = [line for line in labels.read_text(encoding="utf-8").splitlines() if line.strip()]
     cut = int(len(lines) * 0.7)
-    train.write_text("\n".join(lines[:cut]) + "\n", encoding="utf-8")
-    test.write_text("\n".join(lines[cut:]) + "\n", encoding="utf-8")
+    for part, rows in ((train, lines[:cut]), (test, lines[cut:])):
+        part.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        meta_path(part).write_text(meta_path(labels).read_text(encoding="utf-8"), encoding="utf-8")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
