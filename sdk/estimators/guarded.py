@@ -25,6 +25,8 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
+import numpy as np
+
 from capgate._types import Cost, Estimate
 from capgate.backend import Prompt
 from capgate.estimators._claims import ClaimDetector
@@ -114,7 +116,7 @@ class InjectionGuard(CapabilityEstimator):
         detector = self._detector()
         # A claim takes a few words; "Answer:" or "Question:" alone are format, not claims.
         worded = [s for s in segments if len(_WORDS.findall(s.text)) >= MIN_CLAIM_WORDS]
-        scores = detector.score([s.text for s in worded]) if worded else []
+        scores = detector.score([s.text for s in worded]) if worded else np.zeros(0)
         claims = [s for s, score in zip(worded, scores, strict=True) if score >= detector.threshold_]
         base = remove_segments(query, claims) if claims else query
         ablations: list[tuple[Segment, Prompt]] = []
