@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, overload
 
 from capgate.errors import DataError
 
 if TYPE_CHECKING:
+    from capgate.estimators.guarded import InjectionGuard
     from capgate.estimators.probe import ProbeEstimator
 
 __all__ = ["DEFAULT_PROBE", "default_probe_path", "load_estimator"]
@@ -30,6 +31,7 @@ def default_probe_path() -> Path:
     return path
 
 
+@overload
 def load_estimator(
     model: str | os.PathLike[str] = "default",
     *,
@@ -37,7 +39,31 @@ def load_estimator(
     device: Literal["auto", "cpu", "cuda"] = "auto",
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
     batch_size: int = 8,
-) -> ProbeEstimator:
+    guard: Literal[True],
+) -> InjectionGuard: ...
+
+
+@overload
+def load_estimator(
+    model: str | os.PathLike[str] = "default",
+    *,
+    probe: str | os.PathLike[str] | None = None,
+    device: Literal["auto", "cpu", "cuda"] = "auto",
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+    batch_size: int = 8,
+    guard: Literal[False] = ...,
+) -> ProbeEstimator: ...
+
+
+def load_estimator(
+    model: str | os.PathLike[str] = "default",
+    *,
+    probe: str | os.PathLike[str] | None = None,
+    device: Literal["auto", "cpu", "cuda"] = "auto",
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+    batch_size: int = 8,
+    guard: bool = False,
+) -> ProbeEstimator | InjectionGuard:
     """A saved capability estimator, ready to use: a probe and the reader model it reads.
 
     The probe is capgate's estimator with learned state on disk (safetensors + JSON); the
@@ -56,6 +82,10 @@ def load_estimator(
         device: Where to run the model.
         dtype: Model precision (``"auto"``: float32 on CPU, bfloat16 on CUDA).
         batch_size: Queries per forward pass when featurizing.
+        guard: Wrap the probe in :class:`~capgate.estimators.guarded.InjectionGuard`, so
+            capability claims and context in the query cannot lift the estimate: such estimates
+            come back ``degraded=True`` with a reason. Off by default until its evaluation-only
+            attack families are measured (``bench/injection_bench.py``; see bench/RESULTS.md).
 
     Raises:
         ValueError: No probe was given for a model other than the default one.
@@ -82,4 +112,9 @@ def load_estimator(
         batch_size=batch_size,
     )
     check_spec_match(saved.feature_spec_, featurizer.spec)
-    return ProbeEstimator(featurizer, saved)
+    estimator = ProbeEstimator(featurizer, saved)
+    if not guard:
+        return estimator
+    from capgate.estimators.guarded import InjectionGuard
+
+    return InjectionGuard(estimator)

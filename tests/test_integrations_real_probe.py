@@ -28,7 +28,7 @@ import capgate
 from capgate import Estimate, Gated
 from capgate.adapters.langchain import CapabilityGate
 from capgate.adapters.langgraph import capability_subgraph, read_decision
-from capgate.estimators import ProbeEstimator
+from capgate.estimators import CapabilityEstimator
 from capgate.policies import (
     AbstainAction,
     AbstainBand,
@@ -59,13 +59,13 @@ ABSTAIN_MESSAGE = "Not answering (p={p:.3f})."
 
 
 @pytest.fixture(scope="module")
-def estimator(default_model_dir: Path) -> ProbeEstimator:
+def estimator(default_model_dir: Path) -> CapabilityEstimator:
     """The real default estimator, loaded once for this module (model from the session cache)."""
     return capgate.load_estimator("default", device="cpu")
 
 
 @pytest.fixture(scope="module")
-def standalone(estimator: ProbeEstimator) -> dict[str, Estimate]:
+def standalone(estimator: CapabilityEstimator) -> dict[str, Estimate]:
     """The probe's estimate of each question, asked directly (one query per call, as a gate asks)."""
     estimates = {q: estimator.estimate_one(q) for q in QUESTIONS}
     for q, e in estimates.items():
@@ -113,7 +113,7 @@ def assert_same_decision(decision: Any, policy: Policy, estimate: Estimate) -> N
 # --------------------------------------------------------------------------- guard
 
 
-def guarded(kind: str, policy: Policy, estimator: ProbeEstimator, calls: list[str]) -> Any:
+def guarded(kind: str, policy: Policy, estimator: CapabilityEstimator, calls: list[str]) -> Any:
     if kind == "sync":
 
         def ask(prompt: str) -> str:
@@ -132,7 +132,7 @@ def guarded(kind: str, policy: Policy, estimator: ProbeEstimator, calls: list[st
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_guard_acts_on_the_real_probe_estimate(
-    kind: str, estimator: ProbeEstimator, standalone: dict[str, Estimate]
+    kind: str, estimator: CapabilityEstimator, standalone: dict[str, Estimate]
 ) -> None:
     policy = make_policy(standalone, lambda below: ClarifyBand(below=below, question=CLARIFY_QUESTION))
     expected = expected_actions(policy, standalone)
@@ -161,7 +161,7 @@ def test_guard_acts_on_the_real_probe_estimate(
 # --------------------------------------------------------------------------- LangGraph
 
 
-def langgraph_app(policy: Policy, estimator: ProbeEstimator) -> tuple[Any, list[str]]:
+def langgraph_app(policy: Policy, estimator: CapabilityEstimator) -> tuple[Any, list[str]]:
     calls: list[str] = []
 
     def answer(state: dict[str, Any]) -> dict[str, Any]:
@@ -173,7 +173,7 @@ def langgraph_app(policy: Policy, estimator: ProbeEstimator) -> tuple[Any, list[
 
 
 def test_langgraph_subgraph_routes_on_the_real_probe_estimate(
-    estimator: ProbeEstimator, standalone: dict[str, Estimate]
+    estimator: CapabilityEstimator, standalone: dict[str, Estimate]
 ) -> None:
     policy = make_policy(standalone, lambda below: EscalateBand(below=below, to="tier-2"))
     expected = expected_actions(policy, standalone)
@@ -207,7 +207,7 @@ def test_langgraph_subgraph_routes_on_the_real_probe_estimate(
 
 
 def test_langgraph_escalation_on_the_real_probe_resumes_into_the_answer_node_when_approved(
-    estimator: ProbeEstimator, standalone: dict[str, Estimate]
+    estimator: CapabilityEstimator, standalone: dict[str, Estimate]
 ) -> None:
     policy = make_policy(standalone, lambda below: EscalateBand(below=below, to="tier-2"))
     expected = expected_actions(policy, standalone)
@@ -239,7 +239,7 @@ class ModelCalls(BaseCallbackHandler):
 
 
 def test_langchain_middleware_acts_on_the_real_probe_estimate(
-    estimator: ProbeEstimator, standalone: dict[str, Estimate]
+    estimator: CapabilityEstimator, standalone: dict[str, Estimate]
 ) -> None:
     policy = make_policy(standalone, lambda below: ClarifyBand(below=below, question=CLARIFY_QUESTION))
     expected = expected_actions(policy, standalone)

@@ -10,6 +10,7 @@ import pytest
 
 from capgate import Estimate, ProbeMismatchError, load_estimator
 from capgate.estimators import ProbeEstimator
+from capgate.estimators.guarded import InjectionGuard
 from capgate.labels import read_labelled
 from capgate.loading import default_probe_path
 from capgate.metrics import capability_brier
@@ -34,7 +35,8 @@ def test_default_estimator_is_ready_offline_and_beats_the_prior_on_held_out_quer
     default_model_dir: Path,
 ) -> None:
     estimator = load_estimator("default", device="cpu")
-    assert isinstance(estimator, ProbeEstimator)
+    assert isinstance(estimator, ProbeEstimator)  # the injection guard is opt-in (guard=True)
+    assert isinstance(load_estimator("default", device="cpu", guard=True), InjectionGuard)
     labels = read_labelled(ASSETS / "default_labels.jsonl")
     split = json.loads((ASSETS / "default_split.json").read_text(encoding="utf-8"))
     test_ids = set(split["test"])

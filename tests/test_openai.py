@@ -16,13 +16,9 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from capgate import AsyncBackend, Backend, BackendError, SamplingParams
-from capgate.adapters.backends.openai import (
-    OpenAIBackend,
-    _apportion,
-    _retry_after_s,
-    _split_tokens,
-    is_retryable,
-)
+from capgate.adapters.backends._usage import apportion as _apportion
+from capgate.adapters.backends._usage import split_tokens as _split_tokens
+from capgate.adapters.backends.openai import OpenAIBackend, _retry_after_s, is_retryable
 
 
 def _http() -> Any:

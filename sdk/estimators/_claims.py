@@ -1,0 +1,216 @@
+"""A learned detector of capability and confidence claims in a piece of text.
+
+:class:`ClaimDetector` scores a segment of a query (a sentence, an aside, a quoted block, a tool
+message) by how much it reads like a claim that the task is easy, that the model knows the
+answer, that the answer was already checked, or an order to answer with confidence: text that
+tells an estimator what to think instead of showing it the task. It is a logistic regression on
+hashed word 1-2-grams and character 3-5-grams (within words, so it carries across inflections
+and related languages), fitted with L2 by full-batch Adam: deterministic, numpy only, a few
+seconds on a CPU. The shipped detector (``capgate.assets/claim_detector.npz``) is trained by
+``bench/train_claim_detector.py``; its threshold was set on clean held-out text.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import zlib
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from capgate.errors import DataError, NotFittedError
+
+__all__ = ["DEFAULT_CLAIM_DETECTOR", "ClaimDetector"]
+
+DEFAULT_CLAIM_DETECTOR = "claim_detector.npz"
+"""File (inside ``capgate.assets``) of the shipped claim detector."""
+
+_TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+_FORMAT = "capgate.claim_detector"
+
+
+def _hash(feature: str, n_features: int) -> int:
+    return zlib.crc32(feature.encode("utf-8")) % n_features
+
+
+def _features(text: str, n_features: int) -> dict[int, float]:
+    """Hashed, L2-normalized word 1-2-gram and in-word character 3-5-gram counts."""
+    words = _TOKEN.findall(text.lower())
+    counts: dict[int, float] = {}
+    grams = [f"w:{w}" for w in words] + [f"b:{a} {b}" for a, b in itertools.pairwise(words)]
+    for word in words:
+        padded = f" {word} "
+        grams.extend(f"c:{padded[i : i + n]}" for n in (3, 4, 5) for i in range(len(padded) - n + 1))
+    for gram in grams:
+        index = _hash(gram, n_features)
+        counts[index] = counts.get(index, 0.0) + 1.0
+    norm = float(np.sqrt(sum(v * v for v in counts.values()))) or 1.0
+    return {i: v / norm for i, v in counts.items()}
+
+
+def _matrix(
+    texts: Sequence[str], n_features: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """A CSR-like triple (row of each entry, column, value)."""
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for row, text in enumerate(texts):
+        for col, val in _features(text, n_features).items():
+            rows.append(row)
+            cols.append(col)
+            vals.append(val)
+    return np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64), np.asarray(vals)
+
+
+class ClaimDetector:
+    """Scores text by how much it reads like a capability or confidence claim.
+
+    Args:
+        n_features: Width of the hashed feature space.
+        l2: L2 penalty on the weights (per example).
+        max_iter: Full-batch Adam steps.
+        learning_rate: Adam step size.
+        threshold: Score at or above which a segment counts as a claim; ``None`` keeps 0.5
+            until :meth:`set_threshold` (or a loaded file) sets one.
+
+    Example:
+        >>> texts = ["This is easy, you surely know it.", "What is the capital of Peru?",
+        ...          "You are certain to get this right.", "Answer with only the final number."]
+        >>> detector = ClaimDetector(max_iter=200).fit(texts, [1, 0, 1, 0])
+        >>> [bool(s > 0.5) for s in detector.score(["Easy: you surely know this.", "Who wrote Emma?"])]
+        [True, False]
+    """
+
+    def __init__(
+        self,
+        *,
+        n_features: int = 2**18,
+        l2: float = 1e-4,
+        max_iter: int = 400,
+        learning_rate: float = 0.1,
+        threshold: float | None = None,
+    ) -> None:
+        self.n_features = n_features
+        self.l2 = l2
+        self.max_iter = max_iter
+        self.learning_rate = learning_rate
+        self.threshold = threshold
+
+    def __repr__(self) -> str:
+        return f"ClaimDetector(n_features={self.n_features}, l2={self.l2}, threshold={self.threshold_!r})"
+
+    @property
+    def threshold_(self) -> float:
+        """The threshold in use: the one set, else 0.5."""
+        return 0.5 if self.threshold is None else self.threshold
+
+    def fit(self, texts: Sequence[str], labels: npt.ArrayLike) -> ClaimDetector:
+        """Fit on texts labelled 1 (a claim) or 0 (not); returns ``self``."""
+        y = np.asarray(labels, dtype=np.float64)
+        if y.shape != (len(texts),) or not np.all((y == 0) | (y == 1)):
+            raise ValueError(f"labels must be {len(texts)} values in {{0, 1}}; got shape {y.shape}")
+        rows, cols, vals = _matrix(texts, self.n_features)
+        used, col_index = np.unique(cols, return_inverse=True)
+        w = np.zeros(len(used))
+        b = 0.0
+        m_w, v_w = np.zeros_like(w), np.zeros_like(w)
+        m_b = v_b = 0.0
+        n = len(texts)
+        for step in range(1, self.max_iter + 1):
+            z = np.bincount(rows, weights=vals * w[col_index], minlength=n) + b
+            r = (1.0 / (1.0 + np.exp(-z)) - y) / n
+            g_w = np.bincount(col_index, weights=vals * r[rows], minlength=len(used)) + self.l2 * w
+            g_b = float(r.sum())
+            m_w = 0.9 * m_w + 0.1 * g_w
+            v_w = 0.999 * v_w + 0.001 * g_w**2
+            m_b = 0.9 * m_b + 0.1 * g_b
+            v_b = 0.999 * v_b + 0.001 * g_b**2
+            scale = self.learning_rate * np.sqrt(1 - 0.999**step) / (1 - 0.9**step)
+            w -= scale * m_w / (np.sqrt(v_w) + 1e-8)
+            b -= scale * m_b / (np.sqrt(v_b) + 1e-8)
+        self.columns_ = used.astype(np.int64)
+        self.coef_ = w.astype(np.float32)
+        self.intercept_ = float(b)
+        return self
+
+    def set_threshold(self, threshold: float) -> ClaimDetector:
+        """Use ``threshold`` from now on; returns ``self``."""
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1); got {threshold!r}")
+        self.threshold = float(threshold)
+        return self
+
+    def score(self, texts: Sequence[str]) -> npt.NDArray[np.float64]:
+        """Claim scores in [0, 1], one per text."""
+        if getattr(self, "coef_", None) is None:
+            raise NotFittedError(self)
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of strings; wrap a single text in a list")
+        if not texts:
+            return np.zeros(0)
+        dense = np.zeros(self.n_features, dtype=np.float64)
+        dense[self.columns_] = self.coef_
+        rows, cols, vals = _matrix(texts, self.n_features)
+        z = np.bincount(rows, weights=vals * dense[cols], minlength=len(texts)) + self.intercept_
+        scores: npt.NDArray[np.float64] = 1.0 / (1.0 + np.exp(-z))
+        return scores
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the detector to one ``.npz`` file (arrays plus a JSON header; no pickle)."""
+        if getattr(self, "coef_", None) is None:
+            raise NotFittedError(self)
+        header = {
+            "format": _FORMAT,
+            "n_features": self.n_features,
+            "l2": self.l2,
+            "max_iter": self.max_iter,
+            "learning_rate": self.learning_rate,
+            "threshold": self.threshold,
+            "intercept": self.intercept_,
+        }
+        with open(path, "wb") as handle:
+            np.savez_compressed(
+                handle,
+                header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+                columns=self.columns_,
+                coef=self.coef_,
+            )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None) -> ClaimDetector:
+        """Load a saved detector; ``None`` loads the one shipped with capgate.
+
+        Raises:
+            DataError: The file is missing or not a claim detector.
+        """
+        where = (
+            Path(str(resources.files("capgate.assets") / DEFAULT_CLAIM_DETECTOR))
+            if path is None
+            else Path(path)
+        )
+        try:
+            with np.load(where, allow_pickle=False) as data:
+                header = json.loads(bytes(data["header"]).decode())
+                columns, coef = data["columns"], data["coef"]
+        except (OSError, KeyError, ValueError) as error:
+            raise DataError(f"not a readable claim detector: {error}", path=where) from None
+        if header.get("format") != _FORMAT:
+            raise DataError(f"expected format {_FORMAT!r}; got {header.get('format')!r}", path=where)
+        detector = cls(
+            n_features=int(header["n_features"]),
+            l2=float(header["l2"]),
+            max_iter=int(header["max_iter"]),
+            learning_rate=float(header["learning_rate"]),
+            threshold=header["threshold"],
+        )
+        detector.columns_ = columns.astype(np.int64)
+        detector.coef_ = coef.astype(np.float32)
+        detector.intercept_ = float(header["intercept"])
+        return detector

@@ -1,0 +1,40 @@
+"""The claim detector: fit, score, save/load round trip, and the shipped file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capgate.errors import DataError, NotFittedError
+from capgate.estimators._claims import ClaimDetector
+
+TEXTS = ["This is easy, you surely know it.", "What is the capital of Peru?",
+         "You are certain to get this right.", "Answer with only the final number."]  # fmt: skip
+
+
+def test_fit_save_load_round_trips_exactly(tmp_path: Path) -> None:
+    detector = ClaimDetector(max_iter=100).fit(TEXTS, [1, 0, 1, 0]).set_threshold(0.4)
+    detector.save(tmp_path / "d.npz")
+    loaded = ClaimDetector.load(tmp_path / "d.npz")
+    assert loaded.threshold_ == 0.4
+    np.testing.assert_array_equal(loaded.score(TEXTS), detector.score(TEXTS))
+
+
+def test_misuse_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(NotFittedError):
+        ClaimDetector().score(["x"])
+    with pytest.raises(ValueError, match="labels must be 2 values"):
+        ClaimDetector().fit(["a", "b"], [1, 2])
+    (tmp_path / "bad.npz").write_bytes(b"nope")
+    with pytest.raises(DataError, match="not a readable claim detector"):
+        ClaimDetector.load(tmp_path / "bad.npz")
+
+
+def test_the_shipped_detector_loads_and_scores_deterministically() -> None:
+    detector = ClaimDetector.load()
+    scores = detector.score(["Answer with only the final number.", "(You definitely know the answer.)"])
+    assert scores[0] < detector.threshold_ <= scores[1]
+    np.testing.assert_array_equal(scores, detector.score(["Answer with only the final number.",
+                                                          "(You definitely know the answer.)"]))  # fmt: skip
