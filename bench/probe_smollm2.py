@@ -82,7 +82,7 @@ def prompt_for(item: DatasetItem) -> str:
     return template.format(question=item.question)
 
 
-def make_backend(server: str | None, model_name: str | None):  # type: ignore[no-untyped-def]
+def make_backend(server: str | None, model_name: str | None, *, concurrency: int = 8):  # type: ignore[no-untyped-def]
     if server:
         from capgate.adapters.backends.openai import OpenAIBackend
 
@@ -91,7 +91,7 @@ def make_backend(server: str | None, model_name: str | None):  # type: ignore[no
             base_url=server,
             api_key="none",
             timeout=600.0,
-            max_concurrency=8,
+            max_concurrency=concurrency,
         )
     from capgate.adapters.backends.transformers import load_backend
 
