@@ -31,14 +31,21 @@ compares the refit with the shipped probe on two held-out sets. Steps, each resu
 ``--install`` replaces ``sdk/assets`` (labels, split, probe) with the new ones, only if the
 chosen new probe beats the shipped one in capability Brier on both held-out sets.
 
-Run (the vLLM server as in ``scripts/vllm-server.sh``; ``--harvest-only`` stops after step 2)::
+Run (the vLLM CPU server of ``scripts/vllm-server.sh``: a 1,024-token context for the longer
+prompts; 32-token KV blocks so that the 20 samples of a prompt share its prefill through the prefix
+cache; its one OpenMP thread on core 1, away from other servers, which bind to core 0). The
+harvest step is resumable: rerun the same command and it continues where it stopped::
 
-    CAPGATE_VLLM_STATE_DIR=$PWD/.vllm-server CAPGATE_VLLM_MAX_MODEL_LEN=1024 \\
-        bash scripts/vllm-server.sh start "$(.venv/bin/capgate model prepare default | tail -n 1)"
+    export CAPGATE_VLLM_STATE_DIR=$PWD/.vllm-server CAPGATE_VLLM_MAX_MODEL_LEN=1024 \\
+        CAPGATE_VLLM_EXTRA_ARGS="--block-size 32" VLLM_CPU_OMP_THREADS_BIND=1
+    bash scripts/vllm-server.sh start "$(.venv/bin/capgate model prepare default | tail -n 1)"
     .venv/bin/python bench/default_probe_v2.py --server "$(cat .vllm-server/url)" \\
-        --served-model "$(cat .vllm-server/model)" --harvest-only      # resumable
-    .venv/bin/python bench/default_probe_v2.py --server "$(cat .vllm-server/url)" \\
-        --served-model "$(cat .vllm-server/model)" [--install]
+        --served-model "$(cat .vllm-server/model)" --harvest-only      # resumes bench/data/...
+    .venv/bin/python bench/default_probe_v2.py --no-harvest [--install]  # features, fits, tables
+    bash scripts/vllm-server.sh stop
+
+``--no-harvest`` evaluates on what is harvested so far and labels the tables PARTIAL; ``--install``
+refuses a partial harvest.
 """
 
 from __future__ import annotations
@@ -126,8 +133,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--batch-size", type=int, default=16, help="queries per request wave (and fsync)")
-    parser.add_argument("--concurrency", type=int, default=16, help="requests in flight to the server")
+    parser.add_argument("--batch-size", type=int, default=32, help="queries per request wave (and fsync)")
+    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight to the server")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--server", help="OpenAI-compatible base URL (e.g. a vLLM server) to sample from")
     parser.add_argument("--served-model", help="model name on the server")
