@@ -32,11 +32,12 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-from capgate.datasets import DatasetItem, load_dataset
+from capgate.datasets import DatasetItem, build_prompt, load_dataset
 from capgate.datasets._prompt import ALIAS_TEMPLATE
 from capgate.harvest import harvest
 from capgate.labels import read_labelled
@@ -53,22 +54,35 @@ SOURCES = {
 }
 
 
-def build_items(scale: float, seed: int) -> list[DatasetItem]:
+def build_items(
+    scale: float,
+    seed: int,
+    *,
+    sources: Mapping[str, int] = SOURCES,
+    keep: Callable[[DatasetItem], bool] | None = None,
+) -> list[DatasetItem]:
+    """A seeded sample of ``count * scale`` items per source, in source order.
+
+    ``keep`` filters each source's pool before sampling (``None`` keeps all: the shipped mix).
+    """
     rng = random.Random(seed)
     items: list[DatasetItem] = []
-    for name, count in SOURCES.items():
-        pool = load_dataset(name)
-        chosen = rng.sample(list(pool), max(1, round(count * scale)))
+    for name, count in sources.items():
+        pool = [item for item in load_dataset(name) if keep is None or keep(item)]
+        chosen = rng.sample(pool, max(1, round(count * scale)))
         items.extend(chosen)
     return items
 
 
 def prompt_for(item: DatasetItem) -> str:
+    """Short-answer prompts: a bare number, a bare alias, or an option letter (``build_prompt``)."""
+    if item.kind == "choice":
+        return build_prompt(item)
     template = ALIAS_TEMPLATE if item.kind == "alias" else NUMERIC_TEMPLATE
     return template.format(question=item.question)
 
 
-def make_backend(server: str | None, model_name: str | None):  # type: ignore[no-untyped-def]
+def make_backend(server: str | None, model_name: str | None, *, concurrency: int = 8):  # type: ignore[no-untyped-def]
     if server:
         from capgate.adapters.backends.openai import OpenAIBackend
 
@@ -77,7 +91,7 @@ def make_backend(server: str | None, model_name: str | None):  # type: ignore[no
             base_url=server,
             api_key="none",
             timeout=600.0,
-            max_concurrency=8,
+            max_concurrency=concurrency,
         )
     from capgate.adapters.backends.transformers import load_backend
 

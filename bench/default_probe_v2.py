@@ -1,0 +1,355 @@
+"""A bigger default probe: harvest the embedded SmolLM2 on ~1,000 queries from six benchmarks.
+
+The shipped probe (``bench/probe_smollm2.py``) was fit on 224 queries from two sources. This
+bench harvests a larger, broader mix with the same prompts and sampling settings, refits, and
+compares the refit with the shipped probe on two held-out sets. Steps, each resumable:
+
+1. Query mix (offline, ``capgate.datasets``; grader = the default of each item's kind):
+   ``basic_arithmetic`` easy / medium / hard ×120 each, TriviaQA ×200 (alias match), ARC-Easy
+   ×140, ARC-Challenge ×100, MMLU ×140 (option letter), GSM8K ×100 (numeric final answer): 1,040
+   queries, a seeded sample of each pool **after** removing the 320 queries of the shipped
+   labels (so the shipped probe's 96 held-out queries stay out of every training set here) and
+   prompts longer than 2,000 characters (a few long MMLU items; the server runs with a
+   1,024-token context). Prompts: ``probe_smollm2.prompt_for`` (bare number / bare answer /
+   option letter).
+2. Harvest: k = 20 samples per query, temperature 0.7, top_p 1.0, max 24 tokens (the shipped
+   labels' settings, so µ̂ means the same thing), through an OpenAI-compatible server
+   (``--server``, the vLLM CPU server). Queries go in a seeded shuffled order, so a partial
+   harvest is a random subset of every source. The output, ``bench/data/default_v2_labels.jsonl``
+   (+ ``.meta.json``), lives in the repo; ``capgate.harvest`` appends and fsyncs per batch, so
+   rerunning the same command resumes it.
+3. Split: 25% of each source held out (seeded), fixed by id before any label is seen; written to
+   ``bench/data/default_v2_split.json``. Training set = the other 75% plus the shipped probe's
+   224 training queries (k = 40 labels, same settings).
+4. Features (all layers' mean, last prompt token; the shipped probe's recipe) for every query,
+   cached under ``--work``.
+5. Fits ``LinearProbe`` (paper recipe, lr sweep) and a closed-form ridge on µ̂ (numpy; penalty
+   chosen by 5-fold CV inside the training set, standardized features, predictions clipped to
+   [0, 1]), and prints held-out tables on (a) the new held-out 25% and (b) the shipped split's
+   96 held-out queries: shipped probe, new probes, constant prior (training mean µ̂).
+
+``--install`` replaces ``sdk/assets`` (labels, split, probe) with the new ones, only if the
+chosen new probe beats the shipped one in capability Brier on both held-out sets.
+
+Run (the vLLM CPU server of ``scripts/vllm-server.sh``: a 1,024-token context for the longer
+prompts; 32-token KV blocks so that the 20 samples of a prompt share its prefill through the prefix
+cache; its one OpenMP thread on core 1, away from other servers, which bind to core 0). The
+harvest step is resumable: rerun the same command and it continues where it stopped::
+
+    export CAPGATE_VLLM_STATE_DIR=$PWD/.vllm-server CAPGATE_VLLM_MAX_MODEL_LEN=1024 \\
+        CAPGATE_VLLM_EXTRA_ARGS="--block-size 32" VLLM_CPU_OMP_THREADS_BIND=1
+    bash scripts/vllm-server.sh start "$(.venv/bin/capgate model prepare default | tail -n 1)"
+    .venv/bin/python bench/default_probe_v2.py --server "$(cat .vllm-server/url)" \\
+        --served-model "$(cat .vllm-server/model)" --harvest-only      # resumes bench/data/...
+    .venv/bin/python bench/default_probe_v2.py --no-harvest [--install]  # features, fits, tables
+    bash scripts/vllm-server.sh stop
+
+``--no-harvest`` evaluates on what is harvested so far and labels the tables PARTIAL; ``--install``
+refuses a partial harvest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+from probe_smollm2 import ASSETS, ROOT, build_items, make_backend, prompt_for
+
+from capgate import LabelledQuery
+from capgate.datasets import DatasetItem
+from capgate.harvest import harvest
+from capgate.labels import read_labelled
+from capgate.report import CalibrationRow, calibration_row, format_table
+
+DATA = ROOT / "bench" / "data"
+V1 = DATA / "default_v1"  # the shipped probe and split before this bench: probe/, split.json
+SOURCES_V2 = {
+    "basic_arithmetic:easy": 120,
+    "basic_arithmetic:medium": 120,
+    "basic_arithmetic:hard": 120,
+    "triviaqa": 200,
+    "arc_easy": 140,
+    "arc_challenge": 100,
+    "mmlu": 140,
+    "gsm8k": 100,
+}
+MAX_PROMPT_CHARS = 2000
+HELD_OUT_FRACTION = 0.25
+
+
+def v1_split() -> dict[str, list[str]]:
+    """The shipped probe's split (a copy kept here, so installing new assets changes nothing)."""
+    split: dict[str, list[str]] = json.loads((V1 / "split.json").read_text(encoding="utf-8"))
+    return split
+
+
+def shipped_ids() -> set[str]:
+    """Ids of every query of the shipped (v1) labels: its 224 training and 96 held-out queries."""
+    split = v1_split()
+    return set(split["train"]) | set(split["test"])
+
+
+def build_mix(seed: int) -> tuple[list[DatasetItem], dict[str, str]]:
+    """The new queries in harvest order (seeded shuffle), and each id's source."""
+    excluded = shipped_ids()
+
+    def keep(item: DatasetItem) -> bool:
+        return item.id not in excluded and len(prompt_for(item)) <= MAX_PROMPT_CHARS
+
+    items = build_items(1.0, seed, sources=SOURCES_V2, keep=keep)
+    names = [name for name, count in SOURCES_V2.items() for _ in range(count)]
+    source = {item.id: name for item, name in zip(items, names, strict=True)}
+    if len(source) != len(items):
+        raise SystemExit("error: the mix has repeated ids across sources")
+    order = np.random.default_rng(seed).permutation(len(items))
+    return [items[j] for j in order], source
+
+
+def split_ids(source: dict[str, str], seed: int) -> dict[str, list[str]]:
+    """Hold out ``HELD_OUT_FRACTION`` of each source (seeded), by id, before labels exist."""
+    rng = np.random.default_rng(seed + 1)
+    train: list[str] = []
+    test: list[str] = []
+    for name in SOURCES_V2:
+        ids = sorted(i for i, s in source.items() if s == name)
+        order = rng.permutation(len(ids))
+        n_test = round(HELD_OUT_FRACTION * len(ids))
+        test.extend(ids[j] for j in order[:n_test])
+        train.extend(ids[j] for j in order[n_test:])
+    return {"train": train, "test": test}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "results" / "default_v2")
+    parser.add_argument("--labels", type=Path, default=DATA / "default_v2_labels.jsonl")
+    parser.add_argument("-k", type=int, default=20)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--batch-size", type=int, default=32, help="queries per request wave (and fsync)")
+    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight to the server")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--server", help="OpenAI-compatible base URL (e.g. a vLLM server) to sample from")
+    parser.add_argument("--served-model", help="model name on the server")
+    parser.add_argument("--harvest-only", action="store_true", help="stop after the harvest")
+    parser.add_argument("--no-harvest", action="store_true", help="use what is harvested so far (partial)")
+    parser.add_argument("--install", action="store_true", help="install into sdk/assets if it wins")
+    args = parser.parse_args()
+
+    items, source = build_mix(args.seed)
+    split = split_ids(source, args.seed)
+    DATA.mkdir(parents=True, exist_ok=True)
+    split_path = args.labels.with_name("default_v2_split.json")
+    split_path.write_text(json.dumps({"seed": args.seed, "source": source, **split}, indent=0) + "\n")
+
+    if not args.no_harvest:
+        backend = make_backend(args.server, args.served_model, concurrency=args.concurrency)
+        start = time.perf_counter()
+        report = harvest(
+            backend, items, args.labels, k=args.k, temperature=args.temperature, top_p=args.top_p,
+            max_tokens=args.max_tokens, seed=None if args.server else args.seed,
+            batch_size=args.batch_size, prompt=prompt_for,
+            dataset="smollm2-mix-v2:" + ",".join(f"{n}={c}" for n, c in SOURCES_V2.items()),
+        )  # fmt: skip
+        elapsed = time.perf_counter() - start
+        print(
+            f"harvest: {report.n_new} new queries, {report.n_samples} samples in {elapsed:.1f} s = "
+            f"{report.n_samples / max(elapsed, 1e-9):.2f} samples/s; {report.n_resumed} resumed"
+        )
+    if args.harvest_only:
+        return
+    evaluate(args, items, split)
+
+
+def ridge_cv(
+    X: np.ndarray, y: np.ndarray, *, alphas: np.ndarray, folds: int, seed: int
+) -> tuple[float, np.ndarray, float, np.ndarray, np.ndarray]:
+    """Ridge on µ̂ (standardized X; penalty by ``folds``-fold CV on Brier of clipped predictions).
+
+    Returns the chosen alpha, the weights, the intercept, and the features' mean and scale.
+    """
+
+    def path(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, float, list[np.ndarray]]:
+        """Weights for every alpha from one SVD of the centred features."""
+        centre = x.mean(0)
+        u, sv, vt = np.linalg.svd(x - centre, full_matrices=False)
+        proj = u.T @ (t - t.mean())
+        return centre, float(t.mean()), [vt.T @ ((sv / (sv**2 + a)) * proj) for a in alphas]
+
+    mean, scale = X.mean(0), X.std(0) + 1e-8
+    z = (X - mean) / scale
+    fold = np.random.default_rng(seed).permutation(len(y)) % folds
+    errors = np.zeros(len(alphas))
+    for f in range(folds):
+        centre, offset, weights = path(z[fold != f], y[fold != f])
+        held = z[fold == f] - centre
+        for j, w in enumerate(weights):
+            errors[j] += float(np.sum((np.clip(held @ w + offset, 0, 1) - y[fold == f]) ** 2))
+    best = int(np.argmin(errors))
+    centre, offset, weights = path(z, y)
+    w = weights[best]
+    return float(alphas[best]), w, offset - float(centre @ w), mean, scale
+
+
+def paired_brier_interval(
+    p_new: np.ndarray, p_old: np.ndarray, mu: np.ndarray, seed: int
+) -> tuple[float, float]:
+    """95% bootstrap interval of Brier(new) − Brier(old), resampling queries."""
+    diff = (p_new - mu) ** 2 - (p_old - mu) ** 2
+    rng = np.random.default_rng(seed)
+    means = [float(np.mean(diff[rng.integers(0, len(diff), len(diff))])) for _ in range(2000)]
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def markdown(rows: list[CalibrationRow], title: str) -> str:
+    cell = lambda v: "n/a" if v != v else f"{v:.4f}"  # noqa: E731
+    lines = [f"| {title} | n | mean µ̂ | cap. Brier | ECE | AUROC | Spearman |", "| --- |" + " --- |" * 6]
+    for r in rows:
+        lines.append(
+            f"| {r.source} | {r.n} | {cell(r.accuracy)} | {cell(r.capability_brier)} | {cell(r.ece)} | "
+            f"{cell(r.auroc)} | {cell(r.spearman)} |"
+        )
+    return "\n".join(lines)
+
+
+def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str, list[str]]) -> None:
+    """Features, fits and the two held-out tables (on whatever is harvested so far)."""
+    from capgate.estimators import ConstantPrior, LinearProbe
+    from capgate.estimators.feature_store import featurize_to
+    from capgate.features import HiddenStateFeaturizer
+    from capgate.models import load_model
+
+    new = {r.id: r for r in read_labelled(args.labels).records}
+    old_split = v1_split()
+    old = {r.id: r for r in read_labelled(ASSETS / "default_labels.jsonl").records if r.id in shipped_ids()}
+    if set(old) != shipped_ids():
+        raise SystemExit("error: sdk/assets/default_labels.jsonl lacks some of the v1 queries")
+    n_total = len(items)
+    partial = len(new) < n_total
+    prompts = {i.id: prompt_for(i) for i in items}
+    prompts.update({q: str((r.model_extra or {})["prompt"]) for q, r in old.items()})
+    ids = sorted(prompts)
+    featurizer = HiddenStateFeaturizer(load_model("default", device="cpu"), batch_size=16)
+    start = time.perf_counter()
+    stored = featurize_to(args.work / "features.npz", ids, [prompts[i] for i in ids], featurizer)
+    feature_s = time.perf_counter() - start
+    row_of = {q: j for j, q in enumerate(stored.ids)}
+    labels = {**old, **new}
+
+    def arrays(qids: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        X = stored.features[[row_of[q] for q in qids]].astype(np.float64)
+        return X, np.array([labels[q].correct for q in qids]), np.array([labels[q].k for q in qids])
+
+    train_ids = [q for q in split["train"] if q in new] + list(old_split["train"])
+    sets = {
+        "(a) new held-out": [q for q in split["test"] if q in new],
+        "(b) v1 held-out": list(old_split["test"]),
+    }
+    X_tr, c_tr, k_tr = arrays(train_ids)
+    mu_tr = c_tr / k_tr
+    linear = LinearProbe(random_state=args.seed).fit(
+        X_tr, mu_tr, feature_spec=featurizer.spec, source=args.labels.name
+    )
+    alphas = np.logspace(-1, 5, 25)
+    alpha, w, b, mean, scale = ridge_cv(X_tr, mu_tr, alphas=alphas, folds=5, seed=args.seed)
+    shipped = LinearProbe.load(V1 / "probe")
+    prior_v2 = ConstantPrior().fit(X_tr, mu_tr)
+    X_v1, c_v1, k_v1 = arrays(list(old_split["train"]))
+    prior_v1 = ConstantPrior().fit(X_v1, c_v1 / k_v1)
+
+    label = " (PARTIAL harvest)" if partial else ""
+    print(
+        f"harvested {len(new)} of {n_total} new queries{label}; k={args.k}, temperature {args.temperature}, "
+        f"top_p {args.top_p}, max_tokens {args.max_tokens}"
+    )
+    by_source: dict[str, list[int]] = {}
+    source = json.loads(args.labels.with_name("default_v2_split.json").read_text())["source"]
+    for q, r in new.items():
+        by_source.setdefault(source[q], []).append(0)
+        by_source[source[q]][-1] = r.correct
+    for name in SOURCES_V2:
+        cs = np.array(by_source.get(name, []))
+        if len(cs):
+            print(
+                f"  {name}: {len(cs)} queries, mean µ̂ {np.mean(cs / args.k):.3f}, "
+                f"share 0<µ̂<1 {np.mean((cs > 0) & (cs < args.k)):.2f}"
+            )
+    print(
+        f"train: {len(train_ids)} queries ({len(train_ids) - len(old_split['train'])} new + "
+        f"{len(old_split['train'])} v1 train), mean µ̂ {mu_tr.mean():.3f}; LinearProbe lr_ = {linear.lr_}; "
+        f"ridge alpha = {alpha:.3g} (5-fold CV over {alphas[0]:.1g}..{alphas[-1]:.1g})"
+    )
+    print(f"features: {len(ids)} queries in {feature_s:.1f} s (cached parts are reused on a rerun)")
+    from rich.console import Console
+
+    console = Console(width=200)
+    wins = {}
+    for title, qids in sets.items():
+        X, c, k = arrays(qids)
+        mu = c / k
+        p = {
+            "shipped probe (v1, 224 train)": shipped.predict(X),
+            "LinearProbe v2 (lr sweep)": linear.predict(X),
+            "ridge v2 (CV alpha)": np.clip(((X - mean) / scale) @ w + b, 0.0, 1.0),
+            "constant prior (v2 train mean)": prior_v2.predict(X),
+            "constant prior (v1 train mean)": prior_v1.predict(X),
+        }
+        rows = [calibration_row(name, v, c, k, pass_ks=(1, 4, 16)) for name, v in p.items()]
+        console.print(format_table(rows, title=f"{title}{label}: {len(qids)} queries"))
+        print(markdown(rows, f"{title}{label}"))
+        for name in ("LinearProbe v2 (lr sweep)", "ridge v2 (CV alpha)"):
+            lo, hi = paired_brier_interval(p[name], p["shipped probe (v1, 224 train)"], mu, args.seed)
+            print(f"  {name} − shipped, cap. Brier: 95% bootstrap interval [{lo:+.4f}, {hi:+.4f}]")
+        wins[title] = rows[1].capability_brier < rows[0].capability_brier
+        if title.startswith("(a)"):
+            per_source = []
+            for name in SOURCES_V2:
+                mask = np.array([source[q] == name for q in qids])
+                for est in (
+                    "shipped probe (v1, 224 train)",
+                    "LinearProbe v2 (lr sweep)",
+                    "ridge v2 (CV alpha)",
+                ):
+                    if mask.any():
+                        per_source.append(calibration_row(f"{name}: {est}", p[est][mask], c[mask], k[mask]))
+            print(markdown(per_source, f"{title} by source"))
+    beats = all(wins.values())
+    print(f"LinearProbe v2 beats the shipped probe in capability Brier on both held-out sets: {beats}")
+    probe_dir = args.work / "probe"
+    linear.save(probe_dir)
+    if args.install:
+        if partial or not beats:
+            raise SystemExit(
+                "not installed: the harvest is partial or the new probe does not win on both sets"
+            )
+        install(
+            probe_dir, args.labels, old, train_ids, [q for qids in sets.values() for q in qids], args.seed
+        )
+
+
+def install(
+    probe_dir: Path, labels: Path, old: dict[str, LabelledQuery], train: list[str], test: list[str], seed: int
+) -> None:
+    """Replace ``sdk/assets``: probe, labels (v1's 320 queries then the new ones), split (same format)."""
+    target = ASSETS / "default_probe"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(probe_dir, target)
+    lines = [r.model_dump_json(exclude_none=True) for r in old.values()]
+    new_lines = [line for line in labels.read_text(encoding="utf-8").splitlines() if line.strip()]
+    (ASSETS / "default_labels.jsonl").write_text("\n".join(lines + new_lines) + "\n", encoding="utf-8")
+    (ASSETS / "default_split.json").write_text(
+        json.dumps({"seed": seed, "train": train, "test": test}) + "\n"
+    )
+    print(f"installed probe, labels and split into {ASSETS}")
+
+
+if __name__ == "__main__":
+    main()
