@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from capgate.estimators._common import FloatArray, sigmoid
+from capgate.estimators._common import FloatArray, fit_logistic_link
 
 __all__ = [
     "fit_link",
@@ -197,38 +197,14 @@ def fit_logistic(
 def fit_link(score: FloatArray, y: FloatArray, *, l2: float = 1e-6) -> tuple[float, float]:
     """``(a, c)`` minimizing mean BCE(sigmoid(a * score + c), y) (+ a tiny L2 on ``a``), by Newton.
 
+    Platt scaling of a linear score (the same fit as :class:`~capgate.estimators.PlattCalibrator`).
+
     Example:
         >>> s = np.linspace(-3, 3, 200)
         >>> a, c = fit_link(s, 1 / (1 + np.exp(-(2 * s + 1))))
         >>> round(a, 3), round(c, 3)
         (2.0, 1.0)
     """
-    prior = min(max(float(y.mean()), 1e-6), 1 - 1e-6)
-    theta = np.array([0.0, math.log(prior / (1 - prior))])
-    design = np.column_stack([score, np.ones_like(score)])
-    reg = np.array([l2, 0.0])
-
-    def objective(t: np.ndarray) -> float:
-        q = np.clip(sigmoid(design @ t), _EPS, 1 - _EPS)
-        return float(-np.mean(y * np.log(q) + (1 - y) * np.log1p(-q)) + 0.5 * reg[0] * t[0] ** 2)
-
-    current = objective(theta)
-    for _ in range(100):
-        p = sigmoid(design @ theta)
-        grad = design.T @ (p - y) / len(y) + reg * theta
-        hess = (design * (p * (1 - p))[:, None]).T @ design / len(y) + np.diag(reg + 1e-12)
-        step = np.linalg.solve(hess, grad)
-        t = 1.0
-        while t > 1e-8:
-            candidate = theta - t * step
-            value = objective(candidate)
-            if value <= current:
-                break
-            t /= 2
-        else:
-            break
-        improvement = current - value
-        theta, current = candidate, value
-        if improvement < 1e-13:
-            break
+    weights = np.full(len(y), 1.0 / len(y))
+    theta, _, _ = fit_logistic_link(score, y, weights, l2=l2, max_iter=100, tol=1e-10)
     return float(theta[0]), float(theta[1])

@@ -22,6 +22,7 @@ from capgate.estimators._common import (
     check_fitted,
     get_field,
     read_json,
+    settings_repr,
     sigmoid,
     spec_as_dict,
     write_json,
@@ -175,9 +176,7 @@ class ProbeSearch:
         }
 
     def __repr__(self) -> str:
-        defaults = ProbeSearch().get_params()
-        changed = {k: v for k, v in self.get_params().items() if v != defaults[k]}
-        return f"ProbeSearch({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+        return settings_repr("ProbeSearch", self.get_params(), ProbeSearch().get_params())
 
     # ------------------------------------------------------------------ checks
 
