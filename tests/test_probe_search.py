@@ -175,3 +175,25 @@ def test_nested_cv_prior_is_the_training_fold_mean() -> None:
     for k, (train, test) in enumerate(kfold(50, 5, 0)):
         assert np.all(cv.fold[test] == k)
         np.testing.assert_array_equal(cv.prior[test], mu[train].mean())
+
+
+def test_the_chosen_layers_featurize_correctly_at_load_time(tiny_model: Any, tmp_path: Path) -> None:
+    """A probe chosen on per-layer features loads with a featurizer of exactly those layers."""
+    from _probe_helpers import random_queries
+
+    from capgate.estimators import ProbeEstimator
+    from capgate.features import FeatureSpec, HiddenStateFeaturizer
+
+    queries = random_queries(40, 3)
+    featurizer = HiddenStateFeaturizer(tiny_model, batch_size=8)
+    X = featurizer.transform_layers(queries)
+    mu = 1 / (1 + np.exp(-X[:, 1, :3].sum(axis=1)))
+    search = quick(solvers=["ridge"], layers=[[1], [1, 2], [0, 1, 2]]).fit(
+        X, mu, feature_spec=featurizer.spec
+    )
+    assert search.best_estimator_ is not None
+    spec = FeatureSpec.model_validate(search.best_estimator_.feature_spec_)
+    search.save(tmp_path / "probe")
+    chosen = HiddenStateFeaturizer(tiny_model, layers=spec.layers, pooling=spec.pooling, batch_size=8)
+    estimator = ProbeEstimator.load(tmp_path / "probe", chosen)  # the spec matches: no ProbeMismatchError
+    np.testing.assert_allclose(estimator.predict(queries), search.predict(X), rtol=1e-5, atol=1e-6)
