@@ -39,7 +39,7 @@ def kfold(n: int, n_splits: int, random_state: int) -> list[tuple[np.ndarray, np
 
     Example:
         >>> [test.tolist() for _, test in kfold(6, 3, 0)]
-        [[0, 5], [1, 4], [2, 3]]
+        [[2, 3], [4, 5], [0, 1]]
     """
     if n_splits < 2 or n_splits > n:
         raise ValueError(f"`n_splits` must be in [2, n_queries={n}]; got {n_splits}")
