@@ -15,7 +15,7 @@ torch and transformers are imported only when features are computed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -154,9 +154,45 @@ class HiddenStateFeaturizer:
     def transform(self, queries: Sequence[Prompt]) -> np.ndarray:
         """Feature vectors of ``queries``: float32, shape ``(len(queries), spec.dim)``.
 
+        Each row is the mean of the pooled hidden states in ``layer_indices``.
+
         Raises:
             ValueError: A query encodes to no tokens, or ``queries`` is a bare string.
         """
+        return self._run(queries, (self.pooling,), stacked=False)
+
+    def transform_layers(
+        self, queries: Sequence[Prompt], *, poolings: Sequence[Pooling] | None = None
+    ) -> np.ndarray:
+        """Pooled hidden states per layer, one forward pass: shape ``(n, len(layer_indices), dim)``.
+
+        With ``poolings``, every hidden state is pooled each of those ways in the same pass, and
+        the shape is ``(n, len(poolings), len(layer_indices), dim)``.
+
+        ``out[:, j]`` is the pooled state of hidden state ``layer_indices[j]``; the mean over any
+        subset ``S`` of them is what a featurizer with ``layers=S`` (same pooling and template)
+        returns from :meth:`transform`, which lets a trainer choose layers from one pass
+        (see :class:`capgate.estimators.ProbeSearch`).
+
+        Example:
+            >>> from capgate.models import load_model
+            >>> featurizer = HiddenStateFeaturizer(load_model("default", device="cpu"), layers=[3, 4])
+            >>> featurizer.transform_layers(["What is 2+3?"]).shape
+            (1, 2, 576)
+            >>> featurizer.transform_layers(["What is 2+3?"], poolings=["last", "mean"]).shape
+            (1, 2, 2, 576)
+
+        Raises:
+            ValueError: A query encodes to no tokens, or ``queries`` is a bare string.
+        """
+        if poolings is None:
+            return self._run(queries, (self.pooling,), stacked=True)[:, 0]
+        for pooling in poolings:
+            if pooling not in ("last", "mean"):
+                raise ValueError(f"poolings must hold 'last' or 'mean'; got {pooling!r}")
+        return self._run(queries, tuple(poolings), stacked=True)
+
+    def _run(self, queries: Sequence[Prompt], poolings: tuple[Pooling, ...], *, stacked: bool) -> np.ndarray:
         import torch
 
         if isinstance(queries, str):
@@ -165,16 +201,30 @@ class HiddenStateFeaturizer:
         for index, ids in enumerate(encoded):
             if not ids:
                 raise ValueError(f"queries[{index}] encodes to no tokens")
-        features = np.empty((len(encoded), self.loaded.hidden_size), dtype=np.float32)
+        width = (len(poolings), len(self.layer_indices)) if stacked else ()
+        features = np.empty((len(encoded), *width, self.loaded.hidden_size), dtype=np.float32)
         # Similar lengths share a batch: less padding, same results.
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
-                features[chunk] = self._batch([encoded[i] for i in chunk])
+                pooled = self._batch([encoded[i] for i in chunk], poolings)
+                if stacked:
+                    n_layers = len(self.layer_indices)
+                    per_pooling = [
+                        torch.stack(pooled[j * n_layers : (j + 1) * n_layers], dim=1)
+                        for j in range(len(poolings))
+                    ]
+                    features[chunk] = torch.stack(per_pooling, dim=1).cpu().numpy()
+                else:
+                    total = pooled[0].clone()
+                    for state in pooled[1:]:
+                        total += state
+                    features[chunk] = (total / len(pooled)).cpu().numpy()
         return features
 
-    def _batch(self, batch: list[list[int]]) -> np.ndarray:
+    def _batch(self, batch: list[list[int]], poolings: tuple[Pooling, ...]) -> list[Any]:
+        """The pooled float32 states ``(len(batch), dim)``: per pooling, each of ``layer_indices``."""
         import torch
 
         width = max(len(ids) for ids in batch)
@@ -197,14 +247,14 @@ class HiddenStateFeaturizer:
         )
         states = outputs.hidden_states
         keep = mask.to(device=device, dtype=torch.bool).unsqueeze(-1)
-        total = torch.zeros((len(batch), self.loaded.hidden_size), dtype=torch.float32, device=device)
-        for index in self.layer_indices:
-            state = states[index].float()
-            if self.pooling == "last":
-                total += state[:, -1, :]
-            else:
-                # where(), not a product: padded positions may hold non-finite values.
-                summed = torch.where(keep, state, torch.zeros_like(state)).sum(dim=1)
-                total += summed / keep.sum(dim=1).clamp(min=1)
-        result: np.ndarray = (total / len(self.layer_indices)).cpu().numpy().astype(np.float32, copy=False)
-        return result
+        pooled: list[Any] = []
+        for pooling in poolings:
+            for index in self.layer_indices:
+                state = states[index].float()
+                if pooling == "last":
+                    pooled.append(state[:, -1, :])
+                else:
+                    # where(), not a product: padded positions may hold non-finite values.
+                    summed = torch.where(keep, state, torch.zeros_like(state)).sum(dim=1)
+                    pooled.append(summed / keep.sum(dim=1).clamp(min=1))
+        return pooled

@@ -25,6 +25,7 @@ from capgate.estimators import (
     LinearProbe,
     PlattCalibrator,
     ProbeEstimator,
+    ProbeSearch,
     Recalibrated,
     UniformRandom,
 )
@@ -38,6 +39,19 @@ def feature_data() -> Data:
     X = rng.normal(loc=3.0, scale=[1.0, 5.0, 0.2, 2.0, 1.0, 1.0], size=(300, 6)).astype(np.float32)
     mu = linear_capability(X, 8)
     return X[:240], sampled_mu_hat(mu[:240], 8, 9), X[240:]
+
+
+@cache
+def layered_data() -> Data:
+    """Per-layer features (n, 4 layers, 6): the signal lives in layers 1-2."""
+    rng = np.random.default_rng(21)
+    X = rng.normal(loc=1.0, size=(200, 4, 6)).astype(np.float32)
+    mu = linear_capability(X[:, 1:3].mean(axis=1), 22)
+    return X[:160], sampled_mu_hat(mu[:160], 8, 23), X[160:]
+
+
+def small_search(**settings: Any) -> ProbeSearch:
+    return ProbeSearch(**{"alphas": [1e-3, 1e-1, 10.0], "n_splits": 3, **settings})
 
 
 @cache
@@ -84,6 +98,14 @@ CASES = [
     Case(
         "linear-probe-raw", lambda: small_probe(standardize=False, lr=1e-3), feature_data, _load(LinearProbe)
     ),
+    Case("probe-search", small_search, feature_data, _load(ProbeSearch)),
+    Case("probe-search-layers", small_search, layered_data, _load(ProbeSearch)),
+    Case(
+        "probe-search-ensemble",
+        lambda: small_search(ensemble=True, standardize=[True, False], screen=2),
+        layered_data,
+        _load(ProbeSearch),
+    ),
     Case(
         "probe-estimator",
         lambda: ProbeEstimator(CharCountFeaturizer(), small_probe()),
@@ -126,8 +148,13 @@ def n_of(X: Sequence[Any] | np.ndarray) -> int:
 
 def learned_state(estimator: Any) -> dict[str, Any]:
     """Attributes ending in ``_`` of the estimator and of the estimators it wraps."""
-    state = {k: v for k, v in vars(estimator).items() if k.endswith("_") and not k.startswith("_")}
-    for part in ("probe", "calibrator"):
+    parts = ("probe", "calibrator", "best_estimator_")
+    state = {
+        k: v
+        for k, v in vars(estimator).items()
+        if k.endswith("_") and not k.startswith("_") and k not in parts
+    }
+    for part in parts:
         if hasattr(estimator, part):
             state.update({f"{part}.{k}": v for k, v in learned_state(getattr(estimator, part)).items()})
     return state

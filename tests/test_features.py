@@ -166,3 +166,20 @@ def test_docstring_examples_run(default_model_dir: object) -> None:
     result = doctest.testmod(capgate.features, raise_on_error=False)
     assert result.attempted >= 4
     assert result.failed == 0
+
+
+def test_transform_layers_is_every_layer_of_one_pass(tiny_model: LoadedModel) -> None:
+    featurizer = HiddenStateFeaturizer(tiny_model, batch_size=2)
+    per_layer = featurizer.transform_layers(QUERIES)
+    assert per_layer.shape == (len(QUERIES), tiny_model.num_hidden_layers + 1, tiny_model.hidden_size)
+    np.testing.assert_array_equal(per_layer.mean(axis=1, dtype=np.float32), featurizer.transform(QUERIES))
+    subset = HiddenStateFeaturizer(tiny_model, layers=[1, 2], batch_size=2)
+    np.testing.assert_allclose(
+        subset.transform(QUERIES), per_layer[:, 1:3].mean(axis=1), rtol=1e-6, atol=1e-6
+    )
+    both = featurizer.transform_layers(QUERIES, poolings=["last", "mean"])
+    np.testing.assert_array_equal(both[:, 0], per_layer)
+    mean_pooled = HiddenStateFeaturizer(tiny_model, pooling="mean", batch_size=2).transform_layers(QUERIES)
+    np.testing.assert_array_equal(both[:, 1], mean_pooled)
+    with pytest.raises(ValueError, match="poolings must hold"):
+        featurizer.transform_layers(QUERIES, poolings=["max"])  # type: ignore[list-item]

@@ -156,3 +156,57 @@ def sigmoid(z: FloatArray) -> FloatArray:
     ez = np.exp(z[~positive])
     out[~positive] = ez / (1.0 + ez)
     return out
+
+
+def fit_logistic_link(
+    z: FloatArray, y: FloatArray, w: FloatArray, *, l2: float = 0.0, max_iter: int = 100, tol: float = 1e-10
+) -> tuple[FloatArray, int, bool]:
+    """``(a, b)`` minimizing the weighted soft-target cross-entropy of ``sigmoid(a z + b)`` against
+    ``y`` (plus ``(l2/2) a²``), by damped Newton from ``(1, 0)``: Platt scaling on a score ``z``.
+
+    Returns:
+        ``(theta, n_iter, converged)`` with ``theta = [a, b]``.
+    """
+    design = np.stack([z, np.ones_like(z)], axis=1)
+    penalty = np.array([l2, 0.0])
+
+    def loss(theta: FloatArray) -> float:
+        t = design @ theta
+        # Soft-target cross-entropy, stable form: log(1 + e^t) - y t.
+        return float(np.sum(w * (np.logaddexp(0.0, t) - y * t)) + 0.5 * l2 * theta[0] ** 2)
+
+    theta = np.array([1.0, 0.0])
+    current = loss(theta)
+    total = float(w.sum())
+    converged, n_iter = False, 0
+    while n_iter < max_iter:
+        p = sigmoid(design @ theta)
+        grad = design.T @ (w * (p - y)) + penalty * theta
+        if np.max(np.abs(grad)) / total < tol:
+            converged = True
+            break
+        hess = (design * (w * p * (1 - p))[:, None]).T @ design + np.diag(penalty)
+        step = np.linalg.lstsq(hess + 1e-12 * total * np.eye(2), grad, rcond=None)[0]
+        decrement = float(grad @ step)  # twice the loss decrease Newton predicts
+        scale = 1.0
+        while scale > 1e-10:
+            candidate = theta - scale * step
+            value = loss(candidate)
+            if value <= current:
+                break
+            scale /= 2
+        else:
+            converged = True  # no step lowers the loss: optimal to machine precision
+            break
+        theta, current = candidate, value
+        n_iter += 1
+        if decrement / 2 <= 1e-12 * max(abs(current), 1e-12):
+            converged = True  # that step was below the loss's precision (Newton: quadratic)
+            break
+    return theta, n_iter, converged
+
+
+def settings_repr(name: str, params: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
+    """``Name(k=v, ...)`` with only the settings that differ from their defaults."""
+    changed = {k: v for k, v in params.items() if v != defaults.get(k)}
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"

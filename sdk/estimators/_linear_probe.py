@@ -27,6 +27,7 @@ from capgate.estimators._common import (
     check_fitted,
     get_field,
     read_json,
+    settings_repr,
     sigmoid,
     spec_as_dict,
     write_json,
@@ -180,9 +181,7 @@ class LinearProbe:
         }
 
     def __repr__(self) -> str:
-        defaults = LinearProbe().get_params()
-        changed = {k: v for k, v in self.get_params().items() if v != defaults[k]}
-        return f"LinearProbe({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+        return settings_repr("LinearProbe", self.get_params(), LinearProbe().get_params())
 
     # ------------------------------------------------------------------ fitting
 

@@ -1,8 +1,9 @@
 """Precomputed features on disk: fit and evaluate probes without loading a model.
 
 A feature file ``NAME.npz`` holds two arrays, ``ids`` (query ids, unicode) and ``features``
-(float32, one row per id); its sidecar ``NAME.spec.json`` holds the feature spec (model id,
-weights fingerprint, layers, pooling, chat template, dim). Both load without pickle.
+(float32, one row per id: a vector, or one vector per layer); its sidecar ``NAME.spec.json``
+holds the feature spec (model id, weights fingerprint, layers, pooling, chat template,
+dim). Both load without pickle.
 
 :func:`featurize_to` computes such a file with a featurizer, resumably: each finished batch is
 written atomically under ``NAME.npz.parts/``, a rerun after a crash or kill featurizes only what
@@ -50,7 +51,9 @@ class StoredFeatures:
     Attributes:
         path: The ``.npz`` file.
         ids: Query ids, one per row.
-        features: Float32 matrix, shape ``(len(ids), dim)``.
+        features: Float32 array, shape ``(len(ids), dim)``, or ``(len(ids), n_layers, dim)`` for
+            per-layer features (a featurizer whose ``transform`` returns
+            :meth:`~capgate.features.HiddenStateFeaturizer.transform_layers`).
         spec: The feature spec from the sidecar (JSON-able dict).
     """
 
@@ -104,15 +107,16 @@ def save_features(
     _write_npz(target, id_list, matrix)
     write_json(
         spec_path(target),
-        {"format": _SPEC_FORMAT, "spec": spec_dict, "n": len(id_list), "dim": int(matrix.shape[1])},
+        {"format": _SPEC_FORMAT, "spec": spec_dict, "n": len(id_list), "dim": int(matrix.shape[-1])},
     )
     return target
 
 
 def _check_arrays(path: Path, ids: list[str], matrix: npt.NDArray[np.float32], spec: dict[str, Any]) -> None:
-    if matrix.ndim != 2 or matrix.shape[0] != len(ids) or matrix.shape[0] == 0:
+    if matrix.ndim not in (2, 3) or matrix.shape[0] != len(ids) or matrix.shape[0] == 0:
         raise DataError(
-            f"features must have shape (n_ids, dim) with n_ids = {len(ids)} > 0; got {matrix.shape}",
+            "features must have shape (n_ids, dim) or (n_ids, n_layers, dim) with "
+            f"n_ids = {len(ids)} > 0; got {matrix.shape}",
             path=path,
             field="features",
         )
@@ -121,12 +125,12 @@ def _check_arrays(path: Path, ids: list[str], matrix: npt.NDArray[np.float32], s
         if qid in seen:
             raise DataError(f"duplicate id {qid!r}", path=path, field="ids")
         seen.add(qid)
-    bad = np.flatnonzero(~np.all(np.isfinite(matrix), axis=1))
+    bad = np.flatnonzero(~np.all(np.isfinite(matrix.reshape(matrix.shape[0], -1)), axis=1))
     if bad.size:
         raise DataError(f"non-finite features for id {ids[int(bad[0])]!r}", path=path, field="features")
     dim = spec.get("dim")
-    if isinstance(dim, int) and dim != matrix.shape[1]:
-        raise DataError(f"spec says dim={dim} but features have {matrix.shape[1]} columns", path=path)
+    if isinstance(dim, int) and dim != matrix.shape[-1]:
+        raise DataError(f"spec says dim={dim} but features have {matrix.shape[-1]} columns", path=path)
 
 
 def _write_npz(target: Path, ids: list[str], matrix: npt.NDArray[np.float32]) -> None:
@@ -169,7 +173,7 @@ def load_features(path: str | os.PathLike[str]) -> StoredFeatures:
     if not isinstance(spec, dict):
         raise DataError(f"expected an object; got {spec!r}", path=sidecar, field="spec")
     _check_arrays(target, ids, features, spec)
-    for key, value in (("n", len(ids)), ("dim", int(features.shape[1]))):
+    for key, value in (("n", len(ids)), ("dim", int(features.shape[-1]))):
         if meta.get(key) != value:
             raise DataError(
                 f"sidecar says {meta.get(key)!r} but {target.name} has {value}", path=sidecar, field=key
@@ -254,7 +258,7 @@ def featurize_to(
     for start in range(0, len(todo), batch_size):
         batch = todo[start : start + batch_size]
         rows = np.asarray(featurizer.transform([queries[i] for i in batch]), dtype=np.float32)
-        if rows.ndim != 2 or rows.shape[0] != len(batch):
+        if rows.ndim not in (2, 3) or rows.shape[0] != len(batch):
             raise ValueError(f"featurizer returned shape {rows.shape} for {len(batch)} queries")
         batch_ids = [id_list[i] for i in batch]
         _write_npz(parts / f"{_PART_PREFIX}{next_part:06d}.npz", batch_ids, rows)

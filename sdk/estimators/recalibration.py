@@ -26,6 +26,7 @@ from capgate.estimators._common import (
     as_vector,
     check_fitted,
     check_weights,
+    fit_logistic_link,
     get_field,
     read_json,
     sigmoid,
@@ -302,42 +303,9 @@ class PlattCalibrator:
         y = as_vector(mu, name="mu", n=c.shape[0], unit=True)
         w = check_weights(sample_weight, c.shape[0])
         z = _logit(c, self.eps)
-        design = np.stack([z, np.ones_like(z)], axis=1)
-        penalty = np.array([self.l2, 0.0])
-
-        def loss(theta: FloatArray) -> float:
-            t = design @ theta
-            # Soft-target cross-entropy, stable form: log(1 + e^t) - y t.
-            return float(np.sum(w * (np.logaddexp(0.0, t) - y * t)) + 0.5 * self.l2 * theta[0] ** 2)
-
-        theta = np.array([1.0, 0.0])
-        current = loss(theta)
-        total = float(w.sum())
-        converged, n_iter = False, 0
-        while n_iter < self.max_iter:
-            p = sigmoid(design @ theta)
-            grad = design.T @ (w * (p - y)) + penalty * theta
-            if np.max(np.abs(grad)) / total < self.tol:
-                converged = True
-                break
-            hess = (design * (w * p * (1 - p))[:, None]).T @ design + np.diag(penalty)
-            step = np.linalg.lstsq(hess + 1e-12 * total * np.eye(2), grad, rcond=None)[0]
-            decrement = float(grad @ step)  # twice the loss decrease Newton predicts
-            scale = 1.0
-            while scale > 1e-10:
-                candidate = theta - scale * step
-                value = loss(candidate)
-                if value <= current:
-                    break
-                scale /= 2
-            else:
-                converged = True  # no step lowers the loss: optimal to machine precision
-                break
-            theta, current = candidate, value
-            n_iter += 1
-            if decrement / 2 <= 1e-12 * max(abs(current), 1e-12):
-                converged = True  # that step was below the loss's precision (Newton: quadratic)
-                break
+        theta, n_iter, converged = fit_logistic_link(
+            z, y, w, l2=self.l2, max_iter=self.max_iter, tol=self.tol
+        )
         if not converged:
             warnings.warn(
                 f"PlattCalibrator did not converge in {self.max_iter} Newton steps (separable data?); "
