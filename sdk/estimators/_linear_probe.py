@@ -322,7 +322,7 @@ class LinearProbe:
         self.best_epoch_ = best.best_epoch
         self.n_epochs_ = best.epochs_run
         self.feature_spec_ = spec
-        self.target_ = _as_target(target)
+        self.target_ = as_target(target)
         self.training_: dict[str, Any] = {
             "n": int(y_tr.shape[0]),
             "mean_mu_hat": float(y_tr.mean()),
@@ -389,7 +389,9 @@ class LinearProbe:
             "n_epochs": self.n_epochs_,
             "training": self.training_,
             "validation": self.validation_,
-            "target": None if self.target_ is None else self.target_.model_dump(mode="json"),
+            "target": None
+            if (target := getattr(self, "target_", None)) is None
+            else target.model_dump(mode="json"),
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -481,7 +483,7 @@ class LinearProbe:
             raise DataError(f"expected an object or null; got {spec!r}", path=meta_path, field="feature_spec")
         probe.feature_spec_ = spec
         try:
-            probe.target_ = _as_target(meta.get("target"))
+            probe.target_ = as_target(meta.get("target"))
         except (TypeError, ValueError) as exc:
             raise DataError(f"not a probe target: {exc}", path=meta_path, field="target") from None
         probe.training_ = dict(get_field(meta, "training", dict, meta_path))
@@ -489,7 +491,12 @@ class LinearProbe:
         return probe
 
 
-def _as_target(value: object) -> ProbeTarget | None:
+def _target_json(target: ProbeTarget | None) -> dict[str, Any] | None:
+    return None if target is None else target.model_dump(mode="json")
+
+
+def as_target(value: object) -> ProbeTarget | None:
+    """``value`` as a :class:`ProbeTarget` (a mapping is validated), or ``None``."""
     if value is None or isinstance(value, ProbeTarget):
         return value
     if isinstance(value, Mapping):

@@ -37,7 +37,8 @@ from capgate.estimators._convex import (
     ridge_path,
     zscore,
 )
-from capgate.estimators._linear_probe import LinearProbe
+from capgate.estimators._linear_probe import LinearProbe, as_target
+from capgate.estimators._target import ProbeTarget
 
 __all__ = ["DEFAULT_ALPHAS", "ProbeSearch", "Solver"]
 
@@ -237,6 +238,7 @@ class ProbeSearch:
         *,
         feature_spec: object | None = None,
         source: str | None = None,
+        target: ProbeTarget | Mapping[str, Any] | None = None,
     ) -> ProbeSearch:
         """Choose the probe's recipe by inner CV on ``(X, y)`` and refit it on all of them.
 
@@ -248,6 +250,8 @@ class ProbeSearch:
                 its ``layers`` name the hidden state of each position along axis 1); the chosen
                 probe records it with ``layers`` narrowed to the chosen ones.
             source: Where the labels came from, for the saved training summary.
+            target: The model the labels measure (:class:`~capgate.estimators.ProbeTarget`),
+                recorded as the chosen probe's ``target_``.
 
         Returns:
             ``self``.
@@ -302,6 +306,7 @@ class ProbeSearch:
         self.best_estimator_ = self._final_probe(
             features, mu, folds, config, links[config], spec, source, chosen
         )
+        self.best_estimator_.target_ = as_target(target)
         return self
 
     def _hidden_indices(self, spec: dict[str, Any] | None, features: np.ndarray) -> list[int] | None:
