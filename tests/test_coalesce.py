@@ -26,7 +26,9 @@ def test_calls_that_arrive_during_a_batch_run_together_next() -> None:
     first.start()
     while not sizes:
         time.sleep(0.001)
-    others = [threading.Thread(target=lambda i=i: results.setdefault(i, coalesce([i, 10 * i]))) for i in (1, 2, 3)]
+    others = [
+        threading.Thread(target=lambda i=i: results.setdefault(i, coalesce([i, 10 * i]))) for i in (1, 2, 3)
+    ]
     for thread in others:
         thread.start()
     while len(coalesce._queue) < 3:
