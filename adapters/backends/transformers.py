@@ -21,6 +21,11 @@ the response (the EOS token, or the token that completed a stop string); ``token
 string (nor anything after it). ``finish_reason`` is ``"stop"`` (EOS or a stop string) or
 ``"length"`` (``max_tokens`` reached).
 
+Shared prefill: when a :class:`~capgate.features.HiddenStateFeaturizer` of the same model (same
+weights, device and dtype) has just read a prompt, as a probe does before the gate lets the call
+through, generation continues from that pass's KV cache and logits instead of running the prompt
+again (:mod:`capgate._prefill`); the tokens drawn are the same, only the work differs.
+
 ``seed`` makes a call reproducible for the same prompts, parameters and ``max_batch_size`` on the
 same hardware; the global torch RNG is left as it was.
 """
