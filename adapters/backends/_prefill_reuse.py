@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from capgate._prefill import PrefillEntry, prefill_cache
@@ -87,7 +88,9 @@ def stage_prefill(
 def _serve(staged: Staged, kwargs: dict[str, Any]) -> CausalLMOutputWithPast | None:
     cache = kwargs.get("cache")
     ids = kwargs.get("input_ids")
-    if cache is None or ids is None or cache.get_seq_length() != 0 or not torch.equal(ids, staged.input_ids):
+    if type(cache) is not DynamicCache or ids is None or not torch.equal(ids, staged.input_ids):
+        return None  # only generate's own fresh dynamic cache, for exactly these ids
+    if cache.get_seq_length() != 0:
         return None
     for index, (keys, values) in enumerate(zip(staged.keys, staged.values, strict=True)):
         cache.update(keys, values, index)
