@@ -1,20 +1,27 @@
-"""Overhead of gating: wall time of a gated LLM call over the same call ungated.
+"""Overhead of gating: wall time of a gated LLM call over the same call ungated, and batching.
 
 Measures, side by side in one run, on real questions (the held-out prompts shipped with the
 default model's labels):
 
-* local path: ``ask(prompt)`` = one greedy answer (max 24 tokens) from the embedded
+* local path: ``ask(prompt)`` = one greedy answer (max 24, then 128 tokens) from the embedded
   SmolLM2-135M-Instruct through ``TransformersBackend``; gated = ``capgate.guard`` with the
-  shipped probe (one extra prefill to read the hidden states) and an always-answer policy, so
-  the ratio is the estimate + decision cost alone. The probe does not yet share the prefill
-  with generation (it runs its own forward pass), so this is the unshared cost.
-* remote path (``--server URL``): the same ``ask`` through ``OpenAIBackend`` against an
-  OpenAI-compatible server (the CI's vLLM CPU server), gated by the verbalized estimator (one
-  extra completion per call, up to 3 on unparsable replies).
+  shipped probe (``load_estimator("default")``, loaded apart from the backend as the README
+  does) and an always-answer policy, so the ratio is the estimate + decision cost alone. Two
+  gated paths: *standalone probe* (the shared prefill switched off: the probe runs its own
+  forward pass, then generation runs the prompt again) and *shared prefill* (the default: the
+  probe's pass keeps the KV cache and generation continues from it). For each question the three
+  calls alternate (ungated, standalone, shared; the prefill cache is emptied before each), and
+  the table prints median seconds per call and the ratio of medians.
+* batching: queries/s of the probe for 1, 8 and 32 queries: one by one (``estimate_one`` in a
+  loop), as one list (``estimate``), and as a fan-out (one ``Gate.assess`` per thread, the way a
+  LangGraph ``Send`` fan-out or a LangChain ``abatch`` calls it; concurrent calls coalesce).
+* remote path (``--server URL``, not with ``--local``): the same ``ask`` through
+  ``OpenAIBackend`` against an OpenAI-compatible server (the CI's vLLM CPU server), gated by the
+  verbalized estimator.
 
-Calls alternate gated / ungated per question to share machine noise; the table prints median
-seconds per call and the ratio of medians. Run: ``python bench/overhead_bench.py [--server URL
---served-model NAME] [--questions N]``.
+Run: ``python bench/overhead_bench.py [--local] [--questions N] [--server URL --served-model
+NAME]``. The last line is ``overhead: local R1× (24 tok) R2× (128 tok)`` (shared-prefill path),
+followed by ``; verbalized R3×; calls/query C`` when a server was measured.
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from capgate import guard
+from capgate import Gate, guard
 from capgate.backend import Backend, SamplingParams
 from capgate.demo import demo_questions
 from capgate.estimators.base import CapabilityEstimator
@@ -33,31 +42,80 @@ from capgate.policies import Policy
 ALWAYS_ANSWER = Policy.from_yaml_text(
     "version: 1\nname: always-answer\nbands:\n  - action: answer\non_degraded: answer\n", source="bench"
 )
+ROW = "{:<52} {:>10} {:>10} {:>9}"
 
 
-def ask_with(backend: Backend) -> Callable[[str], str]:
+def ask_with(backend: Backend, max_tokens: int) -> Callable[[str], str]:
     def ask(prompt: str) -> str:
-        params = SamplingParams(n=1, temperature=0.0, max_tokens=24)
+        params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
         return backend.generate([prompt], params)[0][0].text
 
     return ask
 
 
-def measure(name: str, ask: Callable[[str], str], estimator: CapabilityEstimator, prompts: list[str]) -> None:
+def timed(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def measure_local(backend: Any, estimator: Any, prompts: list[str], max_tokens: int) -> float:
+    """Ungated vs standalone-probe vs shared-prefill gated calls; returns the shared ratio."""
+    from capgate._prefill import prefill_cache
+
+    cache = prefill_cache(backend.loaded)
+    ask = ask_with(backend, max_tokens)
+    gated = guard(policy=ALWAYS_ANSWER, estimator=estimator)(ask)
+
+    def standalone(prompt: str) -> None:
+        cache.enabled = False
+        try:
+            gated(prompt)
+        finally:
+            cache.enabled = True
+
+    paths: dict[str, Callable[[str], Any]] = {"ungated": ask, "standalone": standalone, "shared": gated}
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    for prompt in [prompts[0], *prompts]:  # the first round warms every path up
+        for name, call in paths.items():
+            cache.clear()
+            times[name].append(timed(lambda call=call, prompt=prompt: call(prompt)))
+    medians = {name: statistics.median(values[1:]) for name, values in times.items()}
+    plain = medians["ungated"]
+    for name, label in (("standalone", "probe (own prefill)"), ("shared", "probe (shared prefill)")):
+        gate = medians[name]
+        print(ROW.format(f"local {max_tokens} tok: {label} + policy", f"{plain:.3f}", f"{gate:.3f}",
+                         f"{gate / plain:.2f}x"))  # fmt: skip
+    return medians["shared"] / plain
+
+
+def measure_batching(estimator: CapabilityEstimator, prompts: list[str]) -> None:
+    """Queries/s of the probe for 1, 8 and 32 queries, three ways."""
+    gate = Gate(policy=ALWAYS_ANSWER, estimator=estimator)
+    print(f"{'probe queries/s':<26} {'n':>4} {'one by one':>11} {'one list':>10} {'fan-out':>9}")
+    for n in (1, 8, 32):
+        queries = [prompts[i % len(prompts)] for i in range(n)]
+        estimator.estimate(queries)  # warm-up
+        alone = timed(lambda queries=queries: [estimator.estimate_one(q) for q in queries])
+        listed = timed(lambda queries=queries: estimator.estimate(queries))
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            fanned = timed(lambda queries=queries, pool=pool: list(pool.map(gate.assess, queries)))
+        print(f"{'':<26} {n:>4} {n / alone:>11.1f} {n / listed:>10.1f} {n / fanned:>9.1f}")
+
+
+def measure_remote(ask: Callable[[str], str], estimator: CapabilityEstimator, prompts: list[str]) -> float:
     gated = guard(policy=ALWAYS_ANSWER, estimator=estimator)(ask)
     ask(prompts[0])  # warm-up both paths once
     gated(prompts[0])
     plain_s: list[float] = []
     gated_s: list[float] = []
     for prompt in prompts:
-        start = time.perf_counter()
-        ask(prompt)
-        plain_s.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        gated(prompt)
-        gated_s.append(time.perf_counter() - start)
+        plain_s.append(timed(lambda prompt=prompt: ask(prompt)))
+        gated_s.append(timed(lambda prompt=prompt: gated(prompt)))
     plain, gate = statistics.median(plain_s), statistics.median(gated_s)
-    print(f"{name:<44} {plain:>10.3f} {gate:>10.3f} {gate / plain:>8.2f}x")
+    print(ROW.format("remote: verbalized confidence + policy", f"{plain:.3f}", f"{gate:.3f}",
+                     f"{gate / plain:.2f}x"))  # fmt: skip
+    return gate / plain
 
 
 def main() -> None:
@@ -65,31 +123,39 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--questions", type=int, default=12)
+    parser.add_argument("--local", action="store_true", help="only the local part (no server needed)")
     parser.add_argument("--server", help="OpenAI-compatible base URL for the remote path")
     parser.add_argument("--served-model", help="model name on the server")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     args = parser.parse_args()
     prompts = [q.prompt for q in demo_questions(args.questions, seed=1)]
-    print(f"data: {len(prompts)} held-out prompts from the shipped SmolLM2 labels; greedy, max 24 tokens")
-    print(f"{'path':<44} {'ungated s':>10} {'gated s':>10} {'ratio':>9}")
+    print(f"data: {len(prompts)} held-out prompts from the shipped SmolLM2 labels; greedy answers")
 
     import torch
 
     from capgate.adapters.backends.transformers import load_backend
     from capgate.loading import load_estimator
 
-    torch.set_num_threads(2)
-    measure("local: probe (own prefill) + policy", ask_with(load_backend("default", device="cpu")),
-            load_estimator("default", device="cpu"), prompts)  # fmt: skip
-    if args.server:
+    torch.set_num_threads(args.threads)
+    backend = load_backend("default", device="cpu")
+    estimator = load_estimator("default", device="cpu")
+    print(ROW.format("path", "ungated s", "gated s", "ratio"))
+    short = measure_local(backend, estimator, prompts, 24)
+    long = measure_local(backend, estimator, prompts, 128)
+    measure_batching(estimator, prompts)
+    line = f"overhead: local {short:.2f}× (24 tok) {long:.2f}× (128 tok)"
+    if args.server and not args.local:
         from capgate.adapters.backends.openai import OpenAIBackend
         from capgate.estimators import VerbalizedConfidence
 
         remote = OpenAIBackend(
             args.served_model or "default", base_url=args.server, api_key="none", timeout=300.0
         )
-        measure(
-            "remote: verbalized confidence + policy", ask_with(remote), VerbalizedConfidence(remote), prompts
-        )
+        verbalized = VerbalizedConfidence(remote)
+        ratio = measure_remote(ask_with(remote, 24), verbalized, prompts)
+        calls = statistics.mean(e.cost.calls for e in verbalized.estimate(prompts))
+        line += f"; verbalized {ratio:.2f}×; calls/query {calls:.2f}"
+    print(line)
 
 
 if __name__ == "__main__":

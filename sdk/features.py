@@ -20,6 +20,8 @@ from typing import Any, Literal, TypeAlias
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from capgate._coalesce import Coalescer
+from capgate._prefill import keep_prefill, prefill_cache, reusable
 from capgate.backend import Prompt
 from capgate.models import LoadedModel
 
@@ -114,6 +116,7 @@ class HiddenStateFeaturizer:
         self.chat_template = chat_template
         self.batch_size = batch_size
         self.layer_indices: tuple[int, ...] = self._resolve_layers(layers)
+        self._coalescer: Coalescer[list[int], np.ndarray] = Coalescer(self._features)
 
     def _resolve_layers(self, layers: Literal["all"] | Sequence[int]) -> tuple[int, ...]:
         n_states = self.loaded.num_hidden_layers + 1
@@ -159,7 +162,11 @@ class HiddenStateFeaturizer:
         Raises:
             ValueError: A query encodes to no tokens, or ``queries`` is a bare string.
         """
-        return self._run(queries, (self.pooling,), stacked=False)
+        encoded = self._encode(queries)
+        if not encoded:
+            return np.empty((0, self.loaded.hidden_size), dtype=np.float32)
+        # Concurrent calls (a fan-out's threads) share batched forward passes.
+        return np.stack(self._coalescer(encoded))
 
     def transform_layers(
         self, queries: Sequence[Prompt], *, poolings: Sequence[Pooling] | None = None
@@ -186,21 +193,28 @@ class HiddenStateFeaturizer:
             ValueError: A query encodes to no tokens, or ``queries`` is a bare string.
         """
         if poolings is None:
-            return self._run(queries, (self.pooling,), stacked=True)[:, 0]
+            return self._run(self._encode(queries), (self.pooling,), stacked=True)[:, 0]
         for pooling in poolings:
             if pooling not in ("last", "mean"):
                 raise ValueError(f"poolings must hold 'last' or 'mean'; got {pooling!r}")
-        return self._run(queries, tuple(poolings), stacked=True)
+        return self._run(self._encode(queries), tuple(poolings), stacked=True)
 
-    def _run(self, queries: Sequence[Prompt], poolings: tuple[Pooling, ...], *, stacked: bool) -> np.ndarray:
-        import torch
-
+    def _encode(self, queries: Sequence[Prompt]) -> list[list[int]]:
         if isinstance(queries, str):
             raise TypeError("queries must be a sequence of queries; wrap a single query in a list")
         encoded = [self.loaded.prompt_ids(q, chat_template=self.chat_template) for q in queries]
         for index, ids in enumerate(encoded):
             if not ids:
                 raise ValueError(f"queries[{index}] encodes to no tokens")
+        return encoded
+
+    def _features(self, encoded: list[list[int]]) -> np.ndarray:
+        """The coalescer's batch function: one row per encoded query (the :meth:`transform` rows)."""
+        return self._run(encoded, (self.pooling,), stacked=False)
+
+    def _run(self, encoded: list[list[int]], poolings: tuple[Pooling, ...], *, stacked: bool) -> np.ndarray:
+        import torch
+
         width = (len(poolings), len(self.layer_indices)) if stacked else ()
         features = np.empty((len(encoded), *width, self.loaded.hidden_size), dtype=np.float32)
         # Similar lengths share a batch: less padding, same results.
@@ -237,14 +251,18 @@ class HiddenStateFeaturizer:
         # positions as the query alone.
         position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
         device = self.loaded.model.device
+        # The same pass fills the KV cache when the model may answer next (the shared prefill).
+        shared = prefill_cache(self.loaded)
         outputs = self.loaded.model(
             input_ids=input_ids.to(device),
             attention_mask=mask.to(device),
             position_ids=position_ids.to(device),
             output_hidden_states=True,
-            use_cache=False,
-            logits_to_keep=1,  # the features need no logits; skip most of the LM head
+            use_cache=shared.enabled,
+            logits_to_keep=1,  # the last position's logits only: what an answer's first token needs
         )
+        if shared.enabled and reusable(outputs.cache):
+            keep_prefill(shared, batch, outputs.cache, outputs.logits)
         states = outputs.hidden_states
         keep = mask.to(device=device, dtype=torch.bool).unsqueeze(-1)
         pooled: list[Any] = []

@@ -21,6 +21,11 @@ the response (the EOS token, or the token that completed a stop string); ``token
 string (nor anything after it). ``finish_reason`` is ``"stop"`` (EOS or a stop string) or
 ``"length"`` (``max_tokens`` reached).
 
+Shared prefill: when a :class:`~capgate.features.HiddenStateFeaturizer` of the same model (same
+weights, device and dtype) has just read a prompt, as a probe does before the gate lets the call
+through, generation continues from that pass's KV cache and logits instead of running the prompt
+again (:mod:`capgate._prefill`); the tokens drawn are the same, only the work differs.
+
 ``seed`` makes a call reproducible for the same prompts, parameters and ``max_batch_size`` on the
 same hardware; the global torch RNG is left as it was.
 """
@@ -42,6 +47,8 @@ from transformers import (
     StoppingCriteriaList,
 )
 
+from capgate._prefill import prefill_cache
+from capgate.adapters.backends._prefill_reuse import reuse_prefill, stage_prefill
 from capgate.backend import EndpointKind, Generation, Prompt, SamplingParams, TokenLogprob
 from capgate.models import DEFAULT_MODEL, Device, DType, LoadedModel, load_model
 
@@ -126,6 +133,7 @@ class TransformersBackend:
             raise ValueError(f"max_batch_size must be a positive integer; got {max_batch_size!r}")
         self.loaded = loaded
         self.max_batch_size = max_batch_size
+        prefill_cache(loaded).enable()  # featurizers of this model now keep their prefill for us
 
     @classmethod
     def from_pretrained(
@@ -223,13 +231,15 @@ class TransformersBackend:
         criteria = StoppingCriteriaList()
         if params.stop:
             criteria.append(_StopOnStrings(self.loaded.tokenizer, params.stop, width))
-        sequences = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            generation_config=self._generation_config(params),
-            logits_processor=LogitsProcessorList([recorder]),
-            stopping_criteria=criteria,
-        )
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        with reuse_prefill(model, stage_prefill(self.loaded, batch, input_ids)):
+            sequences = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=self._generation_config(params),
+                logits_processor=LogitsProcessorList([recorder]),
+                stopping_criteria=criteria,
+            )
         generated = sequences[:, width:]
         chosen = recorder.finish(sequences).cpu()
         if chosen.shape != generated.shape:  # pragma: no cover - a transformers contract change

@@ -11,7 +11,6 @@ into the flow.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from capgate import _twins as twins
 from capgate.gate._results import Sampled, Verdict
+from capgate.messages import as_query
 
 if TYPE_CHECKING:
     from capgate.gate._gate import Gate
@@ -62,16 +62,36 @@ class Assess(Effect):
 class AssessEach(Effect):
     """Several assessments, each by its own gate (view): a list of verdicts, in order.
 
-    The async path runs them concurrently.
+    The queries that share an estimator are estimated in one batched call (one batched forward
+    pass for a probe), then each gate decides on its own query's estimate.
     """
 
     items: Sequence[tuple[Gate, object]]
 
     def run(self) -> list[Verdict]:
-        return [gate.assess(query) for gate, query in self.items]
+        return twins.drive(self._plan(), lambda ask: ask[0].estimate(ask[1]))
 
     async def arun(self) -> list[Verdict]:
-        return list(await asyncio.gather(*(gate.aassess(query) for gate, query in self.items)))
+        return await twins.adrive(self._plan(), lambda ask: ask[0].aestimate(ask[1]))
+
+    def _plan(self) -> twins.Plan[list[Verdict]]:
+        asked = [(gate, as_query(query), gate.resolve_estimator()) for gate, query in self.items]
+        groups: dict[int, list[int]] = {}
+        for index, (_, _, estimator) in enumerate(asked):
+            groups.setdefault(id(estimator), []).append(index)
+        verdicts: dict[int, Verdict] = {}
+        for indices in groups.values():
+            estimator = asked[indices[0]][2]
+            estimates = yield estimator, [asked[i][1] for i in indices]
+            if not isinstance(estimates, list) or len(estimates) != len(indices):
+                raise TypeError(
+                    f"{type(estimator).__name__}.estimate(queries) must return one Estimate per query; "
+                    f"got {estimates!r} for {len(indices)} queries"
+                )
+            for i, estimate in zip(indices, estimates, strict=True):
+                gate, query, _ = asked[i]
+                verdicts[i] = gate._verdict(query, [estimate], estimator)
+        return [verdicts[i] for i in range(len(asked))]
 
 
 @dataclass(frozen=True)
