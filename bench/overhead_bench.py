@@ -103,7 +103,9 @@ def measure_batching(estimator: CapabilityEstimator, prompts: list[str]) -> None
         print(f"{'':<26} {n:>4} {n / alone:>11.1f} {n / listed:>10.1f} {n / fanned:>9.1f}")
 
 
-def measure_remote(ask: Callable[[str], str], estimator: CapabilityEstimator, prompts: list[str]) -> float:
+def measure_remote(
+    ask: Callable[[str], str], estimator: CapabilityEstimator, prompts: list[str], label: str
+) -> float:
     gated = guard(policy=ALWAYS_ANSWER, estimator=estimator)(ask)
     ask(prompts[0])  # warm-up both paths once
     gated(prompts[0])
@@ -113,7 +115,7 @@ def measure_remote(ask: Callable[[str], str], estimator: CapabilityEstimator, pr
         plain_s.append(timed(lambda prompt=prompt: ask(prompt)))
         gated_s.append(timed(lambda prompt=prompt: gated(prompt)))
     plain, gate = statistics.median(plain_s), statistics.median(gated_s)
-    print(ROW.format("remote: verbalized confidence + policy", f"{plain:.3f}", f"{gate:.3f}",
+    print(ROW.format(f"remote: {label} + policy", f"{plain:.3f}", f"{gate:.3f}",
                      f"{gate / plain:.2f}x"))  # fmt: skip
     return gate / plain
 
@@ -151,9 +153,14 @@ def main() -> None:
         remote = OpenAIBackend(
             args.served_model or "default", base_url=args.server, api_key="none", timeout=300.0
         )
-        verbalized = VerbalizedConfidence(remote)
-        ratio = measure_remote(ask_with(remote, 24), verbalized, prompts)
-        calls = statistics.mean(e.cost.calls for e in verbalized.estimate(prompts))
+        # Free-text \\boxed{P} (before section 3 of issue 11) beside structured output (JSON schema).
+        for label, structured in (("verbalized, free text", False), ("verbalized, structured", True)):
+            verbalized = VerbalizedConfidence(remote, structured=structured)
+            ratio = measure_remote(ask_with(remote, 24), verbalized, prompts, label)
+            estimates = verbalized.estimate(prompts)
+            calls = statistics.mean(e.cost.calls for e in estimates)
+            parsed = statistics.mean(e.p is not None and e.details.get("tries") == 1 for e in estimates)
+            print(f"{label:<40} calls/query {calls:.2f}; parsed on the first try {parsed:.0%}")
         line += f"; verbalized {ratio:.2f}×; calls/query {calls:.2f}"
     print(line)
 

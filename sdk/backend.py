@@ -9,7 +9,7 @@ Implementations live in :mod:`capgate.adapters`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol, TypeAlias, TypedDict, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, TypedDict, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -75,6 +75,9 @@ class SamplingParams(BaseModel):
         logprobs: Return the log-probability of each generated token.
         top_logprobs: Also return this many alternatives per position (requires ``logprobs``).
         stop: Stop strings.
+        json_schema: Ask for a reply that is JSON valid for this schema (structured output), where
+            the backend supports it (an OpenAI-compatible server: ``response_format``); other
+            backends sample free text, so callers still parse defensively.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -87,6 +90,7 @@ class SamplingParams(BaseModel):
     logprobs: bool = False
     top_logprobs: int = Field(default=0, ge=0, le=20)
     stop: tuple[str, ...] = ()
+    json_schema: dict[str, Any] | None = None
 
 
 class TokenLogprob(BaseModel):

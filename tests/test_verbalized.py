@@ -162,3 +162,41 @@ def test_settings_are_checked() -> None:
     with pytest.raises(TypeError, match="generate"):
         VerbalizedConfidence(object())  # type: ignore[arg-type]
     assert "{question}" in VERBALIZED_TEMPLATE
+
+
+def test_structured_reply_parses_on_the_first_try_and_falls_back_to_free_text() -> None:
+    from capgate.estimators.verbalized import PROBABILITY_SCHEMA
+
+    replies = iter(['{"probability": 0.35}', "Sure. \\boxed{0.6}", '{"probability": 7}', "\\boxed{0.2}"])
+    backend = ScriptedBackend(lambda text, params: [gen(next(replies))])
+    estimator = VerbalizedConfidence(backend, structured=True)
+    first, second = estimator.estimate(["2+2?", "3+3?"])
+    assert (first.p, first.details["tries"]) == (0.35, 1)
+    assert (second.p, second.details["tries"]) == (0.6, 1)  # not JSON: read as free text
+    prompts, params = backend.calls[0]
+    assert params.json_schema == PROBABILITY_SCHEMA
+    assert '{"probability": P}' in as_messages(prompts[0])[-1]["content"]
+    assert "boxed" not in as_messages(prompts[0])[-1]["content"]
+    retried = estimator.estimate_one("4+4?")  # out of range JSON is re-asked, never clipped
+    assert retried.p == 0.2
+    assert retried.details["failures"][0].startswith("try 1:")
+    with pytest.raises(ValueError, match="`structured` must be True or False"):
+        VerbalizedConfidence(backend, structured="yes")  # type: ignore[arg-type]
+
+
+def test_structured_output_becomes_the_servers_response_format() -> None:
+    from capgate.adapters.openai import OpenAIBackend
+
+    backend = OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", api_key="x")
+    schema = {"type": "object", "properties": {"probability": {"type": "number"}}}
+    chat = backend.build_request([{"role": "user", "content": "Hi"}], SamplingParams(json_schema=schema))
+    assert chat["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "capgate_reply", "schema": schema, "strict": True},
+    }
+    assert "response_format" not in backend.build_request(
+        [{"role": "user", "content": "Hi"}], SamplingParams()
+    )
+    responses = OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", api_key="x", api="responses")
+    built = responses.build_request([{"role": "user", "content": "Hi"}], SamplingParams(json_schema=schema))
+    assert built["text"]["format"]["schema"] == schema

@@ -242,6 +242,11 @@ class OpenAIBackend:
                     kwargs["top_logprobs"] = params.top_logprobs
             if params.stop:
                 kwargs["stop"] = list(params.stop)
+            if params.json_schema is not None:
+                kwargs["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "capgate_reply", "schema": params.json_schema, "strict": True},
+                }
         else:
             if params.stop:
                 raise ValueError("the Responses API has no `stop`; use api='chat' to stop on strings")
@@ -254,6 +259,10 @@ class OpenAIBackend:
             if want_logprobs:
                 kwargs["include"] = ["message.output_text.logprobs"]
                 kwargs["top_logprobs"] = params.top_logprobs
+            if params.json_schema is not None:
+                kwargs["text"] = {
+                    "format": {"type": "json_schema", "name": "capgate_reply", "schema": params.json_schema}
+                }
         if self.extra_body:
             kwargs["extra_body"] = dict(self.extra_body)
         return kwargs
