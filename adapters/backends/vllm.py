@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
 import numpy as np
 
+from capgate.adapters.backends._usage import logaddexp as _logaddexp
 from capgate.backend import ChatMessage, Generation, Prompt, SamplingParams, TokenLogprob, as_messages
 
 if TYPE_CHECKING:
@@ -77,11 +78,6 @@ def vllm_sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     if params.stop:
         kwargs["stop"] = list(params.stop)
     return kwargs
-
-
-def _logaddexp(a: float, b: float) -> float:
-    hi, lo = max(a, b), min(a, b)
-    return hi if lo == -math.inf else hi + math.log1p(math.exp(lo - hi))
 
 
 def _finite(x: float) -> float:
