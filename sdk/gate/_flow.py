@@ -12,6 +12,7 @@ into the flow.
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
@@ -28,16 +29,16 @@ __all__ = ["Assess", "AssessEach", "Effect", "Flow", "Invoke", "Record", "Sample
 R = TypeVar("R")
 
 
-class Effect:
+class Effect(ABC):
     """One piece of I/O a flow asks for; :meth:`run` does it sync, :meth:`arun` async."""
 
+    @abstractmethod
     def run(self) -> Any:
         """Do it synchronously."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def arun(self) -> Any:
         """Do it asynchronously."""
-        raise NotImplementedError
 
 
 Flow: TypeAlias = Generator[Effect, Any, R]
