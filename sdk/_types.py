@@ -20,7 +20,9 @@ from pydantic import (
     AliasChoices,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -36,6 +38,7 @@ __all__ = [
     "Extractor",
     "LabelledQuery",
     "Outcome",
+    "PaperConfidenceGap",
     "Sample",
     "SamplingPlan",
     "StopSettings",
@@ -237,18 +240,46 @@ probability."""
 
 
 class ConfidenceGap(BaseModel):
-    """Settings of CAS's confidence-gap stop rule (:class:`capgate.cas.cas_confidence_gap`).
+    """Settings of capgate's confidence-gap stop rule (:class:`capgate.cas.cas_confidence_gap`).
 
     Stop when σ(scale · (c1 − c2 − margin)) reaches ``level`` (``mode: threshold``), or with that
-    probability (``mode: stochastic``); c1, c2 are the mean confidences of the two leading answers.
+    probability (``mode: stochastic``); c1, c2 are the mean confidences of the two answers leading
+    the confidence-weighted vote. ``rule: capgate`` names it (the default when ``rule`` is absent).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rule: Literal["capgate"] = "capgate"
 
     scale: float = Field(default=10.0, gt=0.0, allow_inf_nan=False)
     margin: float = Field(default=0.5, ge=-1.0, le=1.0)
     mode: CASMode = "threshold"
     level: float = Field(default=0.5, gt=0.0, lt=1.0)
+
+
+class PaperConfidenceGap(BaseModel):
+    """Settings of the CAS paper's stop rule (:class:`capgate.cas.cas_frequency_gap`), ``rule: paper``.
+
+    Stop with probability σ(c1 − c2 − epsilon), c1, c2 the mean confidences of the two most
+    frequent answers; the draw is seeded, so a decision's sampling is reproducible.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rule: Literal["paper"]
+    epsilon: float = Field(default=0.0, allow_inf_nan=False)
+
+
+def _gap_rule(value: Any) -> str:
+    rule = value.get("rule", "capgate") if isinstance(value, dict) else getattr(value, "rule", "capgate")
+    return str(rule)
+
+
+GapSettings: TypeAlias = Annotated[
+    Annotated[ConfidenceGap, Tag("capgate")] | Annotated[PaperConfidenceGap, Tag("paper")],
+    Discriminator(_gap_rule),
+]
+"""A confidence-gap rule's settings, chosen by ``rule`` (``capgate``, the default, or ``paper``)."""
 
 
 class StopSettings(BaseModel):
@@ -259,7 +290,8 @@ class StopSettings(BaseModel):
     the settings into a composed stop rule.
 
     Attributes:
-        confidence_gap: The CAS confidence-gap rule, or ``null`` to disable it.
+        confidence_gap: The CAS confidence-gap rule (capgate's variant, or ``{rule: paper,
+            epsilon: ...}`` for the paper's), or ``null`` to disable it.
         consensus: Stop once P(the leading answer is the majority) >= this under a Beta posterior
             on the two top vote counts (:class:`capgate.cas.beta_consensus`), or ``null``.
         futility: Give up once P(the leading answer holds a majority of all responses) < this
@@ -270,7 +302,7 @@ class StopSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    confidence_gap: ConfidenceGap | None = Field(default_factory=ConfidenceGap)
+    confidence_gap: GapSettings | None = Field(default_factory=ConfidenceGap)
     consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
     futility: float | None = Field(default=None, gt=0.0, lt=0.5)
     min_samples: int = Field(default=1, ge=1)
@@ -330,6 +362,8 @@ class Decision(BaseModel):
             one the call goes to, and the gate was told to allow it (``allow_other_target``).
         step: Agent step (graph node) the query came from, if any.
         tool: Tool whose call is being gated, if any.
+        stopped_by: For ``resample``, once sampled: the stop rule (or cap) that ended sampling
+            (as the decision log records it; ``None`` when the decision was made).
         created_at: When the decision was made (UTC).
     """
 
@@ -349,6 +383,7 @@ class Decision(BaseModel):
     target_override: bool = False
     step: str | None = None
     tool: str | None = None
+    stopped_by: str | None = None
     created_at: datetime = Field(default_factory=_now)
 
     @model_validator(mode="after")

@@ -217,7 +217,7 @@ def _call_flow(
     except BaseException:
         yield Record(gate, verdict)
         raise
-    yield Record(gate, verdict, samples_used=sampled.cas.samples_used)
+    yield Record(gate, verdict, cas=sampled.cas)
     return sampled.value if sampled.value is not None else gate.block(verdict, cas=sampled.cas)
 
 

@@ -44,6 +44,7 @@ from capgate._jsonl import data_error_from_validation, note_unique_id
 from capgate._twins import Plan, adrive, drive, twin_of
 from capgate._types import LabelledQuery, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams, backend_endpoint
+from capgate.cas.confidence import ConfidenceSource, strip_confidence_tag
 from capgate.datasets import DatasetItem, build_prompt
 from capgate.errors import DataError
 from capgate.grading import Grader, GraderLike, as_grader, grader_for
@@ -53,6 +54,7 @@ __all__ = ["HarvestReport", "aharvest", "harvest", "meta_path"]
 FORMAT_VERSION = 1
 _CHECKED_SETTINGS = (
     "model_id", "dataset", "k", "temperature", "top_p", "max_tokens", "seed", "grader", "prompt",
+    "confidence",
 )  # fmt: skip
 
 
@@ -101,6 +103,13 @@ def _mean_logprob(generation: Generation) -> float | None:
     return min(value, 0.0)
 
 
+def _source_name(source: object) -> str:
+    """A confidence source as recorded in the settings: its repr, or a function's dotted name."""
+    if callable(source) and hasattr(source, "__qualname__"):
+        return _callable_name(source)
+    return repr(source)
+
+
 def _callable_name(obj: object) -> str:
     module = getattr(obj, "__module__", None) or ""
     name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
@@ -127,7 +136,12 @@ class _HarvestRun:
         logprobs: bool = True,
         dataset: str | None = None,
         progress: bool | None = None,
+        confidence: ConfidenceSource | None = None,
     ) -> None:
+        if confidence is not None and not callable(confidence):
+            raise TypeError(
+                f"`confidence` must be a confidence source Generation -> float | None; got {confidence!r}"
+            )
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"`k` must be a positive integer; got {k!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -143,6 +157,7 @@ class _HarvestRun:
         )
         self.grader: Grader | None = None if grader is None else as_grader(grader)
         self.prompt = prompt or build_prompt
+        self.confidence = confidence
         self.settings: dict[str, Any] = {
             "dataset": dataset,
             "k": k,
@@ -154,6 +169,7 @@ class _HarvestRun:
             "prompt": "capgate.datasets.build_prompt" if prompt is None else _callable_name(prompt),
             "logprobs": logprobs,
             "keep_text": keep_text,
+            "confidence": None if confidence is None else _source_name(confidence),
         }
         self.show_progress = sys.stderr.isatty() if progress is None else progress
         self._graders: dict[str, Grader] = {}
@@ -317,7 +333,12 @@ class _HarvestRun:
             grader = self._grader_of(item)
             samples: list[Sample] = []
             for generation in generations:
-                judgement = grader.judge(generation.text, item)
+                stated: float | None = None
+                graded_text = generation.text
+                if self.confidence is not None:
+                    stated = self.confidence(generation)
+                    graded_text = strip_confidence_tag(generation.text)  # "[confidence=85%]" is no answer
+                judgement = grader.judge(graded_text, item)
                 samples.append(
                     Sample(
                         text=generation.text if self.keep_text else None,
@@ -325,6 +346,7 @@ class _HarvestRun:
                         correct=judgement.correct,
                         n_tokens=generation.n_tokens,
                         mean_logprob=_mean_logprob(generation),
+                        confidence=stated,
                     )
                 )
             correct = sum(sample.correct for sample in samples)
@@ -465,6 +487,9 @@ def harvest(backend: Backend, *args: Any, **kwargs: Any) -> HarvestReport:
         logprobs: Ask the backend for token log-probabilities (for ``mean_logprob``).
         dataset: Name of the dataset, recorded in the settings and checked on resume.
         progress: Show a progress bar on stderr; ``None`` shows it when stderr is a terminal.
+        confidence: A per-response confidence source (e.g. :func:`capgate.cas.verbalized_confidence`
+            for a ``[confidence=X%]`` tag the prompt asks for): its value is stored as each
+            sample's ``confidence`` and the tag is stripped before grading.
 
     Returns:
         What the run did.

@@ -65,7 +65,7 @@ def test_unanimous_confident_answers_stop_after_one_batch() -> None:
     assert result.batches == 1
     assert result.tokens == 3 * len("42 [confidence=90%]")
     assert result.stop_reason == "rule"
-    assert result.stopped_by == repr(DEFAULT_STOP)
+    assert result.stopped_by == repr(DEFAULT_STOP.rules[0])  # the part of the composite that fired
     assert result.vote_shares == {"42": 1.0}
     assert result.mean_confidence["42"] == pytest.approx(0.9)
     assert [r.n for r in backend.requests] == [3]

@@ -513,3 +513,43 @@ def test_importing_datasets_grading_and_harvest_stays_light() -> None:
         f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
     )
     assert json.loads(subprocess.check_output([sys.executable, "-c", code], text=True)) == []
+
+
+class TaggedBackend:
+    """Replies with the right sum (or one more) and a confidence tag holding another number."""
+
+    model_id = "tagged"
+
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
+        rows = []
+        for prompt in prompts:
+            row = []
+            for i in range(params.n):
+                good = scripted_generation(prompt, i)
+                value = good.text.split("\\boxed{")[1].split("}")[0]
+                tags = ["[confidence=85%]", "[confidence=high]", ""]
+                row.append(Generation(text=f"{value} {tags[i % 3]}".strip(), n_tokens=3, mean_logprob=-0.1))
+            rows.append(row)
+        return rows
+
+
+def test_a_confidence_source_is_stored_and_its_tag_never_graded(tmp_path: Path) -> None:
+    from capgate.cas import verbalized_confidence
+
+    out = tmp_path / "tagged.jsonl"
+    items = make_items(4)
+    harvest(
+        TaggedBackend(), items, out, k=6, confidence=verbalized_confidence, keep_text=True, progress=False
+    )
+    records = read_records(out)
+    for item, record in zip(items, records, strict=True):
+        assert [s.confidence for s in record.samples] == [0.85, None, None] * 2
+        # "85" in the tag is never taken for the answer: answers are the sums (or sum + 1)
+        assert all(s.answer is not None and s.answer != "85" for s in record.samples)
+        assert record.correct == expected_correct(item, 6)
+    saved = json.loads(meta_path(out).read_text())
+    assert saved["confidence"] == "capgate.cas.confidence.verbalized_confidence"
+    with pytest.raises(DataError, match="confidence"):  # resuming under another source is refused
+        harvest(TaggedBackend(), make_items(5), out, k=6, keep_text=True, progress=False)
+    with pytest.raises(TypeError, match="confidence source"):
+        harvest(TaggedBackend(), items, tmp_path / "x.jsonl", k=2, confidence=0.5, progress=False)  # type: ignore[arg-type]

@@ -179,14 +179,22 @@ class CapgateChatModel(BaseChatModel):
 
     @staticmethod
     def _result(
-        text: str, calls: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int
+        text: str,
+        calls: list[dict[str, Any]],
+        prompt_tokens: int,
+        completion_tokens: int,
+        mean_logprob: float | None = None,
     ) -> ChatResult:
         usage = {
             "input_tokens": prompt_tokens,
             "output_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         }
-        message = AIMessage(content="" if calls else text, tool_calls=calls, usage_metadata=usage)
+        # mean_logprob lets a resample weigh this response's vote (capgate.cas.LogprobConfidence)
+        metadata = {} if mean_logprob is None else {"mean_logprob": mean_logprob}
+        message = AIMessage(
+            content="" if calls else text, tool_calls=calls, usage_metadata=usage, response_metadata=metadata
+        )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     # ------------------------------------------------------------------ I/O
@@ -222,7 +230,9 @@ class CapgateChatModel(BaseChatModel):
             return self._result("", [call], prompt_tokens, completion_tokens)
         text = gens[0].text
         parsed = self._parse_call(text, tools)
-        return self._result(text, [parsed] if parsed else [], prompt_tokens, completion_tokens)
+        return self._result(
+            text, [parsed] if parsed else [], prompt_tokens, completion_tokens, gens[0].mean_logprob
+        )
 
     def _requests(
         self, messages: list[BaseMessage], kwargs: dict[str, Any]

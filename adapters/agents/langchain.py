@@ -277,7 +277,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         step = self._step_verdict(request)
         if step is not None:
             sampled = yield Sample(self._voter, step, draw, to_text=_response_key)
-            yield Record(self.gate, step, samples_used=sampled.cas.samples_used)
+            yield Record(self.gate, step, cas=sampled.cas)
             if sampled.value is None:
                 return AIMessage(self.gate.block(step, cas=sampled.cas).message)
             response: Any = sampled.value

@@ -223,6 +223,7 @@ def _cas_summary(verdict: Verdict, cas: Any) -> dict[str, Any]:
         "votes": dict(cas.votes),
         "samples_used": cas.samples_used,
         "stop_reason": cas.stop_reason,
+        "stopped_by": cas.stopped_by,
         "decision_id": verdict.decision.id,
     }
 
@@ -300,6 +301,7 @@ def capability_subgraph(
         verdict = current(state)
         draw = Invoke(lambda: call_answer(state), lambda: acall_answer(state))
         sampled = yield Sample(the_gate, verdict, draw, to_text=read_text)
+        yield Record(the_gate, verdict, cas=sampled.cas)
         summary = _cas_summary(verdict, sampled.cas)
         if sampled.value is None:
             gated = the_gate.block(verdict, cas=sampled.cas)

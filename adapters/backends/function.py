@@ -21,13 +21,14 @@ Example:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from capgate.backend import EndpointKind, Generation, Prompt, SamplingParams
 from capgate.cas.loop import CASResult
 
-__all__ = ["AsyncFunctionBackend", "FunctionBackend", "response_text"]
+__all__ = ["AsyncFunctionBackend", "FunctionBackend", "response_mean_logprob", "response_text"]
 
 T = TypeVar("T")
 
@@ -53,6 +54,24 @@ def response_text(value: object) -> str:
         f"cannot read a response text from a {type(value).__name__}; pass to_text= (a function "
         "value -> str) to say how"
     )
+
+
+def response_mean_logprob(value: object) -> float | None:
+    """The mean token log-probability a drawn response carries, if any: ``mean_logprob`` in a
+    LangChain message's ``response_metadata`` (as :class:`~capgate.adapters.langchain.CapgateChatModel`
+    sets it), also as the last message of a ``{"messages": [...]}`` state update.
+
+    Example:
+        >>> response_mean_logprob("4") is None
+        True
+    """
+    if isinstance(value, Mapping) and isinstance(value.get("messages"), Sequence) and value["messages"]:
+        value = value["messages"][-1]
+    metadata = getattr(value, "response_metadata", None)
+    found = metadata.get("mean_logprob") if isinstance(metadata, Mapping) else None
+    if isinstance(found, int | float) and not isinstance(found, bool) and math.isfinite(found) and found <= 0:
+        return float(found)
+    return None
 
 
 class _Drawn(Generic[T]):
@@ -84,7 +103,7 @@ class _Drawn(Generic[T]):
             raise TypeError(f"to_text must return a str; it returned {type(text).__name__}")
         n_tokens = self.count_tokens(value) if self.count_tokens is not None else 0
         self.drawn.append(value)
-        return Generation(text=text, n_tokens=n_tokens)
+        return Generation(text=text, n_tokens=n_tokens, mean_logprob=response_mean_logprob(value))
 
     def winner(self, result: CASResult) -> T | None:
         """The first drawn value whose answer won the vote (``None`` if no response had an answer).

@@ -27,7 +27,7 @@ from capgate._types import Extractor, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState, _Tally
 from capgate.cas.confidence import DEFAULT_CONFIDENCE, ConfidenceSource, strip_confidence_tag
-from capgate.cas.stop import StopFn, StopRule, beta_consensus, cas_confidence_gap, rule_name
+from capgate.cas.stop import StopFn, StopRule, beta_consensus, cas_confidence_gap, fired_rule, rule_name
 
 __all__ = [
     "DEFAULT_STOP",
@@ -76,7 +76,8 @@ class CASResult(BaseModel):
         weighted_votes: Each answer's confidence-weighted vote.
         mean_confidence: Each answer's mean known per-response confidence (``None`` if none known).
         stop_reason: Why sampling ended.
-        stopped_by: The rule (its repr) or the cap that ended it.
+        stopped_by: The rule that ended it (its repr: for a composite rule, the part that fired,
+            e.g. ``beta_consensus(threshold=0.95)``), or the cap.
         batches: Batches drawn.
         elapsed_s: Wall-clock seconds (0 for :func:`replay`).
         correct: Replay only: whether the winner is correct (``None`` live, or with no winner).
@@ -131,6 +132,7 @@ class _LoopCore:
         self.tally = _Tally(rng=rng, max_samples=max_samples, unknown_weight=float(unknown_weight))
         self.samples: list[DrawnSample] = []
         self.batches = 0
+        self.fired: StopFn | None = None
 
     def next_batch_size(self) -> int:
         wanted = self.initial_batch if (self.batches == 0 and self.initial_batch) else self.batch_size
@@ -144,7 +146,8 @@ class _LoopCore:
         """Close a batch; the reason to stop now, or ``None`` to draw another."""
         self.batches += 1
         state = self.tally.snapshot(elapsed_s)
-        if self.stop(state):
+        self.fired = fired_rule(self.stop, state)
+        if self.fired is not None:
             return "rule"
         if self.tally.n_samples >= self.max_samples:
             return "max_samples"
@@ -162,7 +165,7 @@ class _LoopCore:
             flags = [s.correct for s in self.samples if s.answer == winner]
             correct = flags[0] if flags else None
         if reason == "rule":
-            stopped_by = rule_name(self.stop)
+            stopped_by = rule_name(self.fired if self.fired is not None else self.stop)
         elif reason == "max_samples":
             stopped_by = f"max_samples={self.max_samples}"
         else:

@@ -3,12 +3,13 @@ carried by every resample :class:`~capgate.Decision`) turned into a composed sto
 
 from __future__ import annotations
 
-from capgate._types import StopSettings
+from capgate._types import PaperConfidenceGap, StopSettings
 from capgate.cas.stop import (
     StopRule,
     beta_consensus,
     beta_futility,
     cas_confidence_gap,
+    cas_frequency_gap,
     stop_after_samples,
     stop_all,
     stop_any,
@@ -26,8 +27,11 @@ def stop_rule(settings: StopSettings) -> StopRule:
         stop_all(stop_after_samples(3), stop_any(beta_consensus(threshold=0.9)))
     """
     rules: list[StopRule] = []
-    if settings.confidence_gap is not None:
-        rules.append(cas_confidence_gap(**settings.confidence_gap.model_dump()))
+    gap = settings.confidence_gap
+    if isinstance(gap, PaperConfidenceGap):
+        rules.append(cas_frequency_gap(gap.epsilon))
+    elif gap is not None:
+        rules.append(cas_confidence_gap(**gap.model_dump(exclude={"rule"})))
     if settings.consensus is not None:
         rules.append(beta_consensus(settings.consensus))
     if settings.futility is not None:

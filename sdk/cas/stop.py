@@ -42,6 +42,11 @@ class StopRule(ABC):
     def __call__(self, state: SamplingState) -> bool:
         """True to stop sampling now."""
 
+    def fired(self, state: SamplingState) -> StopFn | None:
+        """The rule that stops sampling now (``self``, or for a composite the part that fired),
+        or ``None`` to go on. Asks every rule at most once, in the order ``__call__`` would."""
+        return self if self(state) else None
+
     def __or__(self, other: StopFn) -> stop_any:
         return stop_any(self, other)
 
@@ -53,6 +58,22 @@ class StopRule(ABC):
 
     def __rand__(self, other: StopFn) -> stop_all:
         return stop_all(other, self)
+
+
+def fired_rule(rule: StopFn, state: SamplingState) -> StopFn | None:
+    """The rule within ``rule`` that stops sampling in ``state``, or ``None`` to go on.
+
+    For ``a | b`` it is whichever of ``a`` and ``b`` fired first; for ``a & b`` the last part (the
+    one that completed the conjunction); for a plain function, the function itself.
+
+    Example:
+        >>> from capgate.cas import SamplingState, beta_consensus, stop_after_samples
+        >>> fired_rule(stop_after_samples(10) | beta_consensus(), SamplingState.build(votes={"4": 4}))
+        beta_consensus(threshold=0.95)
+    """
+    if isinstance(rule, StopRule):
+        return rule.fired(state)
+    return rule if rule(state) else None
 
 
 def rule_name(rule: StopFn) -> str:
@@ -77,7 +98,14 @@ class stop_any(StopRule):  # noqa: N801 - tenacity-style phrase name
         self.rules: tuple[StopFn, ...] = tuple(flat)
 
     def __call__(self, state: SamplingState) -> bool:
-        return any(rule(state) for rule in self.rules)
+        return self.fired(state) is not None
+
+    def fired(self, state: SamplingState) -> StopFn | None:
+        for rule in self.rules:
+            which = fired_rule(rule, state)
+            if which is not None:
+                return which
+        return None
 
     def __repr__(self) -> str:
         return f"stop_any({', '.join(rule_name(r) for r in self.rules)})"
@@ -94,7 +122,15 @@ class stop_all(StopRule):  # noqa: N801
         self.rules: tuple[StopFn, ...] = tuple(flat)
 
     def __call__(self, state: SamplingState) -> bool:
-        return all(rule(state) for rule in self.rules)
+        return self.fired(state) is not None
+
+    def fired(self, state: SamplingState) -> StopFn | None:
+        which: StopFn | None = None
+        for rule in self.rules:
+            which = fired_rule(rule, state)
+            if which is None:
+                return None
+        return which
 
     def __repr__(self) -> str:
         return f"stop_all({', '.join(rule_name(r) for r in self.rules)})"
@@ -304,9 +340,9 @@ class cas_confidence_gap(StopRule):  # noqa: N801
     such as :class:`beta_consensus` or a cap.
 
     Source and defaults: CAS is "Confidence-based Adaptive Test Time Scaling" (arXiv 2607.01612,
-    "Scaling with Confidence", with C3RL verbalized confidence). Only its abstract was found in
-    the reference search, not its stop formula, so this is capgate's reading of the rule as
-    specified for the project. Defaults: ``margin=0.5`` makes a lone answer stop exactly when its
+    "Scaling with Confidence", with C3RL verbalized confidence); the paper's own rule is
+    :class:`cas_frequency_gap`. This variant ranks by weighted vote, scales the gap, and stops
+    deterministically by default. Defaults: ``margin=0.5`` makes a lone answer stop exactly when its
     mean confidence exceeds one half (more likely right than wrong), and two rival answers stop
     only when the leader is more confident by half the unit interval; ``scale=10`` makes each 0.1
     of gap one unit of log-odds (σ(±3) ≈ 0.95/0.05 at a gap of margin ± 0.3); ``level=0.5`` makes
@@ -361,8 +397,7 @@ class cas_confidence_gap(StopRule):  # noqa: N801
         gap = self.gap(state)
         if gap is None:
             return None
-        z = self.scale * (gap - self.margin)
-        return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+        return _sigmoid(self.scale * (gap - self.margin))
 
     def __call__(self, state: SamplingState) -> bool:
         p = self.stop_probability(state)
@@ -377,3 +412,70 @@ class cas_confidence_gap(StopRule):  # noqa: N801
         if self.mode == "threshold":
             settings += f", level={self.level:g}"
         return f"cas_confidence_gap({settings})"
+
+
+def _sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+
+class cas_frequency_gap(StopRule):  # noqa: N801
+    """CAS's stop rule as the paper states it: stop with probability σ(c1 − c2 − ε).
+
+    After each batch, ``a1`` and ``a2`` are the most and second most **frequent** answers (ties:
+    the higher mean confidence, then the answer text), ``c1`` and ``c2`` their mean per-response
+    confidences (``c2 = 0`` while only one answer has been seen), and sampling stops with
+    probability P_stop = σ(c1 − c2 − ε), drawn from the state's seeded generator (so a seeded loop
+    reproduces its stops). The final answer is the loop's confidence-weighted vote, as in the paper.
+
+    It differs from :class:`cas_confidence_gap`, capgate's variant, in three ways: leaders by raw
+    frequency rather than weighted vote, no ``scale`` on the gap, and always stochastic. Because
+    c1 − c2 <= 1, one batch stops with probability at most σ(1 − ε): ε is what sets how eager it
+    is. Like the variant it never stops on confidence it does not have (``c1`` or, with a
+    runner-up, ``c2`` unknown).
+
+    Example:
+        >>> from capgate.cas import SamplingState
+        >>> state = SamplingState.build(votes={"A": 3, "B": 1},
+        ...                             confidences={"A": (0.3, 0.3, 0.3), "B": (0.95,)})
+        >>> round(cas_frequency_gap(epsilon=0.1).stop_probability(state), 4)  # σ(0.3 − 0.95 − 0.1)
+        0.3208
+    """
+
+    def __init__(self, epsilon: float = 0.0) -> None:
+        if not (
+            isinstance(epsilon, int | float) and not isinstance(epsilon, bool) and math.isfinite(epsilon)
+        ):
+            raise ValueError(f"`epsilon` must be a finite number; got {epsilon!r}")
+        self.epsilon = float(epsilon)
+
+    def leaders(self, state: SamplingState) -> list[str]:
+        """Answers by frequency, then mean known confidence, then text."""
+        return sorted(
+            state.votes,
+            key=lambda a: (-state.votes[a], -(state.mean_confidence(a) or 0.0), a),
+        )
+
+    def gap(self, state: SamplingState) -> float | None:
+        """c1 − c2, or ``None`` when a needed confidence is unknown (or no answer yet)."""
+        ranked = self.leaders(state)
+        if not ranked:
+            return None
+        c1 = state.mean_confidence(ranked[0])
+        if c1 is None:
+            return None
+        if len(ranked) == 1:
+            return c1
+        c2 = state.mean_confidence(ranked[1])
+        return None if c2 is None else c1 - c2
+
+    def stop_probability(self, state: SamplingState) -> float | None:
+        """P_stop = σ(c1 − c2 − ε), or ``None`` when the gap is unknown."""
+        gap = self.gap(state)
+        return None if gap is None else _sigmoid(gap - self.epsilon)
+
+    def __call__(self, state: SamplingState) -> bool:
+        p = self.stop_probability(state)
+        return p is not None and bool(state.rng.random() < p)
+
+    def __repr__(self) -> str:
+        return f"cas_frequency_gap(epsilon={self.epsilon:g})"

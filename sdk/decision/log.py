@@ -292,7 +292,9 @@ class DecisionLog:
             latency_s: Seconds it took; defaults to the estimate's ``cost.latency_s``.
 
         Recording the same decision id again keeps the first record (a resumed run may re-log
-        what it had already logged without duplicating it).
+        what it had already logged without duplicating it), except that a sampled ``resample``
+        decision (``stopped_by`` set) updates the record's ``samples_used`` and stored decision:
+        a graph that logs the decision before sampling still ends with the sampling's account.
         """
         if not isinstance(decision, Decision):
             raise TypeError(f"record() takes a capgate Decision; got {type(decision).__name__}")
@@ -331,6 +333,11 @@ class DecisionLog:
                 " policy, decision_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row,
             )
+            if decision.stopped_by is not None:  # the sampled decision supersedes its first record
+                conn.execute(
+                    "UPDATE decisions SET samples_used = ?, decision_json = ? WHERE id = ?",
+                    (samples_used, row[-1], decision.id),
+                )
         return decision.id
 
     def record_outcome(

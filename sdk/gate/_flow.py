@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from capgate import _twins as twins
+from capgate.cas.loop import CASResult
 from capgate.gate._results import Sampled, Verdict
 from capgate.messages import as_query
 
@@ -102,12 +103,13 @@ class Record(Effect):
     gate: Gate
     verdict: Verdict
     samples_used: int | None = None
+    cas: CASResult | None = None
 
     def run(self) -> None:
-        self.gate.record(self.verdict, samples_used=self.samples_used)
+        self.gate.record(self.verdict, samples_used=self.samples_used, cas=self.cas)
 
     async def arun(self) -> None:
-        await self.gate.arecord(self.verdict, samples_used=self.samples_used)
+        await self.gate.arecord(self.verdict, samples_used=self.samples_used, cas=self.cas)
 
 
 async def _awaited(value: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,6 +42,12 @@ class _Shared:
         self.lock = threading.Lock()
         self.policies: dict[str, Policy] = {}
         self.logs: dict[str, DecisionLog] = {}
+
+
+def decision_seed(decision_id: str) -> int:
+    """The seed of a decision's stochastic stop rules: fixed by its id, so a replayed decision
+    stops where it stopped the first time."""
+    return int.from_bytes(hashlib.sha256(decision_id.encode("utf-8")).digest()[:8], "big")
 
 
 class Gate:
@@ -265,16 +272,29 @@ class Gate:
 
     # ------------------------------------------------------------------ logging
 
-    def record(self, verdict: Verdict, *, samples_used: int | None = None) -> None:
-        """Write the decision to the gate's log (no-op without one)."""
-        log = self.log
-        if log is not None:
-            log.record(verdict.decision, query=verdict.query, samples_used=samples_used)
+    def record(
+        self, verdict: Verdict, *, samples_used: int | None = None, cas: CASResult | None = None
+    ) -> None:
+        """Write the decision to the gate's log (no-op without one).
 
-    async def arecord(self, verdict: Verdict, *, samples_used: int | None = None) -> None:
+        After a resample, pass its ``cas`` run: the logged decision then records the samples
+        drawn and ``stopped_by``, the stop rule (or cap) that ended sampling.
+        """
+        log = self.log
+        if log is None:
+            return
+        decision = verdict.decision
+        if cas is not None:
+            samples_used = cas.samples_used
+            decision = decision.model_copy(update={"stopped_by": cas.stopped_by})
+        log.record(decision, query=verdict.query, samples_used=samples_used)
+
+    async def arecord(
+        self, verdict: Verdict, *, samples_used: int | None = None, cas: CASResult | None = None
+    ) -> None:
         """Async twin of :meth:`record` (the write runs in a worker thread)."""
         if self.settings.log is not None:
-            await asyncio.to_thread(self.record, verdict, samples_used=samples_used)
+            await asyncio.to_thread(self.record, verdict, samples_used=samples_used, cas=cas)
 
     # ------------------------------------------------------------------ blocking
 
@@ -301,6 +321,7 @@ class Gate:
             "stop": stop_rule(plan.stop),
             "batch_size": plan.batch_size,
             "max_samples": plan.max_samples,
+            "seed": decision_seed(verdict.decision.id),
         }
 
     def sample(
