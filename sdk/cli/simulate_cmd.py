@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -51,11 +51,17 @@ def simulate_cmd(
     tool: Annotated[str | None, typer.Option("--tool", help="Replay as calls gated for this tool.")] = None,
     no_sweep: Annotated[bool, typer.Option("--no-sweep", help="Replay only the policy as written.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    orders: Annotated[
+        int, typer.Option("--orders", min=1, help="Random orders each query's sample pool is replayed in.")
+    ] = 20,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the replay orders.")] = 0,
 ) -> None:
     """Replay a policy on labelled data: coverage, accuracy among answered, action rates, samples.
 
     The first row is the policy as written; the others move its answer band's lower edge to each
-    threshold of the sweep (the coverage/accuracy frontier).
+    threshold of the sweep (the coverage/accuracy frontier). A ``resample`` replays its vote on the
+    query's graded samples when the file has them (the winner's correctness, the samples spent, the
+    rule that stopped); the output says when a file has none and µ̂ is used instead.
     """
     from capgate.decision.simulate import replay_policy, threshold_frontier
     from capgate.labels import read_labelled
@@ -65,13 +71,20 @@ def simulate_cmd(
         chosen = load_policy(policy)
         labels = read_labelled(data, confidence=[confidence], allow_missing=True)
         conf = labels.confidences[confidence]
-        as_written = replay_policy(chosen, conf, labels.mu_hat, n_samples=labels.k, step=step, tool=tool)
+        pools = [record.samples or None for record in labels.records]
+        shared = {
+            "n_samples": labels.k,
+            "step": step,
+            "tool": tool,
+            "pools": pools,
+            "orders": orders,
+            "seed": seed,
+        }
+        as_written = replay_policy(chosen, conf, labels.mu_hat, **shared)  # type: ignore[arg-type]
         rows = [as_written]
         if not no_sweep:
             sweep: list[float] | int = _parse_thresholds(thresholds) if thresholds is not None else grid
-            rows += threshold_frontier(
-                chosen, conf, labels.mu_hat, thresholds=sweep, n_samples=labels.k, step=step, tool=tool
-            )
+            rows += threshold_frontier(chosen, conf, labels.mu_hat, thresholds=sweep, **shared)  # type: ignore[arg-type]
     except (PolicyError, DataError, ValueError) as exc:
         for line in str(exc).splitlines():
             typer.echo(f"error: {line}", err=True)
@@ -84,6 +97,7 @@ def simulate_cmd(
             "confidence": confidence,
             "n": as_written.n,
             "n_degraded": as_written.n_degraded,
+            "queries_with_pools": sum(pool is not None for pool in pools),
             "as_written": as_written.to_dict(),
             "sweep": [r.to_dict() for r in rows[1:]],
         }
@@ -91,7 +105,7 @@ def simulate_cmd(
         return
     typer.echo(
         f"policy '{chosen.name}' on {data} ({as_written.n} queries, {as_written.n_degraded} with a degraded "
-        f"estimate); accuracy = mean µ̂ of answered queries"
+        f"estimate); accuracy among answered queries"
     )
     header = (
         "threshold",
@@ -114,3 +128,20 @@ def simulate_cmd(
             _cell(row.samples_per_query, ".2f"),
         ]
         typer.echo("  ".join(f"{c:>9}" for c in cells))
+    if any(row.rates["resample"] > 0 for row in rows):
+        _resample_notes(data, pools, orders, as_written)
+
+
+def _resample_notes(data: Path, pools: list[Any], orders: int, as_written: Any) -> None:
+    """Say how resamples were scored: replayed on pools, or credited with µ̂."""
+    with_pools = sum(pool is not None for pool in pools)
+    if not with_pools:
+        typer.echo(f"resample: {data} has no per-sample pools; a resample is credited with µ̂ (one response)")
+        return
+    note = f"resample: votes replayed on the sample pools of {with_pools} queries, {orders} orders each"
+    if with_pools < len(pools):
+        note += f"; {len(pools) - with_pools} queries have no pool and are credited with µ̂"
+    typer.echo(note)
+    if as_written.stopped_by:
+        shares = ", ".join(f"{name} {share:.0%}" for name, share in as_written.stopped_by.items())
+        typer.echo(f"resample stopped by (policy as written): {shares}")

@@ -9,9 +9,14 @@ Pure functions on arrays. For each query the policy's action is taken exactly as
   smallest k whose predicted pass@k, 1 - (1 - p)^k, reaches the action's ``target_pass_at_k`` (a
   verifier picks a correct response if any), else ``max_samples``. With a verifier the accuracy is
   the query's pass@k, estimated without bias from its n graded responses when k <= n (otherwise the
-  plug-in 1 - (1 - µ̂)^k). Without one, how much consensus helps cannot be read from correct/k
-  counts alone, so the accuracy is taken as µ̂ (that of a single response) and ``max_samples`` is
-  an upper bound on the samples CAS would spend.
+  plug-in 1 - (1 - µ̂)^k). Without a verifier the answer is a vote: given the query's pool of
+  graded samples (``pools``, e.g. a harvest's per-sample answers), the vote is **replayed**: CAS
+  runs over the pool in ``orders`` seeded random orders with the decision's own sampling plan
+  (stop settings, batch size, budget), and the query is credited with the share of orders whose
+  vote winner is correct, the samples those runs spent, and the rule that stopped each
+  (``stopped_by``). A pool shorter than the budget ends a run early (``pool of N``). A query
+  without a pool is credited with µ̂ (a single response's accuracy) and ``max_samples`` samples,
+  and counted in ``resample_from_mu``, so a summary says how much of it is replayed.
 
 Coverage is the fraction of queries answered (``answer`` or ``resample``); accuracy is the mean
 accuracy over those (the mean µ̂ of answered queries when nothing is resampled).
@@ -21,18 +26,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from capgate._types import Action
+from capgate._types import Action, Sample, SamplingPlan
 
 if TYPE_CHECKING:
     from capgate.policies import Policy
 
-__all__ = ["ACTIONS", "ReplaySummary", "replay_policy", "threshold_frontier"]
+PoolLike = Sequence[Sample] | None
+"""A query's graded samples (``LabelledQuery.samples``), or ``None`` when it has none."""
+
+__all__ = [
+    "ACTIONS",
+    "PoolLike",
+    "ReplaySummary",
+    "pool_items",
+    "replay_policy",
+    "replay_vote",
+    "threshold_frontier",
+]
 
 ACTIONS: tuple[Action, ...] = ("answer", "abstain", "clarify", "escalate", "resample")
 
@@ -48,8 +64,11 @@ class ReplaySummary:
         rates: Fraction of queries per action.
         coverage: Fraction of queries answered (answer or resample).
         accuracy: Mean accuracy of the answered queries (NaN when none is answered).
-        samples: Responses drawn in all (answer: 1, resample: its budget).
+        samples: Responses drawn in all (answer: 1, resample: the replayed mean, or its budget).
         samples_per_query: ``samples / n``.
+        resample_replayed: Resampled queries whose vote was replayed on their pools.
+        resample_from_mu: Resampled queries without a pool (credited with µ̂; see the module doc).
+        stopped_by: Share of the replayed runs each stop rule (or cap) ended.
     """
 
     threshold: float | None
@@ -60,6 +79,9 @@ class ReplaySummary:
     accuracy: float
     samples: float
     samples_per_query: float
+    resample_replayed: int = 0
+    resample_from_mu: int = 0
+    stopped_by: dict[str, float] = field(default_factory=dict)
 
     @property
     def risk(self) -> float:
@@ -112,6 +134,9 @@ def replay_policy(
     step: str | None = None,
     tool: str | None = None,
     threshold: float | None = None,
+    pools: Sequence[PoolLike] | None = None,
+    orders: int = 20,
+    seed: int = 0,
 ) -> ReplaySummary:
     """Replay a policy on labelled queries.
 
@@ -124,9 +149,13 @@ def replay_policy(
         step: Replay as if every query came from this agent step.
         tool: Replay as if every query gated this tool.
         threshold: Record this answer threshold in the result (set by :func:`threshold_frontier`).
+        pools: Per query, its graded samples (or ``None``): unverified resamples replay their
+            vote on them (see the module docstring).
+        orders: Random orders each pool is replayed in.
+        seed: Seed of the orders and of stochastic stop rules.
 
     Returns:
-        Rates, coverage, accuracy among answered, and samples spent.
+        Rates, coverage, accuracy among answered, samples spent, and how resamples were scored.
 
     Example:
         >>> from capgate.policies import load_policy
@@ -138,6 +167,13 @@ def replay_policy(
     from capgate.policies import ResampleAction
 
     conf, mu, ks, is_degraded = _arrays(p, mu_hat, n_samples, degraded)
+    if pools is not None and len(pools) != conf.size:
+        raise ValueError(f"`pools` must have one entry per query ({conf.size}); got {len(pools)}")
+    if isinstance(orders, bool) or not isinstance(orders, int) or orders < 1:
+        raise ValueError(f"`orders` must be a positive integer; got {orders!r}")
+    rng = np.random.default_rng(seed)
+    replayed = from_mu = 0
+    stops: dict[str, int] = {}
     rule = policy.rule(step=step, tool=tool)
     uppers = np.asarray([upper for _, upper in rule.edges[:-1]], dtype=np.float64)
     band = np.searchsorted(uppers, np.nan_to_num(conf), side="right")
@@ -153,10 +189,19 @@ def replay_policy(
             correct_mass += float(mu[i])
             samples += 1
         elif isinstance(spec, ResampleAction):
-            k = spec.budget(None if math.isnan(conf[i]) else float(conf[i]))
+            p_i = None if math.isnan(conf[i]) else float(conf[i])
+            k = spec.budget(p_i)
             answered += 1
+            pool = pools[i] if pools is not None else None
+            if spec.target_pass_at_k is None and pool:
+                accuracy, spent = replay_vote(pool, spec.plan(p_i), orders=orders, rng=rng, stops=stops)
+                replayed += 1
+                correct_mass += accuracy
+                samples += spent
+                continue
             samples += k
             if spec.target_pass_at_k is None:
+                from_mu += 1
                 correct_mass += float(mu[i])
             elif ks is not None and k <= ks[i]:
                 n_i = int(ks[i])
@@ -173,7 +218,57 @@ def replay_policy(
         accuracy=correct_mass / answered if answered else math.nan,
         samples=samples,
         samples_per_query=samples / n,
+        resample_replayed=replayed,
+        resample_from_mu=from_mu,
+        stopped_by={name: count / sum(stops.values()) for name, count in sorted(stops.items())},
     )
+
+
+def pool_items(pool: Sequence[Sample]) -> list[tuple[str | None, bool, float | None, int]]:
+    """A pool of graded samples as :func:`capgate.cas.replay` items (answer, correct, confidence,
+    tokens). The confidence is the sample's own (e.g. a verbalized tag) if stored, else
+    exp(mean token log-prob), else unknown: the order :data:`capgate.cas.DEFAULT_CONFIDENCE` uses."""
+    items = []
+    for s in pool:
+        confidence = s.confidence
+        if confidence is None and s.mean_logprob is not None:
+            confidence = math.exp(s.mean_logprob)
+        items.append((s.answer, s.correct, confidence, s.n_tokens or 0))
+    return items
+
+
+def replay_vote(
+    pool: Sequence[Sample],
+    plan: SamplingPlan,
+    *,
+    orders: int,
+    rng: np.random.Generator,
+    stops: dict[str, int] | None = None,
+) -> tuple[float, float]:
+    """Replay a resample plan's CAS vote on ``pool`` in ``orders`` random orders.
+
+    Returns the share of orders whose winner is correct (no winner counts as wrong) and the mean
+    samples spent; ``stops`` (if given) counts the rule that ended each run.
+    """
+    from capgate.cas import replay, stop_rule
+
+    items = pool_items(pool)
+    rule = stop_rule(plan.stop)
+    correct = spent = 0
+    for _ in range(orders):
+        order = rng.permutation(len(items))
+        result = replay(
+            [items[j] for j in order],
+            stop=rule,
+            batch_size=plan.batch_size,
+            max_samples=plan.max_samples,
+            seed=rng,
+        )
+        correct += bool(result.correct)
+        spent += result.samples_used
+        if stops is not None:
+            stops[result.stopped_by] = stops.get(result.stopped_by, 0) + 1
+    return correct / orders, spent / orders
 
 
 def threshold_frontier(
@@ -186,6 +281,9 @@ def threshold_frontier(
     degraded: ArrayLike | None = None,
     step: str | None = None,
     tool: str | None = None,
+    pools: Sequence[PoolLike] | None = None,
+    orders: int = 20,
+    seed: int = 0,
 ) -> list[ReplaySummary]:
     """Replay the policy with its answer band moved to each threshold: the coverage/accuracy frontier.
 
@@ -201,6 +299,9 @@ def threshold_frontier(
         degraded: Per-query degraded flags.
         step: Agent step to replay as.
         tool: Gated tool to replay as.
+        pools: Per-query graded samples for replaying resample votes (see :func:`replay_policy`).
+        orders: Random orders per pool.
+        seed: Seed of the orders (each threshold replays the same orders).
 
     Returns:
         One replay per threshold, in the order given (ascending for a count).
@@ -224,7 +325,17 @@ def threshold_frontier(
         moved, _ = policy.with_answer_threshold(t, step=step, tool=tool)
         out.append(
             replay_policy(
-                moved, p, mu_hat, n_samples=n_samples, degraded=degraded, step=step, tool=tool, threshold=t
+                moved,
+                p,
+                mu_hat,
+                n_samples=n_samples,
+                degraded=degraded,
+                step=step,
+                tool=tool,
+                threshold=t,
+                pools=pools,
+                orders=orders,
+                seed=seed,
             )
         )
     return out
