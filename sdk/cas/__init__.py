@@ -9,6 +9,7 @@ Example:
 
 from capgate._types import CASMode
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState
+from capgate.cas.batch import BatchAllocator, BatchResult, batch_adaptive_sample
 from capgate.cas.budget import Route, StartingBudget, allocate_budget, route_by_capability, samples_for_target
 from capgate.cas.confidence import (
     CONFIDENCE_INSTRUCTION,
@@ -57,6 +58,8 @@ __all__ = [
     "DEFAULT_CONFIDENCE",
     "DEFAULT_STOP",
     "UNKNOWN_CONFIDENCE_WEIGHT",
+    "BatchAllocator",
+    "BatchResult",
     "CASMode",
     "CASResult",
     "ConfidenceSource",
@@ -72,6 +75,7 @@ __all__ = [
     "aadaptive_sample",
     "adaptive_sample",
     "allocate_budget",
+    "batch_adaptive_sample",
     "beta_consensus",
     "beta_futility",
     "beta_prob_above_half",
