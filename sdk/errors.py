@@ -93,15 +93,19 @@ class BackendError(CapgateError, RuntimeError):
         attempts: How many attempts were made before giving up.
         retryable: Whether the last error was of a kind worth retrying (429, 5xx, timeout,
             connection) -- true means the retries ran out, false means it was not retried.
+        status: The HTTP status of the last error, when a server answered with one.
 
     Example:
         >>> str(BackendError("HTTP 500 from server", attempts=3, retryable=True))
         'HTTP 500 from server (after 3 attempts)'
     """
 
-    def __init__(self, message: str, *, attempts: int = 1, retryable: bool = False) -> None:
+    def __init__(
+        self, message: str, *, attempts: int = 1, retryable: bool = False, status: int | None = None
+    ) -> None:
         self.message = message
         self.attempts = attempts
         self.retryable = retryable
+        self.status = status
         suffix = f" (after {attempts} attempts)" if attempts > 1 else ""
         super().__init__(f"{message}{suffix}")

@@ -8,7 +8,7 @@ import itertools
 import pytest
 from _fakes import AsyncScriptedBackend, ScriptedBackend, gen
 
-from capgate import BackendError, SamplingParams
+from capgate import BackendError, Generation, SamplingParams
 from capgate.backend import as_messages
 from capgate.estimators import VerbalizedConfidence
 from capgate.estimators.verbalized import VERBALIZED_SCALE, VERBALIZED_TEMPLATE, render_verbalized_prompt
@@ -180,7 +180,7 @@ def test_structured_reply_parses_on_the_first_try_and_falls_back_to_free_text() 
     retried = estimator.estimate_one("4+4?")  # out of range JSON is re-asked, never clipped
     assert retried.p == 0.2
     assert retried.details["failures"][0].startswith("try 1:")
-    with pytest.raises(ValueError, match="`structured` must be True or False"):
+    with pytest.raises(ValueError, match=r"`structured` must be True, False or .auto."):
         VerbalizedConfidence(backend, structured="yes")  # type: ignore[arg-type]
 
 
@@ -200,3 +200,43 @@ def test_structured_output_becomes_the_servers_response_format() -> None:
     responses = OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", api_key="x", api="responses")
     built = responses.build_request([{"role": "user", "content": "Hi"}], SamplingParams(json_schema=schema))
     assert built["text"]["format"]["schema"] == schema
+
+
+def test_structured_is_asked_of_openai_compatible_servers_by_default() -> None:
+    from capgate.adapters.openai import OpenAIBackend
+
+    server = OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", api_key="x")
+    assert VerbalizedConfidence(server).structured is True
+    local = ScriptedBackend(lambda text, params: [gen("\\boxed{0.5}")])
+    assert VerbalizedConfidence(local).structured is False
+    assert VerbalizedConfidence(local, structured=True).structured is True
+    assert VerbalizedConfidence(server, structured=False).structured is False
+
+
+def test_a_server_refusing_structured_output_is_re_asked_in_free_text() -> None:
+    from capgate.errors import BackendError
+
+    def reply(text: str, params: SamplingParams) -> list[Generation]:
+        if params.json_schema is not None:
+            raise BackendError("HTTP 400 from server: response_format is not supported", status=400)
+        return [gen("I think \\boxed{0.4}")]
+
+    backend = ScriptedBackend(reply)
+    estimator = VerbalizedConfidence(backend, structured=True)
+    first = estimator.estimate_one("2+2?")
+    assert first.p == 0.4
+    assert first.details["note"] == "structured output refused by the server; asked in free text"
+    assert first.cost.calls == 2  # the refused call is counted
+    assert estimator.structured_refused is True
+    assert estimator.structured is False
+    calls_before = len(backend.calls)
+    assert estimator.estimate_one("3+3?").p == 0.4
+    assert len(backend.calls) == calls_before + 1  # free text straight away from now on
+
+    def down(text: str, params: SamplingParams) -> list[Generation]:
+        raise BackendError("HTTP 503 from server", status=503, retryable=True)
+
+    other = VerbalizedConfidence(ScriptedBackend(down), structured=True)
+    failed = other.estimate_one("2+2?")
+    assert failed.p is None  # a server error is not a refusal: fail closed, no free-text retry
+    assert other.structured_refused is False

@@ -431,6 +431,7 @@ class OpenAIBackend:
         import openai
 
         retryable = is_retryable(exc)
+        status: int | None = None
         if isinstance(exc, openai.APITimeoutError):
             msg = f"request to {self._where} timed out after {self.timeout:g}s"
         elif isinstance(exc, openai.APIConnectionError):
@@ -438,11 +439,12 @@ class OpenAIBackend:
             msg = f"could not reach {self._where}: {type(cause).__name__}: {cause}"
         elif isinstance(exc, openai.APIStatusError):
             msg = f"HTTP {exc.status_code} from {self._where}: {exc.message}"
+            status = exc.status_code
         elif isinstance(exc, ValueError):  # the body was not JSON (json.JSONDecodeError)
             msg = f"malformed response from {self._where}: {type(exc).__name__}: {exc}"
         else:
             msg = f"request to {self._where} failed: {type(exc).__name__}: {exc}"
-        return BackendError(msg, attempts=attempts, retryable=retryable)
+        return BackendError(msg, attempts=attempts, retryable=retryable, status=status)
 
     # ------------------------------------------------------------------ sync I/O
 

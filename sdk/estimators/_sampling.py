@@ -193,6 +193,7 @@ class QueryState:
 
     cost: Cost = field(default_factory=Cost)
     failures: list[str] = field(default_factory=list)
+    note: str | None = None
 
     def add(self, samples: Sequence[Generation], latency_s: float) -> None:
         self.cost = self.cost + cost_of(samples, latency_s)

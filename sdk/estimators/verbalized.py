@@ -15,9 +15,11 @@ the score.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from capgate._types import Estimate
-from capgate.backend import Prompt, SamplingParams
+from capgate.backend import Prompt, SamplingParams, backend_endpoint
+from capgate.errors import BackendError
 from capgate.estimators._backed import BackendEstimator, at_least, check_template
 from capgate.estimators._parsing import parse_probability
 from capgate.estimators._sampling import (
@@ -118,10 +120,13 @@ class VerbalizedConfidence(BackendEstimator):
         max_tries: Attempts per query before giving up (>= 1).
         template: The prompt template (``{question}`` and ``{scale}`` placeholders).
         structured: Ask for the reply as JSON valid for :data:`PROBABILITY_SCHEMA` (structured
-            output: ``response_format`` on an OpenAI-compatible server, vLLM's guided decoding),
-            so that it parses on the first try; a reply that is not such JSON is still parsed as
-            free text (``\\boxed{P}``, a bare number) and re-asked as usual. Off by default:
-            turn it on for servers that support structured output.
+            output: ``response_format`` on an OpenAI-compatible server), so that it parses on the
+            first try; a reply that is not such JSON is still parsed as free text
+            (``\\boxed{P}``, a bare number) and re-asked as usual. ``"auto"`` (the default) asks
+            for it from OpenAI-compatible backends (``endpoint == "openai"``) and not from others.
+            A server that refuses structured output (HTTP 400/422 while asked for it) is re-asked
+            in free text at once, and this estimator stops asking it for structured output
+            (``structured_refused`` records it; the estimate's details say so).
 
     Example:
         >>> from capgate import Generation
@@ -142,18 +147,24 @@ class VerbalizedConfidence(BackendEstimator):
         params: SamplingParams | None = None,
         max_tries: int = 3,
         template: str = VERBALIZED_TEMPLATE,
-        structured: bool = False,
+        structured: bool | Literal["auto"] = "auto",
     ) -> None:
         super().__init__(backend)
         self.params = params
         self.max_tries = at_least(1, "max_tries", max_tries)
         self.template = check_template(template)
+        if structured == "auto":
+            structured = backend_endpoint(backend)[0] == "openai"
         if not isinstance(structured, bool):
-            raise ValueError(f"`structured` must be True or False; got {structured!r}")
+            raise ValueError(f"`structured` must be True, False or 'auto'; got {structured!r}")
         self.structured = structured
+        self.structured_refused = False
 
     def __repr__(self) -> str:
-        return f"VerbalizedConfidence(backend={self.backend!r}, max_tries={self.max_tries})"
+        return (
+            f"VerbalizedConfidence(backend={self.backend!r}, max_tries={self.max_tries}, "
+            f"structured={self.structured})"
+        )
 
     def _params(self, attempt: int) -> SamplingParams:
         base = self.params or SamplingParams(temperature=0.7, max_tokens=512)
@@ -181,7 +192,14 @@ class VerbalizedConfidence(BackendEstimator):
         for attempt in range(self.max_tries):
             if not pending:
                 break
+            asked_structured = self.structured
             result = yield Round([self.build_prompt(queries[i]) for i in pending], self._params(attempt))
+            if asked_structured and any(_refuses_structured(o) for o in result.outcomes):
+                self.structured, self.structured_refused = False, True  # this server: free text from now on
+                for i in pending:
+                    states[i].add_failed_call(result.latency_s)
+                    states[i].note = "structured output refused by the server; asked in free text"
+                result = yield Round([self.build_prompt(queries[i]) for i in pending], self._params(attempt))
             retry: list[int] = []
             for i, outcome in zip(pending, result.outcomes, strict=True):
                 state = states[i]
@@ -214,6 +232,7 @@ class VerbalizedConfidence(BackendEstimator):
                             "completion": text,
                             "tries": len(state.failures) + 1,
                             "failures": state.failures,
+                            **({"note": state.note} if state.note else {}),
                         },
                     )
                 )
@@ -232,6 +251,11 @@ class VerbalizedConfidence(BackendEstimator):
                     )
                 )
         return estimates
+
+
+def _refuses_structured(outcome: object) -> bool:
+    """A server's refusal of a request for structured output: HTTP 400 or 422."""
+    return isinstance(outcome, BackendError) and outcome.status in (400, 422)
 
 
 def _structured_probability(text: str) -> tuple[float | None, str]:
