@@ -184,9 +184,7 @@ def main() -> None:
     one = med(extract["gen_with_features_s"])
     hit_rate = plain["hits"] / plain["queries"] if plain["queries"] else float("nan")
     n = len(prompts)
-    print(
-        f"{n} ARC-Easy test prompts (build_prompt), SmolLM2-135M float32, greedy {MAX_TOKENS} tokens, block 32"
-    )
+    print(f"{n} ARC-Easy test prompts (build_prompt), SmolLM2-135M float32, greedy {MAX_TOKENS} tokens")
     print()
     print("| path | median s / query | vs plain generation |")
     print("| --- | --- | --- |")
@@ -196,11 +194,11 @@ def main() -> None:
     print(f"| prefix caching: generation after it | {warm:.3f} | {warm / cold:.2f}x |")
     print(f"| prefix caching: both requests | {prefill + warm:.3f} | {(prefill + warm) / cold:.2f}x |")
     print()
+    hits = f"{plain['hits']:.0f}/{plain['queries']:.0f}"
+    print(f"prefix cache hits over the warmed generations: {hits} tokens ({hit_rate:.1%})")
     print(
-        f"prefix cache hits over the warmed generations: {plain['hits']:.0f}/{plain['queries']:.0f} tokens ({hit_rate:.1%})"
-    )
-    print(
-        f"features vs transformers (layers all, float32), worst row: last-token max abs {last_abs:.2e}, rel L2 {last_rel:.2e}; mean-pooled max abs {mean_abs:.2e}, rel L2 {mean_rel:.2e}"
+        f"features vs transformers (layers all, float32), worst row: last-token max abs {last_abs:.2e}, "
+        f"rel L2 {last_rel:.2e}; mean-pooled max abs {mean_abs:.2e}, rel L2 {mean_rel:.2e}"
     )
     print(f"greedy answers identical to the plain engine's: {same}/{n}")
 

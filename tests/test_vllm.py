@@ -449,3 +449,13 @@ def test_real_engine_hidden_states_while_generating_on_cpu(tmp_path: Path) -> No
         # The stated tolerance (float32 engines): relative L2 difference per row under 1e-4.
         rel = np.linalg.norm(got - expected, axis=1) / np.linalg.norm(expected, axis=1)
         assert float(rel.max()) < 1e-4, (key, rel.tolist())
+
+
+def test_discard_request_files_waits_for_the_lock_and_removes_samples(tmp_path: Path) -> None:
+    from capgate.adapters.backends.vllm_hidden_states import discard_request_files
+
+    for name in ("7-ab", "0_7-ab", "1_7-ab", "17-ab"):
+        write_saved_states(tmp_path / f"{name}.safetensors", np.zeros((1, 1, 2), dtype=np.float32), [1])
+    (tmp_path / "2_7-ab.safetensors.lock").touch()  # a sample whose file is not written yet
+    discard_request_files(tmp_path, "7-ab")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["17-ab.safetensors", "17-ab.safetensors.lock"]

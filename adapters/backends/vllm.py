@@ -412,8 +412,12 @@ class VLLMFeaturizer(_hidden_states.HiddenStateLayers):
                 rows.append(self.features_from_states(states, len(token_ids)))
                 generations.append(parse_request_output(output))
         finally:
-            # With n > 1 every sample is its own engine request with its own file; one is returned.
+            # With n > 1 every sample is its own engine request ``<i>_<id>`` with its own file, and
+            # one of them is returned: remove its siblings (the engine's id is in the file name).
             if storage is not None:
                 for output in outputs:
-                    _hidden_states.discard_request_files(storage, str(output.request_id))
+                    returned = (output.kv_transfer_params or {}).get("hidden_states_path")
+                    if returned and params.n > 1:
+                        engine_id = Path(returned).name.removesuffix(".safetensors").split("_", 1)[-1]
+                        _hidden_states.discard_request_files(storage, engine_id)
         return generations, np.stack(rows).astype(np.float32)

@@ -436,13 +436,19 @@ def server_args(model: str, layers: Literal["all"] | Sequence[int], storage_path
 
 
 def discard_request_files(storage: Path, request_id: str) -> None:
-    """Remove the files of a request (and of its samples ``<i>_<id>``) once their writes are done."""
+    """Remove the files of a request (and of its samples ``<i>_<id>``) once their writes are done.
+
+    The engine creates a file's ``.lock`` before the request returns and holds it until the
+    file is written (the write runs in a thread, possibly after the request returned), so the
+    locks are what is looked for.
+    """
     import fcntl
 
-    for path in storage.glob("*.safetensors"):
-        if path.name != f"{request_id}.safetensors" and not path.name.endswith(f"_{request_id}.safetensors"):
+    names = {p.name.removesuffix(".lock") for p in storage.glob("*.safetensors*")}
+    for name in sorted(names):
+        if name != f"{request_id}.safetensors" and not name.endswith(f"_{request_id}.safetensors"):
             continue
-        lock = Path(f"{path}.lock")
+        path, lock = storage / name, storage / f"{name}.lock"
         with contextlib.suppress(FileNotFoundError):
             with lock.open() as handle:
                 fcntl.flock(handle, fcntl.LOCK_SH)  # the engine holds it until the file is written
