@@ -270,6 +270,11 @@ class PaperConfidenceGap(BaseModel):
     epsilon: float = Field(default=0.0, allow_inf_nan=False)
 
 
+DEFAULT_EPSILON = -1.0
+"""ε of the default stop rule (the paper's, σ(c1 − c2 − ε)), chosen on the tuning pools of
+``bench/cas_bench.py``: the fewest samples within 0.5 points of weighted fixed-N = 40 there."""
+
+
 def _gap_rule(value: Any) -> str:
     rule = value.get("rule", "capgate") if isinstance(value, dict) else getattr(value, "rule", "capgate")
     return str(rule)
@@ -290,8 +295,10 @@ class StopSettings(BaseModel):
     the settings into a composed stop rule.
 
     Attributes:
-        confidence_gap: The CAS confidence-gap rule (capgate's variant, or ``{rule: paper,
-            epsilon: ...}`` for the paper's), or ``null`` to disable it.
+        confidence_gap: The CAS confidence-gap rule, or ``null`` to disable it. The default is
+            the paper's rule with ε = −1 (``{rule: paper, epsilon: -1}``: it won on the tuning
+            pools of ``bench/cas_bench.py``; see ``bench/RESULTS.md``); ``{rule: capgate, ...}``
+            is capgate's deterministic variant.
         consensus: Stop once P(the leading answer is the majority) >= this under a Beta posterior
             on the two top vote counts (:class:`capgate.cas.beta_consensus`), or ``null``.
         futility: Give up once P(the leading answer holds a majority of all responses) < this
@@ -302,7 +309,9 @@ class StopSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    confidence_gap: GapSettings | None = Field(default_factory=ConfidenceGap)
+    confidence_gap: GapSettings | None = Field(
+        default_factory=lambda: PaperConfidenceGap(rule="paper", epsilon=DEFAULT_EPSILON)
+    )
     consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
     futility: float | None = Field(default=None, gt=0.0, lt=0.5)
     min_samples: int = Field(default=1, ge=1)

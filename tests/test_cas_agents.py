@@ -29,6 +29,7 @@ from capgate.decision import DecisionLog
 from capgate.policies import Policy
 
 MARKERS = {"RESAMPLE": 0.7}
+CAPGATE_RULE = {"confidence_gap": {"rule": "capgate"}}  # deterministic, so the rule that fires is known
 
 
 def policy(stop: dict[str, Any] | None = None) -> Policy:
@@ -76,7 +77,7 @@ def _ask(app: Any, text: str, thread: str) -> dict[str, Any]:
 
 def test_langgraph_resample_stops_on_the_confidence_gap_and_logs_it(tmp_path: Path) -> None:
     db = tmp_path / "log.sqlite"
-    app = _graph(Scripted(["Blue. [confidence=95%]"]), log=db)
+    app = _graph(Scripted(["Blue. [confidence=95%]"]), log=db, stop=CAPGATE_RULE)
     out = _ask(app, "RESAMPLE: name a colour.", "g1")
     cas = out["capgate_cas"]
     # unanimous at 0.95: c1 - c2 = 0.95 >= margin 0.5 after the first batch of two
@@ -91,7 +92,7 @@ def test_langgraph_resample_stops_on_the_confidence_gap_and_logs_it(tmp_path: Pa
 
 def test_langgraph_unsure_answers_fall_to_the_vote_rule() -> None:
     # the same answer at 0.3: the gap 0.3 < 0.5 never fires; Beta consensus needs 4 agreeing votes
-    app = _graph(Scripted(["Blue [confidence=30%]"]))
+    app = _graph(Scripted(["Blue [confidence=30%]"]), stop=CAPGATE_RULE)
     cas = _ask(app, "RESAMPLE: name a colour.", "g2")["capgate_cas"]
     assert cas["samples_used"] == 4
     assert cas["stopped_by"] == "beta_consensus(threshold=0.95)"
@@ -112,7 +113,10 @@ def test_langchain_resample_weighs_votes_by_confidence_and_records_the_rule(tmp_
     # prefers red (0.9 + 0.9 > 0.2 + 0.2) although both are drawn equally often.
     backend = Scripted(["Red [confidence=90%]", "Green [confidence=20%]"])
     middleware = CapabilityGate(
-        policy=policy(), estimator=KeywordEstimator(MARKERS), extract=first_word, log=tmp_path / "lc.sqlite"
+        policy=policy(CAPGATE_RULE),
+        estimator=KeywordEstimator(MARKERS),
+        extract=first_word,
+        log=tmp_path / "lc.sqlite",
     )
     model = CapgateChatModel(backend=backend, params=SamplingParams(max_tokens=16))
     agent = create_agent(model, tools=[], middleware=[middleware], checkpointer=InMemorySaver())

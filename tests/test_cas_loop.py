@@ -59,13 +59,14 @@ def first_word(text: str) -> str | None:
 
 def test_unanimous_confident_answers_stop_after_one_batch() -> None:
     backend = Scripted(["42 [confidence=90%]"] * 10)
-    result = adaptive_sample(backend, "q", extract=first_word, batch_size=3)
+    rule = cas_confidence_gap() | beta_consensus(0.95)  # capgate's deterministic variant
+    result = adaptive_sample(backend, "q", extract=first_word, batch_size=3, stop=rule)
     assert result.answer == "42"
     assert result.samples_used == 3
     assert result.batches == 1
     assert result.tokens == 3 * len("42 [confidence=90%]")
     assert result.stop_reason == "rule"
-    assert result.stopped_by == repr(DEFAULT_STOP.rules[0])  # the part of the composite that fired
+    assert result.stopped_by == repr(rule.rules[0])  # the part of the composite that fired
     assert result.vote_shares == {"42": 1.0}
     assert result.mean_confidence["42"] == pytest.approx(0.9)
     assert [r.n for r in backend.requests] == [3]
@@ -231,9 +232,9 @@ def test_replay_matches_the_live_loop_on_the_same_draws() -> None:
     pool = [(t.split()[0], t.startswith("7"), int(t[-4:-2]) / 100, len(t)) for t in texts]
     for rule in (DEFAULT_STOP, beta_consensus(0.9), cas_confidence_gap(margin=0.3)):
         live = adaptive_sample(
-            Scripted(texts), "q", extract=first_word, stop=rule, batch_size=2, max_samples=16
+            Scripted(texts), "q", extract=first_word, stop=rule, batch_size=2, max_samples=16, seed=5
         )
-        rep = replay(pool, stop=rule, batch_size=2, max_samples=16)
+        rep = replay(pool, stop=rule, batch_size=2, max_samples=16, seed=5)  # same seed: same stops
         assert (rep.answer, rep.samples_used, rep.tokens, rep.votes, rep.stop_reason) == (
             live.answer,
             live.samples_used,
@@ -288,3 +289,23 @@ def test_async_twin_shows_the_same_parameters() -> None:
     assert inspect.iscoroutinefunction(aadaptive_sample)
     with pytest.raises(TypeError, match="batch_sise"):
         adaptive_sample(object(), "q", extract=str.strip, batch_sise=2)  # type: ignore[call-arg]
+
+
+def test_the_default_stop_is_the_papers_rule_and_reproducible_under_a_seed() -> None:
+    assert repr(DEFAULT_STOP) == "stop_any(cas_frequency_gap(epsilon=-1), beta_consensus(threshold=0.95))"
+    texts = ["7 [confidence=60%]", "9 [confidence=50%]", "7 [confidence=55%]"] * 8
+    runs = [
+        adaptive_sample(Scripted(texts), "q", extract=first_word, batch_size=1, max_samples=24, seed=s)
+        for s in range(30)
+    ]
+    again = [
+        adaptive_sample(Scripted(texts), "q", extract=first_word, batch_size=1, max_samples=24, seed=s)
+        for s in range(30)
+    ]
+    assert [r.samples_used for r in runs] == [r.samples_used for r in again]
+    assert len({r.samples_used for r in runs}) > 1  # stochastic across seeds
+    assert {r.stopped_by for r in runs} <= {
+        repr(DEFAULT_STOP.rules[0]),
+        repr(DEFAULT_STOP.rules[1]),
+        "max_samples=24",
+    }

@@ -130,7 +130,8 @@ def test_stop_settings_name_the_rule() -> None:
     assert "cas_confidence_gap(scale=5" in repr(stop_rule(variant))
     default_gap = StopSettings().confidence_gap
     assert default_gap is not None
-    assert default_gap.rule == "capgate"
+    assert default_gap == PaperConfidenceGap(rule="paper", epsilon=-1.0)  # the tuning pools' winner
+    assert StopSettings.model_validate({"confidence_gap": {}}).confidence_gap.rule == "capgate"  # type: ignore[union-attr]
     with pytest.raises(ValidationError, match=r"confidence_gap\.paper\.scale"):
         StopSettings.model_validate({"confidence_gap": {"rule": "paper", "scale": 5}})
     with pytest.raises(ValidationError, match="papr"):

@@ -27,7 +27,7 @@ from capgate._types import Extractor, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState, _Tally
 from capgate.cas.confidence import DEFAULT_CONFIDENCE, ConfidenceSource, strip_confidence_tag
-from capgate.cas.stop import StopFn, StopRule, beta_consensus, cas_confidence_gap, fired_rule, rule_name
+from capgate.cas.stop import StopFn, StopRule, beta_consensus, cas_frequency_gap, fired_rule, rule_name
 
 __all__ = [
     "DEFAULT_STOP",
@@ -47,9 +47,10 @@ the pre-drawn pool ran out first."""
 PoolItem: TypeAlias = tuple[str | None, bool, float | None, int]
 """One pre-drawn sample for :func:`replay`: (answer, correct, confidence, n_tokens)."""
 
-DEFAULT_STOP: StopRule = cas_confidence_gap() | beta_consensus(0.95)
-"""Stop when the CAS confidence gap is convincing or, failing confidences, when the Beta vote
-rule is; the ``max_samples`` cap bounds both."""
+DEFAULT_STOP: StopRule = cas_frequency_gap(-1.0) | beta_consensus(0.95)
+"""Stop by the CAS paper's rule (with probability σ(c1 − c2 + 1), seeded) or, failing
+confidences, by the Beta vote rule; the ``max_samples`` cap bounds both. ε = −1 won on the tuning
+pools of ``bench/cas_bench.py`` (``bench/RESULTS.md`` has the figures, also on fresh pools)."""
 
 
 class DrawnSample(BaseModel):
@@ -281,7 +282,7 @@ def adaptive_sample(backend: Backend, *args: Any, **kwargs: Any) -> CASResult:
         ...     model_id = "fixed"
         ...     def generate(self, prompts, params):
         ...         return [[Generation(text="4 [confidence=90%]", n_tokens=5)] * params.n]
-        >>> r = adaptive_sample(Fixed(), "2+2?", extract=lambda t: t.split()[0], batch_size=2)
+        >>> r = adaptive_sample(Fixed(), "2+2?", extract=lambda t: t.split()[0], batch_size=2, seed=0)
         >>> r.answer, r.samples_used, r.stop_reason
         ('4', 2, 'rule')
     """
@@ -360,7 +361,7 @@ def replay(
 
     Example:
         >>> pool = [("12", True, 0.9, 100), ("12", True, 0.8, 90), ("13", False, 0.3, 120)]
-        >>> r = replay(pool, batch_size=1)
+        >>> r = replay(pool, batch_size=1, seed=0)
         >>> r.answer, r.correct, r.samples_used, r.tokens
         ('12', True, 1, 100)
     """
