@@ -26,7 +26,13 @@ from capgate._twins import Plan, adrive, drive, twin_of
 from capgate._types import Extractor, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState, _Tally
-from capgate.cas.confidence import DEFAULT_CONFIDENCE, ConfidenceSource, strip_confidence_tag
+from capgate.cas.confidence import (
+    DEFAULT_CONFIDENCE,
+    ConfidenceSource,
+    ignoring_tags,
+    plants_confidence,
+    strip_confidence_tag,
+)
 from capgate.cas.stop import StopFn, StopRule, beta_consensus, cas_frequency_gap, fired_rule, rule_name
 
 __all__ = [
@@ -83,6 +89,8 @@ class CASResult(BaseModel):
         elapsed_s: Wall-clock seconds (0 for :func:`replay`).
         correct: Replay only: whether the winner is correct (``None`` live, or with no winner).
         samples: The drawn responses in order (``text`` kept only with ``keep_text=True``).
+        tags_ignored: True when the prompt's user or tool turns dictate a confidence tag
+            (:func:`~capgate.cas.plants_confidence`), so verbalized tags were not read.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -100,6 +108,7 @@ class CASResult(BaseModel):
     elapsed_s: float = Field(ge=0.0)
     correct: bool | None = None
     samples: tuple[DrawnSample, ...] = ()
+    tags_ignored: bool = False
 
 
 class _LoopCore:
@@ -134,6 +143,7 @@ class _LoopCore:
         self.samples: list[DrawnSample] = []
         self.batches = 0
         self.fired: StopFn | None = None
+        self.tags_ignored = False
 
     def next_batch_size(self) -> int:
         wanted = self.initial_batch if (self.batches == 0 and self.initial_batch) else self.batch_size
@@ -185,6 +195,7 @@ class _LoopCore:
             elapsed_s=elapsed_s,
             correct=correct,
             samples=tuple(self.samples),
+            tags_ignored=self.tags_ignored,
         )
 
 
@@ -240,6 +251,9 @@ def _sampling_plan(
 ) -> Plan[CASResult]:
     """The loop of :func:`adaptive_sample` without its I/O: yields each batch to draw, gets its rows."""
     core = _LoopCore(stop, batch_size, max_samples, initial_batch, seed, unknown_weight)
+    if confidence is not None and plants_confidence(prompt):  # an injected tag must not steer the vote
+        confidence = ignoring_tags(confidence)
+        core.tags_ignored = True
     base = params or SamplingParams()
     start = time.monotonic()
     while True:
