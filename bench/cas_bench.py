@@ -225,9 +225,9 @@ def grid() -> list[Setting]:
                     rule = cas_confidence_gap(margin=m) | beta_consensus(0.95)
                     return rule | beta_futility(f) if f is not None else rule
 
-                fl = f" | futility {fut:g}" if fut is not None else ""
+                fl = f" ∨ futility {fut:g}" if fut is not None else ""
                 out.append(
-                    Setting("capgate", f"gap(margin={margin:g}) | Beta 0.95{fl}, batch {batch}", make, batch)
+                    Setting("capgate", f"gap(margin={margin:g}) ∨ Beta 0.95{fl}, batch {batch}", make, batch)
                 )
     for level in (0.7, 0.8, 0.9, 0.95):
         for fut in (None, 0.05, 0.1):
@@ -236,7 +236,7 @@ def grid() -> list[Setting]:
                 rule = beta_consensus(t)
                 return rule | beta_futility(f) if f is not None else rule
 
-            fl = f" | futility {fut:g}" if fut is not None else ""
+            fl = f" ∨ futility {fut:g}" if fut is not None else ""
             out.append(Setting("adaptive-consistency", f"Beta {level:g}{fl}", make_ac, 1, weighted=False))
     return out
 
@@ -503,6 +503,7 @@ def main() -> None:
                 f"{acc['uniform']:.2f}",
                 f"{acc['greedy up-front']:.2f}",
                 f"{acc['adaptive']:.2f}",
+                f"{acc['adaptive, flat prior']:.2f}",
                 f"{acc['adaptive'] - acc['uniform']:+.2f}",
             )
         )
@@ -512,7 +513,8 @@ def main() -> None:
             "B",
             "uniform fixed-N",
             "greedy up-front (capgate budget)",
-            "adaptive (BatchAllocator)",
+            "adaptive (BatchAllocator, probe prior)",
+            "adaptive, flat prior (p = 1)",
             "adaptive − uniform",
         ),
     )
