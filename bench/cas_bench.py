@@ -206,29 +206,33 @@ class Setting:
     weighted: bool = True
 
 
+def _min(rule: StopFn, n: int) -> StopFn:
+    return rule if n == 1 else stop_after_samples(n) & rule
+
+
 def grid() -> list[Setting]:
+    """The tuning grid: batch size 1 or 4, and with batch 1 a minimum of 1 or 4 samples."""
     out: list[Setting] = []
-    for batch in (1, 4):
+    for batch, least in ((1, 1), (1, 4), (4, 1)):
+        tail = f", batch {batch}" + (f", min {least}" if least > 1 else "")
         for eps in (-4.0, -3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0):
             out.append(
                 Setting(
                     "paper",
-                    f"cas_frequency_gap(ε={eps:g}), batch {batch}",
-                    lambda e=eps: cas_frequency_gap(e),
+                    f"cas_frequency_gap(ε={eps:g}){tail}",
+                    lambda e=eps, n=least: _min(cas_frequency_gap(e), n),
                     batch,
                 )
             )
         for margin in (0.1, 0.3, 0.5, 0.7, 0.9):
             for fut in (None, 0.05, 0.1, 0.2):
 
-                def make(m: float = margin, f: float | None = fut) -> StopFn:
+                def make(m: float = margin, f: float | None = fut, n: int = least) -> StopFn:
                     rule = cas_confidence_gap(margin=m) | beta_consensus(0.95)
-                    return rule | beta_futility(f) if f is not None else rule
+                    return _min(rule | beta_futility(f) if f is not None else rule, n)
 
                 fl = f" ∨ futility {fut:g}" if fut is not None else ""
-                out.append(
-                    Setting("capgate", f"gap(margin={margin:g}) ∨ Beta 0.95{fl}, batch {batch}", make, batch)
-                )
+                out.append(Setting("capgate", f"gap(margin={margin:g}) ∨ Beta 0.95{fl}{tail}", make, batch))
     for level in (0.7, 0.8, 0.9, 0.95):
         for fut in (None, 0.05, 0.1):
 
@@ -379,7 +383,24 @@ def frontier(
                 f"{family} (tag confidence): {setting.label}",
             )
             rows.append(row(s))
+    setting = chosen["shipped default"]
+    s = score_rule(
+        pools, "none", perms, setting.make, setting.batch, "shipped default (no confidence: Beta only)"
+    )
+    rows.append(row(s))
     table(rows, ("method", "accuracy %", "samples/query", "vs N=40", "gap vs weighted N=40 (pts, 95% CI)"))
+    print(f"\nfixed-N majority on the {pools.name} pools, N = 1..40 (accuracy %):\n")
+    table(
+        [
+            (
+                str(n),
+                f"{curves['none'][:, n - 1].mean() * 100:.2f}",
+                f"{curves['logprob'][:, n - 1].mean() * 100:.2f}",
+            )
+            for n in range(1, CAP + 1)
+        ],
+        ("N", "unweighted", "weighted (logprob)"),
+    )
     return scored, curves
 
 
@@ -437,10 +458,20 @@ def main() -> None:
     chosen["shipped default"] = Setting(
         "shipped default", f"DEFAULT_STOP = {DEFAULT_STOP!r}, batch 4", lambda: DEFAULT_STOP, 4
     )
+    # The shipped default must run as policies sample (batches of 4, the ResampleAction default)
+    # and stay valid for any budget (no minimum): the winner family's choice under that shape.
+    shaped = {s: r for s, r in results.items() if s.family == default and s.batch == 4}
+    live = choose(shaped, default, t_ref)
     print(
-        "shipped default (the winner's family and ε; Beta 0.95 kept for replies without a "
-        f"confidence): {DEFAULT_STOP!r}\n"
+        f"the winner's choice at the policy default (batch 4, no minimum): "
+        f"{live.label if live else 'none within the tolerance'}"
     )
+    print(
+        f"shipped default (that setting; Beta 0.95 kept for replies without a confidence): {DEFAULT_STOP!r}"
+    )
+    if live is None or repr(live.make()) not in repr(DEFAULT_STOP):
+        print("NOTE: the shipped default differs from the tuning pools' choice; update DEFAULT_STOP")
+    print()
 
     print("## Frontier on the tuning pools (the data the settings were chosen on)\n")
     frontier(tuning, t_perms, chosen)
