@@ -272,7 +272,8 @@ class PaperConfidenceGap(BaseModel):
 
 DEFAULT_EPSILON = -1.0
 """ε of the default stop rule (the paper's, σ(c1 − c2 − ε)), chosen on the tuning pools of
-``bench/cas_bench.py``: the fewest samples within 0.5 points of weighted fixed-N = 40 there."""
+``bench/cas_bench.py``: the fewest samples within 0.5 points of weighted fixed-N = 40 there, in
+batches of 4 (the policies' default batch)."""
 
 
 def _gap_rule(value: Any) -> str:
