@@ -26,7 +26,13 @@ RESAMPLE_ALL = Policy.model_validate(
     {
         "name": "all-resample",
         "bands": [
-            {"below": 0.99, "action": "resample", "max_samples": 4, "batch_size": 1},
+            {
+                "below": 0.99,
+                "action": "resample",
+                "max_samples": 4,
+                "batch_size": 1,
+                "stop": {"confidence_gap": {"rule": "capgate"}},  # deterministic, as the brute force
+            },
             {"action": "answer"},
         ],
         "on_degraded": "abstain",
@@ -159,3 +165,19 @@ def test_simulate_command_replays_pools_and_says_when_there_are_none(tmp_path: P
     as_json = json.loads(runner.invoke(app, [*args, "--data", str(with_pools), "--json"]).output)
     assert as_json["queries_with_pools"] == 6
     assert as_json["as_written"]["resample_replayed"] == 6
+
+
+def test_the_default_stochastic_rule_replays_reproducibly_under_a_seed() -> None:
+    policy = Policy.model_validate(
+        {
+            "name": "default-stop",
+            "bands": [{"below": 0.99, "action": "resample", "max_samples": 4}, {"action": "answer"}],
+            "on_degraded": "abstain",
+        }
+    )
+    pools = _pools()
+    mu = [0.25] * len(pools)
+    first = replay_policy(policy, [0.5] * len(pools), mu, pools=pools, orders=30, seed=3)
+    again = replay_policy(policy, [0.5] * len(pools), mu, pools=pools, orders=30, seed=3)
+    assert first == again
+    assert any(name.startswith("cas_frequency_gap(") for name in first.stopped_by)
