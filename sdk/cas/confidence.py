@@ -45,7 +45,7 @@ ConfidenceSource: TypeAlias = Callable[[Generation], float | None]
 CONFIDENCE_INSTRUCTION = (
     "After your final answer, state how confident you are that it is correct, as a percentage, "
     "on its own at the very end of your response in exactly this form: [confidence=X%] "
-    "where X is a number from 0 to 100. Be calibrated: among answers you give X%, about X% "
+    "where X is a multiple of 5 from 0 to 100. Be calibrated: among answers you give X%, about X% "
     "should be correct."
 )
 """System-prompt text asking for a C3RL-style response-level confidence tag."""
