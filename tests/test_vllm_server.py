@@ -137,8 +137,21 @@ def one_shot(question: str) -> list[dict[str, str]]:
     ]
 
 
-def test_verbalized_end_to_end(backend: OpenAIBackend) -> None:
+def test_verbalized_structured_by_default_parses_every_reply_on_the_first_try(backend: OpenAIBackend) -> None:
+    import json
+
     est = VerbalizedConfidence(backend, params=SamplingParams(temperature=0.7, max_tokens=24, seed=1))
+    assert est.structured is True  # an OpenAI-compatible server: structured output by default
+    for e in est.estimate(QUESTIONS):
+        assert e.usable, e.reason
+        assert (e.cost.calls, e.details["tries"]) == (1, 1)
+        assert e.p == json.loads(e.details["completion"])["probability"]
+
+
+def test_verbalized_end_to_end(backend: OpenAIBackend) -> None:
+    est = VerbalizedConfidence(
+        backend, params=SamplingParams(temperature=0.7, max_tokens=24, seed=1), structured=False
+    )  # the free-text \boxed{P} path, the fallback for servers without structured output
     results = est.estimate([one_shot(q) for q in QUESTIONS])  # type: ignore[misc]
     usable = [e for e in results if e.usable]
     assert usable, [e.reason for e in results]  # with one example this model answers in the format
