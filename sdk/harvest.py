@@ -44,12 +44,12 @@ from capgate._jsonl import data_error_from_validation, note_unique_id
 from capgate._twins import Plan, adrive, drive, twin_of
 from capgate._types import LabelledQuery, Sample
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams, backend_endpoint
-from capgate.cas.confidence import ConfidenceSource, strip_confidence_tag
+from capgate.cas.confidence import ConfidenceSource, strip_confidence_tag, with_confidence_instruction
 from capgate.datasets import DatasetItem, build_prompt
 from capgate.errors import DataError
 from capgate.grading import Grader, GraderLike, as_grader, grader_for
 
-__all__ = ["HarvestReport", "aharvest", "harvest", "meta_path"]
+__all__ = ["HarvestReport", "aharvest", "harvest", "meta_path", "prompt_with_confidence_tag"]
 
 FORMAT_VERSION = 1
 _CHECKED_SETTINGS = (
@@ -86,6 +86,13 @@ class HarvestReport(BaseModel):
     truncated_bytes: int
     elapsed_s: float
     samples_per_s: float
+
+
+def prompt_with_confidence_tag(item: DatasetItem) -> Prompt:
+    """:func:`~capgate.datasets.build_prompt` with CAS's confidence instruction as the system turn,
+    for harvests that record a per-response ``[confidence=X%]`` (``confidence=verbalized_confidence``;
+    ``capgate harvest --confidence-tag``)."""
+    return with_confidence_instruction(build_prompt(item))
 
 
 def meta_path(out: str | Path) -> Path:

@@ -553,3 +553,18 @@ def test_a_confidence_source_is_stored_and_its_tag_never_graded(tmp_path: Path) 
         harvest(TaggedBackend(), make_items(5), out, k=6, keep_text=True, progress=False)
     with pytest.raises(TypeError, match="confidence source"):
         harvest(TaggedBackend(), items, tmp_path / "x.jsonl", k=2, confidence=0.5, progress=False)  # type: ignore[arg-type]
+
+
+def test_cli_confidence_tag_asks_for_the_tag_and_records_the_source(tmp_path: Path) -> None:
+    dataset = write_dataset(make_items(2), tmp_path / "sums.jsonl")
+    out = tmp_path / "tagged.jsonl"
+    args = ["harvest", str(dataset), "--out", str(out), "--backend", "test_harvest:make_backend", "-k", "2",
+            "--no-progress", "--confidence-tag"]  # fmt: skip
+    result = CliRunner().invoke(_cli(), args)
+    assert result.exit_code == 0, result.stderr
+    records = read_records(out)
+    assert all("[confidence=X%]" in as_messages(r.model_extra["prompt"])[0]["content"] for r in records)  # type: ignore[index, arg-type]
+    assert all(s.confidence is None for r in records for s in r.samples)  # the scripted replies carry no tag
+    meta = json.loads(meta_path(out).read_text())
+    assert meta["confidence"] == "capgate.cas.confidence.verbalized_confidence"
+    assert meta["prompt"] == "capgate.harvest.prompt_with_confidence_tag"

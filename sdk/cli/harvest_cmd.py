@@ -162,6 +162,13 @@ def harvest_command(
         bool, typer.Option(help="Ask for token log-probabilities (remote backends need it for mean_logprob).")
     ] = True,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    confidence_tag: Annotated[
+        bool,
+        typer.Option(
+            help="Ask each response for a [confidence=X%] tag (system turn) and store it per sample "
+            "(for CAS benches); the tag is stripped before grading."
+        ),
+    ] = False,
 ) -> None:
     """Sample k responses per query, grade them, and append one labelled query per line (resumable).
 
@@ -169,8 +176,9 @@ def harvest_command(
     (``--model``), an OpenAI-compatible server (``--base-url`` + ``--served-model``) or any
     backend (``--backend``); ``<out>.meta.json`` records it with the sampling settings.
     """
+    from capgate.cas import verbalized_confidence
     from capgate.datasets import load_dataset
-    from capgate.harvest import harvest
+    from capgate.harvest import harvest, prompt_with_confidence_tag
 
     try:
         items = load_dataset(dataset, split=split, limit=limit)
@@ -188,6 +196,8 @@ def harvest_command(
             model_backend, items, out, k=k, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
             seed=seed, batch_size=batch_size, grader=chosen_grader, keep_text=keep_text, logprobs=logprobs,
             dataset=dataset if split is None else f"{dataset}@{split}", progress=progress,
+            prompt=prompt_with_confidence_tag if confidence_tag else None,
+            confidence=verbalized_confidence if confidence_tag else None,
         )  # fmt: skip
     except DataError as exc:
         typer.echo(f"error: {exc}", err=True)
