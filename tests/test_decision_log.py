@@ -325,3 +325,24 @@ def test_cli_missing_db_is_an_error_not_a_new_file(tmp_path: Path) -> None:
     env_result = CliRunner(env={"CAPGATE_DB": str(missing)}).invoke(app, ["log", "show"])
     assert env_result.exit_code == 2
     assert str(missing) in env_result.stderr
+
+
+def test_a_sampled_resample_updates_its_first_record(db: Path) -> None:
+    from capgate import SamplingPlan
+
+    first = Decision(
+        id="r-1",
+        action="resample",
+        estimate=Estimate(p=0.6, method="m"),
+        reason="band",
+        plan=SamplingPlan(max_samples=8, batch_size=2),
+    )
+    with DecisionLog(db) as log:
+        log.record(first)  # logged before sampling (as the LangGraph node does)
+        sampled = first.model_copy(update={"stopped_by": "beta_consensus(threshold=0.95)"})
+        log.record(sampled, samples_used=4)
+        log.record(first, samples_used=99)  # an unsampled re-log never overwrites the sampled one
+        (row,) = log.decisions()
+    assert row.samples_used == 4
+    assert row.decision.stopped_by == "beta_consensus(threshold=0.95)"
+    assert row.decision.id == "r-1"
