@@ -10,8 +10,10 @@ default model's labels):
   gated paths: *standalone probe* (the shared prefill switched off: the probe runs its own
   forward pass, then generation runs the prompt again) and *shared prefill* (the default: the
   probe's pass keeps the KV cache and generation continues from it). For each question the three
-  calls alternate (ungated, standalone, shared; the prefill cache is emptied before each), and
-  the table prints median seconds per call and the ratio of medians.
+  calls alternate (ungated, standalone, shared, the order rotating from one question to the next;
+  ``--repeats R`` rounds per question; the prefill cache is emptied before each call), and the
+  table prints median seconds per call and the ratio of medians, then the median of the paired
+  (same question, same round) ratios.
 * batching: queries/s of the probe for 1, 8 and 32 queries: one by one (``estimate_one`` in a
   loop), as one list (``estimate``), and as a fan-out (one ``Gate.assess`` per thread, the way a
   LangGraph ``Send`` fan-out or a LangChain ``abatch`` calls it; concurrent calls coalesce).
@@ -25,7 +27,7 @@ default model's labels):
 * breakdown (unless ``--no-breakdown``): where the 24-token shared-prefill call's time goes.
 
 Run: ``python bench/overhead_bench.py [--local] [--questions N] [--server URL --served-model
-NAME] [--vllm-engine]``. The last line is ``overhead: local R1× (24 tok) R2× (128 tok)``
+NAME] [--repeats R] [--vllm-engine]``. The last line is ``overhead: local R1× (24 tok) R2× (128 tok)``
 (shared-prefill path), followed by ``; verbalized R3×; calls/query C`` when a server was measured.
 """
 
@@ -66,7 +68,9 @@ def timed(call: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def measure_local(backend: Any, estimator: Any, prompts: list[str], max_tokens: int) -> float:
+def measure_local(
+    backend: Any, estimator: Any, prompts: list[str], max_tokens: int, repeats: int = 1
+) -> float:
     """Ungated vs standalone-probe vs shared-prefill gated calls; returns the shared ratio."""
     from capgate._prefill import prefill_cache
 
@@ -84,7 +88,8 @@ def measure_local(backend: Any, estimator: Any, prompts: list[str], max_tokens: 
     paths: dict[str, Callable[[str], Any]] = {"ungated": ask, "standalone": standalone, "shared": gated}
     names = list(paths)
     times: dict[str, list[float]] = {name: [] for name in paths}
-    for turn, prompt in enumerate([prompts[0], *prompts]):  # the first round warms every path up
+    rounds = [prompt for prompt in prompts for _ in range(repeats)]
+    for turn, prompt in enumerate([prompts[0], *rounds]):  # the first round warms every path up
         # The order rotates from one question to the next, so no path always runs first or last.
         for name in names[turn % 3 :] + names[: turn % 3]:
             cache.clear()
@@ -95,6 +100,13 @@ def measure_local(backend: Any, estimator: Any, prompts: list[str], max_tokens: 
         gate = medians[name]
         print(ROW.format(f"local {max_tokens} tok: {label} + policy", f"{plain:.3f}", f"{gate:.3f}",
                          f"{gate / plain:.2f}x"))  # fmt: skip
+    # Paired: the median over calls of gated / ungated for the same question in the same round.
+    paired = {
+        name: statistics.median(g / u for g, u in zip(times[name][1:], times["ungated"][1:], strict=True))
+        for name in ("standalone", "shared")
+    }
+    print(f"local {max_tokens} tok, median of paired ratios: own prefill {paired['standalone']:.3f}x, "
+          f"shared prefill {paired['shared']:.3f}x ({len(rounds)} calls per path)")  # fmt: skip
     return medians["shared"] / plain
 
 
@@ -226,6 +238,7 @@ def main() -> None:
         help="also the vLLM engine paths of issue 11 section 2 (not with --local)",
     )
     parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--repeats", type=int, default=1, help="alternation rounds per question")
     parser.add_argument("--no-breakdown", action="store_true", help="skip the 24-token breakdown")
     args = parser.parse_args()
     prompts = [q.prompt for q in demo_questions(args.questions, seed=1)]
@@ -240,8 +253,8 @@ def main() -> None:
     backend = load_backend("default", device="cpu")
     estimator = load_estimator("default", device="cpu")
     print(ROW.format("path", "ungated s", "gated s", "ratio"))
-    short = measure_local(backend, estimator, prompts, 24)
-    long = measure_local(backend, estimator, prompts, 128)
+    short = measure_local(backend, estimator, prompts, 24, args.repeats)
+    long = measure_local(backend, estimator, prompts, 128, args.repeats)
     if not args.no_breakdown:
         measure_breakdown(backend, estimator, prompts, 24)
     if args.vllm_engine and not args.local:
