@@ -10,18 +10,25 @@ default model's labels):
   gated paths: *standalone probe* (the shared prefill switched off: the probe runs its own
   forward pass, then generation runs the prompt again) and *shared prefill* (the default: the
   probe's pass keeps the KV cache and generation continues from it). For each question the three
-  calls alternate (ungated, standalone, shared; the prefill cache is emptied before each), and
-  the table prints median seconds per call and the ratio of medians.
+  calls alternate (ungated, standalone, shared, the order rotating from one question to the next;
+  ``--repeats R`` rounds per question; the prefill cache is emptied before each call), and the
+  table prints median seconds per call and the ratio of medians, then the median of the paired
+  (same question, same round) ratios.
 * batching: queries/s of the probe for 1, 8 and 32 queries: one by one (``estimate_one`` in a
   loop), as one list (``estimate``), and as a fan-out (one ``Gate.assess`` per thread, the way a
   LangGraph ``Send`` fan-out or a LangChain ``abatch`` calls it; concurrent calls coalesce).
 * remote path (``--server URL``, not with ``--local``): the same ``ask`` through
   ``OpenAIBackend`` against an OpenAI-compatible server (the CI's vLLM CPU server), gated by the
   verbalized estimator.
+* vLLM engine paths (``--vllm-engine``, not with ``--local``; issue 11 section 2): the engines of
+  ``bench/vllm_hidden_states_bench.py`` in the vLLM venv (``--vllm-python``, default
+  ``.venv-vllm/bin/python``) on this run's prompts, 24 greedy tokens: answer + hidden states in
+  one request, and the prefix-caching fallback, each against a plain (cold) generation.
+* breakdown (unless ``--no-breakdown``): where the 24-token shared-prefill call's time goes.
 
 Run: ``python bench/overhead_bench.py [--local] [--questions N] [--server URL --served-model
-NAME]``. The last line is ``overhead: local R1× (24 tok) R2× (128 tok)`` (shared-prefill path),
-followed by ``; verbalized R3×; calls/query C`` when a server was measured.
+NAME] [--repeats R] [--vllm-engine]``. The last line is ``overhead: local R1× (24 tok) R2× (128 tok)``
+(shared-prefill path), followed by ``; verbalized R3×; calls/query C`` when a server was measured.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from capgate import Gate, guard
@@ -43,6 +51,7 @@ ALWAYS_ANSWER = Policy.from_yaml_text(
     "version: 1\nname: always-answer\nbands:\n  - action: answer\non_degraded: answer\n", source="bench"
 )
 ROW = "{:<52} {:>10} {:>10} {:>9}"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def ask_with(backend: Backend, max_tokens: int) -> Callable[[str], str]:
@@ -59,7 +68,9 @@ def timed(call: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def measure_local(backend: Any, estimator: Any, prompts: list[str], max_tokens: int) -> float:
+def measure_local(
+    backend: Any, estimator: Any, prompts: list[str], max_tokens: int, repeats: int = 1
+) -> float:
     """Ungated vs standalone-probe vs shared-prefill gated calls; returns the shared ratio."""
     from capgate._prefill import prefill_cache
 
@@ -75,18 +86,110 @@ def measure_local(backend: Any, estimator: Any, prompts: list[str], max_tokens: 
             cache.enabled = True
 
     paths: dict[str, Callable[[str], Any]] = {"ungated": ask, "standalone": standalone, "shared": gated}
+    names = list(paths)
     times: dict[str, list[float]] = {name: [] for name in paths}
-    for prompt in [prompts[0], *prompts]:  # the first round warms every path up
-        for name, call in paths.items():
+    rounds = [prompt for prompt in prompts for _ in range(repeats)]
+    for turn, prompt in enumerate([prompts[0], *rounds]):  # the first round warms every path up
+        # The order rotates from one question to the next, so no path always runs first or last.
+        for name in names[turn % 3 :] + names[: turn % 3]:
             cache.clear()
-            times[name].append(timed(lambda call=call, prompt=prompt: call(prompt)))
+            times[name].append(timed(lambda call=paths[name], prompt=prompt: call(prompt)))
     medians = {name: statistics.median(values[1:]) for name, values in times.items()}
     plain = medians["ungated"]
     for name, label in (("standalone", "probe (own prefill)"), ("shared", "probe (shared prefill)")):
         gate = medians[name]
         print(ROW.format(f"local {max_tokens} tok: {label} + policy", f"{plain:.3f}", f"{gate:.3f}",
                          f"{gate / plain:.2f}x"))  # fmt: skip
+    # Paired: the median over calls of gated / ungated for the same question in the same round.
+    paired = {
+        name: statistics.median(g / u for g, u in zip(times[name][1:], times["ungated"][1:], strict=True))
+        for name in ("standalone", "shared")
+    }
+    print(f"local {max_tokens} tok, median of paired ratios: own prefill {paired['standalone']:.3f}x, "
+          f"shared prefill {paired['shared']:.3f}x ({len(rounds)} calls per path)")  # fmt: skip
     return medians["shared"] / plain
+
+
+def measure_breakdown(backend: Any, estimator: Any, prompts: list[str], max_tokens: int) -> None:
+    """Where a shared-prefill gated call's time goes, against the ungated call's (medians).
+
+    Per question, alternated: the ungated call; the ungated call's prefill alone (the same
+    generate, one token); the estimate alone (templating, the probe's forward pass keeping the
+    KV cache, the probe, the ``Estimate``); the generation right after it, from that cache; and
+    the gate's own flow (``guard`` with a constant estimator around a function that returns at
+    once, 50 calls).
+    """
+    from capgate._prefill import prefill_cache
+    from capgate._types import Estimate
+
+    class Constant(CapabilityEstimator):
+        method = "constant"
+
+        def estimate(self, queries: Any) -> list[Estimate]:
+            return [Estimate(p=0.9, method=self.method) for _ in queries]
+
+    cache = prefill_cache(backend.loaded)
+    ask, first = ask_with(backend, max_tokens), ask_with(backend, 1)
+    flow = guard(policy=ALWAYS_ANSWER, estimator=Constant())(lambda prompt: prompt)
+    parts: dict[str, list[float]] = {k: [] for k in ("ungated", "prefill", "estimate", "cached", "flow")}
+    for turn, prompt in enumerate([prompts[0], *prompts]):
+        cache.clear()
+        ungated = timed(lambda prompt=prompt: ask(prompt))
+        cache.clear()
+        prefill = timed(lambda prompt=prompt: first(prompt))
+        cache.clear()
+        estimate = timed(lambda prompt=prompt: estimator.estimate_one(prompt))
+        cached = timed(lambda prompt=prompt: ask(prompt))
+        flow_s = min(timed(lambda prompt=prompt: flow(prompt)) for _ in range(50))
+        if turn:
+            for key, value in zip(parts, (ungated, prefill, estimate, cached, flow_s), strict=True):
+                parts[key].append(value)
+    m = {key: statistics.median(values) for key, values in parts.items()}
+    decode = m["ungated"] - m["prefill"]
+    print(f"breakdown, {max_tokens} tok (median s): ungated {m['ungated']:.3f} = prefill+generate "
+          f"setup {m['prefill']:.3f} + decode {decode:.3f}; gated = estimate (prefill+features+probe) "
+          f"{m['estimate']:.3f} + generation from the cache {m['cached']:.3f} + flow "
+          f"{m['flow'] * 1e3:.2f} ms; estimate - prefill {m['estimate'] - m['prefill']:+.3f}, "
+          f"cached - decode {m['cached'] - decode:+.3f}")  # fmt: skip
+
+
+def measure_vllm_engine(prompts: list[str], python: str) -> None:
+    """Issue 11 section 2 beside the local part: vLLM engine paths, through the vLLM venv.
+
+    The engines of ``bench/vllm_hidden_states_bench.py`` (its helpers, same settings: float32,
+    ``enforce_eager``, block size 32, prefix caching, greedy 24 tokens, the prefix cache reset
+    before each query) run in subprocesses of ``python`` on this run's prompts: a plain
+    generation (cold) against the answer + hidden states in one request (``generate_with_features``)
+    and the prefix-caching fallback (a 1-token warming request, then the generation).
+    """
+    import json
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import vllm_hidden_states_bench as vhs
+
+    from capgate.models import prepare_model
+
+    model = str(prepare_model("default"))
+    with tempfile.TemporaryDirectory(prefix="capgate-overhead-vllm-") as tmp:
+        root = Path(tmp)
+        vhs._layout(root)
+        prompts_file = root / "prompts.json"
+        prompts_file.write_text(json.dumps(prompts))
+        extract = vhs._run_engine(python, "extract", model, prompts_file, root)
+        plain = vhs._run_engine(python, "plain", model, prompts_file, root)
+    med = statistics.median
+    cold = med(plain["cold_s"])
+    rows = (
+        ("vLLM engine: answer + hidden states, one request", med(extract["gen_with_features_s"])),
+        ("vLLM engine: prefix-caching fallback, 2 requests", med(plain["prefill_s"]) + med(plain["warm_s"])),
+    )
+    for label, value in rows:
+        print(ROW.format(label, f"{cold:.3f}", f"{value:.3f}", f"{value / cold:.2f}x"))
+    same = sum(a == b for a, b in zip(extract["texts"], plain["texts"], strict=True))
+    print(f"vLLM engine: greedy answers equal to the plain engine's {same}/{len(prompts)}")
 
 
 def measure_batching(estimator: CapabilityEstimator, prompts: list[str]) -> None:
@@ -129,6 +232,14 @@ def main() -> None:
     parser.add_argument("--server", help="OpenAI-compatible base URL for the remote path")
     parser.add_argument("--served-model", help="model name on the server")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument(
+        "--vllm-engine",
+        action="store_true",
+        help="also the vLLM engine paths of issue 11 section 2 (not with --local)",
+    )
+    parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--repeats", type=int, default=1, help="alternation rounds per question")
+    parser.add_argument("--no-breakdown", action="store_true", help="skip the 24-token breakdown")
     args = parser.parse_args()
     prompts = [q.prompt for q in demo_questions(args.questions, seed=1)]
     print(f"data: {len(prompts)} held-out prompts from the shipped SmolLM2 labels; greedy answers")
@@ -142,8 +253,12 @@ def main() -> None:
     backend = load_backend("default", device="cpu")
     estimator = load_estimator("default", device="cpu")
     print(ROW.format("path", "ungated s", "gated s", "ratio"))
-    short = measure_local(backend, estimator, prompts, 24)
-    long = measure_local(backend, estimator, prompts, 128)
+    short = measure_local(backend, estimator, prompts, 24, args.repeats)
+    long = measure_local(backend, estimator, prompts, 128, args.repeats)
+    if not args.no_breakdown:
+        measure_breakdown(backend, estimator, prompts, 24)
+    if args.vllm_engine and not args.local:
+        measure_vllm_engine(prompts, args.vllm_python)
     measure_batching(estimator, prompts)
     line = f"overhead: local {short:.2f}× (24 tok) {long:.2f}× (128 tok)"
     if args.server and not args.local:

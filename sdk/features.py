@@ -268,10 +268,11 @@ class HiddenStateFeaturizer:
         pooled: list[Any] = []
         for pooling in poolings:
             for index in self.layer_indices:
-                state = states[index].float()
                 if pooling == "last":
-                    pooled.append(state[:, -1, :])
+                    # Slice before casting: only the last position is cast (same values).
+                    pooled.append(states[index][:, -1, :].float())
                 else:
+                    state = states[index].float()
                     # where(), not a product: padded positions may hold non-finite values.
                     summed = torch.where(keep, state, torch.zeros_like(state)).sum(dim=1)
                     pooled.append(summed / keep.sum(dim=1).clamp(min=1))
