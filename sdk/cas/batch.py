@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from capgate._types import Estimate, Extractor
 from capgate.backend import Backend, Prompt, SamplingParams
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT
-from capgate.cas.budget import _as_p
+from capgate.cas.budget import _capabilities
 from capgate.cas.confidence import DEFAULT_CONFIDENCE, ConfidenceSource, strip_confidence_tag
 from capgate.cas.stop import beta_prob_above_half
 
@@ -85,17 +85,7 @@ class BatchAllocator:
             raise ValueError(f"`budget` must be a non-negative integer; got {budget!r}")
         if isinstance(max_per_query, bool) or not isinstance(max_per_query, int) or max_per_query < 1:
             raise ValueError(f"`max_per_query` must be a positive integer; got {max_per_query!r}")
-        priors: list[float] = []
-        for i, estimate in enumerate(estimates):
-            value, why = _as_p(estimate, f"estimates[{i}]")
-            if value is None:
-                if fill_unavailable is None:
-                    raise ValueError(
-                        f"estimates[{i}] is unavailable ({why}); pass fill_unavailable=... to allocate anyway"
-                    )
-                value, _ = _as_p(fill_unavailable, "`fill_unavailable`")
-            priors.append(float(value or 0.0))
-        self.priors = priors
+        self.priors = priors = _capabilities(estimates, fill_unavailable=fill_unavailable)
         self.budget = budget
         self.max_per_query = max_per_query
         self.unknown_weight = unknown_weight
@@ -126,7 +116,8 @@ class BatchAllocator:
         fresh = [i for i in open_ if self.drawn[i] == 0]
         for i in fresh[:left]:
             chosen.append(i)
-        ranked = sorted((i for i in open_ if i not in chosen), key=lambda i: (-self.priority(i), i))
+        taken = set(chosen)
+        ranked = sorted((i for i in open_ if i not in taken), key=lambda i: (-self.priority(i), i))
         chosen.extend(ranked[: max(0, left - len(chosen))])
         for i in chosen:
             self.pending[i] += 1

@@ -148,7 +148,16 @@ def allocate_budget(
     """
     from capgate.metrics import greedy_allocation
 
-    p = np.empty(len(estimates), dtype=np.float64)
+    p = np.asarray(_capabilities(estimates, fill_unavailable=fill_unavailable), dtype=np.float64)
+    return np.asarray(greedy_allocation(p, budget, max_per_query=max_per_query), dtype=np.int64)
+
+
+def _capabilities(
+    estimates: Sequence[float | Estimate | None], *, fill_unavailable: float | None = None
+) -> list[float]:
+    """The capability of each estimate for a batch allocator: an unavailable one is an error
+    naming its index unless ``fill_unavailable`` gives an explicit stand-in (no silent default)."""
+    out: list[float] = []
     for i, estimate in enumerate(estimates):
         value, why = _as_p(estimate, f"estimates[{i}]")
         if value is None:
@@ -158,5 +167,5 @@ def allocate_budget(
                 )
             filled, _ = _as_p(fill_unavailable, "`fill_unavailable`")
             value = 0.0 if filled is None else filled
-        p[i] = value
-    return np.asarray(greedy_allocation(p, budget, max_per_query=max_per_query), dtype=np.int64)
+        out.append(value)
+    return out

@@ -323,6 +323,20 @@ class beta_futility(StopRule):  # noqa: N801
 # --------------------------------------------------------------------------- CAS
 
 
+def _leader_gap(state: SamplingState, ranked: list[str]) -> float | None:
+    """c1 − c2 of the first two answers of ``ranked`` (c2 = 0 for a lone answer), or ``None``
+    with no answer or an unknown mean confidence; the two CAS rules differ only in the ranking."""
+    if not ranked:
+        return None
+    c1 = state.mean_confidence(ranked[0])
+    if c1 is None:
+        return None
+    if len(ranked) == 1:
+        return c1
+    c2 = state.mean_confidence(ranked[1])
+    return None if c2 is None else c1 - c2
+
+
 class cas_confidence_gap(StopRule):  # noqa: N801
     """The CAS stop rule: P_stop = σ(scale · (c1 − c2 − margin)).
 
@@ -381,16 +395,7 @@ class cas_confidence_gap(StopRule):  # noqa: N801
 
     def gap(self, state: SamplingState) -> float | None:
         """c1 − c2 for the current state, or ``None`` when a needed confidence is unknown."""
-        ranked = state.ranked()
-        if not ranked:
-            return None
-        c1 = state.mean_confidence(ranked[0])
-        if c1 is None:
-            return None
-        if len(ranked) == 1:
-            return c1
-        c2 = state.mean_confidence(ranked[1])
-        return None if c2 is None else c1 - c2
+        return _leader_gap(state, state.ranked())
 
     def stop_probability(self, state: SamplingState) -> float | None:
         """P_stop = σ(scale · (c1 − c2 − margin)), or ``None`` when the gap is unknown."""
@@ -457,16 +462,7 @@ class cas_frequency_gap(StopRule):  # noqa: N801
 
     def gap(self, state: SamplingState) -> float | None:
         """c1 − c2, or ``None`` when a needed confidence is unknown (or no answer yet)."""
-        ranked = self.leaders(state)
-        if not ranked:
-            return None
-        c1 = state.mean_confidence(ranked[0])
-        if c1 is None:
-            return None
-        if len(ranked) == 1:
-            return c1
-        c2 = state.mean_confidence(ranked[1])
-        return None if c2 is None else c1 - c2
+        return _leader_gap(state, self.leaders(state))
 
     def stop_probability(self, state: SamplingState) -> float | None:
         """P_stop = σ(c1 − c2 − ε), or ``None`` when the gap is unknown."""
