@@ -2,7 +2,8 @@
 
 White-box: :class:`ProbeEstimator` (a :class:`LinearProbe` on a local model's hidden states);
 :class:`ProbeSearch` fits a stronger :class:`LinearProbe` (layers, solver and regularization chosen
-by inner cross-validation) and :func:`nested_cross_val_predict` scores such a recipe honestly.
+by inner cross-validation) and :func:`nested_cross_val_predict` scores such a recipe honestly;
+:class:`NuisanceProjection` makes a probe blind to edits (claims of easiness) that should not move it.
 Black-box estimators that query the model through a backend: :class:`VerbalizedConfidence`,
 :class:`PTrue` and :class:`Consistency`. Baselines: :class:`UniformRandom`, :class:`ConstantPrior`.
 :class:`Recalibrated` wraps any estimator with an isotonic or Platt calibrator fitted on held-out
@@ -10,6 +11,7 @@ outcomes; :class:`FallbackChain` composes estimators so the first usable estimat
 :func:`estimate_jsonl` runs any estimator over a labelled JSONL file.
 """
 
+from capgate.estimators._invariance import NuisanceProjection
 from capgate.estimators._nested import NestedCV, nested_cross_val_predict
 from capgate.estimators._parsing import normalize_answer, parse_probability
 from capgate.estimators._probe_search import ProbeSearch
@@ -33,6 +35,7 @@ __all__ = [
     "IsotonicCalibrator",
     "LinearProbe",
     "NestedCV",
+    "NuisanceProjection",
     "PTrue",
     "PlattCalibrator",
     "ProbeEstimator",
