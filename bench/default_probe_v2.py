@@ -21,9 +21,12 @@ compares the refit with the shipped probe on two held-out sets. Steps, each resu
 3. Split: 25% of each source held out (seeded), fixed by id before any label is seen; written to
    ``bench/data/default_v2_split.json``. Training set = the other 75% plus the shipped probe's
    224 training queries (k = 40 labels, same settings).
-4. Features (all layers' mean, last prompt token; the shipped probe's recipe) for every query,
-   cached under ``--work``.
-5. Fits ``LinearProbe`` (paper recipe, lr sweep) and a closed-form ridge on µ̂ (numpy; penalty
+4. Features: the last prompt token's hidden state at every layer (embeddings + 30 layers) for
+   every query, cached under ``--work``; their mean over layers is the shipped probe's recipe.
+5. Fits the new trainer, ``ProbeSearch`` (per-layer features; layer set, solver — ridge or L2
+   logistic — and strength chosen by inner 5-fold CV on the training set only): the candidate
+   installed, fixed before any held-out score is seen. For context, ``LinearProbe`` (paper recipe,
+   lr sweep, all-layer mean) and a closed-form ridge on µ̂ (numpy; penalty
    chosen by 5-fold CV inside the training set, standardized features, predictions clipped to
    [0, 1]), and prints held-out tables on (a) the new held-out 25% and (b) the shipped split's
    96 held-out queries: shipped probe, new probes, constant prior (training mean µ̂).
@@ -55,6 +58,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from probe_smollm2 import ASSETS, ROOT, build_items, make_backend, prompt_for
@@ -78,7 +82,50 @@ SOURCES_V2 = {
     "gsm8k": 100,
 }
 MAX_PROMPT_CHARS = 2000
+NEW_PROBE = "ProbeSearch v2 + claim invariance"
+INVARIANCE_ENERGY = 0.9
+N_EDITS = 120
+"""The candidate installed: chosen before any held-out query is scored (the others are context)."""
 HELD_OUT_FRACTION = 0.25
+
+
+class PerLayerLast:
+    """Rows = the last prompt token's state at every layer, ``(n, 31, 576)``, for the feature cache."""
+
+    def __init__(self, featurizer: Any) -> None:
+        from capgate.estimators._common import spec_as_dict
+
+        self.featurizer = featurizer
+        self._spec = {**spec_as_dict(featurizer.spec), "per_layer": True}
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self._spec
+
+    def transform(self, queries: list[Any]) -> np.ndarray:
+        out: np.ndarray = self.featurizer.transform_layers(queries)
+        return out
+
+
+def claim_edits(pool: list[str], prompts: dict[str, str], seed: int) -> tuple[list[str], list[str]]:
+    """``N_EDITS`` training queries (seeded), each with one claim of the TUNE grammar at a random place.
+
+    Only text of ``injection_families.tune_claims`` is used, so the injection bench's EVAL families
+    stay unseen by the fit.
+    """
+    from injection_families import tune_claims
+
+    rng = np.random.default_rng(seed + 2)
+    claims = tune_claims(seed=seed)
+    ids = sorted(str(q) for q in rng.choice(pool, size=min(N_EDITS, len(pool)), replace=False))
+    placements = ("{q} {c}", "{c} {q}", "{q}\n{c}", "{c}\n{q}", "{q}\n\n{c}")
+    edited = [
+        placements[int(rng.integers(len(placements)))].format(
+            q=prompts[q], c=claims[int(rng.integers(len(claims)))]
+        )
+        for q in ids
+    ]
+    return ids, edited
 
 
 def v1_split() -> dict[str, list[str]]:
@@ -221,7 +268,8 @@ def markdown(rows: list[CalibrationRow], title: str) -> str:
 
 def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str, list[str]]) -> None:
     """Features, fits and the two held-out tables (on whatever is harvested so far)."""
-    from capgate.estimators import ConstantPrior, LinearProbe
+    from capgate.estimators import ConstantPrior, LinearProbe, NuisanceProjection, ProbeSearch
+    from capgate.estimators._convex import pool_layers
     from capgate.estimators.feature_store import featurize_to
     from capgate.features import HiddenStateFeaturizer
     from capgate.models import load_model
@@ -235,16 +283,27 @@ def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str
     partial = len(new) < n_total
     prompts = {i.id: prompt_for(i) for i in items}
     prompts.update({q: str((r.model_extra or {})["prompt"]) for q, r in old.items()})
-    ids = sorted(prompts)
+    ids = sorted(prompts, key=lambda q: (len(prompts[q]), q))  # similar lengths share a batch
     featurizer = HiddenStateFeaturizer(load_model("default", device="cpu"), batch_size=16)
     start = time.perf_counter()
-    stored = featurize_to(args.work / "features.npz", ids, [prompts[i] for i in ids], featurizer)
+    stored = featurize_to(
+        args.work / "features_per_layer.npz", ids, [prompts[i] for i in ids], PerLayerLast(featurizer)
+    )
+    edit_ids, edited = claim_edits(sorted(set(split["train"]) | set(old_split["train"])), prompts, args.seed)
+    stored_edits = featurize_to(
+        args.work / "edits_per_layer.npz", [f"{q}+claim" for q in edit_ids], edited, PerLayerLast(featurizer)
+    )
     feature_s = time.perf_counter() - start
     row_of = {q: j for j, q in enumerate(stored.ids)}
     labels = {**old, **new}
 
+    def layered(qids: list[str]) -> np.ndarray:
+        """Per-layer features ``(n, 31, 576)``: the last prompt token's state at every layer."""
+        return stored.features[[row_of[q] for q in qids]].astype(np.float64)
+
     def arrays(qids: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        X = stored.features[[row_of[q] for q in qids]].astype(np.float64)
+        """The shipped recipe's features (mean of all layers), successes and k."""
+        X = layered(qids).mean(axis=1)
         return X, np.array([labels[q].correct for q in qids]), np.array([labels[q].k for q in qids])
 
     train_ids = [q for q in split["train"] if q in new] + list(old_split["train"])
@@ -257,6 +316,26 @@ def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str
     linear = LinearProbe(random_state=args.seed).fit(
         X_tr, mu_tr, feature_spec=featurizer.spec, source=args.labels.name
     )
+    search_start = time.perf_counter()
+    search = ProbeSearch(solvers=("ridge", "logistic"), layers="auto", random_state=args.seed).fit(
+        layered(train_ids), mu_tr, feature_spec=featurizer.spec, source=args.labels.name
+    )
+    search_s = time.perf_counter() - search_start
+    chosen = search.best_estimator_
+    assert chosen is not None
+    # Claim invariance (TUNE grammar only): project out what the edits move, refit, fold back.
+    layers = search.best_params_["layers"]
+    clean_pairs = pool_layers(layered(edit_ids), layers)
+    edited_pairs = pool_layers(stored_edits.features.astype(np.float64), layers)
+    projection = NuisanceProjection(energy=INVARIANCE_ENERGY).fit(
+        pool_layers(layered(train_ids), layers), clean_pairs, edited_pairs
+    )
+    inner = ProbeSearch(solvers=("ridge", "logistic"), random_state=args.seed).fit(
+        projection.transform(pool_layers(layered(train_ids), layers)), mu_tr, source=args.labels.name
+    )
+    assert inner.best_estimator_ is not None
+    invariant = projection.fold(inner.best_estimator_)
+    invariant.feature_spec_ = chosen.feature_spec_
     alphas = np.logspace(-1, 5, 25)
     alpha, w, b, mean, scale = ridge_cv(X_tr, mu_tr, alphas=alphas, folds=5, seed=args.seed)
     shipped = LinearProbe.load(V1 / "probe")
@@ -286,6 +365,20 @@ def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str
         f"{len(old_split['train'])} v1 train), mean µ̂ {mu_tr.mean():.3f}; LinearProbe lr_ = {linear.lr_}; "
         f"ridge alpha = {alpha:.3g} (5-fold CV over {alphas[0]:.1g}..{alphas[-1]:.1g})"
     )
+    print(
+        f"ProbeSearch (inner 5-fold CV on the training set only, {len(search.cv_results_)} recipes, "
+        f"{search_s:.1f} s): chosen {search.best_params_}, hidden states {search.layers_}"
+    )
+    p_train = invariant.predict(pool_layers(layered(train_ids), layers))
+    print(
+        f"{NEW_PROBE} on its training split: 71st / 94th percentiles of p = "
+        f"{np.percentile(p_train, 71):.3f} / {np.percentile(p_train, 94):.3f} (demo-smollm2's edges)"
+    )
+    print(
+        f"claim invariance: {len(edit_ids)} training queries each edited once by the TUNE claim grammar; "
+        f"{projection.components_.shape[0]} directions removed ({projection.energy_:.1%} of the edits' "
+        f"squared shift); refit {inner.best_params_}"
+    )
     print(f"features: {len(ids)} queries in {feature_s:.1f} s (cached parts are reused on a rerun)")
     from rich.console import Console
 
@@ -298,16 +391,18 @@ def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str
             "shipped probe (v1, 224 train)": shipped.predict(X),
             "LinearProbe v2 (lr sweep)": linear.predict(X),
             "ridge v2 (CV alpha)": np.clip(((X - mean) / scale) @ w + b, 0.0, 1.0),
+            "ProbeSearch v2 (layers, solver, alpha by inner CV)": search.predict(layered(qids)),
+            NEW_PROBE: invariant.predict(pool_layers(layered(qids), layers)),
             "constant prior (v2 train mean)": prior_v2.predict(X),
             "constant prior (v1 train mean)": prior_v1.predict(X),
         }
         rows = [calibration_row(name, v, c, k, pass_ks=(1, 4, 16)) for name, v in p.items()]
         console.print(format_table(rows, title=f"{title}{label}: {len(qids)} queries"))
         print(markdown(rows, f"{title}{label}"))
-        for name in ("LinearProbe v2 (lr sweep)", "ridge v2 (CV alpha)"):
+        for name in list(p)[1:-2]:
             lo, hi = paired_brier_interval(p[name], p["shipped probe (v1, 224 train)"], mu, args.seed)
             print(f"  {name} − shipped, cap. Brier: 95% bootstrap interval [{lo:+.4f}, {hi:+.4f}]")
-        wins[title] = rows[1].capability_brier < rows[0].capability_brier
+        wins[title] = rows[list(p).index(NEW_PROBE)].capability_brier < rows[0].capability_brier
         if title.startswith("(a)"):
             per_source = []
             for name in SOURCES_V2:
@@ -316,26 +411,42 @@ def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str
                     "shipped probe (v1, 224 train)",
                     "LinearProbe v2 (lr sweep)",
                     "ridge v2 (CV alpha)",
+                    "ProbeSearch v2 (layers, solver, alpha by inner CV)",
+                    NEW_PROBE,
                 ):
                     if mask.any():
                         per_source.append(calibration_row(f"{name}: {est}", p[est][mask], c[mask], k[mask]))
             print(markdown(per_source, f"{title} by source"))
     beats = all(wins.values())
-    print(f"LinearProbe v2 beats the shipped probe in capability Brier on both held-out sets: {beats}")
+    print(f"{NEW_PROBE} beats the shipped probe in capability Brier on both held-out sets: {beats}")
     probe_dir = args.work / "probe"
-    linear.save(probe_dir)
+    if probe_dir.exists():
+        shutil.rmtree(probe_dir)
+    invariant.save(probe_dir)
     if args.install:
         if partial or not beats:
             raise SystemExit(
                 "not installed: the harvest is partial or the new probe does not win on both sets"
             )
         install(
-            probe_dir, args.labels, old, train_ids, [q for qids in sets.values() for q in qids], args.seed
+            probe_dir,
+            args.labels,
+            items,
+            old,
+            train_ids,
+            [q for qids in sets.values() for q in qids],
+            args.seed,
         )
 
 
 def install(
-    probe_dir: Path, labels: Path, old: dict[str, LabelledQuery], train: list[str], test: list[str], seed: int
+    probe_dir: Path,
+    labels: Path,
+    items: list[DatasetItem],
+    old: dict[str, LabelledQuery],
+    train: list[str],
+    test: list[str],
+    seed: int,
 ) -> None:
     """Replace ``sdk/assets``: probe, labels (v1's 320 queries then the new ones), split (same format)."""
     target = ASSETS / "default_probe"
@@ -343,7 +454,12 @@ def install(
         shutil.rmtree(target)
     shutil.copytree(probe_dir, target)
     lines = [r.model_dump_json(exclude_none=True) for r in old.values()]
-    new_lines = [line for line in labels.read_text(encoding="utf-8").splitlines() if line.strip()]
+    choices = {item.id: item.choices for item in items if item.choices}
+    new_lines = []
+    for record in read_labelled(labels).records:  # choice items keep their options, for grading
+        if record.id in choices:
+            record = record.model_copy(update={"choices": choices[record.id]})
+        new_lines.append(record.model_dump_json(exclude_none=True))
     (ASSETS / "default_labels.jsonl").write_text("\n".join(lines + new_lines) + "\n", encoding="utf-8")
     (ASSETS / "default_split.json").write_text(
         json.dumps({"seed": seed, "train": train, "test": test}) + "\n"

@@ -113,6 +113,7 @@ def demo_questions(n: int, *, seed: int = 0) -> list[DemoQuestion]:
             question=record.question or "",
             references=record.references,
             kind=extra.get("kind", "alias"),
+            choices=extra.get("choices"),
         )
         questions.append(
             DemoQuestion(item=item, prompt=str(extra["prompt"]), k=record.k, correct=record.correct)
