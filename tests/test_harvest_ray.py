@@ -150,7 +150,7 @@ def test_cli_ray_driver_killed_then_resumed(ray_local: str, server: tuple[str, s
         "--workers", "2", "--cpus-per-worker", "0",
     ]  # fmt: skip
     driver = subprocess.Popen(
-        [sys.executable, "-m", "capgate.cli", *args, "--ray", ray_local],
+        [sys.executable, "-m", "capgate.cli", *args, "--ray", "--ray-address", ray_local],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

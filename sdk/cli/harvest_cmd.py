@@ -194,14 +194,16 @@ def harvest_command(
         ),
     ] = False,
     ray: Annotated[
-        str | None,
+        bool,
         typer.Option(
             "--ray",
-            flag_value="local",
-            help="Spread the sampling over Ray workers: --ray alone starts a local Ray; --ray ADDRESS "
-            "joins a cluster (auto, ray://host:10001). With --base-url URL1,URL2,... worker i uses "
-            "replica i mod n.",
+            help="Spread the sampling over Ray workers (a local Ray unless --ray-address). With "
+            "--base-url URL1,URL2,... worker i uses replica i mod n.",
         ),
+    ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="With --ray: the Ray cluster to join (auto, ray://host:10001, host:6379)."),
     ] = None,
     workers: Annotated[int, typer.Option(min=1, help="With --ray: Ray workers (actors).")] = 2,
     cpus_per_worker: Annotated[
@@ -228,9 +230,11 @@ def harvest_command(
     try:
         items = load_dataset(dataset, split=split, limit=limit)
         chosen_grader = _make_grader(grader)
-        if ray is not None:
+        if ray_address is not None and not ray:
+            raise typer.BadParameter("--ray-address needs --ray", param_hint="--ray-address")
+        if ray:
             report: Any = _ray_harvest(
-                ray, workers, cpus_per_worker, items, out, chosen_grader, settings,
+                ray_address, workers, cpus_per_worker, items, out, chosen_grader, settings,
                 model=model, backend=backend, device=device, dtype=dtype, base_url=base_url,
                 served_model=served_model, api_key_env=api_key_env,
             )  # fmt: skip
@@ -263,7 +267,7 @@ def harvest_command(
         f"({report.n_new} new, {report.n_resumed} resumed); {report.n_samples} samples, "
         f"{accuracy:.3f} correct, {report.samples_per_s:.1f} samples/s"
     )
-    if ray is not None:
+    if ray:
         summary += f" on {report.workers} Ray workers ({report.worker_failures} batches lost to dead workers)"
     if report.truncated_bytes:
         summary += f"; cut off a torn last line ({report.truncated_bytes} bytes)"
@@ -271,7 +275,7 @@ def harvest_command(
 
 
 def _ray_harvest(
-    address: str,
+    address: str | None,
     workers: int,
     cpus_per_worker: float,
     items: list[Any],
@@ -304,7 +308,7 @@ def _ray_harvest(
         items,
         out,
         workers=workers,
-        address=None if address == "local" else address,
+        address=address,
         cpus_per_worker=cpus_per_worker,
         grader=grader,
         **settings,
