@@ -11,13 +11,14 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from _postgres import FaultProxy, fetch, fresh_url
 
-from capgate import Estimate, Gate, LogUnavailableError
+from capgate import Estimate, Gate, LogUnavailableError, guard
 from capgate.decision import Decision, DecisionLog
 from capgate.estimators import CapabilityEstimator
 
@@ -36,7 +37,7 @@ def make() -> Decision:
 
 
 @pytest.fixture
-def proxied(postgres_url: str) -> tuple[FaultProxy, str]:
+def proxied(postgres_url: str) -> Iterator[tuple[FaultProxy, str]]:
     url = fresh_url(postgres_url)
     target = urlsplit(postgres_url)
     proxy = FaultProxy(target.hostname or "127.0.0.1", target.port or 5432)
@@ -60,7 +61,7 @@ def test_the_gate_returns_its_decision_counts_and_reports_the_failure(
     gate = Gate(policy="balanced", estimator=Fixed(), log=DecisionLog(DOWN, timeout_s=3))
     calls: list[str] = []
 
-    @gate_guard(gate)
+    @guard(gate=gate)
     def ask(q: str) -> str:
         calls.append(q)
         return "42"
@@ -86,7 +87,7 @@ def test_fail_closed_blocks_the_call() -> None:
     gate = Gate(policy="balanced", estimator=Fixed(), log=DecisionLog(DOWN, timeout_s=3, fail_closed=True))
     calls: list[str] = []
 
-    @gate_guard(gate)
+    @guard(gate=gate)
     def ask(q: str) -> str:
         calls.append(q)
         return "42"
@@ -102,7 +103,7 @@ def test_the_async_gate_reports_too() -> None:
 
     gate = Gate(policy="balanced", estimator=Fixed(), log=DecisionLog(DOWN, timeout_s=3))
 
-    @gate_guard(gate)
+    @guard(gate=gate)
     async def ask(q: str) -> str:
         return "42"
 
@@ -156,7 +157,7 @@ def test_sqlite_locked_past_its_busy_timeout_is_a_bounded_failure(tmp_path: Path
     holder.execute("BEGIN IMMEDIATE")  # another writer that does not let go
     gate = Gate(policy="balanced", estimator=Fixed(), log=log)
 
-    @gate_guard(gate)
+    @guard(gate=gate)
     def ask(q: str) -> str:
         return "42"
 
@@ -181,9 +182,3 @@ def test_sqlite_locked_past_its_busy_timeout_is_a_bounded_failure(tmp_path: Path
         other.close()
     log.record(make())  # writable again once the lock is gone
     assert len(log) == 2
-
-
-def gate_guard(gate: Gate):  # type: ignore[no-untyped-def]
-    import capgate
-
-    return capgate.guard(gate=gate)
