@@ -1,11 +1,17 @@
-"""Write throughput of the SQLite decision log, alone and under concurrent writer processes.
+"""Write throughput of the decision log on both stores, alone and under concurrent writer processes.
 
 Each writer process records ``--per-writer`` decisions (synthetic, made here; every other one
-also gets an outcome, i.e. a second transaction) into one fresh database file in a temporary
-folder, and the bench reports decisions per second overall and per writer, for 1, 2 and 4
-writers, plus the time of one ``capgate monitor``-style calibration report over the result.
-Every write is its own committed transaction (WAL, synchronous=NORMAL), as in production use.
-Run: ``python bench/decision_log_bench.py [--per-writer N]``.
+also gets an outcome, i.e. a second transaction) into one fresh log, and the bench reports
+decisions per second overall and per writer, for 1, 2, 4 and 8 writers, on each store:
+
+- SQLite: one fresh file in a temporary folder (WAL, synchronous=NORMAL);
+- PostgreSQL: a fresh schema on a local server (``--postgres URL``, else $CAPGATE_TEST_POSTGRES_URL,
+  else one started here with ``scripts/postgres-server.sh``; fsync and synchronous_commit on).
+
+Every write is its own committed transaction, as in production use. After each run the bench
+checks that the log holds exactly the rows written (no loss, no duplicates), and times one
+``capgate monitor``-style calibration report over the largest log.
+Run: ``python bench/decision_log_bench.py [--per-writer N] [--stores sqlite,postgres]``.
 """
 
 from __future__ import annotations
@@ -14,16 +20,20 @@ import argparse
 import multiprocessing as mp
 import os
 import platform
+import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from capgate import Estimate
 from capgate.decision import Decision, DecisionLog, calibration_report
 
+REPO = Path(__file__).resolve().parents[1]
 
-def _write(path: str, tag: str, count: int, start: mp.synchronize.Event) -> None:
-    log = DecisionLog(path)
+
+def _write(location: str, tag: str, count: int, start: mp.synchronize.Event) -> None:
+    log = DecisionLog(location)
     log.record(
         Decision(id=f"{tag}-warmup", action="answer", estimate=Estimate(p=0.5, method="probe"), reason="b")
     )
@@ -37,48 +47,96 @@ def _write(path: str, tag: str, count: int, start: mp.synchronize.Event) -> None
     log.close()
 
 
-def run(n_writers: int, per_writer: int, folder: Path) -> tuple[float, Path]:
-    path = folder / f"bench_{n_writers}.sqlite3"
-    DecisionLog(path).close()
+def run(location: str, n_writers: int, per_writer: int) -> float:
+    DecisionLog(location).close()
     ctx = mp.get_context("spawn")
     start = ctx.Event()
     procs = [
-        ctx.Process(target=_write, args=(str(path), f"w{k}", per_writer, start)) for k in range(n_writers)
+        ctx.Process(target=_write, args=(location, f"w{k}", per_writer, start)) for k in range(n_writers)
     ]
     for proc in procs:
         proc.start()
-    time.sleep(1.0)  # let every writer import and open its connection
+    time.sleep(1.5)  # let every writer import and open its connection
     began = time.perf_counter()
     start.set()
     for proc in procs:
         proc.join()
         if proc.exitcode != 0:
             raise SystemExit(f"writer exited with {proc.exitcode}")
-    return time.perf_counter() - began, path
+    seconds = time.perf_counter() - began
+    with DecisionLog(location) as log:
+        expected = n_writers * (per_writer + 1)
+        if len(log) != expected or len({r.id for r in log.decisions()}) != expected:
+            raise SystemExit(f"{location}: {len(log)} rows, expected {expected}")
+    return seconds
+
+
+def _postgres_url(given: str | None) -> tuple[str, Path | None]:
+    url = given or os.environ.get("CAPGATE_TEST_POSTGRES_URL")
+    if url:
+        return url, None
+    state = Path(tempfile.mkdtemp(prefix="capgate-pg-bench-"))
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts/postgres-server.sh"), "start"],
+        env={**os.environ, "CAPGATE_PG_STATE_DIR": str(state)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip(), state
+
+
+def _fresh_schema(url: str) -> str:
+    import psycopg
+
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--per-writer", type=int, default=2000)
+    parser.add_argument("--per-writer", type=int, default=1000)
+    parser.add_argument("--stores", default="sqlite,postgres")
+    parser.add_argument("--writers", default="1,2,4,8")
+    parser.add_argument("--postgres", default=None, help="A PostgreSQL URL (default: see above).")
     args = parser.parse_args()
+    writers = [int(n) for n in args.writers.split(",")]
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(
         f"each writer: {args.per_writer} decisions + {args.per_writer // 2} outcomes, one transaction each\n"
     )
-    print(f"{'writers':>7} {'decisions':>9} {'seconds':>8} {'decisions/s':>12} {'per writer/s':>13}")
-    with tempfile.TemporaryDirectory() as tmp:
-        last = None
-        for n in (1, 2, 4):
-            seconds, last = run(n, args.per_writer, Path(tmp))
-            total = n * args.per_writer
-            print(f"{n:>7} {total:>9} {seconds:>8.2f} {total / seconds:>12.0f} {total / seconds / n:>13.0f}")
-        assert last is not None
-        with DecisionLog(last) as log:
-            began = time.perf_counter()
-            reports = calibration_report(log, window=1000)
-            took = time.perf_counter() - began
-            print(f"\nintegrity_check: {log.integrity_check()}; rows: {len(log)}")
-        print(f"calibration report (window 1000, {len(reports)} methods): {took * 1000:.1f} ms")
+    started: Path | None = None
+    try:
+        for store in args.stores.split(","):
+            if store == "postgres":
+                url, started = _postgres_url(args.postgres)
+            print(f"{store}:")
+            print(f"{'writers':>7} {'decisions':>9} {'seconds':>8} {'decisions/s':>12} {'per writer/s':>13}")
+            with tempfile.TemporaryDirectory() as tmp:
+                last = ""
+                for n in writers:
+                    last = str(Path(tmp) / f"bench_{n}.sqlite3") if store == "sqlite" else _fresh_schema(url)
+                    seconds = run(last, n, args.per_writer)
+                    total = n * args.per_writer
+                    rate = total / seconds
+                    print(f"{n:>7} {total:>9} {seconds:>8.2f} {rate:>12.0f} {rate / n:>13.0f}")
+                with DecisionLog(last) as log:
+                    began = time.perf_counter()
+                    reports = calibration_report(log, window=1000)
+                    took = time.perf_counter() - began
+                    verdict = log.integrity_check()
+                    print(f"integrity_check: {verdict}; rows: {len(log)} (no loss, no duplicates)")
+                print(f"calibration report (window 1000, {len(reports)} methods): {took * 1000:.1f} ms\n")
+    finally:
+        if started is not None:
+            subprocess.run(
+                ["bash", str(REPO / "scripts/postgres-server.sh"), "stop"],
+                env={**os.environ, "CAPGATE_PG_STATE_DIR": str(started)},
+                capture_output=True,
+                check=False,
+            )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run a command with a real vLLM OpenAI-compatible server up (CPU), then always stop the server.
+# Run a command with a real vLLM OpenAI-compatible server up (CPU) and a throwaway PostgreSQL
+# server (scripts/postgres-server.sh, for the decision-log tests), then always stop both.
 #
 #   bash scripts/with-vllm-server.sh .venv/bin/python -m pytest
 #
@@ -7,7 +8,10 @@
 # served model name), CAPGATE_TEST_VLLM_PYTHON (the python of .venv-vllm, for offline-engine tests)
 # and CAPGATE_TEST_VLLM_MODEL_DIR (the model folder). The model folder comes from CAPGATE_VLLM_MODEL_DIR, else from
 # `capgate model prepare default` (which prints the folder of the embedded default model).
-# The command's exit status is passed through; the server is stopped on any exit.
+# It also sees CAPGATE_TEST_POSTGRES_URL (postgresql://capgate@127.0.0.1:PORT/capgate) when
+# PostgreSQL started; if it cannot start, a warning is printed and the tests that need it fail
+# under CI (skip elsewhere). The command's exit status is passed through; the servers are
+# stopped on any exit.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
@@ -30,14 +34,28 @@ if [ -z "${CAPGATE_VLLM_STATE_DIR:-}" ]; then
     own_state=$CAPGATE_VLLM_STATE_DIR
 fi
 export CAPGATE_VLLM_STATE_DIR
+if [ -z "${CAPGATE_PG_STATE_DIR:-}" ]; then
+    CAPGATE_PG_STATE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/capgate-pg.XXXXXX")
+    own_pg_state=$CAPGATE_PG_STATE_DIR
+fi
+export CAPGATE_PG_STATE_DIR
 cleanup() {
     bash "$HERE/vllm-server.sh" stop || true
+    bash "$HERE/postgres-server.sh" stop || true
     [ -z "${own_state:-}" ] || rm -rf "$own_state"
+    [ -z "${own_pg_state:-}" ] || rm -rf "$own_pg_state"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+if CAPGATE_TEST_POSTGRES_URL=$(bash "$HERE/postgres-server.sh" start); then
+    export CAPGATE_TEST_POSTGRES_URL
+    echo "with-vllm-server: PostgreSQL at $CAPGATE_TEST_POSTGRES_URL" >&2
+else
+    unset CAPGATE_TEST_POSTGRES_URL
+    echo "with-vllm-server: warning: PostgreSQL did not start; its tests fail under CI" >&2
+fi
 CAPGATE_TEST_VLLM_URL=$(bash "$HERE/vllm-server.sh" start "$model_dir")
 CAPGATE_TEST_VLLM_MODEL=$(cat "$CAPGATE_VLLM_STATE_DIR/model")
 # For the offline-engine test: vLLM's own python and the model folder.

@@ -12,6 +12,7 @@ __all__ = [
     "BackendError",
     "CapgateError",
     "DataError",
+    "LogUnavailableError",
     "NotFittedError",
     "ProbeMismatchError",
     "SettingsError",
@@ -109,3 +110,26 @@ class BackendError(CapgateError, RuntimeError):
         self.status = status
         suffix = f" (after {attempts} attempts)" if attempts > 1 else ""
         super().__init__(f"{message}{suffix}")
+
+
+class LogUnavailableError(CapgateError, RuntimeError):
+    """The decision log could not be written or read: its database is down, unreachable, locked
+    beyond its wait, or did not answer within its time limit.
+
+    A :class:`~capgate.Gate` catches it when it logs a decision: the decision is still returned
+    and the failure is counted in ``gate.stats.log_failures`` and logged as a warning, unless the
+    log was opened with ``fail_closed=True``, in which case the gated call raises it.
+
+    Args:
+        message: What failed, including the underlying error.
+        location: The log's file or (password-free) database URL.
+
+    Example:
+        >>> str(LogUnavailableError("connection refused", location="postgresql://db.example/capgate"))
+        'postgresql://db.example/capgate: decision log unavailable: connection refused'
+    """
+
+    def __init__(self, message: str, *, location: str) -> None:
+        self.message = message
+        self.location = location
+        super().__init__(f"{location}: decision log unavailable: {message}")

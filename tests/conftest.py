@@ -11,7 +11,7 @@ tests never read or write the user's cache. Model fixtures are session-scoped an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,3 +88,31 @@ def tiny_model(tiny_model_dir: Path) -> LoadedModel:
 
     _single_thread_torch()
     return load_model(tiny_model_dir, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """The real PostgreSQL test server (see tests/_postgres.py): fails under CI when missing."""
+    from _postgres import server_url, stop_started_server
+
+    yield server_url()
+    stop_started_server()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def new_log_location(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], str | Path]:
+    """Makes fresh decision-log locations of one store kind: SQLite files, or empty schemas on the
+    PostgreSQL test server (each test runs once per store)."""
+    if request.param == "sqlite":
+        names = iter(range(1_000_000))
+        return lambda: tmp_path / "logs" / f"decisions{next(names) or ''}.sqlite3"
+    from _postgres import fresh_url
+
+    base = request.getfixturevalue("postgres_url")
+    return lambda: fresh_url(base)
+
+
+@pytest.fixture
+def log_location(new_log_location: Callable[[], str | Path]) -> str | Path:
+    """Where a fresh decision log lives (a SQLite file, or a schema on the PostgreSQL server)."""
+    return new_log_location()

@@ -1,4 +1,6 @@
-"""The SQLite decision log: round trips, outcomes, concurrent writers, a writer killed mid-write, CLI."""
+"""The decision log on both stores (SQLite, and a real PostgreSQL server: the ``db`` fixture is each
+in turn): round trips, outcomes, concurrent writers, a writer killed mid-write, the CLI; and the
+SQLite file itself (WAL mode, integrity, files that are not a log)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _postgres import execute, fetch
 from typer.testing import CliRunner
 
 from capgate import Cost, DataError, Estimate
@@ -30,11 +33,21 @@ def make(p: float | None = 0.8, method: str = "probe", **kw: object) -> Decision
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
+def db(log_location: str | Path) -> str | Path:
+    """A fresh log on each store in turn (``log_location`` in conftest.py)."""
+    return log_location
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> Path:
     return tmp_path / "logs" / "decisions.sqlite3"
 
 
-def test_record_and_read_back(db: Path) -> None:
+def is_sqlite(db: str | Path) -> bool:
+    return isinstance(db, Path)
+
+
+def test_record_and_read_back(db: str | Path) -> None:
     d = Decision(
         action="resample",
         estimate=Estimate(p=0.42, method="probe", cost=Cost(latency_s=0.25)),
@@ -54,10 +67,7 @@ def test_record_and_read_back(db: Path) -> None:
     assert got.latency_s == 0.25  # from the estimate's cost
     assert got.outcome is None
     assert (got.method, got.p) == ("probe", 0.42)
-    with sqlite3.connect(db) as raw:
-        row = raw.execute(
-            "SELECT step, tool, method, p, action, policy, budget, query_text FROM decisions"
-        ).fetchone()
+    (row,) = fetch(db, "SELECT step, tool, method, p, action, policy, budget, query_text FROM decisions")
     assert row == ("solve", "calculator", "probe", 0.42, "resample", "default", 8, None)
 
 
@@ -70,7 +80,7 @@ def test_query_hash_is_sha256_of_the_canonical_transcript() -> None:
     )
 
 
-def test_text_is_stored_only_when_asked(db: Path) -> None:
+def test_text_is_stored_only_when_asked(db: str | Path) -> None:
     d1, d2 = make(), make()
     with DecisionLog(db, store_text=True) as log:
         log.record(d1, query="secret question")
@@ -81,21 +91,23 @@ def test_text_is_stored_only_when_asked(db: Path) -> None:
         d3 = make()
         log.record(d3, query="another secret")
         assert log.get(d3.id).query_text is None
-    assert b"another secret" not in db.read_bytes()
+    assert fetch(db, "SELECT COUNT(*) FROM decisions WHERE query_text LIKE ?", ("%secret%",)) == [(1,)]
+    if is_sqlite(db):
+        assert isinstance(db, Path)
+        assert b"another secret" not in db.read_bytes()
 
 
-def test_degraded_decisions_keep_their_reason(db: Path) -> None:
+def test_degraded_decisions_keep_their_reason(db: str | Path) -> None:
     d = make(p=None, degraded=True)
     with DecisionLog(db) as log:
         log.record(d, latency_s=1.5)
         got = log.get(d.id)
     assert got.p is None
     assert got.latency_s == 1.5
-    with sqlite3.connect(db) as raw:
-        assert raw.execute("SELECT degraded, degraded_reason FROM decisions").fetchone() == (1, "server down")
+    assert fetch(db, "SELECT degraded, degraded_reason FROM decisions") == [(1, "server down")]
 
 
-def test_outcomes_attach_replace_and_validate(db: Path) -> None:
+def test_outcomes_attach_replace_and_validate(db: str | Path) -> None:
     d = make()
     with DecisionLog(db) as log:
         log.record(d)
@@ -116,7 +128,7 @@ def test_outcomes_attach_replace_and_validate(db: Path) -> None:
             log.get("missing")
 
 
-def test_listing_filters_and_counts(db: Path) -> None:
+def test_listing_filters_and_counts(db: str | Path) -> None:
     with DecisionLog(db) as log:
         ids = []
         for i in range(6):
@@ -140,7 +152,8 @@ def test_listing_filters_and_counts(db: Path) -> None:
             log.decisions(last=0)
 
 
-def test_wal_mode_and_integrity(db: Path) -> None:
+def test_wal_mode_and_integrity(sqlite_db: Path) -> None:
+    db = sqlite_db
     with DecisionLog(db) as log:
         log.record(make())
         assert log.integrity_check() == "ok"
@@ -154,16 +167,18 @@ def test_rejects_files_that_are_not_a_log(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="not a usable capgate decision log") as info:
         DecisionLog(junk).record(make())
     assert info.value.path == str(junk)
-    other = tmp_path / "future.sqlite3"
-    with DecisionLog(other) as log:
+
+
+def test_rejects_a_log_from_a_newer_capgate(db: str | Path) -> None:
+    with DecisionLog(db) as log:
         log.record(make())
-    with sqlite3.connect(other) as raw:
-        raw.execute("UPDATE capgate_meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(DataError, match="schema version 99 is not the supported 1"):
-        DecisionLog(other).record(make())
+    execute(db, "UPDATE capgate_meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(DataError, match="schema version 99 is not the supported 2") as info:
+        DecisionLog(db).record(make())
+    assert info.value.field == "schema_version"
 
 
-def test_threads_share_one_log_object(db: Path) -> None:
+def test_threads_share_one_log_object(db: str | Path) -> None:
     log = DecisionLog(db)
     errors: list[BaseException] = []
 
@@ -205,7 +220,7 @@ while count < 0 or i < count:
 """
 
 
-def _writer(db: Path, tag: str, count: int) -> subprocess.Popen[str]:
+def _writer(db: str | Path, tag: str, count: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", _WRITER, str(db), tag, str(count)],
         stdout=subprocess.PIPE,
@@ -215,7 +230,7 @@ def _writer(db: Path, tag: str, count: int) -> subprocess.Popen[str]:
     )
 
 
-def test_several_processes_write_at_once(db: Path) -> None:
+def test_several_processes_write_at_once(db: str | Path) -> None:
     n_proc, per_proc = 4, 60
     procs = [_writer(db, f"w{k}", per_proc) for k in range(n_proc)]
     for proc in procs:
@@ -229,9 +244,11 @@ def test_several_processes_write_at_once(db: Path) -> None:
         assert log.methods() == [f"w{k}" for k in range(n_proc)]
         ids = {r.id for r in log.decisions()}
     assert ids == {f"w{k}-{i}" for k in range(n_proc) for i in range(per_proc)}
+    with DecisionLog(db) as log:  # the writers opened a fresh log at once: it migrated once
+        assert [v for v, _, _ in log.migrations()] == [1, 2]
 
 
-def test_writer_killed_mid_write_loses_nothing_committed(db: Path) -> None:
+def test_writer_killed_mid_write_loses_nothing_committed(db: str | Path) -> None:
     # Two writers contend for the lock; one is SIGKILLed while it loops inserting.
     steady = _writer(db, "steady", 150)
     victim = _writer(db, "victim", -1)
@@ -260,14 +277,15 @@ def test_writer_killed_mid_write_loses_nothing_committed(db: Path) -> None:
         assert len(log.decisions(method="steady")) == 150
         # and the log is still writable
         log.record(make())
-    with sqlite3.connect(db) as raw:
-        assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    if is_sqlite(db):
+        with sqlite3.connect(db) as raw:
+            assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
 # --------------------------------------------------------------------------- CLI
 
 
-def test_cli_log_outcome_and_show(db: Path) -> None:
+def test_cli_log_outcome_and_show(db: str | Path) -> None:
     d, other = make(), make(p=0.3, method="verbalized")
     with DecisionLog(db) as log:
         log.record(d)
@@ -305,7 +323,7 @@ def test_cli_log_outcome_and_show(db: Path) -> None:
         (["log", "outcome", "ID", "--mu-hat", "1.5"], "--mu-hat must be in [0, 1]; got 1.5"),
     ],
 )
-def test_cli_log_outcome_bad_input_exits_2(db: Path, args: list[str], message: str) -> None:
+def test_cli_log_outcome_bad_input_exits_2(db: str | Path, args: list[str], message: str) -> None:
     d = make()
     with DecisionLog(db) as log:
         log.record(d)
@@ -314,6 +332,14 @@ def test_cli_log_outcome_bad_input_exits_2(db: Path, args: list[str], message: s
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ")
     assert message in result.stderr
+
+
+def test_cli_unreachable_database_is_an_error() -> None:
+    url = "postgresql://capgate@127.0.0.1:1/capgate"  # nothing listens on port 1
+    result = CliRunner().invoke(app, ["log", "show", "--db", url])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {url}: decision log unavailable: ")
+    assert "Connection refused" in result.stderr
 
 
 def test_cli_missing_db_is_an_error_not_a_new_file(tmp_path: Path) -> None:
@@ -327,7 +353,7 @@ def test_cli_missing_db_is_an_error_not_a_new_file(tmp_path: Path) -> None:
     assert str(missing) in env_result.stderr
 
 
-def test_a_sampled_resample_updates_its_first_record(db: Path) -> None:
+def test_a_sampled_resample_updates_its_first_record(db: str | Path) -> None:
     from capgate import SamplingPlan
 
     first = Decision(

@@ -1,10 +1,11 @@
-"""Rolling calibration of logged decisions and drift flags; the ``capgate monitor`` command."""
+"""Rolling calibration of logged decisions and drift flags; the ``capgate monitor`` command (each on
+both stores: SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,8 +38,8 @@ def fill(
 
 
 @pytest.fixture
-def log(tmp_path: Path) -> Iterator[DecisionLog]:
-    store = DecisionLog(tmp_path / "d.sqlite3")
+def log(log_location: str | Path) -> Iterator[DecisionLog]:
+    store = DecisionLog(log_location)
     yield store
     store.close()
 
@@ -73,7 +74,9 @@ def test_calibrated_stream_reports_exact_metrics_and_no_drift(log: DecisionLog) 
     assert report.reasons == []
 
 
-def test_a_shift_in_accuracy_is_flagged_by_both_rules(log: DecisionLog) -> None:
+def test_a_shift_in_accuracy_is_flagged_by_both_rules(
+    log: DecisionLog, new_log_location: Callable[[], str | Path]
+) -> None:
     rng = np.random.default_rng(1)
     p = rng.uniform(0.2, 1.0, 400)
     truth = np.where(np.arange(400) < 200, p, p * 0.4)  # the model got worse; the estimator did not notice
@@ -86,7 +89,7 @@ def test_a_shift_in_accuracy_is_flagged_by_both_rules(log: DecisionLog) -> None:
     assert any(r.startswith("Brier rose by") for r in report.reasons)
     assert any("over-confident" in r for r in report.reasons)
     # the same stream, before the shift, was fine
-    earlier = DecisionLog(log.path.parent / "early.sqlite3")
+    earlier = DecisionLog(new_log_location())
     fill(earlier, p[:200], y[:200])
     assert not calibration_report(earlier, window=100)[0].drift
     earlier.close()
@@ -154,7 +157,7 @@ def test_cli_monitor_json_table_and_drift_exit(log: DecisionLog) -> None:
     y = (rng.uniform(0, 1, 120) < p * 0.3).astype(float)
     fill(log, p, y)
     runner = CliRunner()
-    db = str(log.path)
+    db = log.location
     result = runner.invoke(app, ["monitor", "--db", db, "--window", "60", "--json"])
     assert result.exit_code == 0, result.output
     (report,) = json.loads(result.output)
@@ -175,7 +178,7 @@ def test_cli_monitor_follow_refreshes(log: DecisionLog) -> None:
     fill(log, np.array([0.5, 0.5]), np.array([1.0, 0.0]))
     result = CliRunner().invoke(
         app,
-        ["monitor", "--db", str(log.path), "--json", "--follow", "--interval", "0", "--max-refreshes", "3"],
+        ["monitor", "--db", log.location, "--json", "--follow", "--interval", "0", "--max-refreshes", "3"],
     )
     assert result.exit_code == 0, result.output
     assert len(result.output.strip().splitlines()) == 3

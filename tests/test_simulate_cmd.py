@@ -109,3 +109,36 @@ def test_bad_policy_file_lists_its_errors(tmp_path: Path) -> None:
         f"error: {path}:3: field 'bands2': unknown key 'bands2' "
         "(allowed here: version, name, description, bands, on_degraded, steps, tools)",
     ]
+
+
+def test_replays_on_logged_decisions_of_either_store(log_location: str | Path) -> None:
+    """``--db`` replays on the logged decisions that have an outcome, as the library does on
+    their p and outcomes."""
+    import numpy as np
+
+    from capgate import Estimate
+    from capgate.decision import Decision, DecisionLog
+
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0, 1, 40)
+    y = rng.uniform(0, 1, 40) < p
+    with DecisionLog(log_location) as log:
+        for pi, yi in zip(p.tolist(), y.tolist(), strict=True):
+            d = Decision(action="answer", estimate=Estimate(p=pi, method="probe"), reason="t")
+            log.record(d)
+            log.record_outcome(d.id, correct=yi)
+        log.record(Decision(action="answer", estimate=Estimate(p=0.5, method="probe"), reason="no outcome"))
+        location = log.location
+    result = runner.invoke(app, ["simulate", "--policy", "balanced", "--db", location, "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    expected = replay_policy(load_policy("balanced"), p, y.astype(float))
+    assert payload["n"] == 40
+    assert payload["unscored"] == 1
+    assert payload["as_written"] == expected.to_dict()
+    table = runner.invoke(app, ["simulate", "--policy", "balanced", "--db", location, "--no-sweep"])
+    assert table.exit_code == 0, table.output
+    assert "1 logged decisions have no outcome yet" in table.output
+    both = runner.invoke(app, ["simulate", "--policy", "balanced", "--db", location, *BASE[1:]])
+    assert both.exit_code == 2
+    assert "give either --data FILE --confidence FIELD, or --db LOG" in both.stderr

@@ -11,7 +11,7 @@ import typer
 from capgate.backend import Backend
 from capgate.errors import DataError
 
-__all__ = ["load_object", "register"]
+__all__ = ["load_object", "register", "worker_backend"]
 
 GRADER_KINDS = ("alias", "numeric", "math", "choice")
 
@@ -100,6 +100,30 @@ def _make_backend(
     return loaded
 
 
+def worker_backend(
+    model: str,
+    backend: str | None,
+    device: str,
+    dtype: str,
+    base_urls: list[str] | None,
+    served_model: str | None,
+    api_key_env: str | None,
+    index: int,
+) -> Backend:
+    """Ray worker ``index``'s backend (built inside the worker): replica ``index % n`` of
+    ``base_urls``, else the same local model or ``--backend`` factory on every worker."""
+    base_url = None if not base_urls else base_urls[index % len(base_urls)]
+    return _make_backend(
+        model,
+        backend,
+        device=device,
+        dtype=dtype,
+        base_url=base_url,
+        served_model=served_model,
+        api_key_env=api_key_env,
+    )
+
+
 def _make_grader(grader: str | None) -> Any:
     if grader is None:
         return None
@@ -169,6 +193,22 @@ def harvest_command(
             "(for CAS benches); the tag is stripped before grading."
         ),
     ] = False,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Spread the sampling over Ray workers (a local Ray unless --ray-address). With "
+            "--base-url URL1,URL2,... worker i uses replica i mod n.",
+        ),
+    ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="With --ray: the Ray cluster to join (auto, ray://host:10001, host:6379)."),
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, help="With --ray: Ray workers (actors).")] = 2,
+    cpus_per_worker: Annotated[
+        float, typer.Option(min=0.0, help="With --ray: Ray CPUs each worker reserves.")
+    ] = 1.0,
 ) -> None:
     """Sample k responses per query, grade them, and append one labelled query per line (resumable).
 
@@ -180,25 +220,37 @@ def harvest_command(
     from capgate.datasets import load_dataset
     from capgate.harvest import harvest, prompt_with_confidence_tag
 
+    settings: dict[str, Any] = {
+        "k": k, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed,
+        "batch_size": batch_size, "keep_text": keep_text, "logprobs": logprobs, "progress": progress,
+        "dataset": dataset if split is None else f"{dataset}@{split}",
+        "prompt": prompt_with_confidence_tag if confidence_tag else None,
+        "confidence": verbalized_confidence if confidence_tag else None,
+    }  # fmt: skip
     try:
         items = load_dataset(dataset, split=split, limit=limit)
         chosen_grader = _make_grader(grader)
-        model_backend = _make_backend(
-            model,
-            backend,
-            device=device,
-            dtype=dtype,
-            base_url=base_url,
-            served_model=served_model,
-            api_key_env=api_key_env,
-        )
-        report = harvest(
-            model_backend, items, out, k=k, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-            seed=seed, batch_size=batch_size, grader=chosen_grader, keep_text=keep_text, logprobs=logprobs,
-            dataset=dataset if split is None else f"{dataset}@{split}", progress=progress,
-            prompt=prompt_with_confidence_tag if confidence_tag else None,
-            confidence=verbalized_confidence if confidence_tag else None,
-        )  # fmt: skip
+        if ray_address is not None and not ray:
+            raise typer.BadParameter("--ray-address needs --ray", param_hint="--ray-address")
+        if ray:
+            report: Any = _ray_harvest(
+                ray_address, workers, cpus_per_worker, items, out, chosen_grader, settings,
+                model=model, backend=backend, device=device, dtype=dtype, base_url=base_url,
+                served_model=served_model, api_key_env=api_key_env,
+            )  # fmt: skip
+        else:
+            if base_url is not None and "," in base_url:
+                raise typer.BadParameter("several --base-url replicas need --ray", param_hint="--base-url")
+            model_backend = _make_backend(
+                model,
+                backend,
+                device=device,
+                dtype=dtype,
+                base_url=base_url,
+                served_model=served_model,
+                api_key_env=api_key_env,
+            )
+            report = harvest(model_backend, items, out, grader=chosen_grader, **settings)
     except DataError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
@@ -215,9 +267,52 @@ def harvest_command(
         f"({report.n_new} new, {report.n_resumed} resumed); {report.n_samples} samples, "
         f"{accuracy:.3f} correct, {report.samples_per_s:.1f} samples/s"
     )
+    if ray:
+        summary += f" on {report.workers} Ray workers ({report.worker_failures} batches lost to dead workers)"
     if report.truncated_bytes:
         summary += f"; cut off a torn last line ({report.truncated_bytes} bytes)"
     typer.echo(summary)
+
+
+def _ray_harvest(
+    address: str | None,
+    workers: int,
+    cpus_per_worker: float,
+    items: list[Any],
+    out: Path,
+    grader: Any,
+    settings: dict[str, Any],
+    **target: Any,
+) -> Any:
+    """``capgate harvest --ray``: check the target options here, build each backend on its worker."""
+    import functools
+
+    from capgate.harvest_ray import ray_harvest
+
+    urls = None if target["base_url"] is None else [u.strip() for u in target["base_url"].split(",")]
+    if urls is not None:
+        for url in urls:  # the same checks a local harvest makes, before any worker starts
+            _make_backend(**{**target, "base_url": url})
+    factory = functools.partial(
+        worker_backend,
+        target["model"],
+        target["backend"],
+        target["device"],
+        target["dtype"],
+        urls,
+        target["served_model"],
+        target["api_key_env"],
+    )
+    return ray_harvest(
+        factory,
+        items,
+        out,
+        workers=workers,
+        address=address,
+        cpus_per_worker=cpus_per_worker,
+        grader=grader,
+        **settings,
+    )
 
 
 def register(app: typer.Typer) -> None:

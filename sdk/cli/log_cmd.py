@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from capgate.cli._common import fail, sub_app
-from capgate.decision.log import DecisionLog, default_log_path
+from capgate.decision.log import DecisionLog, default_log_path, is_database_url
 from capgate.errors import CapgateError
 
 __all__ = ["log_app", "register"]
@@ -20,11 +20,12 @@ __all__ = ["log_app", "register"]
 log_app = sub_app("log", "Read the decision log and attach outcomes to logged decisions.")
 
 DbOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--db",
         envvar="CAPGATE_DB",
-        help="The decision log (SQLite file). Default: $CAPGATE_DB, else the user data folder.",
+        help="The decision log: a SQLite file or a postgresql:// URL. Default: $CAPGATE_DB, else the "
+        "user data folder.",
     ),
 ]
 
@@ -32,9 +33,20 @@ _YES = {"yes", "y", "true", "1", "correct"}
 _NO = {"no", "n", "false", "0", "wrong", "incorrect"}
 
 
-def open_existing_log(db: Path | None) -> DecisionLog:
-    """The log at ``db`` (or the default path); an error, not a new empty file, if it is missing."""
-    path = db if db is not None else default_log_path()
+def open_existing_log(db: str | None) -> DecisionLog:
+    """The log at ``db`` (a file or a database URL; default: :func:`default_log_path`).
+
+    A missing file is an error, not a new empty log; a database that cannot be reached or is not
+    a usable log is an error too (exit status 2, the message names it).
+    """
+    if db is not None and is_database_url(db):
+        log = DecisionLog(db)
+        try:
+            log.schema_version()  # connects (and migrates) now, to fail here with a clear message
+        except CapgateError as exc:
+            fail(str(exc))
+        return log
+    path = Path(db) if db is not None else default_log_path()
     if not path.is_file():
         fail(f"{path}: no decision log at this path (pass --db or set CAPGATE_DB)")
     return DecisionLog(path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -26,7 +25,7 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _table(reports: list[MethodReport], window: int, db: Path) -> Table:
+def _table(reports: list[MethodReport], window: int, db: str) -> Table:
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     table = Table(title=f"capability calibration, window {window} ({db}, {stamp})")
     columns = ("method", "decisions", "unavailable", "scored", "window n", "Brier", "ECE", "mean p")
@@ -106,9 +105,9 @@ def monitor(
                 typer.echo(json.dumps([r.model_dump(mode="json") for r in reports], ensure_ascii=False))
             else:
                 if not reports:
-                    console.print(f"no decisions logged in {log.path} yet")
+                    console.print(f"no decisions logged in {log.location} yet")
                 else:
-                    console.print(_table(reports, window, log.path))
+                    console.print(_table(reports, window, log.location))
                     for r in reports:
                         for reason in r.reasons:
                             console.print(f"DRIFT {r.method}: {reason}", highlight=False)

@@ -1,4 +1,5 @@
-"""``capgate simulate``: replay a policy on labelled data over a sweep of answer thresholds."""
+"""``capgate simulate``: replay a policy on labelled data, or on the logged decisions that have an
+outcome (``--db``, either store), over a sweep of answer thresholds."""
 
 from __future__ import annotations
 
@@ -37,10 +38,49 @@ def _cell(value: float | None, spec: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
+def _logged(db: str, method: str | None) -> tuple[Any, Any, Any, int]:
+    """p (NaN when unavailable), outcome µ and degraded flags of the logged decisions that have
+    an outcome (µ̂ when measured, else correct as 0/1), and how many lacked one."""
+    import numpy as np
+
+    from capgate.cli.log_cmd import open_existing_log
+
+    with open_existing_log(db) as log:
+        rows = log.decisions(method=method, with_outcome=True)
+        unscored = log.count(method=method, with_outcome=False)
+    scored: list[tuple[float, float, bool]] = []
+    for row in rows:
+        o = row.outcome
+        target = None if o is None else (o.mu_hat if o.mu_hat is not None else o.correct)
+        if target is not None:
+            scored.append((np.nan if row.p is None else row.p, float(target), row.decision.degraded))
+    if not scored:
+        raise DataError("no logged decision has an outcome to replay on", path=db)
+    p = np.array([row[0] for row in scored], dtype=float)
+    mu = np.array([row[1] for row in scored], dtype=float)
+    degraded = np.array([row[2] for row in scored], dtype=bool)
+    return p, mu, degraded, unscored + len(rows) - len(scored)
+
+
 def simulate_cmd(
     policy: Annotated[str, typer.Option("--policy", help="Policy file or preset name.")],
-    data: Annotated[Path, typer.Option("--data", help="Labelled queries (JSONL, one LabelledQuery a line).")],
-    confidence: Annotated[str, typer.Option("--confidence", help="Field holding the confidence p.")],
+    data: Annotated[
+        Path | None, typer.Option("--data", help="Labelled queries (JSONL, one LabelledQuery a line).")
+    ] = None,
+    confidence: Annotated[
+        str | None, typer.Option("--confidence", help="Field holding the confidence p (with --data).")
+    ] = None,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            help="Replay on the decision log's decisions with outcomes instead (a SQLite file or a "
+            "postgresql:// URL): p as logged, the outcome as µ.",
+        ),
+    ] = None,
+    method: Annotated[
+        str | None, typer.Option("--method", help="With --db: only decisions of this estimator method.")
+    ] = None,
     thresholds: Annotated[
         str | None, typer.Option("--thresholds", help="Comma-separated answer thresholds to sweep.")
     ] = None,
@@ -67,24 +107,29 @@ def simulate_cmd(
     from capgate.labels import read_labelled
     from capgate.policies import PolicyError, load_policy
 
+    unscored = 0
     try:
+        if (data is None) == (db is None):
+            raise DataError("give either --data FILE --confidence FIELD, or --db LOG", field="--data")
         chosen = load_policy(policy)
-        labels = read_labelled(data, confidence=[confidence], allow_missing=True)
-        conf = labels.confidences[confidence]
-        pools = [record.samples or None for record in labels.records]
-        shared = {
-            "n_samples": labels.k,
-            "step": step,
-            "tool": tool,
-            "pools": pools,
-            "orders": orders,
-            "seed": seed,
-        }
-        as_written = replay_policy(chosen, conf, labels.mu_hat, **shared)  # type: ignore[arg-type]
+        shared: dict[str, Any] = {"step": step, "tool": tool, "orders": orders, "seed": seed}
+        if data is not None:
+            if confidence is None:
+                raise DataError("--data needs --confidence FIELD", field="--confidence")
+            labels = read_labelled(data, confidence=[confidence], allow_missing=True)
+            conf, mu = labels.confidences[confidence], labels.mu_hat
+            pools = [record.samples or None for record in labels.records]
+            shared |= {"n_samples": labels.k, "pools": pools}
+        else:
+            assert db is not None
+            conf, mu, degraded, unscored = _logged(db, method)
+            pools = [None] * len(conf)
+            shared["degraded"] = degraded
+        as_written = replay_policy(chosen, conf, mu, **shared)
         rows = [as_written]
         if not no_sweep:
             sweep: list[float] | int = _parse_thresholds(thresholds) if thresholds is not None else grid
-            rows += threshold_frontier(chosen, conf, labels.mu_hat, thresholds=sweep, **shared)  # type: ignore[arg-type]
+            rows += threshold_frontier(chosen, conf, mu, thresholds=sweep, **shared)
     except (PolicyError, DataError, ValueError) as exc:
         for line in str(exc).splitlines():
             typer.echo(f"error: {line}", err=True)
@@ -93,8 +138,9 @@ def simulate_cmd(
     if as_json:
         payload = {
             "policy": chosen.name,
-            "data": str(data),
-            "confidence": confidence,
+            "data": str(data) if data is not None else db,
+            "confidence": confidence if data is not None else "logged p",
+            "unscored": unscored,
             "n": as_written.n,
             "n_degraded": as_written.n_degraded,
             "queries_with_pools": sum(pool is not None for pool in pools),
@@ -103,10 +149,13 @@ def simulate_cmd(
         }
         typer.echo(json.dumps(payload, indent=2))
         return
+    source = data if data is not None else f"the logged decisions with an outcome in {db}"
     typer.echo(
-        f"policy '{chosen.name}' on {data} ({as_written.n} queries, {as_written.n_degraded} with a degraded "
-        f"estimate); accuracy among answered queries"
+        f"policy '{chosen.name}' on {source} ({as_written.n} queries, {as_written.n_degraded} with a "
+        "degraded estimate); accuracy among answered queries"
     )
+    if unscored:
+        typer.echo(f"({unscored} logged decisions have no outcome yet and are left out)")
     header = (
         "threshold",
         "coverage",
@@ -129,10 +178,10 @@ def simulate_cmd(
         ]
         typer.echo("  ".join(f"{c:>9}" for c in cells))
     if any(row.rates["resample"] > 0 for row in rows):
-        _resample_notes(data, pools, orders, as_written)
+        _resample_notes(data if data is not None else str(db), pools, orders, as_written)
 
 
-def _resample_notes(data: Path, pools: list[Any], orders: int, as_written: Any) -> None:
+def _resample_notes(data: Path | str, pools: list[Any], orders: int, as_written: Any) -> None:
     """Say how resamples were scored: replayed on pools, or credited with µ̂."""
     with_pools = sum(pool is not None for pool in pools)
     if not with_pools:

@@ -1,4 +1,4 @@
-"""Decision records, the decision log, replay and monitoring.
+"""Decision records, the decision log (SQLite, or PostgreSQL by URL), replay and monitoring.
 
 Replay of policies on labelled data (:mod:`capgate.decision.simulate`) and risk-controlled
 thresholds (:mod:`capgate.decision.risk`) are pure functions on arrays of confidences and labels.
@@ -7,6 +7,7 @@ thresholds (:mod:`capgate.decision.risk`) are pure functions on arrays of confid
 from capgate._types import Action, Decision, Outcome
 from capgate.decision.log import DecisionLog, LoggedDecision, default_log_path, query_hash
 from capgate.decision.monitor import MethodReport, WindowStats, calibration_report
+from capgate.decision.postgres import PostgresDecisionLog  # registers postgresql:// URLs
 from capgate.decision.risk import RiskControl, calibrate_threshold
 from capgate.decision.simulate import ReplaySummary, replay_policy, threshold_frontier
 
@@ -17,6 +18,7 @@ __all__ = [
     "LoggedDecision",
     "MethodReport",
     "Outcome",
+    "PostgresDecisionLog",
     "ReplaySummary",
     "RiskControl",
     "WindowStats",

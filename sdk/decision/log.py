@@ -1,4 +1,6 @@
-"""The decision log: every :class:`~capgate.decision.Decision` in an embedded SQLite store.
+"""The decision log: every :class:`~capgate.decision.Decision` in an embedded SQLite store, or in a
+shared PostgreSQL database (``DecisionLog("postgresql://user@host/db")``, see
+:mod:`capgate.decision.postgres`), with one API.
 
 One file on disk, in WAL mode so readers never block the writer, with a busy timeout so concurrent
 writers (threads or processes on one host) wait their turn instead of failing, one connection per
@@ -6,6 +8,10 @@ thread and per process (a forked child opens its own). Every write is one ``BEGI
 transaction, so a process killed mid-write leaves either the whole row or none of it; committed
 rows survive the kill (``synchronous=NORMAL`` in WAL mode loses nothing on a process crash, only,
 possibly, the last transactions on a power cut).
+
+Both stores carry a schema version (``capgate_meta``) and the history of the migrations applied
+to them (``capgate_migrations``); opening an older log migrates it forward in one transaction, and
+a log written by a newer capgate is refused.
 
 Queries are stored as a SHA-256 hash; the text is kept only with ``store_text=True``.
 Outcomes attach later by decision id (:meth:`DecisionLog.record_outcome`, or
@@ -34,63 +40,37 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from capgate._types import Decision, Outcome
 from capgate.backend import Prompt, as_messages
-from capgate.errors import DataError
-
-__all__ = ["SCHEMA_VERSION", "DecisionLog", "LoggedDecision", "default_log_path", "query_hash"]
-
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS capgate_meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS decisions (
-    id              TEXT PRIMARY KEY,
-    created_at      TEXT NOT NULL,
-    step            TEXT,
-    tool            TEXT,
-    query_sha256    TEXT,
-    query_text      TEXT,
-    method          TEXT NOT NULL,
-    p               REAL,
-    degraded        INTEGER NOT NULL,
-    degraded_reason TEXT,
-    action          TEXT NOT NULL,
-    reason          TEXT NOT NULL,
-    budget          INTEGER,
-    samples_used    INTEGER,
-    latency_s       REAL,
-    policy          TEXT,
-    decision_json   TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS decisions_by_time ON decisions (created_at);
-CREATE INDEX IF NOT EXISTS decisions_by_method ON decisions (method, created_at);
-CREATE TABLE IF NOT EXISTS outcomes (
-    decision_id  TEXT PRIMARY KEY REFERENCES decisions (id),
-    correct      INTEGER,
-    mu_hat       REAL,
-    samples_used INTEGER NOT NULL,
-    latency_s    REAL,
-    recorded_at  TEXT NOT NULL
-);
-"""
-
-_COLUMNS = (
-    "d.id, d.created_at, d.step, d.tool, d.query_sha256, d.query_text, d.method, d.p, d.degraded, "
-    "d.degraded_reason, d.action, d.reason, d.budget, d.samples_used, d.latency_s, d.policy, "
-    "d.decision_json, o.correct, o.mu_hat, o.samples_used, o.latency_s, o.recorded_at, "
-    "o.decision_id IS NOT NULL"
+from capgate.decision._schema import (
+    COLUMNS,
+    META_TABLE,
+    SCHEMA_VERSION,
+    SQLITE_MIGRATIONS,
+    Migration,
+    is_database_url,
+    parse_version,
+    writer_id,
 )
+from capgate.errors import DataError, LogUnavailableError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "DecisionLog",
+    "LoggedDecision",
+    "Migration",
+    "default_log_path",
+    "is_database_url",
+    "query_hash",
+    "register_url_store",
+]
 
 
 def default_log_path() -> Path:
@@ -127,6 +107,7 @@ class LoggedDecision(BaseModel):
         samples_used: Responses drawn for the decision, if recorded.
         latency_s: Seconds the decision took, if recorded.
         outcome: The outcome, once one was recorded.
+        writer: ``host:pid`` of the process that recorded it (``None`` for logs older than schema 2).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -137,6 +118,7 @@ class LoggedDecision(BaseModel):
     samples_used: int | None = None
     latency_s: float | None = None
     outcome: Outcome | None = None
+    writer: str | None = None
 
     @property
     def id(self) -> str:
@@ -158,28 +140,71 @@ def _iso(moment: datetime) -> str:
     return moment.isoformat()
 
 
+_URL_STORES: dict[str, type[DecisionLog]] = {}
+"""Stores for database URLs, by scheme; :mod:`capgate.decision.postgres` registers itself here
+(``capgate.decision`` imports it, so it is registered before any log is opened)."""
+
+
+def register_url_store(schemes: tuple[str, ...], store: type[DecisionLog]) -> None:
+    """Make ``DecisionLog("<scheme>://...")`` open ``store`` (a subclass of :class:`DecisionLog`)."""
+    for scheme in schemes:
+        _URL_STORES[scheme] = store
+
+
 class DecisionLog:
-    """An embedded SQLite store of decisions and their outcomes, safe for concurrent writers.
+    """A store of decisions and their outcomes, safe for concurrent writers: an embedded SQLite
+    file, or a PostgreSQL database when given a ``postgresql://`` URL (a
+    :class:`~capgate.decision.postgres.PostgresDecisionLog`, with the same API).
 
     Args:
-        path: The database file (created, with its folder, on first use).
+        path: The database file (created, with its folder, on first use), or a database URL.
         store_text: Also store the query text (off by default: only its SHA-256 is kept).
         busy_timeout_s: How long a writer waits for another writer's lock before giving up.
+        fail_closed: When a :class:`~capgate.Gate` cannot write a decision here, make the gated
+            call raise :class:`~capgate.LogUnavailableError` instead of returning the decision (the
+            default counts the failure in ``gate.stats.log_failures`` and logs a warning).
 
     The constructor only stores settings; the file is opened on first use, once per thread and per
     process. Use it as a context manager, or call :meth:`close`, to close this thread's connection.
+    A write that fails for want of the store (locked beyond ``busy_timeout_s``, disk or I/O
+    errors) raises :class:`~capgate.LogUnavailableError`.
     """
 
-    def __init__(self, path: str | Path, *, store_text: bool = False, busy_timeout_s: float = 30.0) -> None:
+    _ORDER: ClassVar[str] = "d.created_at DESC, d.rowid DESC"
+
+    def __new__(cls, path: str | Path, **settings: Any) -> DecisionLog:
+        """A database URL opens the store registered for its scheme; anything else, a SQLite file."""
+        if cls is DecisionLog and is_database_url(path):
+            assert isinstance(path, str)
+            scheme = path.split("://", 1)[0]
+            if scheme not in _URL_STORES:  # pragma: no cover - capgate.decision registers postgres
+                raise ValueError(f"no decision-log store for {scheme}:// URLs")
+            return super().__new__(_URL_STORES[scheme])
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        store_text: bool = False,
+        busy_timeout_s: float = 30.0,
+        fail_closed: bool = False,
+    ) -> None:
         self.path = Path(path)
         self.store_text = store_text
         self.busy_timeout_s = busy_timeout_s
+        self.fail_closed = fail_closed
         self._local = threading.local()
+
+    @property
+    def location(self) -> str:
+        """Where the log is, for messages: the file path (a database URL without its password)."""
+        return str(self.path)
 
     # ------------------------------------------------------------------ connections
 
-    def _connection(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+    def _connection(self) -> Any:
+        conn = getattr(self._local, "conn", None)
         if conn is not None and getattr(self._local, "pid", None) == os.getpid():
             return conn
         # A connection inherited across fork() must not be used (nor closed) in the child; keep a
@@ -191,7 +216,7 @@ class DecisionLog:
         self._local.pid = os.getpid()
         return conn
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(self) -> Any:
         if not (isinstance(self.busy_timeout_s, int | float) and self.busy_timeout_s > 0):
             raise ValueError(f"`busy_timeout_s` must be a positive number; got {self.busy_timeout_s!r}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -201,22 +226,14 @@ class DecisionLog:
             self._enable_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
-            with self._transaction(conn):
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                row = conn.execute("SELECT value FROM capgate_meta WHERE key = 'schema_version'").fetchone()
-                if row is None:
-                    conn.execute(
-                        "INSERT INTO capgate_meta (key, value) VALUES ('schema_version', ?)",
-                        (str(SCHEMA_VERSION),),
-                    )
-                elif row[0] != str(SCHEMA_VERSION):
-                    raise DataError(
-                        f"decision log schema version {row[0]} is not the supported {SCHEMA_VERSION}",
-                        path=self.path,
-                        field="schema_version",
-                    )
+            if self._stored_version(conn) != str(SCHEMA_VERSION):  # else nothing to write: no lock
+                with self._transaction(conn):
+                    self._migrate(conn)
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if "locked" in str(exc) or "busy" in str(exc):  # other writers: a bounded wait ran out
+                raise LogUnavailableError(str(exc), location=self.location) from exc
+            raise DataError(f"not a usable capgate decision log: {exc}", path=self.path) from exc
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise DataError(f"not a usable capgate decision log: {exc}", path=self.path) from exc
@@ -224,6 +241,45 @@ class DecisionLog:
             conn.close()
             raise
         return conn
+
+    @staticmethod
+    def _stored_version(conn: sqlite3.Connection) -> str | None:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'capgate_meta'").fetchone() is None:
+            return None
+        row = conn.execute("SELECT value FROM capgate_meta WHERE key = 'schema_version'").fetchone()
+        return None if row is None else str(row[0])
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Bring the log to :data:`SCHEMA_VERSION` (inside the caller's write transaction)."""
+        conn.execute(META_TABLE)
+        row = conn.execute("SELECT value FROM capgate_meta WHERE key = 'schema_version'").fetchone()
+        found = 0 if row is None else parse_version(row[0], self.location)
+        if found > SCHEMA_VERSION:
+            raise DataError(
+                f"decision log schema version {found} is not the supported {SCHEMA_VERSION} "
+                "(a newer capgate wrote it: upgrade capgate)",
+                path=self.path,
+                field="schema_version",
+            )
+        for version, _, statements in SQLITE_MIGRATIONS:
+            if version > found:
+                for statement in statements:
+                    conn.execute(statement)
+        if found < SCHEMA_VERSION:
+            # The history table exists from version 2 on; a log that was at version 1 already
+            # says so, without the date (nobody recorded it).
+            now = _iso(datetime.now(UTC))
+            for version, description, _ in SQLITE_MIGRATIONS:
+                applied = (now, writer_id()) if version > found else ("before the history", "unknown")
+                conn.execute(
+                    "INSERT OR IGNORE INTO capgate_migrations VALUES (?, ?, ?, ?)",
+                    (version, description, *applied),
+                )
+        if found != SCHEMA_VERSION:
+            conn.execute(
+                "INSERT OR REPLACE INTO capgate_meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
 
     def _enable_wal(self, conn: sqlite3.Connection) -> None:
         # Switching to WAL needs a moment of exclusive access and SQLite does not always call the
@@ -254,9 +310,19 @@ class DecisionLog:
             raise
         conn.execute("COMMIT")
 
+    @contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; a store that fails under it raises :class:`LogUnavailableError`."""
+        conn = self._connection()
+        try:
+            with self._transaction(conn):
+                yield conn
+        except sqlite3.OperationalError as exc:
+            raise LogUnavailableError(str(exc), location=self.location) from exc
+
     def close(self) -> None:
         """Close this thread's connection (others close when their threads end)."""
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        conn = getattr(self._local, "conn", None)
         if conn is not None and getattr(self._local, "pid", None) == os.getpid():
             conn.close()
         self._local.conn = None
@@ -270,7 +336,7 @@ class DecisionLog:
         self.close()
 
     def __repr__(self) -> str:
-        return f"DecisionLog({str(self.path)!r}, store_text={self.store_text})"
+        return f"{type(self).__name__}({self.location!r}, store_text={self.store_text})"
 
     # ------------------------------------------------------------------ writes
 
@@ -295,7 +361,18 @@ class DecisionLog:
         what it had already logged without duplicating it), except that a sampled ``resample``
         decision (``stopped_by`` set) updates the record's ``samples_used`` and stored decision:
         a graph that logs the decision before sampling still ends with the sampling's account.
+
+        Raises:
+            LogUnavailableError: The store could not be written.
         """
+        row = self._decision_row(decision, query, samples_used, latency_s)
+        self._insert(row, sampled=decision.stopped_by is not None)
+        return decision.id
+
+    def _decision_row(
+        self, decision: Decision, query: Prompt | None, samples_used: int | None, latency_s: float | None
+    ) -> tuple[Any, ...]:
+        """The decisions row of a decision (checked); ``decision_json`` is second to last."""
         if not isinstance(decision, Decision):
             raise TypeError(f"record() takes a capgate Decision; got {type(decision).__name__}")
         if samples_used is not None and samples_used < 0:
@@ -306,7 +383,7 @@ class DecisionLog:
         text: str | None = None
         if query is not None and self.store_text:
             text = query if isinstance(query, str) else json.dumps(as_messages(query), ensure_ascii=False)
-        row = (
+        return (
             decision.id,
             _iso(decision.created_at),
             decision.step,
@@ -324,21 +401,22 @@ class DecisionLog:
             estimate.cost.latency_s if latency_s is None else latency_s,
             decision.policy,
             decision.model_dump_json(),
+            writer_id(),
         )
-        conn = self._connection()
-        with self._transaction(conn):
+
+    def _insert(self, row: tuple[Any, ...], *, sampled: bool) -> None:
+        with self._writing() as conn:
             conn.execute(
                 "INSERT OR IGNORE INTO decisions (id, created_at, step, tool, query_sha256, query_text,"
                 " method, p, degraded, degraded_reason, action, reason, budget, samples_used, latency_s,"
-                " policy, decision_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " policy, decision_json, writer) VALUES (" + ", ".join("?" * 18) + ")",
                 row,
             )
-            if decision.stopped_by is not None:  # the sampled decision supersedes its first record
+            if sampled:  # the sampled decision supersedes its first record
                 conn.execute(
                     "UPDATE decisions SET samples_used = ?, decision_json = ? WHERE id = ?",
-                    (samples_used, row[-1], decision.id),
+                    (row[13], row[16], row[0]),
                 )
-        return decision.id
 
     def record_outcome(
         self,
@@ -357,6 +435,7 @@ class DecisionLog:
 
         Raises:
             DataError: No decision with that id is in the log, or the outcome says nothing.
+            LogUnavailableError: The store could not be written.
         """
         if isinstance(decision_id, Outcome):
             outcome = decision_id
@@ -369,45 +448,56 @@ class DecisionLog:
                 latency_s=latency_s,
             )
         if outcome.correct is None and outcome.mu_hat is None:
-            raise DataError("an outcome needs `correct` or `mu_hat`", path=self.path, field="correct")
-        conn = self._connection()
-        with self._transaction(conn):
-            if (
-                conn.execute("SELECT 1 FROM decisions WHERE id = ?", (outcome.decision_id,)).fetchone()
-                is None
-            ):
-                raise DataError(
-                    f"no decision with id {outcome.decision_id!r} in the log",
-                    path=self.path,
-                    field="decision_id",
-                )
-            conn.execute(
-                "INSERT OR REPLACE INTO outcomes (decision_id, correct, mu_hat, samples_used, latency_s,"
-                " recorded_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    outcome.decision_id,
-                    None if outcome.correct is None else int(outcome.correct),
-                    outcome.mu_hat,
-                    outcome.samples_used,
-                    outcome.latency_s,
-                    _iso(outcome.recorded_at),
-                ),
+            raise DataError("an outcome needs `correct` or `mu_hat`", path=self.location, field="correct")
+        values = (
+            outcome.decision_id,
+            None if outcome.correct is None else int(outcome.correct),
+            outcome.mu_hat,
+            outcome.samples_used,
+            outcome.latency_s,
+            _iso(outcome.recorded_at),
+        )
+        if not self._upsert_outcome(values):
+            raise DataError(
+                f"no decision with id {outcome.decision_id!r} in the log",
+                path=self.location,
+                field="decision_id",
             )
         return outcome
 
+    def _upsert_outcome(self, values: tuple[Any, ...]) -> bool:
+        """Store an outcome row; ``False`` (nothing written) if its decision is not in the log."""
+        with self._writing() as conn:
+            if conn.execute("SELECT 1 FROM decisions WHERE id = ?", (values[0],)).fetchone() is None:
+                return False
+            conn.execute(
+                "INSERT OR REPLACE INTO outcomes (decision_id, correct, mu_hat, samples_used, latency_s,"
+                " recorded_at) VALUES (?, ?, ?, ?, ?, ?)",
+                values,
+            )
+        return True
+
     # ------------------------------------------------------------------ reads
+
+    def _fetchall(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Rows of one read (``?`` placeholders)."""
+        try:
+            return list(self._connection().execute(sql, params).fetchall())
+        except sqlite3.OperationalError as exc:
+            raise LogUnavailableError(str(exc), location=self.location) from exc
 
     @staticmethod
     def _row(row: tuple[Any, ...]) -> LoggedDecision:
         outcome = None
         if row[22]:
+            recorded = row[21]
             outcome = Outcome(
                 decision_id=row[0],
                 correct=None if row[17] is None else bool(row[17]),
                 mu_hat=row[18],
                 samples_used=row[19],
                 latency_s=row[20],
-                recorded_at=datetime.fromisoformat(row[21]),
+                recorded_at=recorded if isinstance(recorded, datetime) else datetime.fromisoformat(recorded),
             )
         return LoggedDecision(
             decision=Decision.model_validate_json(row[16]),
@@ -416,6 +506,7 @@ class DecisionLog:
             samples_used=row[13],
             latency_s=row[14],
             outcome=outcome,
+            writer=row[23],
         )
 
     def get(self, decision_id: str) -> LoggedDecision:
@@ -424,20 +515,15 @@ class DecisionLog:
         Raises:
             DataError: No decision with that id is in the log.
         """
-        row = (
-            self._connection()
-            .execute(
-                f"SELECT {_COLUMNS} FROM decisions d LEFT JOIN outcomes o ON o.decision_id = d.id"
-                " WHERE d.id = ?",
-                (decision_id,),
-            )
-            .fetchone()
+        rows = self._fetchall(
+            f"SELECT {COLUMNS} FROM decisions d LEFT JOIN outcomes o ON o.decision_id = d.id WHERE d.id = ?",
+            (decision_id,),
         )
-        if row is None:
+        if not rows:
             raise DataError(
-                f"no decision with id {decision_id!r} in the log", path=self.path, field="decision_id"
+                f"no decision with id {decision_id!r} in the log", path=self.location, field="decision_id"
             )
-        return self._row(row)
+        return self._row(rows[0])
 
     @staticmethod
     def _filters(method: str | None, with_outcome: bool | None, usable: bool | None) -> tuple[str, list[Any]]:
@@ -469,13 +555,13 @@ class DecisionLog:
             last: Only the most recent ``last`` of them (still returned oldest first).
         """
         where, params = self._filters(method, with_outcome, usable)
-        sql = f"SELECT {_COLUMNS} FROM decisions d LEFT JOIN outcomes o ON o.decision_id = d.id{where}"
-        sql += " ORDER BY d.created_at DESC, d.rowid DESC"
+        sql = f"SELECT {COLUMNS} FROM decisions d LEFT JOIN outcomes o ON o.decision_id = d.id{where}"
+        sql += f" ORDER BY {self._ORDER}"
         if last is not None:
             if isinstance(last, bool) or not isinstance(last, int) or last < 1:
                 raise ValueError(f"`last` must be a positive integer; got {last!r}")
             sql += f" LIMIT {last}"
-        rows = self._connection().execute(sql, params).fetchall()
+        rows = self._fetchall(sql, params)
         return [self._row(r) for r in reversed(rows)]
 
     def count(
@@ -484,12 +570,24 @@ class DecisionLog:
         """How many logged decisions match the filters (same meaning as in :meth:`decisions`)."""
         where, params = self._filters(method, with_outcome, usable)
         sql = f"SELECT COUNT(*) FROM decisions d LEFT JOIN outcomes o ON o.decision_id = d.id{where}"
-        return int(self._connection().execute(sql, params).fetchone()[0])
+        return int(self._fetchall(sql, params)[0][0])
 
     def methods(self) -> list[str]:
         """The estimator methods that appear in the log, sorted."""
+        return [r[0] for r in self._fetchall("SELECT DISTINCT method FROM decisions ORDER BY method")]
+
+    def schema_version(self) -> int:
+        """The schema version of the log (after opening, which migrates it: :data:`SCHEMA_VERSION`)."""
+        (row,) = self._fetchall("SELECT value FROM capgate_meta WHERE key = 'schema_version'")
+        return parse_version(row[0], self.location)
+
+    def migrations(self) -> list[tuple[int, str, str]]:
+        """The migrations applied to the log: (version, description, when applied), oldest first."""
         return [
-            r[0] for r in self._connection().execute("SELECT DISTINCT method FROM decisions ORDER BY method")
+            (int(v), str(d), str(a))
+            for v, d, a in self._fetchall(
+                "SELECT version, description, applied_at FROM capgate_migrations ORDER BY version"
+            )
         ]
 
     def __len__(self) -> int:
@@ -497,4 +595,4 @@ class DecisionLog:
 
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check`` verdict (``"ok"`` for a sound file)."""
-        return str(self._connection().execute("PRAGMA integrity_check").fetchone()[0])
+        return str(self._fetchall("PRAGMA integrity_check")[0][0])

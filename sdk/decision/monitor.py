@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from capgate.decision.log import DecisionLog, LoggedDecision
+from capgate.decision.log import DecisionLog, LoggedDecision, is_database_url
 from capgate.errors import DataError
 from capgate.metrics import capability_brier, expected_calibration_error
 
@@ -189,7 +189,7 @@ def calibration_report(
     """Rolling-window calibration of the logged decisions, per estimator method, with drift flags.
 
     Args:
-        log: A decision log, or the path of one.
+        log: A decision log, or the path or database URL of one.
         window: Decisions (with p and an outcome) per window.
         method: Report only this estimator method.
         min_count: Fewest decisions a window needs before a drift rule may fire.
@@ -222,6 +222,8 @@ def calibration_report(
         raise ValueError(f"`z_threshold` must be > 0; got {z_threshold!r}")
     if isinstance(log, DecisionLog):
         store, owned = log, False
+    elif is_database_url(log):
+        store, owned = DecisionLog(log), True
     else:
         if not Path(log).is_file():
             raise DataError("no decision log at this path", path=log)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ from capgate.adapters.backends.function import AsyncFunctionBackend, FunctionBac
 from capgate.backend import Prompt
 from capgate.cas.loop import CASResult, aadaptive_sample, adaptive_sample
 from capgate.cas.settings import stop_rule
-from capgate.errors import SettingsError
+from capgate.errors import LogUnavailableError, SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._defaults import default_estimator, default_extract
 from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["Gate"]
 
 T = TypeVar("T")
+
+_logger = logging.getLogger("capgate")
 
 
 _OVERRIDE_NOTE = "the estimator predicts {predicts!r}'s capability (allow_other_target)"
@@ -279,6 +282,14 @@ class Gate:
 
         After a resample, pass its ``cas`` run: the logged decision then records the samples
         drawn and ``stopped_by``, the stop rule (or cap) that ended sampling.
+
+        A log that cannot store the decision (its database down, or no answer within its
+        time limit) does not stop the call: the failure is counted in ``stats.log_failures``
+        and logged as a warning on the ``capgate`` logger, unless the log was opened with
+        ``fail_closed=True``.
+
+        Raises:
+            LogUnavailableError: The log could not store the decision and is ``fail_closed``.
         """
         log = self.log
         if log is None:
@@ -287,7 +298,20 @@ class Gate:
         if cas is not None:
             samples_used = cas.samples_used
             decision = decision.model_copy(update={"stopped_by": cas.stopped_by})
-        log.record(decision, query=verdict.query, samples_used=samples_used)
+        try:
+            log.record(decision, query=verdict.query, samples_used=samples_used)
+        except LogUnavailableError as exc:
+            self.stats.log_failed(exc)
+            closed = log.fail_closed
+            _logger.warning(
+                "decision %s (%s) was not logged%s: %s",
+                decision.id,
+                decision.action,
+                "; failing the call (fail_closed)" if closed else "",
+                exc,
+            )
+            if closed:
+                raise
 
     async def arecord(
         self, verdict: Verdict, *, samples_used: int | None = None, cas: CASResult | None = None

@@ -23,6 +23,9 @@ class GateStats:
         samples: Responses drawn by ``resample``.
         last_decision: The most recent decision.
         last_cas: The most recent resample run.
+        log_failures: Decisions the decision log could not store (each also logged as a warning
+            on the ``capgate`` logger); the decisions were still returned.
+        last_log_error: The most recent of those failures, in words.
     """
 
     calls: int = 0
@@ -31,6 +34,8 @@ class GateStats:
     samples: int = 0
     last_decision: Decision | None = None
     last_cas: CASResult | None = None
+    log_failures: int = 0
+    last_log_error: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def decided(self, decision: Decision) -> None:
@@ -47,10 +52,17 @@ class GateStats:
             self.samples += cas.samples_used
             self.last_cas = cas
 
+    def log_failed(self, error: BaseException) -> None:
+        """Count a decision the log could not store."""
+        with self._lock:
+            self.log_failures += 1
+            self.last_log_error = str(error)
+
     def reset(self) -> None:
         """Zero every count."""
         with self._lock:
-            self.calls = self.degraded = self.samples = 0
+            self.calls = self.degraded = self.samples = self.log_failures = 0
+            self.last_log_error = None
             self.actions.clear()
             self.last_decision = None
             self.last_cas = None

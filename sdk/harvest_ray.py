@@ -1,0 +1,194 @@
+"""A harvest spread over a Ray cluster: workers that each hold a backend sample, one driver writes.
+
+:func:`ray_harvest` runs the same harvest as :func:`capgate.harvest.harvest` and writes the same
+resumable JSON lines, with the sampling spread over Ray actors (extra ``ray``). Each worker builds
+its own backend once, from ``make_backend(worker_index)``: an OpenAI-compatible endpoint per
+replica (one vLLM server per GPU), or a local model per worker. The driver keeps every batch
+that is not yet written, hands batches to idle workers (``in_flight`` each), grades what comes
+back and appends it, fsynced, to the one output file, under the same lock and settings check as a
+local harvest. So:
+
+- **finished queries are never resampled**: a rerun (local or on Ray) skips every query in the
+  file;
+- **a killed worker loses nothing and duplicates nothing**: its batches were not written, so
+  they go back to the queue and another worker (or the same one, restarted by Ray) samples them;
+  a batch is written once, when its answer arrives;
+- **a killed driver loses nothing written**: the file holds whole batches (a torn last line is cut
+  off on resume), and the workers of a job die with its driver.
+
+Records land in the order batches finish, not in item order (resume reads ids, not order).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from capgate.backend import Backend, Generation, Prompt, SamplingParams, backend_endpoint
+from capgate.datasets import DatasetItem
+from capgate.harvest import HarvestReport, _HarvestRun
+
+__all__ = ["RayHarvestReport", "ray_harvest"]
+
+BackendFactory = Callable[[int], Backend]
+"""Builds worker ``i``'s backend, inside that worker (so it must be importable or picklable)."""
+
+
+class RayHarvestReport(HarvestReport):
+    """What a Ray harvest run did: a :class:`~capgate.harvest.HarvestReport`, plus the workers.
+
+    Attributes:
+        workers: Ray workers that sampled.
+        worker_failures: Batches whose worker died before answering (each was sampled again).
+    """
+
+    workers: int
+    worker_failures: int
+
+
+class _Sampler:
+    """A Ray actor holding one backend."""
+
+    def __init__(self, make_backend: BackendFactory, index: int) -> None:
+        self.backend = make_backend(index)
+        if not isinstance(self.backend, Backend):
+            raise TypeError(
+                f"make_backend({index}) made a {type(self.backend).__name__}, not a capgate.Backend"
+            )
+
+    def identity(self) -> tuple[str, str, str | None]:
+        kind, url = backend_endpoint(self.backend)
+        return str(getattr(self.backend, "model_id", "")), kind, url
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[list[Generation]]:
+        return self.backend.generate(prompts, params)
+
+
+class _Target:
+    """What the output's settings record of the target: the workers' model and endpoint."""
+
+    def __init__(self, model_id: str, endpoint: str, base_url: str | None) -> None:
+        self.model_id = model_id
+        self.endpoint = endpoint
+        self.base_url = base_url
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+        raise ModuleNotFoundError("a harvest on Ray needs ray: pip install 'capgate[ray]'") from exc
+    return ray
+
+
+def ray_harvest(
+    make_backend: BackendFactory,
+    items: Iterable[DatasetItem],
+    out: str | Path,
+    *,
+    k: int,
+    workers: int = 2,
+    address: str | None = None,
+    in_flight: int = 2,
+    cpus_per_worker: float = 1.0,
+    max_worker_failures: int = 10,
+    **settings: Any,
+) -> RayHarvestReport:
+    """Harvest ``items`` on Ray: ``workers`` actors sample, this process grades and writes ``out``.
+
+    Args:
+        make_backend: ``make_backend(i)`` builds worker ``i``'s backend inside the worker (e.g.
+            an OpenAI-compatible backend for replica ``i % n``, or a local model).
+        items: The queries; ids must be unique.
+        out: The JSON-lines output, the same file :func:`capgate.harvest.harvest` writes and
+            resumes (either can resume the other's).
+        k: Responses sampled per query.
+        workers: Ray actors to start.
+        address: The Ray cluster (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``); ``None``
+            joins the Ray already initialised in this process, else starts a local one.
+        in_flight: Batches handed to each worker at once (one being sampled, one queued).
+        cpus_per_worker: Ray CPUs each worker reserves (0 for workers that only call a server).
+        max_worker_failures: Give up after this many batches lost to dead workers.
+        **settings: Every other setting of :func:`capgate.harvest.harvest` (``temperature``,
+            ``seed``, ``batch_size``, ``grader``, ``prompt``, ``dataset``, ``progress``, ...).
+
+    Returns:
+        What the run did, with the workers' count and failures.
+
+    Raises:
+        DataError: As :func:`capgate.harvest.harvest` (damaged output, other settings...).
+        RuntimeError: More than ``max_worker_failures`` batches were lost to dead workers.
+        BackendError: A worker's backend failed (what was written so far stays written).
+    """
+    for name, value in (("workers", workers), ("in_flight", in_flight)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
+    ray = _ray()
+    run = _HarvestRun(items, out, k=k, **settings)  # checks the settings before Ray starts
+    if address is not None or not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    remote = ray.remote(max_restarts=max_worker_failures, max_task_retries=0)(_Sampler)
+    actors = [remote.options(num_cpus=cpus_per_worker).remote(make_backend, i) for i in range(workers)]
+    try:
+        model_id, endpoint, base_url = ray.get(actors[0].identity.remote())
+        with run:
+            queue = deque(run.open(_Target(model_id, endpoint, base_url)))
+            failures = _drive(ray, run, actors, queue, in_flight, max_worker_failures)
+            report = run.close()
+    finally:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+    return RayHarvestReport(**report.model_dump(), workers=workers, worker_failures=failures)
+
+
+def _drive(
+    ray: Any,
+    run: _HarvestRun,
+    actors: list[Any],
+    queue: deque[list[DatasetItem]],
+    in_flight: int,
+    max_failures: int,
+) -> int:
+    """Hand batches to idle workers until every batch is written; returns the batches lost."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    lost = (RayActorError, ActorDiedError, ActorUnavailableError)
+    pending: dict[Any, tuple[int, list[DatasetItem], list[Prompt]]] = {}
+    busy = [0] * len(actors)
+    failures = 0
+    try:
+        while queue or pending:
+            for index, actor in enumerate(actors):
+                while queue and busy[index] < in_flight:
+                    batch = queue.popleft()
+                    prompts = run.prompts_for(batch)
+                    ref = actor.generate.remote(prompts, run.params_for(batch))
+                    pending[ref] = (index, batch, prompts)
+                    busy[index] += 1
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            index, batch, prompts = pending.pop(ref)
+            busy[index] -= 1
+            try:
+                outputs = ray.get(ref)
+            except lost:
+                failures += 1
+                if failures > max_failures:
+                    raise RuntimeError(
+                        f"{failures} batches were lost to dead Ray workers (max_worker_failures="
+                        f"{max_failures}); what was written stays written: rerun to resume"
+                    ) from None
+                queue.appendleft(batch)  # not written: sampled again, by whoever is free
+                time.sleep(0.1)  # let Ray restart the worker
+                continue
+            run.record(batch, prompts, outputs)
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=False)
+    return failures

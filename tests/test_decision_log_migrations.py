@@ -1,0 +1,104 @@
+"""The decision log's schema version and forward migrations, on both stores.
+
+``tests/data/decision_log_v1.sqlite3`` was written by capgate before schema 2 (the first
+release's schema, version 1): six decisions (one degraded, with query text stored), three with
+outcomes. Opening it must migrate it forward in place and keep every row readable.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from _postgres import execute, fetch
+
+from capgate import Estimate
+from capgate.decision import Decision, DecisionLog
+from capgate.decision.log import SCHEMA_VERSION, SQLITE_MIGRATIONS
+from capgate.decision.postgres import POSTGRES_MIGRATIONS
+
+V1_FILE = Path(__file__).parent / "data" / "decision_log_v1.sqlite3"
+
+
+def test_a_fresh_log_is_at_the_current_version_with_its_history(log_location: str | Path) -> None:
+    with DecisionLog(log_location) as log:
+        assert log.schema_version() == SCHEMA_VERSION == 2
+        history = log.migrations()
+        log.record(Decision(action="answer", estimate=Estimate(p=0.5, method="m"), reason="r"))
+        (row,) = log.decisions()
+    assert [(v, d) for v, d, _ in history] == [(v, d) for v, d, _ in SQLITE_MIGRATIONS]
+    assert all(applied != "before the history" for _, _, applied in history)
+    assert row.writer is not None
+    host, pid = row.writer.rsplit(":", 1)
+    assert host
+    assert int(pid) > 0
+
+
+def test_a_version_1_sqlite_file_migrates_forward_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    shutil.copy(V1_FILE, path)
+    assert fetch(path, "SELECT value FROM capgate_meta WHERE key = 'schema_version'") == [("1",)]
+    assert "writer" not in {r[1] for r in fetch(path, "PRAGMA table_info(decisions)")}
+    with DecisionLog(path) as log:
+        assert log.schema_version() == 2
+        old = log.decisions()
+        assert [r.id for r in old] == [f"v1-{i}" for i in range(6)]
+        assert [r.outcome is not None for r in old] == [True] * 3 + [False] * 3
+        assert old[1].outcome is not None
+        assert old[1].outcome.correct is True
+        assert old[5].p is None
+        assert old[5].decision.degraded
+        assert old[4].query_text == "question 4"
+        assert old[3].samples_used == 3
+        assert all(r.writer is None for r in old)  # version 1 did not record writers
+        history = log.migrations()
+        new = Decision(action="answer", estimate=Estimate(p=0.7, method="probe"), reason="after")
+        log.record(new)
+        log.record_outcome(new.id, correct=False)
+        assert log.get(new.id).writer is not None
+        assert log.count(method="probe") == 5  # v1-0, v1-2, v1-4, v1-5 (degraded) and the new one
+        assert log.integrity_check() == "ok"
+    assert history[0][:2] == (1, "decisions and outcomes")
+    assert history[0][2] == "before the history"
+    assert history[1][0] == 2
+    assert history[1][2] != "before the history"
+    # opening again changes nothing
+    with DecisionLog(path) as log:
+        assert log.migrations() == history
+        assert len(log) == 7
+
+
+def test_a_version_1_postgres_schema_migrates_forward(postgres_url: str) -> None:
+    from _postgres import fresh_url
+
+    url = fresh_url(postgres_url)
+    for statement in POSTGRES_MIGRATIONS[0][2]:  # the schema as version 1 left it
+        execute(url, statement)
+    execute(url, "CREATE TABLE capgate_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    execute(url, "INSERT INTO capgate_meta VALUES ('schema_version', '1')")
+    old = Decision(action="abstain", estimate=Estimate(p=0.1, method="probe"), reason="v1")
+    execute(
+        url,
+        "INSERT INTO decisions (id, created_at, method, p, degraded, action, reason, decision_json)"
+        " VALUES (?, ?, 'probe', 0.1, 0, 'abstain', 'v1', ?)",
+        (old.id, old.created_at.isoformat(), old.model_dump_json()),
+    )
+    with DecisionLog(url) as log:
+        assert log.schema_version() == 2
+        (row,) = log.decisions()
+        assert row.decision == old
+        assert row.writer is None
+        log.record_outcome(old.id, correct=True)
+        assert [(v, a == "before the history") for v, _, a in log.migrations()] == [(1, True), (2, False)]
+        assert log.integrity_check() == "ok"
+
+
+def test_a_newer_schema_is_refused_without_touching_it(log_location: str | Path) -> None:
+    with DecisionLog(log_location) as log:
+        log.record(Decision(action="answer", estimate=Estimate(p=0.5, method="m"), reason="r"))
+    execute(log_location, "UPDATE capgate_meta SET value = '3' WHERE key = 'schema_version'")
+    with pytest.raises(Exception, match="schema version 3 is not the supported 2") as info:
+        DecisionLog(log_location).decisions()
+    assert "upgrade capgate" in str(info.value)
+    assert fetch(log_location, "SELECT value FROM capgate_meta WHERE key = 'schema_version'") == [("3",)]

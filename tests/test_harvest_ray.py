@@ -1,0 +1,172 @@
+"""``capgate harvest --ray``: a harvest spread over a local Ray instance (2 CPUs) whose workers each
+hold an OpenAI-compatible backend on the CI vLLM server (scripts/with-vllm-server.sh).
+
+Without the server these tests fail under CI (env CI set) and are skipped, with that reason,
+elsewhere. Workers are killed for real (SIGKILL to the worker's process), and so is a driver.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from capgate import LabelledQuery
+from capgate.cli import app
+from capgate.datasets import DatasetItem, write_dataset
+from capgate.harvest import harvest, meta_path
+
+pytestmark = pytest.mark.slow
+
+TESTS = Path(__file__).resolve().parent
+SETTINGS = {"temperature": 1.0, "max_tokens": 12, "seed": 7, "batch_size": 1, "progress": False}
+
+
+def items(n: int) -> list[DatasetItem]:
+    return [
+        DatasetItem(
+            id=f"q{i:02d}", question=f"What is {i} + {i + 2}?", references=[str(2 * i + 2)], kind="numeric"
+        )
+        for i in range(n)
+    ]
+
+
+def lines(path: Path) -> list[LabelledQuery]:
+    return [LabelledQuery.model_validate_json(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def server() -> tuple[str, str]:
+    url, model = os.environ.get("CAPGATE_TEST_VLLM_URL"), os.environ.get("CAPGATE_TEST_VLLM_MODEL")
+    if not url or not model:
+        msg = (
+            "CAPGATE_TEST_VLLM_URL / CAPGATE_TEST_VLLM_MODEL are not set: run the tests under "
+            "`bash scripts/with-vllm-server.sh .venv/bin/python -m pytest`"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return url, model
+
+
+@pytest.fixture(scope="module")
+def ray_local(server: tuple[str, str]) -> Iterator[str]:
+    """A local Ray instance with 2 CPUs; its workers can import tests/_ray_workers.py."""
+    import ray
+
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def factory(server: tuple[str, str], pid_dir: Path) -> functools.partial[object]:
+    import _ray_workers
+
+    pid_dir.mkdir(exist_ok=True)
+    return functools.partial(_ray_workers.vllm_worker, server[0], server[1], str(pid_dir))
+
+
+def test_a_ray_harvest_writes_the_resumable_labels_of_a_local_one(
+    ray_local: str, server: tuple[str, str], tmp_path: Path
+) -> None:
+    from capgate.adapters.backends.openai import OpenAIBackend
+    from capgate.harvest_ray import ray_harvest
+
+    out = tmp_path / "labels.jsonl"
+    report = ray_harvest(factory(server, tmp_path / "pids"), items(6), out, k=4, workers=2, **SETTINGS)
+    assert (report.workers, report.worker_failures, report.n_new, report.n_samples) == (2, 0, 6, 24)
+    assert report.samples_per_s > 0
+    got = lines(out)
+    assert sorted(q.id for q in got) == [f"q{i:02d}" for i in range(6)]
+    assert all(q.k == 4 and len(q.samples or []) == 4 for q in got)
+    assert len(list((tmp_path / "pids").iterdir())) == 2  # one backend per worker
+    meta = json.loads(meta_path(out).read_text())
+    assert (meta["model_id"], meta["endpoint"], meta["base_url"]) == (server[1], "openai", server[0])
+    # resuming on Ray samples only the new queries ...
+    more = ray_harvest(factory(server, tmp_path / "pids2"), items(8), out, k=4, workers=2, **SETTINGS)
+    assert (more.n_resumed, more.n_new) == (6, 2)
+    # ... and a local harvest resumes the same file: nothing left to sample
+    local = harvest(OpenAIBackend(server[1], base_url=server[0]), items(8), out, k=4, **SETTINGS)
+    assert (local.n_resumed, local.n_new) == (8, 0)
+    assert sorted(q.id for q in lines(out)) == [f"q{i:02d}" for i in range(8)]
+
+
+def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(
+    ray_local: str, server: tuple[str, str], tmp_path: Path
+) -> None:
+    from capgate.harvest_ray import RayHarvestReport, ray_harvest
+
+    out, pids = tmp_path / "labels.jsonl", tmp_path / "pids"
+    done: list[RayHarvestReport | BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(ray_harvest(factory(server, pids), items(12), out, k=4, workers=2, **SETTINGS))
+        except BaseException as exc:
+            done.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (out.exists() and len(out.read_text().splitlines()) >= 2):
+        time.sleep(0.05)
+    assert not done, done  # still running when the worker is killed
+    victims = [p for p in pids.iterdir() if p.name.startswith("0.")]
+    assert len(victims) == 1
+    os.kill(int(victims[0].name.split(".")[1]), signal.SIGKILL)
+    thread.join(timeout=600)
+    (report,) = done
+    assert isinstance(report, RayHarvestReport), report
+    assert report.worker_failures >= 1  # its in-flight batches were lost, and sampled again
+    assert len([p for p in pids.iterdir() if p.name.startswith("0.")]) == 2  # Ray restarted it
+    ids = [q.id for q in lines(out)]
+    assert sorted(ids) == [f"q{i:02d}" for i in range(12)]  # each query once: none lost, none twice
+    assert report.n_new == 12
+
+
+def test_cli_ray_driver_killed_then_resumed(ray_local: str, server: tuple[str, str], tmp_path: Path) -> None:
+    data = tmp_path / "q.jsonl"
+    write_dataset(items(10), data)
+    out = tmp_path / "labels.jsonl"
+    args = [
+        "harvest", str(data), "--out", str(out), "-k", "4", "--max-tokens", "12", "--seed", "7",
+        "--batch-size", "1", "--no-progress", "--base-url", server[0], "--served-model", server[1],
+        "--workers", "2", "--cpus-per-worker", "0",
+    ]  # fmt: skip
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "capgate.cli", *args, "--ray", "--ray-address", ray_local],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (out.exists() and len(out.read_text().splitlines()) >= 2):
+        assert driver.poll() is None, driver.communicate()
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(timeout=60)
+    written = [q.id for q in lines(out)]
+    assert 2 <= len(written) < 10
+    result = CliRunner().invoke(app, [*args, "--ray"])  # joins the Ray of this process
+    assert result.exit_code == 0, result.output
+    assert f"({10 - len(written)} new, {len(written)} resumed)" in result.output
+    assert "on 2 Ray workers" in result.output
+    ids = [q.id for q in lines(out)]
+    assert ids[: len(written)] == written  # what the killed driver wrote was kept, not resampled
+    assert sorted(ids) == [f"q{i:02d}" for i in range(10)]
