@@ -7,7 +7,8 @@ transaction, so a process killed mid-write leaves either the whole row or none o
 rows survive the kill (``synchronous=NORMAL`` in WAL mode loses nothing on a process crash, only,
 possibly, the last transactions on a power cut).
 
-Queries are stored as a SHA-256 hash; the text is kept only with ``store_text=True``.
+Queries are stored as a SHA-256 hash; the text is kept only with ``store_text=True``. The file is
+created user-only (0600) and its folder checked (:mod:`capgate.decision._private`).
 Outcomes attach later by decision id (:meth:`DecisionLog.record_outcome`, or
 ``capgate log outcome DECISION_ID --correct yes``).
 
@@ -43,6 +44,7 @@ from pydantic import BaseModel, ConfigDict
 
 from capgate._types import Decision, Outcome
 from capgate.backend import Prompt, as_messages
+from capgate.decision._private import ensure_private_file
 from capgate.errors import DataError
 
 __all__ = ["SCHEMA_VERSION", "DecisionLog", "LoggedDecision", "default_log_path", "query_hash"]
@@ -194,7 +196,7 @@ class DecisionLog:
     def _open(self) -> sqlite3.Connection:
         if not (isinstance(self.busy_timeout_s, int | float) and self.busy_timeout_s > 0):
             raise ValueError(f"`busy_timeout_s` must be a positive number; got {self.busy_timeout_s!r}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_private_file(self.path)  # user-only: 0600 file, 0700 new folder
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")

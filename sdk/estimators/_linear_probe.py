@@ -447,7 +447,11 @@ class LinearProbe:
             raise DataError(
                 "weights file does not match the SHA-256 recorded in probe.json", path=weights_path
             )
-        tensors = _require_safetensors().load_file(str(weights_path))
+        st = _require_safetensors()
+        try:
+            tensors = st.load_file(str(weights_path))
+        except Exception as exc:  # safetensors' own error: a file that is not safetensors (a pickle...)
+            raise DataError(f"not a safetensors file: {exc}", path=weights_path) from None
         dim = get_field(meta, "dim", int, meta_path)
         settings = dict(get_field(meta, "settings", dict, meta_path))
         if isinstance(settings.get("lr"), list):
