@@ -92,3 +92,25 @@ def test_disabled_breaker_and_bad_settings() -> None:
         OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", circuit_failures=-1)
     with pytest.raises(ValueError, match="cooldown_s"):
         OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", circuit_cooldown_s=0)
+
+
+def test_a_burst_after_the_cooldown_waits_for_the_trial_instead_of_failing() -> None:
+    state = {"down": True}
+
+    def respond(body: dict[str, Any], i: int) -> Reply:
+        if state["down"]:
+            return DOWN
+        time.sleep(0.1)
+        return Reply(chat_completion(["back"]))
+
+    with FaultServer(respond) as server:
+        be = OpenAIBackend(
+            "m", base_url=server.url, max_retries=4, circuit_failures=1, circuit_cooldown_s=0.2,
+            backoff_initial=0.05, backoff_max=0.5, timeout=5.0,
+        )  # fmt: skip
+        with pytest.raises(BackendError, match="circuit open"):
+            be.generate(["hi"], SamplingParams())
+        state["down"] = False
+        time.sleep(0.25)
+        got = asyncio.run(be.agenerate([f"q{i}" for i in range(8)], SamplingParams()))
+    assert [g[0].text for g in got] == ["back"] * 8  # the others retried once the trial closed it

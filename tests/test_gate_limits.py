@@ -109,17 +109,18 @@ def test_late_estimate_is_a_degraded_decision_logged_with_its_reason(mode: str, 
 
 
 def test_a_call_waiting_too_long_for_a_slot_is_degraded_naming_the_queue() -> None:
-    slow = Slow(0.5)
-    gate = Gate(policy="balanced", estimator=slow, max_concurrency=1, estimate_timeout_s=0.1)
+    slow = Slow(0.0)
+    gate = Gate(policy="balanced", estimator=slow, max_concurrency=1, estimate_timeout_s=0.2)
 
-    async def two() -> list[capgate.Verdict]:
-        return list(await asyncio.gather(gate.aassess("a"), gate.aassess("b")))
+    async def while_the_slot_is_taken() -> capgate.gate.Verdict:
+        slots = gate._shared.slots.asyncio_slots(1)
+        async with slots:  # another call holds the only slot
+            return await gate.aassess("b")
 
-    verdicts = asyncio.run(two())
-    reasons = sorted(v.decision.reason for v in verdicts)
-    assert all(v.decision.degraded for v in verdicts)  # the first ran past 0.1 s, the second never got in
-    assert any("no free estimator slot" in r for r in reasons)
-    assert any("did not return" in r for r in reasons)
+    verdict = asyncio.run(while_the_slot_is_taken())
+    assert verdict.decision.degraded
+    assert "no free estimator slot (max_concurrency)" in verdict.decision.reason
+    assert slow.max_in_flight == 0  # it never reached the estimator
 
 
 def test_no_limits_calls_the_estimator_directly() -> None:

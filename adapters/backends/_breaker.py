@@ -5,7 +5,9 @@ answering 5xx), the circuit *opens*: every attempt fails at once with a :class:`
 whose message says the circuit is open, why, and for how long, so estimators turn it into a
 degraded estimate with that reason instead of waiting on a dead server. After ``cooldown_s`` one
 trial attempt is let through (*half-open*); its success closes the circuit, its failure opens it
-for another cooldown. Answers that show the server alive (2xx, 4xx, 429) reset the count.
+for another cooldown. Attempts refused while the trial is in flight are worth a retry
+(:class:`CircuitOpenError` ``trial_in_flight``); those refused during the cooldown are not.
+Answers that show the server alive (2xx, 4xx, 429) reset the count.
 """
 
 from __future__ import annotations
@@ -17,7 +19,20 @@ from contextlib import contextmanager
 
 from capgate.errors import BackendError
 
-__all__ = ["CircuitBreaker"]
+__all__ = ["CircuitBreaker", "CircuitOpenError"]
+
+
+class CircuitOpenError(BackendError):
+    """An attempt refused by an open circuit breaker (no request was sent).
+
+    ``trial_in_flight`` is true when the cooldown is over and another caller's trial attempt is
+    deciding whether the server is back: worth retrying after a short back-off, unlike a refusal
+    during the cooldown (fail fast).
+    """
+
+    def __init__(self, message: str, *, trial_in_flight: bool) -> None:
+        super().__init__(message, retryable=trial_in_flight)
+        self.trial_in_flight = trial_in_flight
 
 
 class CircuitBreaker:
@@ -68,7 +83,8 @@ class CircuitBreaker:
         """Let an attempt toward ``where`` through, or refuse it.
 
         Raises:
-            BackendError: The circuit is open (not retryable; the message says until when).
+            CircuitOpenError: The circuit is open (the message says until when), or half-open with
+                another caller's trial in flight.
         """
         with self._lock:
             if self._open_until is None:
@@ -85,7 +101,7 @@ class CircuitBreaker:
                 if wait > 0
                 else f"circuit open: a trial attempt toward {where} is in flight (last: {self._last})"
             )
-        raise BackendError(msg, retryable=False)
+        raise CircuitOpenError(msg, trial_in_flight=wait <= 0)
 
     def succeeded(self) -> None:
         """The server answered: close the circuit."""
@@ -112,7 +128,7 @@ class CircuitBreaker:
         4xx, a 429, a malformed body): only outages count toward opening the circuit.
 
         Raises:
-            BackendError: The circuit is open.
+            CircuitOpenError: The circuit is open.
         """
         self.admit(where)
         try:

@@ -43,7 +43,7 @@ from tenacity import (
     stop_after_attempt,
 )
 
-from capgate.adapters.backends._breaker import CircuitBreaker
+from capgate.adapters.backends._breaker import CircuitBreaker, CircuitOpenError
 from capgate.adapters.backends._usage import logaddexp as _logaddexp
 from capgate.adapters.backends._usage import split_tokens as _split_tokens
 from capgate.backend import (
@@ -82,6 +82,11 @@ def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in RETRYABLE_STATUS or exc.status_code >= 500
     return False
+
+
+def _worth_retrying(exc: BaseException) -> bool:
+    """Transient errors, and a circuit breaker's refusal while another caller's trial is in flight."""
+    return is_retryable(exc) or (isinstance(exc, CircuitOpenError) and exc.trial_in_flight)
 
 
 def _retry_after_s(exc: BaseException | None) -> float | None:
@@ -436,7 +441,7 @@ class OpenAIBackend:
         return {
             "stop": stop_after_attempt(self.max_retries + 1),
             "wait": self._wait,
-            "retry": retry_if_exception(is_retryable),
+            "retry": retry_if_exception(_worth_retrying),
             "reraise": True,
         }
 

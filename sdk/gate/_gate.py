@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import threading
 from collections.abc import Awaitable, Callable
@@ -17,7 +18,7 @@ from capgate.cas.settings import stop_rule
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._defaults import default_estimator, default_extract
-from capgate.gate._limits import Slots, limited_aestimate, limited_estimate
+from capgate.gate._limits import Slots, limited_aestimate, limited_estimate, log_writer
 from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
 from capgate.gate._settings import GateOptions, GateSettings, OnBlock, PolicyLike, given_settings
 from capgate.gate._stats import GateStats
@@ -323,9 +324,10 @@ class Gate:
     async def arecord(
         self, verdict: Verdict, *, samples_used: int | None = None, cas: CASResult | None = None
     ) -> None:
-        """Async twin of :meth:`record` (the write runs in a worker thread)."""
+        """Async twin of :meth:`record` (the write runs in the gate's log-writer thread)."""
         if self.settings.log is not None:
-            await asyncio.to_thread(self.record, verdict, samples_used=samples_used, cas=cas)
+            write = functools.partial(self.record, verdict, samples_used=samples_used, cas=cas)
+            await asyncio.get_running_loop().run_in_executor(log_writer(), write)
 
     # ------------------------------------------------------------------ blocking
 

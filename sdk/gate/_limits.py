@@ -17,13 +17,30 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from capgate._types import Estimate
 from capgate.backend import Prompt
 from capgate.estimators.base import CapabilityEstimator
 
-__all__ = ["Slots", "limited_aestimate", "limited_estimate"]
+__all__ = ["Slots", "limited_aestimate", "limited_estimate", "log_writer"]
+
+_LOG_WRITER: ThreadPoolExecutor | None = None
+_LOG_WRITER_LOCK = threading.Lock()
+
+
+def log_writer() -> ThreadPoolExecutor:
+    """The thread the async path writes decisions from.
+
+    Not the event loop's default executor: estimates that missed their deadline may still fill
+    that one (a thread cannot be cancelled), and a decision must be logged without waiting on them.
+    """
+    global _LOG_WRITER
+    with _LOG_WRITER_LOCK:
+        if _LOG_WRITER is None:
+            _LOG_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capgate-log")
+        return _LOG_WRITER
 
 
 @dataclass
