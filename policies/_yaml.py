@@ -84,8 +84,8 @@ def parse_policy(text: str, *, model: type[Policy], source: str = "<string>") ->
     try:
         loader = _SafeLoader(text)
     except yaml.reader.ReaderError as exc:  # a control character: refused before parsing
-        line = text[: exc.position].count("\n") + 1
-        raise PolicyError([DataError(f"not valid YAML: {exc.reason}", path=source, line=line)]) from None
+        at = text[: exc.position].count("\n") + 1
+        raise PolicyError([DataError(f"not valid YAML: {exc.reason}", path=source, line=at)]) from None
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
@@ -95,11 +95,9 @@ def parse_policy(text: str, *, model: type[Policy], source: str = "<string>") ->
         problem = " ".join(p for p in (exc.context, exc.problem) if p)
         raise PolicyError([DataError(f"not valid YAML: {problem}", path=source, line=line)]) from None
     except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
-        # e.g. a scalar that looks like a date but is not one (2026-13-45)
-        where = getattr(exc, "problem_mark", None)
-        line = where.line + 1 if where is not None else None
+        # anything else the constructor raises (a document nested too deep...): still located by file
         msg = f"not valid YAML: {type(exc).__name__}: {exc}"
-        raise PolicyError([DataError(msg, path=source, line=line)]) from None
+        raise PolicyError([DataError(msg, path=source)]) from None
     finally:
         loader.dispose()
     if not isinstance(node, yaml.MappingNode) or not isinstance(data, dict):

@@ -107,3 +107,28 @@ def test_the_valid_cases_are_accepted(folder: Path, probe_folder: tuple[Path, di
     assert _fuzz.check_probe_metadata(_fuzz._json_text(valid), where) == "accepted"
     assert _fuzz.check_verbalized_reply("\\boxed{0.7}", False) == "accepted"
     assert _fuzz.check_verbalized_reply("no idea", False) == "degraded"
+
+
+@pytest.mark.parametrize("value", ["1" + "0" * 400, "1e999", "-0.5", "true", '"0.5"'])
+def test_structured_replies_out_of_range_are_degraded(value: str) -> None:
+    """Found by bench/fuzz_bench.py: a huge integer once overflowed math.isfinite."""
+    assert _fuzz.check_verbalized_reply('{"probability": ' + value + "}", True) == "degraded"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("\x1f", "special characters are not allowed"),  # found by the fuzzer: a bare yaml ReaderError
+        ("name: x\nbands: 0.5\non_degraded: abstain\nwhen: 2026-13-45\n", "not a valid date"),
+        ("[" * 5000, "RecursionError"),
+        # found by bench/fuzz_bench.py: a bare OverflowError from float() of a huge integer
+        ("name: x\nbands: 1" + "0" * 400 + "\non_degraded: abstain\n", "bare threshold"),
+    ],
+)
+def test_policy_text_yaml_cannot_read_is_a_policy_error(text: str, message: str, folder: Path) -> None:
+    from capgate.policies import Policy
+    from capgate.policies._yaml import PolicyError, parse_policy
+
+    with pytest.raises(PolicyError, match=message) as info:
+        parse_policy(text, model=Policy, source=str(folder / "p.yaml"))
+    assert info.value.path == str(folder / "p.yaml")

@@ -71,7 +71,16 @@ def test_a_pickle_disguised_as_safetensors_is_refused_unread(saved_probe: Path, 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("dim", "3"), ("dim", True), ("settings", []), ("lr", "fast"), ("feature_spec", [1]), ("target", 7)],
+    [
+        ("dim", "3"),
+        ("dim", True),
+        ("settings", []),
+        ("lr", "fast"),
+        ("feature_spec", [1]),
+        ("target", 7),
+        ("lr_sweep", [{"format": []}]),  # found by bench/fuzz_bench.py: was a bare ValueError
+        ("lr_sweep", [[0.1, "x"]]),
+    ],
 )
 def test_probe_metadata_with_unexpected_types_names_the_field(
     saved_probe: Path, tmp_path: Path, field: str, value: object

@@ -479,7 +479,11 @@ class LinearProbe:
         probe.n_features_in_ = dim
         probe.lr_ = float(get_field(meta, "lr", (int, float), meta_path))
         sweep = get_field(meta, "lr_sweep", list, meta_path)
-        probe.lr_sweep_ = {float(lr): float(loss) for lr, loss in sweep}
+        try:
+            probe.lr_sweep_ = {float(lr): float(loss) for lr, loss in sweep}
+        except (TypeError, ValueError, OverflowError):
+            msg = f"expected a list of [learning rate, validation loss] pairs; got {sweep!r:.200}"
+            raise DataError(msg, path=meta_path, field="lr_sweep") from None
         probe.best_epoch_ = get_field(meta, "best_epoch", int, meta_path)
         probe.n_epochs_ = get_field(meta, "n_epochs", int, meta_path)
         spec = meta.get("feature_spec")
