@@ -64,10 +64,9 @@ def expand_shorthand(kind: Shorthand, value: Any) -> Any:
     if kind == "override" and is_number:
         return {"bands": expand_shorthand("bands", value)}
     if kind == "bands" and is_number:
-        threshold = float(value)
-        if not 0.0 < threshold < 1.0:
+        if not 0.0 < value < 1.0:  # compared before float(): a huge integer cannot be one
             raise ValueError(f"a bare threshold must be a number in (0, 1); got {value!r}")
-        return [{"below": threshold, "action": "abstain"}, {"action": "answer"}]
+        return [{"below": float(value), "action": "abstain"}, {"action": "answer"}]
     if kind == "action" and isinstance(value, str):
         return {"action": value}
     return value

@@ -61,13 +61,31 @@ def load_policy_file(path: str | Path, *, model: type[Policy]) -> Policy:
     return parse_policy(text, source=str(path), model=model)
 
 
+class _SafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` whose bad dates (``2026-13-45``) are located errors, not bare ValueErrors."""
+
+    def construct_yaml_timestamp(self, node: yaml.Node) -> Any:
+        try:
+            return super().construct_yaml_timestamp(node)  # type: ignore[arg-type]
+        except ValueError as exc:
+            msg = f"not a valid date: {exc}"
+            raise yaml.constructor.ConstructorError(None, None, msg, node.start_mark) from None
+
+
+_SafeLoader.add_constructor("tag:yaml.org,2002:timestamp", _SafeLoader.construct_yaml_timestamp)
+
+
 def parse_policy(text: str, *, model: type[Policy], source: str = "<string>") -> Policy:
     """Validate a policy given as YAML text as ``model``; ``source`` names it in error messages.
 
     Raises:
         PolicyError: Every problem, each with its line and field.
     """
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = _SafeLoader(text)
+    except yaml.reader.ReaderError as exc:  # a control character: refused before parsing
+        at = text[: exc.position].count("\n") + 1
+        raise PolicyError([DataError(f"not valid YAML: {exc.reason}", path=source, line=at)]) from None
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
@@ -76,6 +94,10 @@ def parse_policy(text: str, *, model: type[Policy], source: str = "<string>") ->
         line = mark.line + 1 if mark is not None else None
         problem = " ".join(p for p in (exc.context, exc.problem) if p)
         raise PolicyError([DataError(f"not valid YAML: {problem}", path=source, line=line)]) from None
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # anything else the constructor raises (a document nested too deep...): still located by file
+        msg = f"not valid YAML: {type(exc).__name__}: {exc}"
+        raise PolicyError([DataError(msg, path=source)]) from None
     finally:
         loader.dispose()
     if not isinstance(node, yaml.MappingNode) or not isinstance(data, dict):

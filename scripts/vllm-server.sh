@@ -17,6 +17,7 @@
 #
 # Settings (environment): CAPGATE_VLLM_START_TIMEOUT (seconds to wait for /health, default 600),
 # CAPGATE_VLLM_SERVED_NAME (default: the folder's name), CAPGATE_VLLM_MAX_MODEL_LEN (default 512),
+# CAPGATE_VLLM_PORT (default: a free port; a restart on the same port keeps clients' URL valid),
 # CAPGATE_VLLM_EXTRA_ARGS (more server flags, split on spaces; e.g. "--block-size 32": the CPU
 # backend's default block of 128 tokens is longer than most short prompts, so the k samples of one
 # prompt never share its prefill through the prefix cache).
@@ -83,7 +84,7 @@ start() {
     mkdir -p "$STATE"
     stop
     local port
-    port=$(free_port)
+    port=${CAPGATE_VLLM_PORT:-$(free_port)}
     local url="http://127.0.0.1:$port"
     local t0=$SECONDS
     log "starting on $url (model $model_dir as '$served'; log $STATE/server.log)"

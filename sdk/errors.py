@@ -13,6 +13,7 @@ __all__ = [
     "CapgateError",
     "DataError",
     "LogUnavailableError",
+    "MessageError",
     "NotFittedError",
     "ProbeMismatchError",
     "SettingsError",
@@ -60,6 +61,13 @@ class DataError(CapgateError, ValueError):
         parts = [p for p in (where, f"field {self.field!r}" if self.field else "") if p]
         prefix = ": ".join(parts)
         return f"{prefix}: {self.message}" if prefix else self.message
+
+
+class MessageError(CapgateError, TypeError):
+    """A prompt or chat message list is malformed; the message says where (``query, message 2``).
+
+    A ``TypeError`` too, as a wrong type given to any Python function is.
+    """
 
 
 class NotFittedError(CapgateError, AttributeError):

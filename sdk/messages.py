@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from capgate.backend import ChatMessage, Prompt
+from capgate.errors import MessageError
 
 __all__ = ["ROLES", "TOOL_CALL_TEXT", "as_query", "chat_messages", "content_text", "tool_call_text"]
 
@@ -39,7 +40,7 @@ def content_text(content: object, where: str = "content") -> str:
     empty text.
 
     Raises:
-        TypeError: The content is neither text nor a list of parts; ``where`` names it.
+        MessageError: The content is neither text nor a list of parts; ``where`` names it.
 
     Example:
         >>> content_text([{"type": "text", "text": "What is "}, "2+2?", {"type": "image_url"}])
@@ -56,9 +57,9 @@ def content_text(content: object, where: str = "content") -> str:
             if isinstance(text, str):
                 texts.append(text)
             elif not isinstance(part, Mapping):
-                raise TypeError(f"{where}: message content must be text; got a {type(part).__name__} part")
+                raise MessageError(f"{where}: message content must be text; got a {type(part).__name__} part")
         return "".join(texts)
-    raise TypeError(f"{where}: message content must be text; got {type(content).__name__}")
+    raise MessageError(f"{where}: message content must be text; got {type(content).__name__}")
 
 
 def tool_call_text(call: Mapping[str, Any]) -> str:
@@ -82,7 +83,7 @@ def _message(item: object, where: str) -> ChatMessage:
         calls = getattr(item, "tool_calls", None) or []
     mapped = ROLES.get(str(role)) if role is not None else None
     if mapped is None:
-        raise TypeError(f"{where}: expected a chat message with a role in {sorted(ROLES)}; got {item!r}")
+        raise MessageError(f"{where}: expected a chat message with a role in {sorted(ROLES)}; got {item!r}")
     text = content_text(content, where)
     if calls:
         text = "\n".join([t for t in (text,) if t] + [tool_call_text(c) for c in calls])
@@ -96,7 +97,7 @@ def as_query(value: object, *, where: str = "query") -> Prompt:
     are written out after the message's text.
 
     Raises:
-        TypeError: Not a string or chat messages; ``where`` names the offending value.
+        MessageError: Not a string or chat messages; ``where`` names the offending value.
 
     Example:
         >>> as_query([{"role": "human", "content": "hi"}])
@@ -116,6 +117,6 @@ def chat_messages(value: object, *, where: str = "messages") -> list[ChatMessage
         return [{"role": "user", "content": value}]
     if isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
         return [_message(item, f"{where}, message {i}") for i, item in enumerate(value)]
-    raise TypeError(
+    raise MessageError(
         f"{where}: expected a prompt string or a list of chat messages; got {type(value).__name__}"
     )

@@ -47,6 +47,7 @@ __all__ = [
     "Device",
     "LoadedModel",
     "cache_dir",
+    "check_weight_files",
     "default_gguf_path",
     "file_sha256",
     "load_model",
@@ -202,6 +203,28 @@ def weights_fingerprint(folder: str | os.PathLike[str]) -> str:
     for file in files:
         combined.update(f"{file.name}\0{file_sha256(file)}\n".encode())
     return f"safetensors-sha256:{combined.hexdigest()}"
+
+
+def check_weight_files(folder: str | os.PathLike[str]) -> None:
+    """Check that a sharded model's index names only ``.safetensors`` files inside its folder.
+
+    Raises:
+        DataError: ``model.safetensors.index.json`` is not a JSON object with a ``weight_map``
+            of file names, or names a file outside the folder (``../x``, an absolute path) or
+            not a ``.safetensors`` file.
+    """
+    index = Path(folder) / "model.safetensors.index.json"
+    if not index.exists():
+        return
+    meta = _read_json(index)
+    weight_map = meta.get("weight_map") if isinstance(meta, dict) else None
+    if not isinstance(weight_map, dict):
+        raise DataError("expected a JSON object with a 'weight_map' object", path=index, field="weight_map")
+    for name, shard in weight_map.items():
+        if not (isinstance(shard, str) and shard.endswith(".safetensors")):
+            raise DataError(f"expected a .safetensors file name; got {shard!r}", path=index, field=name)
+        if Path(shard).name != shard or shard.startswith(".") or "\\" in shard:
+            raise DataError(f"names a file outside the model folder: {shard!r}", path=index, field=name)
 
 
 # --------------------------------------------------------------------------- conversion
@@ -493,10 +516,13 @@ def load_model(
         model_id = name  # a hub id
     else:
         model_id = str(folder.resolve())
+    fingerprint = weights_fingerprint(folder)  # refuses a folder without safetensors, before loading
+    check_weight_files(folder)
     model: Any = AutoModelForCausalLM.from_pretrained(
         str(folder),
         dtype=getattr(torch, resolved_dtype),
         device_map=resolved_device if resolved_device == "cuda" else None,
+        use_safetensors=True,
     )
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
@@ -504,7 +530,7 @@ def load_model(
         model=model,
         tokenizer=tokenizer,
         model_id=model_id,
-        weights_fingerprint=weights_fingerprint(folder),
+        weights_fingerprint=fingerprint,
         path=folder,
         device=resolved_device,
         dtype=resolved_dtype,

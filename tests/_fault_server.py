@@ -1,7 +1,8 @@
 """A tiny in-process HTTP server on 127.0.0.1 that misbehaves on demand.
 
 Used ONLY for faults a real OpenAI-compatible server will not produce on request: rate limits,
-5xx bursts, hangs past the client's time-out, truncated or garbage bodies, garbage completions.
+5xx bursts, hangs past the client's time-out, truncated or garbage bodies, slow drips, garbage
+completions.
 Everything a real server does (sampling, n, logprobs, seeds) is tested against vLLM itself in
 tests/test_vllm_server.py. Each request is answered by ``respond(body, index)``; every request
 body is recorded. Hangs wait on a stop event, so shutting the server down ends them at once.
@@ -43,7 +44,17 @@ class Hang:
     seconds: float
 
 
-Action = Reply | Raw | Hang
+@dataclass(frozen=True)
+class Drip:
+    """A JSON reply sent ``chunk`` bytes at a time, ``every`` seconds apart (a slow drip: each read
+    comes within a client's read time-out, the whole body long after it)."""
+
+    body: Any
+    chunk: int = 8
+    every: float = 0.2
+
+
+Action = Reply | Raw | Hang | Drip
 Respond = Callable[[dict[str, Any], int], Action]
 
 
@@ -141,6 +152,9 @@ class FaultServer:
                     server._stop.wait(action.seconds)
                     self.close_connection = True
                     return
+                if isinstance(action, Drip):
+                    self._drip(action)
+                    return
                 if isinstance(action, Reply):
                     payload = json.dumps(action.body).encode()
                     status, ctype, length, headers = (
@@ -162,6 +176,19 @@ class FaultServer:
                 self.end_headers()
                 self.wfile.write(payload)
                 self.wfile.flush()
+                self.close_connection = True
+
+            def _drip(self, action: Drip) -> None:
+                payload = json.dumps(action.body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                for start in range(0, len(payload), action.chunk):
+                    if server._stop.wait(action.every):
+                        break
+                    self.wfile.write(payload[start : start + action.chunk])
+                    self.wfile.flush()
                 self.close_connection = True
 
         return Handler

@@ -13,9 +13,12 @@ not reproducible there) and no ``stop`` (refused with ``ValueError``).
 
 Failures: 429, 408 and 5xx responses, time-outs and connection errors are retried (tenacity) with
 exponential back-off and jitter (honouring ``Retry-After`` up to ``backoff_max``); other 4xx
-responses are not. When the retries run out, or a response is malformed, the call raises
-:class:`capgate.BackendError` naming the server, the status and the message. The openai SDK is
-imported only when the first request is made (install the ``openai`` extra).
+responses are not. A circuit breaker (:class:`~capgate.adapters.backends._breaker.CircuitBreaker`)
+stops calling a server after ``circuit_failures`` outage attempts in a row, failing fast with a
+message saying so, and tries again after ``circuit_cooldown_s``. When the retries run out, or a
+response is malformed, the call raises :class:`capgate.BackendError` naming the server, the
+status and the message. The openai SDK is imported only when the first request is made (install
+the ``openai`` extra).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeAlias
 
@@ -39,6 +43,7 @@ from tenacity import (
     stop_after_attempt,
 )
 
+from capgate.adapters.backends._breaker import CircuitBreaker, CircuitOpenError
 from capgate.adapters.backends._usage import logaddexp as _logaddexp
 from capgate.adapters.backends._usage import split_tokens as _split_tokens
 from capgate.backend import (
@@ -77,6 +82,11 @@ def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in RETRYABLE_STATUS or exc.status_code >= 500
     return False
+
+
+def _worth_retrying(exc: BaseException) -> bool:
+    """Transient errors, and a circuit breaker's refusal while another caller's trial is in flight."""
+    return is_retryable(exc) or (isinstance(exc, CircuitOpenError) and exc.trial_in_flight)
 
 
 def _retry_after_s(exc: BaseException | None) -> float | None:
@@ -130,6 +140,9 @@ class OpenAIBackend:
         backoff_max: Longest wait between two attempts, in seconds (also caps ``Retry-After``).
         max_concurrency: Most requests in flight at once from this backend, sync or async.
         extra_body: Extra JSON fields sent with every request (server-specific options).
+        circuit_failures: Outage attempts in a row (unreachable, time-out, 5xx) that open the
+            circuit breaker; 0 disables it.
+        circuit_cooldown_s: Seconds an open circuit refuses attempts before one trial.
 
     Raises:
         ValueError: A setting is out of range, or no API key is available for OpenAI itself.
@@ -158,6 +171,8 @@ class OpenAIBackend:
         backoff_max: float = 30.0,
         max_concurrency: int = 8,
         extra_body: Mapping[str, Any] | None = None,
+        circuit_failures: int = 5,
+        circuit_cooldown_s: float = 10.0,
     ) -> None:
         if not model:
             raise ValueError("`model` must be a non-empty model name; got ''")
@@ -181,6 +196,11 @@ class OpenAIBackend:
         self.backoff_max = backoff_max
         self.max_concurrency = max_concurrency
         self.extra_body = dict(extra_body) if extra_body else None
+        self.circuit_failures = circuit_failures
+        self.circuit_cooldown_s = circuit_cooldown_s
+        self.circuit_: CircuitBreaker | None = None
+        if circuit_failures != 0:  # CircuitBreaker checks the values
+            self.circuit_ = CircuitBreaker(failures=circuit_failures, cooldown_s=circuit_cooldown_s)
 
         self.base_url_ = base_url or os.environ.get("OPENAI_BASE_URL") or None
         key = api_key or os.environ.get("OPENAI_API_KEY") or None
@@ -421,7 +441,7 @@ class OpenAIBackend:
         return {
             "stop": stop_after_attempt(self.max_retries + 1),
             "wait": self._wait,
-            "retry": retry_if_exception(is_retryable),
+            "retry": retry_if_exception(_worth_retrying),
             "reraise": True,
         }
 
@@ -458,9 +478,17 @@ class OpenAIBackend:
                 )
             return self._sync_client
 
+    def _outage(self, exc: BaseException) -> str | None:
+        """What made a failed attempt an outage (unreachable, time-out, 5xx); None if it answered."""
+        outage = is_retryable(exc) and getattr(exc, "status_code", None) != 429
+        return str(self._as_backend_error(exc, 1)) if outage else None
+
+    def _watched(self) -> AbstractContextManager[None]:
+        return self.circuit_.watch(self._where, self._outage) if self.circuit_ else nullcontext()
+
     def _send(self, kwargs: dict[str, Any]) -> Any:
         client = self._client()
-        with self._sync_slots:
+        with self._sync_slots, self._watched():
             if self.api == "chat":
                 return client.chat.completions.create(**kwargs)
             return client.responses.create(**kwargs)
@@ -532,9 +560,10 @@ class OpenAIBackend:
     async def _asend(self, kwargs: dict[str, Any]) -> Any:
         client, slots = self._aclient()
         async with slots:
-            if self.api == "chat":
-                return await client.chat.completions.create(**kwargs)
-            return await client.responses.create(**kwargs)
+            with self._watched():
+                if self.api == "chat":
+                    return await client.chat.completions.create(**kwargs)
+                return await client.responses.create(**kwargs)
 
     async def _arun(self, job: _Job) -> list[Generation]:
         retrying = AsyncRetrying(**self._retry_settings())

@@ -13,7 +13,8 @@ Both stores carry a schema version (``capgate_meta``) and the history of the mig
 to them (``capgate_migrations``); opening an older log migrates it forward in one transaction, and
 a log written by a newer capgate is refused.
 
-Queries are stored as a SHA-256 hash; the text is kept only with ``store_text=True``.
+Queries are stored as a SHA-256 hash; the text is kept only with ``store_text=True``. The file is
+created user-only (0600) and its folder checked (:mod:`capgate.decision._private`).
 Outcomes attach later by decision id (:meth:`DecisionLog.record_outcome`, or
 ``capgate log outcome DECISION_ID --correct yes``).
 
@@ -49,6 +50,7 @@ from pydantic import BaseModel, ConfigDict
 
 from capgate._types import Decision, Outcome
 from capgate.backend import Prompt, as_messages
+from capgate.decision._private import ensure_private_file
 from capgate.decision._schema import (
     COLUMNS,
     META_TABLE,
@@ -219,7 +221,7 @@ class DecisionLog:
     def _open(self) -> Any:
         if not (isinstance(self.busy_timeout_s, int | float) and self.busy_timeout_s > 0):
             raise ValueError(f"`busy_timeout_s` must be a positive number; got {self.busy_timeout_s!r}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_private_file(self.path)  # user-only: 0600 file, 0700 new folder
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")

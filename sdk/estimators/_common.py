@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -137,6 +138,10 @@ def get_field(payload: Mapping[str, Any], key: str, types: type | tuple[type, ..
         raise DataError(f"expected {_type_names(types)}; got {value!r}", path=path, field=key)
     if isinstance(value, float) and not math.isfinite(value):
         raise DataError(f"must be finite; got {value!r}", path=path, field=key)
+    if isinstance(value, int) and float in _as_tuple(types) and abs(value) > sys.float_info.max:
+        raise DataError(
+            f"must be a finite number; got an integer of {len(str(value))} digits", path=path, field=key
+        )
     return value
 
 

@@ -447,7 +447,11 @@ class LinearProbe:
             raise DataError(
                 "weights file does not match the SHA-256 recorded in probe.json", path=weights_path
             )
-        tensors = _require_safetensors().load_file(str(weights_path))
+        st = _require_safetensors()
+        try:
+            tensors = st.load_file(str(weights_path))
+        except Exception as exc:  # safetensors' own error: a file that is not safetensors (a pickle...)
+            raise DataError(f"not a safetensors file: {exc}", path=weights_path) from None
         dim = get_field(meta, "dim", int, meta_path)
         settings = dict(get_field(meta, "settings", dict, meta_path))
         if isinstance(settings.get("lr"), list):
@@ -475,7 +479,11 @@ class LinearProbe:
         probe.n_features_in_ = dim
         probe.lr_ = float(get_field(meta, "lr", (int, float), meta_path))
         sweep = get_field(meta, "lr_sweep", list, meta_path)
-        probe.lr_sweep_ = {float(lr): float(loss) for lr, loss in sweep}
+        try:
+            probe.lr_sweep_ = {float(lr): float(loss) for lr, loss in sweep}
+        except (TypeError, ValueError, OverflowError):
+            msg = f"expected a list of [learning rate, validation loss] pairs; got {sweep!r:.200}"
+            raise DataError(msg, path=meta_path, field="lr_sweep") from None
         probe.best_epoch_ = get_field(meta, "best_epoch", int, meta_path)
         probe.n_epochs_ = get_field(meta, "n_epochs", int, meta_path)
         spec = meta.get("feature_spec")

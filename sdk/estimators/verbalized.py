@@ -268,7 +268,9 @@ def _structured_probability(text: str) -> tuple[float | None, str]:
     except ValueError:
         return None, "not JSON"
     value = data.get("probability") if isinstance(data, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None, "no numeric 'probability' in the JSON reply"
+    if isinstance(value, float) and not math.isfinite(value):  # not math.isfinite(an int): it may overflow
         return None, "no numeric 'probability' in the JSON reply"
     if not 0.0 <= value <= 1.0:
         return None, f"probability {value!r} is outside [0, 1]"

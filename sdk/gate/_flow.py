@@ -71,10 +71,10 @@ class AssessEach(Effect):
     items: Sequence[tuple[Gate, object]]
 
     def run(self) -> list[Verdict]:
-        return twins.drive(self._plan(), lambda ask: ask[0].estimate(ask[1]))
+        return twins.drive(self._plan(), lambda ask: ask[0].estimate_with(ask[1], ask[2]))
 
     async def arun(self) -> list[Verdict]:
-        return await twins.adrive(self._plan(), lambda ask: ask[0].aestimate(ask[1]))
+        return await twins.adrive(self._plan(), lambda ask: ask[0].aestimate_with(ask[1], ask[2]))
 
     def _plan(self) -> twins.Plan[list[Verdict]]:
         asked = [(gate, as_query(query), gate.resolve_estimator()) for gate, query in self.items]
@@ -84,7 +84,8 @@ class AssessEach(Effect):
         verdicts: dict[int, Verdict] = {}
         for indices in groups.values():
             estimator = asked[indices[0]][2]
-            estimates = yield estimator, [asked[i][1] for i in indices]
+            # The first asking gate's limits (max_concurrency, estimate_timeout_s) bound the call.
+            estimates = yield asked[indices[0]][0], estimator, [asked[i][1] for i in indices]
             if not isinstance(estimates, list) or len(estimates) != len(indices):
                 raise TypeError(
                     f"{type(estimator).__name__}.estimate(queries) must return one Estimate per query; "

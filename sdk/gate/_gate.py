@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import threading
@@ -18,6 +19,7 @@ from capgate.cas.settings import stop_rule
 from capgate.errors import LogUnavailableError, SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._defaults import default_estimator, default_extract
+from capgate.gate._limits import Slots, limited_aestimate, limited_estimate, log_writer
 from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
 from capgate.gate._settings import GateOptions, GateSettings, OnBlock, PolicyLike, given_settings
 from capgate.gate._stats import GateStats
@@ -45,6 +47,7 @@ class _Shared:
         self.lock = threading.Lock()
         self.policies: dict[str, Policy] = {}
         self.logs: dict[str, DecisionLog] = {}
+        self.slots = Slots()
 
 
 def decision_seed(decision_id: str) -> int:
@@ -71,6 +74,8 @@ class Gate:
         log: Decision log (a :class:`~capgate.decision.DecisionLog` or a path to one).
         target: The model the gated calls go to; checked against the estimator's target.
         allow_other_target: Gate ``target`` with an estimator of another model (recorded).
+        max_concurrency: Most estimates in flight at once from this gate (a burst queues).
+        estimate_timeout_s: Deadline on one estimate; a late one is a degraded decision.
 
     Raises:
         SettingsError: A setting has a wrong value or type (the message names it), or the
@@ -103,10 +108,14 @@ class Gate:
         log: DecisionLog | str | Path | None = None,
         target: str | None = None,
         allow_other_target: bool = False,
+        max_concurrency: int | None = None,
+        estimate_timeout_s: float | None = None,
     ) -> None:
         self.settings = GateSettings(
             target=target,
             allow_other_target=allow_other_target,
+            max_concurrency=max_concurrency,
+            estimate_timeout_s=estimate_timeout_s,
             policy=policy,
             estimator=estimator,
             extract=extract,
@@ -266,12 +275,35 @@ class Gate:
             policy's ``on_degraded`` and the decision records it.
         """
         q, estimator = as_query(query), self.resolve_estimator()
-        return self._verdict(q, estimator.estimate([q]), estimator)
+        return self._verdict(q, self.estimate_with(estimator, [q]), estimator)
 
     async def aassess(self, query: object) -> Verdict:
         """Async twin of :meth:`assess` (uses the estimator's ``aestimate``)."""
         q, estimator = as_query(query), self.resolve_estimator()
-        return self._verdict(q, await estimator.aestimate([q]), estimator)
+        return self._verdict(q, await self.aestimate_with(estimator, [q]), estimator)
+
+    def estimate_with(self, estimator: CapabilityEstimator, queries: list[Prompt]) -> list[Estimate]:
+        """``estimator.estimate(queries)`` within the gate's ``max_concurrency`` and
+        ``estimate_timeout_s`` (a late estimate is degraded, naming the deadline)."""
+        s = self.settings
+        return limited_estimate(
+            estimator,
+            queries,
+            slots=self._shared.slots,
+            max_concurrency=s.max_concurrency,
+            timeout_s=s.estimate_timeout_s,
+        )
+
+    async def aestimate_with(self, estimator: CapabilityEstimator, queries: list[Prompt]) -> list[Estimate]:
+        """Async twin of :meth:`estimate_with` (a late estimate is cancelled)."""
+        s = self.settings
+        return await limited_aestimate(
+            estimator,
+            queries,
+            slots=self._shared.slots,
+            max_concurrency=s.max_concurrency,
+            timeout_s=s.estimate_timeout_s,
+        )
 
     # ------------------------------------------------------------------ logging
 
@@ -316,9 +348,10 @@ class Gate:
     async def arecord(
         self, verdict: Verdict, *, samples_used: int | None = None, cas: CASResult | None = None
     ) -> None:
-        """Async twin of :meth:`record` (the write runs in a worker thread)."""
+        """Async twin of :meth:`record` (the write runs in the gate's log-writer thread)."""
         if self.settings.log is not None:
-            await asyncio.to_thread(self.record, verdict, samples_used=samples_used, cas=cas)
+            write = functools.partial(self.record, verdict, samples_used=samples_used, cas=cas)
+            await asyncio.get_running_loop().run_in_executor(log_writer(), write)
 
     # ------------------------------------------------------------------ blocking
 

@@ -64,6 +64,8 @@ class SharedOptions(TypedDict, total=False):
     log: DecisionLog | str | Path | None
     target: str | None
     allow_other_target: bool
+    max_concurrency: int | None
+    estimate_timeout_s: float | None
 
 
 class GateOptions(SharedOptions, total=False):
@@ -97,6 +99,10 @@ class GateSettings:
             capability it predicts).
         allow_other_target: Gate calls to ``target`` with an estimator of another model's
             capability; each decision records the override (``target_override``).
+        max_concurrency: Most estimate calls in flight at once from this gate and its views; a
+            burst beyond it queues for a slot (``None``: no cap of the gate's own).
+        estimate_timeout_s: Deadline in seconds on one call's estimate, the wait for a slot
+            included; a late estimate becomes a degraded decision naming it (``None``: none).
 
     Raises:
         SettingsError: A setting has a wrong value or type (the message names it), or the
@@ -112,6 +118,8 @@ class GateSettings:
     log: DecisionLog | str | Path | None = None
     target: str | None = None
     allow_other_target: bool = False
+    max_concurrency: int | None = None
+    estimate_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         from capgate.decision.log import DecisionLog
@@ -141,6 +149,14 @@ class GateSettings:
             raise SettingsError(
                 f"`allow_other_target` must be True or False; got {self.allow_other_target!r}"
             )
+        limit = self.max_concurrency
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise SettingsError(f"`max_concurrency` must be a positive integer or None; got {limit!r}")
+        deadline = self.estimate_timeout_s
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, int | float) or not 0 < deadline < 1e9
+        ):
+            raise SettingsError(f"`estimate_timeout_s` must be a positive number or None; got {deadline!r}")
         if self.estimator is not None:
             self.target_check(self.estimator)
 

@@ -1,0 +1,542 @@
+"""Load and server faults: how much concurrency the gate holds and which faults it survives.
+
+**Load.** A coroutine function guarded by ``capgate.guard`` (the async ``Gate``: estimate →
+decide → log → act; the function itself returns at once, so the figures are the gate's) is called
+``--calls`` times (default: the level, at least 8) with 1, 16, 64 and 256 calls in flight
+(``--levels``), on real held-out questions, for each estimator: the local probe (embedded
+SmolLM2-135M-Instruct + shipped probe; ``--torch-threads``, default 1: on a shared CPU
+torch's spinning OpenMP threads made it 10x slower) and, against an OpenAI-compatible server (the CI's vLLM
+CPU server), verbalized confidence and P(True). The gate caps its own estimates in flight
+(``max_concurrency``, ``--gate-concurrency``): a burst queues; ``estimate_timeout_s``
+(``--deadline``) bounds each call's estimate, queue included, and a late one is a degraded
+decision naming the deadline. Per level: throughput, p50/p99 gate latency (call to return), the
+share of degraded decisions, and the decision log's rows against the calls (a missing row, a call
+that raised or did not return within deadline + ``SLACK_S``, is *lost*).
+
+**Faults.** The same guarded function, over the verbalized estimator, against the fault-injection
+server of ``tests/_fault_server.py``: 429 with ``Retry-After`` (retries must wait as asked, all
+calls then succeed), 500 (all degraded; the circuit breaker must open and say so in the logged
+reasons; requests sent are counted against what retrying every call would have sent), hangs past
+the request time-out, truncated JSON bodies, a slow drip (each read within the client's read
+time-out, the body far past the gate's deadline), and an outage followed by recovery (calls
+after it succeed). With a vLLM server started by ``scripts/vllm-server.sh`` (``--vllm-state-dir``)
+the server is killed (SIGKILL, its process group) mid-run and restarted on the same port: calls
+during the outage degrade, with their reasons; calls after the restart succeed. A fault is
+*survived* when every call returned within its deadline, every decision is in the log, every
+degraded decision carries a reason and the policy's ``on_degraded`` action, and the fault's own
+expectation holds.
+
+Run: ``python bench/load_bench.py [--vllm-url URL --served-model NAME | --vllm-state-dir DIR]
+[--levels 1,16,64,256] [--calls N] [--estimators probe,verbalized,ptrue] [--no-faults]
+[--no-restart] [--no-report]``. Prints its tables, rewrites the load and faults sections of
+bench/RELIABILITY.md, and ends with ``reliability: N calls, C concurrent max, p99 L s, degraded
+D%, lost 0; faults survived F/F``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # the fault-injection server
+sys.path.insert(0, str(REPO / "bench"))
+
+from _fault_server import Drip, FaultServer, Hang, Raw, Reply, chat_completion  # noqa: E402
+from _report import machine, update_section  # noqa: E402
+
+from capgate import Gate, guard, load_policy  # noqa: E402
+from capgate.adapters.backends.openai import OpenAIBackend  # noqa: E402
+from capgate.backend import SamplingParams  # noqa: E402
+from capgate.decision import DecisionLog  # noqa: E402
+from capgate.demo import demo_questions  # noqa: E402
+from capgate.estimators import PTrue, VerbalizedConfidence  # noqa: E402
+from capgate.estimators.base import CapabilityEstimator  # noqa: E402
+
+POLICY = load_policy("balanced")
+ON_DEGRADED = POLICY.on_degraded.action
+SLACK_S = 2.0
+"""How long past its deadline a call may take to return (deciding and logging, on a loaded CPU)."""
+SUMMARY_NOTE = (
+    "Calls: every gated call the load and fault runs made; p99 and degraded: the load runs only "
+    "(degraded includes estimates that missed the gate's deadline on this CPU server); lost: calls "
+    "that raised, did not return or left no row in the decision log, over all runs."
+)
+ROW = "{:<12} {:>6} {:>6} {:>8} {:>8} {:>8} {:>9} {:>6} {:>5}"
+
+
+@dataclass
+class Run:
+    """What one batch of gated calls did."""
+
+    name: str
+    level: int
+    calls: int
+    wall_s: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    rows: int = 0
+    degraded: int = 0
+    lost: int = 0
+    late: int = 0
+    unreasoned: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    actions: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.latencies) if self.latencies else float("nan")
+
+    @property
+    def p99(self) -> float:
+        if not self.latencies:
+            return float("nan")
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+    @property
+    def sound(self) -> bool:
+        """Nothing lost or late, every degraded decision with its reason and fail-safe action."""
+        return self.lost == 0 and self.late == 0 and self.unreasoned == 0 and self.rows == self.calls
+
+    def line(self) -> str:
+        return ROW.format(
+            self.name,
+            self.level,
+            self.calls,
+            f"{self.calls / self.wall_s:.1f}" if self.wall_s else "-",
+            f"{self.p50:.2f}",
+            f"{self.p99:.2f}",
+            f"{100 * self.degraded / max(self.calls, 1):.0f}%",
+            self.rows,
+            self.lost,
+        )
+
+
+def _reason_kind(reason: str) -> str:
+    for needle, kind in (
+        ("circuit open", "circuit open"),
+        ("estimate_timeout_s", "gate deadline"),
+        ("timed out", "request time-out"),
+        ("could not reach", "unreachable"),
+        ("HTTP 5", "HTTP 5xx"),
+        ("HTTP 429", "HTTP 429"),
+        ("malformed", "malformed body"),
+        ("no usable", "unparsable reply"),
+    ):
+        if needle in reason:
+            return kind
+    return "other"
+
+
+async def gated_calls(
+    name: str,
+    estimator: CapabilityEstimator,
+    prompts: list[str],
+    *,
+    level: int,
+    deadline: float,
+    gate_concurrency: int,
+    folder: Path,
+) -> Run:
+    """``len(prompts)`` calls of a guarded coroutine function, ``level`` in flight at once."""
+    log_path = folder / f"{name}-{level}-{time.monotonic_ns()}.sqlite3"
+    gate = Gate(
+        policy=POLICY,
+        estimator=estimator,
+        log=log_path,
+        max_concurrency=gate_concurrency,
+        estimate_timeout_s=deadline,
+    )
+
+    @guard(gate=gate)
+    async def ask(prompt: str) -> str:
+        return "answered"
+
+    run = Run(name=name, level=level, calls=len(prompts))
+    in_flight = asyncio.Semaphore(level)
+
+    async def one(prompt: str) -> None:
+        async with in_flight:
+            start = time.monotonic()
+            try:
+                await asyncio.wait_for(ask(prompt), deadline + SLACK_S * 5)
+            except Exception as exc:  # a call that raised or hung: lost
+                run.lost += 1
+                run.reasons[f"lost: {type(exc).__name__}"] += 1
+                return
+            elapsed = time.monotonic() - start
+            run.latencies.append(elapsed)
+            run.late += int(elapsed > deadline + SLACK_S)
+
+    start = time.monotonic()
+    await asyncio.gather(*(one(p) for p in prompts))
+    run.wall_s = time.monotonic() - start
+    with DecisionLog(log_path) as log:
+        run.rows = log.count()
+        for row in log.decisions():
+            decision = row.decision
+            run.actions[decision.action] += 1
+            if decision.degraded:
+                run.degraded += 1
+                reason = decision.estimate.reason or ""
+                run.reasons[_reason_kind(reason)] += 1
+                run.unreasoned += int(not reason or decision.action != ON_DEGRADED)
+    run.lost += max(0, run.calls - run.rows - run.lost)
+    return run
+
+
+# ------------------------------------------------------------------------------------------ load
+
+
+def prompts_for(n: int) -> list[str]:
+    """``n`` distinct prompts: held-out questions, numbered past the first 64."""
+    pool = [q.prompt for q in demo_questions(64, seed=1)]
+    return [pool[i % len(pool)] + ("" if i < len(pool) else f" (#{i})") for i in range(n)]
+
+
+def estimators(args: argparse.Namespace) -> dict[str, Callable[[], CapabilityEstimator]]:
+    chosen = args.estimators.split(",")
+    found: dict[str, Callable[[], CapabilityEstimator]] = {}
+    if "probe" in chosen:
+        import capgate
+
+        if args.torch_threads:
+            import torch
+
+            torch.set_num_threads(args.torch_threads)
+        found["probe"] = lambda: capgate.load_estimator("default")
+    if args.vllm_url:
+
+        def backend() -> OpenAIBackend:
+            return OpenAIBackend(
+                args.served_model,
+                base_url=args.vllm_url,
+                timeout=args.deadline,
+                max_retries=1,
+                max_concurrency=args.gate_concurrency,
+            )
+
+        if "verbalized" in chosen:
+            params = SamplingParams(temperature=0.0, max_tokens=16)
+            found["verbalized"] = lambda: VerbalizedConfidence(backend(), params=params, max_tries=1)
+        if "ptrue" in chosen:
+            found["ptrue"] = lambda: PTrue(backend())
+    elif {"verbalized", "ptrue"} & set(chosen):
+        print("note: no --vllm-url/--vllm-state-dir: verbalized and P(True) are not measured")
+    return found
+
+
+def load_runs(args: argparse.Namespace, folder: Path) -> list[Run]:
+    runs: list[Run] = []
+    print(ROW.format("estimator", "level", "calls", "calls/s", "p50 s", "p99 s", "degraded", "rows", "lost"))
+    for name, make in estimators(args).items():
+        estimator = make()
+        for level in args.levels:
+            calls = args.calls or max(level, 8)
+            run = asyncio.run(
+                gated_calls(
+                    name,
+                    estimator,
+                    prompts_for(calls),
+                    level=level,
+                    deadline=args.deadline,
+                    gate_concurrency=args.gate_concurrency,
+                    folder=folder,
+                )
+            )
+            print(run.line(), flush=True)
+            runs.append(run)
+    return runs
+
+
+# ------------------------------------------------------------------------------------------ faults
+
+OK = Reply(chat_completion(["\\boxed{0.7}"]))
+
+
+@dataclass
+class Fault:
+    """One fault scenario's outcome."""
+
+    name: str
+    runs: list[Run]
+    expectation: str
+    met: bool
+    detail: str = ""
+
+    @property
+    def survived(self) -> bool:
+        return self.met and all(r.sound for r in self.runs)
+
+
+def _kinds(run: Run) -> str:
+    return ", ".join(f"{k} {c}" for k, c in run.reasons.most_common()) or "none degraded"
+
+
+def _fault_estimator(url: str, **backend: Any) -> VerbalizedConfidence:
+    settings: dict[str, Any] = {"timeout": 2.0, "max_retries": 3, "backoff_initial": 0.05, "backoff_max": 5.0}
+    settings.update(backend)
+    be = OpenAIBackend("fault-model", base_url=url, max_concurrency=64, **settings)
+    return VerbalizedConfidence(be, max_tries=1, structured=False)
+
+
+def _fault_calls(name: str, estimator: CapabilityEstimator, args: argparse.Namespace, folder: Path) -> Run:
+    n = args.fault_calls
+    return asyncio.run(
+        gated_calls(
+            name,
+            estimator,
+            prompts_for(n),
+            level=min(16, n),
+            deadline=args.fault_deadline,
+            gate_concurrency=args.gate_concurrency,
+            folder=folder,
+        )
+    )
+
+
+def fault_server_runs(args: argparse.Namespace, folder: Path) -> list[Fault]:
+    faults: list[Fault] = []
+    n = args.fault_calls
+
+    first_seen: dict[str, float] = {}
+    gaps: list[float] = []
+    limited = Reply({"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "1"})
+
+    def rate_limited(body: dict[str, Any], i: int) -> Reply:
+        key = json.dumps(body.get("messages"), sort_keys=True)  # one call's prompt
+        now = time.monotonic()
+        if key not in first_seen:
+            first_seen[key] = now
+            return limited
+        gaps.append(now - first_seen[key])
+        return OK
+
+    with FaultServer(rate_limited) as server:
+        run = _fault_calls("429", _fault_estimator(server.url), args, folder)
+    gap = min(gaps) if gaps else 0.0
+    faults.append(
+        Fault("429 + Retry-After 1 s", [run], "no call degraded; each retry waited >= 1 s",
+              run.degraded == 0 and gap >= 0.95 and len(gaps) == len(first_seen),
+              f"shortest wait before a retry {gap:.2f} s; {_kinds(run)}")
+    )  # fmt: skip
+
+    down = Reply({"error": {"message": "engine overloaded"}}, status=500)
+    with FaultServer(lambda body, i: down) as server:
+        est = _fault_estimator(server.url, circuit_failures=5, circuit_cooldown_s=60.0)
+        run = _fault_calls("500", est, args, folder)
+        sent = len(server.requests)
+    breaker = run.reasons["circuit open"]
+    faults.append(
+        Fault("HTTP 500 always", [run], "all degraded; the circuit opened and the log says so",
+              run.degraded == n and breaker > 0,
+              f"{sent} requests for {n} calls (retrying each: {n * 4}); {breaker} reasons 'circuit open'")
+    )  # fmt: skip
+
+    scenarios: list[tuple[str, Any, dict[str, Any], str]] = [
+        ("hang past time-out", Hang(60), {"timeout": 0.5, "max_retries": 1}, "request time-out"),
+        ("truncated JSON", Raw(b'{"choices": [{"index": 0, "mess', content_length=400), {}, "unreachable"),
+        ("slow drip", Drip(OK.body, chunk=4, every=0.5), {"timeout": 30.0}, "gate deadline"),
+    ]
+    for name, action, backend, kind in scenarios:
+        with FaultServer(lambda body, i, action=action: action) as server:
+            run = _fault_calls(name, _fault_estimator(server.url, **backend), args, folder)
+        kinds = ", ".join(f"{k} {c}" for k, c in run.reasons.most_common())
+        faults.append(
+            Fault(name, [run], f"all degraded, within the deadline ({kind} or circuit open)",
+                  run.degraded == n, kinds)
+        )  # fmt: skip
+
+    state = {"down": True}
+    with FaultServer(lambda body, i: down if state["down"] else OK) as server:
+        est = _fault_estimator(server.url, circuit_failures=3, circuit_cooldown_s=1.0)
+        during = _fault_calls("outage", est, args, folder)
+        state["down"] = False
+        time.sleep(1.2)  # the breaker's cooldown: its next attempt is the trial
+        after = _fault_calls("recovered", est, args, folder)
+    faults.append(
+        Fault("outage, then recovery", [during, after], "degraded during; none degraded after",
+              during.degraded == n and after.degraded == 0, f"after: {after.degraded}/{n} degraded")
+    )  # fmt: skip
+    return faults
+
+
+def vllm_restart_run(args: argparse.Namespace, folder: Path) -> Fault:
+    state = Path(args.vllm_state_dir)
+    pid = int((state / "pid").read_text())
+    port = args.vllm_url.rsplit(":", 1)[1].split("/")[0]
+    model_dir = (
+        subprocess.run(
+            [str(REPO / ".venv/bin/capgate"), "model", "prepare", "default"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    backend = OpenAIBackend(args.served_model, base_url=args.vllm_url, timeout=args.deadline, max_retries=1,
+                            circuit_failures=3, circuit_cooldown_s=3.0)  # fmt: skip
+    estimator = PTrue(backend)
+    n = 8
+
+    def calls(name: str) -> Run:
+        return asyncio.run(
+            gated_calls(name, estimator, prompts_for(n), level=n, deadline=args.deadline,
+                        gate_concurrency=args.gate_concurrency, folder=folder)
+        )  # fmt: skip
+
+    before = calls("vllm up")
+    os.killpg(pid, signal.SIGKILL)  # the server this bench's caller started (scripts/vllm-server.sh)
+    time.sleep(1.0)
+    during = [calls("vllm killed")]
+    env = {**os.environ, "CAPGATE_VLLM_STATE_DIR": str(state), "CAPGATE_VLLM_PORT": port}
+    restart = subprocess.Popen(
+        ["bash", str(REPO / "scripts/vllm-server.sh"), "start", model_dir],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    started = time.monotonic()
+    while restart.poll() is None:
+        during.append(calls("vllm restarting"))
+        time.sleep(5.0)
+    if restart.returncode != 0:
+        why = (restart.stderr.read() if restart.stderr else "")[-300:]
+        return Fault("vLLM killed + restarted", [before, *during], "restart", False, f"restart failed: {why}")
+    restarted_s = time.monotonic() - started
+    time.sleep(3.5)  # the breaker's cooldown
+    after = calls("vllm back")
+    killed = during[0]  # the wave right after the kill; later waves may meet the server back up
+    calls_during = sum(r.calls for r in during)
+    answered_during = calls_during - sum(r.degraded for r in during)
+    kinds = Counter[str]()
+    for r in during:
+        kinds.update(r.reasons)
+    return Fault(
+        "vLLM killed + restarted",
+        [before, *during, after],
+        "degraded while down; none degraded after the restart",
+        killed.degraded == killed.calls and after.degraded == 0,
+        f"restart took {restarted_s:.0f} s; {calls_during} calls meanwhile ({answered_during} answered once "
+        "the server was up again), degraded: "
+        + ", ".join(f"{k} {c}" for k, c in kinds.most_common())
+        + f"; after: {after.degraded}/{after.calls} degraded"
+        + f" (before the kill: {before.degraded}/{before.calls})",
+    )
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def report(args: argparse.Namespace, runs: list[Run], faults: list[Fault], started: str) -> tuple[str, str]:
+    lines = [
+        "## Load",
+        "",
+        f"Method: `bench/load_bench.py` (see its docstring); gate `max_concurrency={args.gate_concurrency}`, "
+        f"`estimate_timeout_s={args.deadline:g}`; policy `balanced` (on_degraded: {ON_DEGRADED}); "
+        f"vLLM server: {args.vllm_url or 'none'} ({args.served_model or '-'}). Machine: {started}.",
+        "",
+        "| estimator | in flight | calls | calls/s | p50 s | p99 s | degraded | log rows | lost |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r.name} | {r.level} | {r.calls} | {r.calls / r.wall_s:.1f} | {r.p50:.2f} | {r.p99:.2f} | "
+            f"{100 * r.degraded / max(r.calls, 1):.0f}% | {r.rows} | {r.lost} |"
+        )
+    why = Counter[str]()
+    for r in runs:
+        why.update(r.reasons)
+    lines += ["", "Degraded by reason: " + (", ".join(f"{k} {c}" for k, c in why.most_common()) or "none")]
+    fault_lines = [
+        "## Faults",
+        "",
+        f"Method: `bench/load_bench.py`; {args.fault_calls} calls per fault, 16 in flight, gate deadline "
+        f"{args.fault_deadline:g} s (+{SLACK_S:g} s slack to return). Machine: {started}.",
+        "",
+        "| fault | calls | degraded | p99 s | log rows | lost | expectation | survived | detail |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
+    ]
+    for f in faults:
+        calls = sum(r.calls for r in f.runs)
+        p99 = max(r.p99 for r in f.runs)
+        degraded, rows, lost = (sum(getattr(r, k) for r in f.runs) for k in ("degraded", "rows", "lost"))
+        fault_lines.append(
+            f"| {f.name} | {calls} | {degraded} | {p99:.2f} | {rows} | {lost} | {f.expectation} "
+            f"| {'yes' if f.survived else 'NO'} | {f.detail} |"
+        )
+    return "\n".join(lines), "\n".join(fault_lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-url", default=os.environ.get("CAPGATE_TEST_VLLM_URL"))
+    parser.add_argument("--served-model", default=os.environ.get("CAPGATE_TEST_VLLM_MODEL"))
+    parser.add_argument("--vllm-state-dir", help="state folder of scripts/vllm-server.sh (url, model, pid)")
+    parser.add_argument("--levels", default="1,16,64,256", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--calls", type=int, default=0, help="calls per level (default: the level, >= 8)")
+    parser.add_argument("--estimators", default="probe,verbalized,ptrue")
+    parser.add_argument("--gate-concurrency", type=int, default=8)
+    parser.add_argument(
+        "--torch-threads", type=int, default=1, help="torch threads for the probe (0: torch's default)"
+    )
+    parser.add_argument("--deadline", type=float, default=30.0, help="gate estimate_timeout_s, load runs")
+    parser.add_argument("--fault-calls", type=int, default=32)
+    parser.add_argument("--fault-deadline", type=float, default=5.0)
+    parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument("--no-restart", action="store_true", help="skip the vLLM kill + restart run")
+    parser.add_argument("--no-report", action="store_true", help="do not rewrite bench/RELIABILITY.md")
+    args = parser.parse_args()
+    if args.vllm_state_dir and not args.vllm_url:
+        state = Path(args.vllm_state_dir)
+        args.vllm_url = (state / "url").read_text().strip()
+        args.served_model = (state / "model").read_text().strip()
+    started = machine()
+    print(f"machine: {started}")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        runs = load_runs(args, folder)
+        faults: list[Fault] = []
+        if not args.no_faults:
+            faults = fault_server_runs(args, folder)
+            if args.vllm_state_dir and not args.no_restart:
+                faults.append(vllm_restart_run(args, folder))
+            print()
+            for f in faults:
+                print(f"fault {f.name:<24} survived={'yes' if f.survived else 'NO '}  {f.detail}")
+    every = runs + [r for f in faults for r in f.runs]
+    latencies = sorted(x for r in runs for x in r.latencies)
+    p99 = (
+        latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))] if latencies else float("nan")
+    )
+    total = sum(r.calls for r in runs)
+    degraded = 100 * sum(r.degraded for r in runs) / max(total, 1)
+    lost = sum(r.lost for r in every)
+    survived = sum(f.survived for f in faults)
+    summary = (
+        f"reliability: {sum(r.calls for r in every)} calls, {max(args.levels)} concurrent max, "
+        f"p99 {p99:.2f} s, degraded {degraded:.0f}%, lost {lost}; faults survived {survived}/{len(faults)}"
+    )
+    if not args.no_report:
+        load_text, fault_text = report(args, runs, faults, started)
+        update_section("summary", f"`{summary}`\n\n{SUMMARY_NOTE}")
+        update_section("load", load_text)
+        if faults:
+            update_section("faults", fault_text)
+    print(summary)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The gate's bounds on its estimator calls: how many run at once, and how long one may take.
+
+``max_concurrency`` caps the estimate calls in flight from one gate (and its views) toward its
+estimator's backend: a burst of calls queues for a slot instead of opening a request each.
+``estimate_timeout_s`` is a deadline on one call's estimate, the wait for a slot included: an
+estimate not had in time becomes a degraded :class:`~capgate.Estimate` naming the deadline, which
+the policy routes to its ``on_degraded`` action. Neither set: the estimator is called directly.
+
+A sync estimate that misses its deadline keeps running in its worker thread until the estimator
+returns (a thread cannot be cancelled; the backend's own time-outs end it), and keeps its slot
+until then, so the cap always bounds the work really in flight. An async one is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from capgate._types import Estimate
+from capgate.backend import Prompt
+from capgate.estimators.base import CapabilityEstimator
+
+__all__ = ["Slots", "limited_aestimate", "limited_estimate", "log_writer"]
+
+_LOG_WRITER: ThreadPoolExecutor | None = None
+_LOG_WRITER_LOCK = threading.Lock()
+
+
+def log_writer() -> ThreadPoolExecutor:
+    """The thread the async path writes decisions from.
+
+    Not the event loop's default executor: estimates that missed their deadline may still fill
+    that one (a thread cannot be cancelled), and a decision must be logged without waiting on them.
+    """
+    global _LOG_WRITER
+    with _LOG_WRITER_LOCK:
+        if _LOG_WRITER is None:
+            _LOG_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capgate-log")
+        return _LOG_WRITER
+
+
+@dataclass
+class Slots:
+    """The slots one gate (with its views) shares, per ``max_concurrency`` value and event loop."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    sync: dict[int, threading.BoundedSemaphore] = field(default_factory=dict)
+    loops: dict[tuple[int, int], tuple[asyncio.AbstractEventLoop, asyncio.Semaphore]] = field(
+        default_factory=dict
+    )
+
+    def threading_slots(self, size: int) -> threading.BoundedSemaphore:
+        """The thread semaphore of ``size`` slots."""
+        with self.lock:
+            return self.sync.setdefault(size, threading.BoundedSemaphore(size))
+
+    def asyncio_slots(self, size: int) -> asyncio.Semaphore:
+        """The running event loop's semaphore of ``size`` slots."""
+        loop = asyncio.get_running_loop()
+        key = (size, id(loop))
+        with self.lock:
+            found = self.loops.get(key)
+            if found is None or found[0] is not loop:
+                found = (loop, asyncio.Semaphore(size))
+                self.loops[key] = found
+            return found[1]
+
+
+def _timed_out(
+    estimator: CapabilityEstimator, queries: Sequence[Prompt], timeout_s: float, queued: bool
+) -> list[Estimate]:
+    what = "no free estimator slot (max_concurrency)" if queued else "the estimate did not return"
+    reason = f"{what} within the gate's estimate_timeout_s={timeout_s:g}s"
+    return [Estimate.unavailable(estimator.method, reason, timeout_s=timeout_s) for _ in queries]
+
+
+def limited_estimate(
+    estimator: CapabilityEstimator,
+    queries: Sequence[Prompt],
+    *,
+    slots: Slots,
+    max_concurrency: int | None,
+    timeout_s: float | None,
+) -> list[Estimate]:
+    """``estimator.estimate(queries)`` within the gate's concurrency cap and deadline (blocking)."""
+    if max_concurrency is None and timeout_s is None:
+        return estimator.estimate(queries)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    semaphore = None if max_concurrency is None else slots.threading_slots(max_concurrency)
+    if semaphore is not None and not semaphore.acquire(timeout=-1 if timeout_s is None else timeout_s):
+        return _timed_out(estimator, queries, timeout_s or 0.0, queued=True)
+    if deadline is None:
+        try:
+            return estimator.estimate(queries)
+        finally:
+            if semaphore is not None:
+                semaphore.release()
+    box: list[list[Estimate] | BaseException] = []
+
+    def work() -> None:
+        try:
+            box.append(estimator.estimate(queries))
+        except BaseException as exc:  # handed to the caller below
+            box.append(exc)
+        finally:
+            if semaphore is not None:
+                semaphore.release()
+
+    worker = threading.Thread(target=work, name="capgate-estimate", daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    if not box:
+        return _timed_out(estimator, queries, timeout_s or 0.0, queued=False)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
+async def limited_aestimate(
+    estimator: CapabilityEstimator,
+    queries: Sequence[Prompt],
+    *,
+    slots: Slots,
+    max_concurrency: int | None,
+    timeout_s: float | None,
+) -> list[Estimate]:
+    """Async twin of :func:`limited_estimate`; an estimate past its deadline is cancelled."""
+    if max_concurrency is None and timeout_s is None:
+        return await estimator.aestimate(queries)
+    semaphore = None if max_concurrency is None else slots.asyncio_slots(max_concurrency)
+    acquired = False
+
+    async def bounded() -> list[Estimate]:
+        nonlocal acquired
+        if semaphore is None:
+            return await estimator.aestimate(queries)
+        async with semaphore:
+            acquired = True
+            return await estimator.aestimate(queries)
+
+    try:
+        return await asyncio.wait_for(bounded(), timeout_s)
+    except TimeoutError:
+        return _timed_out(estimator, queries, timeout_s or 0.0, queued=semaphore is not None and not acquired)
