@@ -110,7 +110,9 @@ def worker(venv: str, script: str, *args: str) -> None:
     python = ROOT / venv / "bin" / "python"
     if not python.exists():
         raise SystemExit(f"error: {python} not found: run `bash scripts/peers-setup.sh` first")
-    subprocess.run([str(python), str(WORKERS / script), *args], check=True)
+    # No hub on this machine: fail at once instead of waiting on network time-outs.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    subprocess.run([str(python), str(WORKERS / script), *args], check=True, env=env)
 
 
 def server_of(args: argparse.Namespace) -> tuple[str, str]:
@@ -254,7 +256,11 @@ def run_probe(
     cached = read_jsonl(path)
     todo = [i for i in test if i not in cached]
     if todo:
+        import torch
+
         from capgate.loading import load_estimator
+
+        torch.set_num_threads(args.threads)  # as the polygraph worker: oversubscribed threads crawl
 
         estimator = load_estimator("default", device="cpu", batch_size=8)
         estimator.estimate([records[todo[0]].prompt])  # warm-up, not timed
@@ -327,7 +333,7 @@ def build_methods(
         calibrate: bool = True,
     ) -> None:
         if not rows:
-            notes.append(f"{name}: no outputs in {res} (not run)")
+            notes.append(f"{name}: no cached outputs (not run)")
             return
         methods.append(
             MethodScores(
@@ -464,7 +470,7 @@ def main() -> None:
     parser.add_argument("--served-model", default="")
     parser.add_argument("--vllm-state", default=str(ROOT / ".vllm-peers"))
     parser.add_argument("-k", type=int, default=CONSISTENCY_K, help="sampled responses for exact_match")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the polygraph worker")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (probe, polygraph)")
     parser.add_argument(
         "--peer-train",
         type=int,

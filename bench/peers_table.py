@@ -90,6 +90,7 @@ class PeerRow:
     family: Family
     sees: str
     n: int
+    n_train: int
     raw: Metrics
     isotonic: Metrics
     cost: Cost
@@ -158,7 +159,7 @@ def score_method(method: MethodScores, labels: Labels) -> PeerRow:
     correct, k = labels.test_correct[usable], labels.test_k[usable]
     n = int(usable.sum())
     if n == 0:
-        return PeerRow(method.name, method.family, method.sees, 0, NAN_METRICS, NAN_METRICS, method.cost)
+        return PeerRow(method.name, method.family, method.sees, 0, 0, NAN_METRICS, NAN_METRICS, method.cost)
     test = method.test[usable]
     if method.probability:
         raw = _metrics(test, correct, k)
@@ -166,6 +167,7 @@ def score_method(method: MethodScores, labels: Labels) -> PeerRow:
         ranked = _metrics(_rank_unit(sign * test), correct, k)
         raw = Metrics(math.nan, math.nan, ranked.auroc, ranked.spearman)
     isotonic = NAN_METRICS
+    n_train = 0
     if method.calibrate:
         fit = ~np.isnan(method.train)
         if not fit.any():
@@ -177,7 +179,8 @@ def score_method(method: MethodScores, labels: Labels) -> PeerRow:
             x_train, x_test = train_quantile_map(train_c, train_c), train_quantile_map(train_c, test_c)
         calibrator = IsotonicCalibrator().fit(x_train, labels.train_mu[fit])
         isotonic = _metrics(np.clip(calibrator.predict(x_test), 0.0, 1.0), correct, k)
-    return PeerRow(method.name, method.family, method.sees, n, raw, isotonic, method.cost)
+        n_train = int(fit.sum())
+    return PeerRow(method.name, method.family, method.sees, n, n_train, raw, isotonic, method.cost)
 
 
 def score_methods(methods: Sequence[MethodScores], labels: Labels) -> list[PeerRow]:
@@ -190,17 +193,19 @@ def _cell(value: float, digits: int = 4) -> str:
 
 
 def format_table(rows: Sequence[PeerRow]) -> str:
-    """A markdown table: what each method sees, raw and isotonic metrics, cost per query."""
+    """A markdown table: what each method sees, raw and isotonic metrics (and the train queries the
+    isotonic map was fitted on), cost per query."""
     head = (
-        "| method | sees | n | Brier raw | ECE raw | AUROC raw | Spearman raw | Brier iso | ECE iso "
-        "| AUROC iso | Spearman iso | gens/q | gen tokens/q | fwd passes/q | wall s/q |"
+        "| method | sees | n | Brier raw | ECE raw | AUROC raw | Spearman raw | iso fit on | Brier iso "
+        "| ECE iso | AUROC iso | Spearman iso | gens/q | gen tokens/q | fwd passes/q | wall s/q |"
     )
-    lines = [head, "|" + " --- |" * 15]
+    lines = [head, "|" + " --- |" * 16]
     for r in rows:
         c = r.cost
         lines.append(
             f"| {r.name} | {r.sees} | {r.n} | {_cell(r.raw.brier)} | {_cell(r.raw.ece)} | "
-            f"{_cell(r.raw.auroc)} | {_cell(r.raw.spearman)} | {_cell(r.isotonic.brier)} | "
+            f"{_cell(r.raw.auroc)} | {_cell(r.raw.spearman)} | {r.n_train or '—'} | "
+            f"{_cell(r.isotonic.brier)} | "
             f"{_cell(r.isotonic.ece)} | {_cell(r.isotonic.auroc)} | {_cell(r.isotonic.spearman)} | "
             f"{_cell(c.generations, 2)} | {_cell(c.generated_tokens, 1)} | {_cell(c.forward_passes, 1)} | "
             f"{_cell(c.wall_s, 3)} |"

@@ -52,7 +52,7 @@ def method(
 
 def test_probability_scores_raw_metrics_by_hand() -> None:
     row = score_method(method("p", [0.1, 0.2, 0.7, 0.9], [0.2, 0.6]), LABELS)
-    assert row.n == 2
+    assert (row.n, row.n_train) == (2, 4)
     assert row.raw.brier == pytest.approx((0.2**2 + 0.4**2) / 2)  # 0.1
     assert row.raw.ece == pytest.approx((0.2 + 0.4) / 2)  # two bins, one query each
     assert row.raw.auroc == pytest.approx(1.0)  # the 4 correct samples outrank the 4 wrong ones
@@ -81,7 +81,7 @@ def test_isotonic_map_comes_from_train_only() -> None:
 
 def test_missing_scores_are_left_out_and_counted() -> None:
     row = score_method(method("gap", [0.1, float("nan"), 0.7, 0.9], [float("nan"), 0.6]), LABELS)
-    assert row.n == 1
+    assert (row.n, row.n_train) == (1, 3)
     assert row.raw.brier == pytest.approx(0.4**2)
 
 

@@ -69,7 +69,7 @@ def make_llm(args: argparse.Namespace) -> Any:
 
 
 def count_tokens(tokenizer: Any, text: str) -> int:
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 async def run_batch(
@@ -154,9 +154,11 @@ def main() -> None:
 
     tokenizer = None
     if args.mode == "blackbox":
-        from transformers import AutoTokenizer
+        # The folder's tokenizer.json through `tokenizers` (its tokenizer_config.json names a
+        # transformers 5 class that this venv's transformers < 5 cannot load).
+        from tokenizers import Tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        tokenizer = Tokenizer.from_file(str(Path(args.tokenizer) / "tokenizer.json"))
     asyncio.run(run_all(args, tokenizer))
 
 
