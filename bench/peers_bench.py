@@ -24,12 +24,18 @@ through its own public API, in ``bench/peers/*_worker.py``:
   the same server when they are missing).
 
 Every raw score gets capgate's metrics (``bench/peers_table.py``), raw and after an isotonic
-map fitted on the train split only, plus its cost per held-out query. Outputs are cached as JSON
-lines in ``--results`` (a killed run resumes). Start a server first::
+map fitted on the train split only, plus its cost per held-out query. ``--peer-train N`` runs
+uqlm's black-box scorer and LM-Polygraph on the held-out queries plus a seeded N of the train
+queries (they are slow on a loaded CPU); the table says how many train queries each isotonic map
+was fitted on. The probe and LM-Polygraph run at ``--threads`` torch threads (default 1: on a
+shared CPU, oversubscribed threads slow both several-fold). Outputs are cached as JSON lines in
+``--results`` (a killed run resumes; ``--skip uqlm,polygraph,probe`` only prints the table from
+the caches). Start a server first::
 
+    bash scripts/peers-setup.sh
     CAPGATE_VLLM_STATE_DIR=$PWD/.vllm-peers CAPGATE_VLLM_MAX_MODEL_LEN=1024 \\
         bash scripts/vllm-server.sh start "$(.venv/bin/capgate model prepare default | tail -n 1)"
-    .venv/bin/python bench/peers_bench.py --vllm-state .vllm-peers --run-capgate-baselines
+    .venv/bin/python bench/peers_bench.py --peer-train 96 [--run-capgate-baselines]
     CAPGATE_VLLM_STATE_DIR=$PWD/.vllm-peers bash scripts/vllm-server.sh stop
 """
 
@@ -381,12 +387,13 @@ def build_methods(
         rows = base.get(key, {})
         est = {i: Estimate.model_validate(r["estimate"]) for i, r in rows.items()}
         cost = None
-        if rows:
+        have = [i for i in test if i in est]
+        if have:
             cost = Cost(
-                float(np.mean([est[i].cost.calls * n_per for i in test])),
-                float(np.mean([est[i].cost.completion_tokens for i in test])),
-                float(np.mean([forward_passes(est[i], n_per) for i in test])),
-                float(np.mean([rows[i]["wall_s"] for i in test])),
+                float(np.mean([est[i].cost.calls * n_per for i in have])),
+                float(np.mean([est[i].cost.completion_tokens for i in have])),
+                float(np.mean([forward_passes(est[i], n_per) for i in have])),
+                float(np.mean([rows[i]["wall_s"] for i in have])),
             )
         add(name, "capgate", sees, {i: {"p": e.p} for i, e in est.items()}, lambda r: r["p"], cost=cost)
     # uqlm
