@@ -1,0 +1,184 @@
+"""LM-Polygraph's estimators on capgate's queries, run inside ``.venv-polygraph``.
+
+Driven by ``bench/peers_bench.py``; not imported by capgate. Through LM-Polygraph's public API
+(``WhiteboxModel``, ``UEManager``, ``Dataset``, ``register_default_stat_calculators``, the
+estimator classes):
+
+* ``generate``: the local HF folder as a ``WhiteboxModel`` (CPU, float32, chat template applied:
+  ``instruct=True``), greedy decoding (LM-Polygraph's default), ``--max-tokens`` new tokens;
+  one ``UEManager`` run per batch over ``Dataset(prompts)`` with ``MaximumSequenceProbability``,
+  ``Perplexity`` and ``MeanTokenEntropy``; the sequence embedding (``embeddings_decoder``: last
+  layer, mean over prompt and generated tokens) is kept for the density estimator. One JSON
+  line per query is appended to ``--out`` after each batch (a killed run resumes).
+* ``density``: ``MahalanobisDistanceSeq`` on those embeddings, fitted on the train ids only:
+  held-out ids are scored by the estimator fitted on all train ids; each train id is scored by
+  an estimator fitted on the other folds (``--folds``), so the train scores an isotonic map is
+  fitted on are out-of-sample, like the held-out ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ESTIMATORS = ("MaximumSequenceProbability", "Perplexity", "MeanTokenEntropy")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    if not path.exists():
+        return rows
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a kill: dropped, recomputed
+            break
+    return rows
+
+
+def clean(value: Any) -> Any:
+    value = float(value)
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+def generate(args: argparse.Namespace) -> None:
+    import lm_polygraph.estimators as est
+    import torch
+    from lm_polygraph import UEManager, WhiteboxModel
+    from lm_polygraph.defaults.register_default_stat_calculators import register_default_stat_calculators
+    from lm_polygraph.utils.builder_enviroment_stat_calculator import BuilderEnvironmentStatCalculator
+    from lm_polygraph.utils.dataset import Dataset
+    from lm_polygraph.utils.generation_parameters import GenerationParameters
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    items = read_jsonl(args.input)
+    done = {r["id"] for r in read_jsonl(args.out)}
+    todo = [r for r in items if r["id"] not in done]
+    print(f"polygraph generate: {len(items) - len(todo)} cached, {len(todo)} to score", file=sys.stderr)
+    if not todo:
+        return
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    hf = AutoModelForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32).eval()
+    params = GenerationParameters(max_new_tokens=args.max_tokens)
+    model = WhiteboxModel(
+        hf, tokenizer, model_path=args.model_dir, generation_parameters=params, instruct=True
+    )
+    calculators = register_default_stat_calculators("Whitebox", output_attentions=False)
+    for start in range(0, len(todo), args.batch_size):
+        batch = todo[start : start + args.batch_size]
+        t0 = time.perf_counter()
+        estimators = [getattr(est, name)() for name in ESTIMATORS]
+        manager = UEManager(
+            Dataset([r["prompt"] for r in batch], [""] * len(batch), batch_size=len(batch)),
+            model,
+            estimators,
+            builder_env_stat_calc=BuilderEnvironmentStatCalculator(model),
+            available_stat_calculators=calculators,
+            generation_metrics=[],
+            ue_metrics=[],
+            processors=[],
+            ignore_exceptions=False,
+            verbose=False,
+            max_new_tokens=args.max_tokens,
+            save_stats=["embeddings_decoder"],
+        )
+        manager()
+        share = (time.perf_counter() - t0) / len(batch)
+        stats = manager.stats
+        with args.out.open("a", encoding="utf-8") as handle:
+            for j, r in enumerate(batch):
+                tokens = list(stats["greedy_tokens"][j])
+                row = {
+                    "id": r["id"],
+                    "uncertainty": {
+                        str(e): clean(manager.estimations[e.level, str(e)][j]) for e in estimators
+                    },
+                    "response": stats["greedy_texts"][j],
+                    "generations": 1,
+                    "generated_tokens": len(tokens),
+                    "embedding": [float(x) for x in stats["embeddings_decoder"][j]],
+                    "wall_s": share,
+                }
+                handle.write(json.dumps(row) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        print(f"polygraph generate: {start + len(batch)}/{len(todo)} ({share:.2f} s/query)", file=sys.stderr)
+
+
+def density(args: argparse.Namespace) -> None:
+    import numpy as np
+    from lm_polygraph.estimators import MahalanobisDistanceSeq
+
+    rows = {r["id"]: r for r in read_jsonl(args.input)}
+    split = json.loads(args.split.read_text(encoding="utf-8"))
+    test = list(split["test"])
+    missing = [i for i in test if i not in rows]
+    if missing:
+        sys.exit(f"error: {args.input}: {len(missing)} held-out ids have no embedding, e.g. {missing[0]!r}")
+    train = [i for i in split["train"] if i in rows]  # all, or the subsample the bench generated
+    if len(train) < args.folds:
+        sys.exit(f"error: {args.input}: {len(train)} train ids have an embedding; need >= {args.folds}")
+
+    def emb(ids: list[str]) -> Any:
+        return np.array([rows[i]["embedding"] for i in ids], dtype=np.float32)
+
+    def score(fit_ids: list[str], score_ids: list[str]) -> tuple[list[float], float]:
+        t0 = time.perf_counter()
+        md = MahalanobisDistanceSeq(embeddings_type="decoder")
+        out = md({"embeddings_decoder": emb(score_ids), "train_embeddings_decoder": emb(fit_ids)})
+        return [clean(x) for x in np.asarray(out)], time.perf_counter() - t0
+
+    scores: dict[str, Any] = {}
+    test_scores, fit_s = score(train, test)
+    scores.update(zip(test, test_scores, strict=True))
+    rng = np.random.default_rng(args.seed)
+    fold = rng.permutation(len(train)) % args.folds
+    for f in range(args.folds):
+        held = [i for i, g in zip(train, fold, strict=True) if g == f]
+        rest = [i for i, g in zip(train, fold, strict=True) if g != f]
+        got, _ = score(rest, held)
+        scores.update(zip(held, got, strict=True))
+    with args.out.open("w", encoding="utf-8") as handle:
+        for i in [*train, *test]:
+            handle.write(
+                json.dumps({"id": i, "uncertainty": {"MahalanobisDistanceSeq_decoder": scores[i]}}) + "\n"
+            )
+    print(
+        f"polygraph density: fit on {len(train)} train + score {len(test)} in {fit_s:.2f} s", file=sys.stderr
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--mode", required=True, choices=["generate", "density"])
+    parser.add_argument("--input", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model-dir", default="")
+    parser.add_argument("--split", type=Path, default=None)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.mode == "generate":
+        generate(args)
+    else:
+        density(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""uqlm's scorers on capgate's queries, run inside ``.venv-uqlm`` (``scripts/peers-setup.sh``).
+
+Driven by ``bench/peers_bench.py``; not imported by capgate. Reads ``--input`` (JSON lines:
+``id``, ``prompt``), appends one JSON line per query to ``--out`` after each batch (a killed run
+resumes: ids already in ``--out`` are skipped). Modes, each through uqlm's public API:
+
+* ``whitebox``: ``WhiteBoxUQ(llm, scorers=...).generate_and_score(prompts)``: one generation per
+  query (plus one P(True) call when ``p_true`` is among the scorers), logprobs from the server.
+* ``blackbox``: ``BlackBoxUQ(llm, scorers=["exact_match"]).generate_and_score(prompts, k)``:
+  one original response plus k sampled ones, raw strings compared as uqlm compares them.
+* ``rescore``: ``BlackBoxUQ(scorers=["exact_match"]).score(responses, sampled_responses)`` on
+  answers the caller already extracted (``--input`` lines carry ``response``, ``sampled``).
+
+The LLM is LangChain's ``ChatOpenAI`` against an OpenAI-compatible server (vLLM). Prompts go as
+one user message (a list of ``HumanMessage``), so uqlm adds no system prompt of its own: the
+model sees what capgate's harvest sent it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    if not path.exists():
+        return rows
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a kill: dropped, recomputed
+            break
+    return rows
+
+
+def clean(value: Any) -> Any:
+    """JSON-safe floats (NaN -> None)."""
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
+    if hasattr(value, "item"):
+        return clean(value.item())
+    return value
+
+
+def make_llm(args: argparse.Namespace) -> Any:
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(
+        model=args.model,
+        base_url=args.base_url,
+        api_key="none",
+        temperature=args.temperature,
+        top_p=1.0,
+        max_tokens=args.max_tokens,
+        logprobs=True,
+        timeout=600,
+        max_retries=2,
+    )
+
+
+def count_tokens(tokenizer: Any, text: str) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+async def run_batch(
+    args: argparse.Namespace, batch: list[dict[str, Any]], tokenizer: Any
+) -> list[dict[str, Any]]:
+    from langchain_core.messages import HumanMessage
+    from uqlm import BlackBoxUQ, WhiteBoxUQ
+
+    if args.mode == "rescore":
+        scorer = BlackBoxUQ(scorers=["exact_match"])
+        result = scorer.score(
+            responses=[r["response"] for r in batch],
+            sampled_responses=[r["sampled"] for r in batch],
+            show_progress_bars=False,
+        )
+        data = result.to_dict()["data"]
+        return [
+            {"id": r["id"], "scores": {"exact_match": clean(data["exact_match"][j])}}
+            for j, r in enumerate(batch)
+        ]
+
+    prompts = [[HumanMessage(r["prompt"])] for r in batch]
+    llm = make_llm(args)
+    if args.mode == "whitebox":
+        wb = WhiteBoxUQ(llm=llm, scorers=args.scorers.split(","), top_k_logprobs=args.top_k_logprobs)
+        result = await wb.generate_and_score(prompts, show_progress_bars=False)
+        data = result.to_dict()["data"]
+        names = [s for s in args.scorers.split(",")]
+        out = []
+        for j, r in enumerate(batch):
+            logprob = data.get("logprob", [None] * len(batch))[j] or []
+            n_tok = sum(1 for t in logprob if t.get("logprob") is not None and not math.isnan(t["logprob"]))
+            out.append(
+                {
+                    "id": r["id"],
+                    "scores": {s: clean(data[s][j]) for s in names},
+                    "response": data["responses"][j],
+                    "generations": 1 + (1 if "p_true" in names else 0),
+                    # uqlm does not return the judging reply: counted at max_tokens (upper bound)
+                    "generated_tokens": n_tok + (args.max_tokens if "p_true" in names else 0),
+                }
+            )
+        return out
+    bb = BlackBoxUQ(llm=llm, scorers=["exact_match"], sampling_temperature=args.temperature)
+    result = await bb.generate_and_score(prompts, num_responses=args.k, show_progress_bars=False)
+    data = result.to_dict()["data"]
+    out = []
+    for j, r in enumerate(batch):
+        texts = [data["responses"][j], *data["sampled_responses"][j]]
+        out.append(
+            {
+                "id": r["id"],
+                "scores": {"exact_match": clean(data["exact_match"][j])},
+                "response": data["responses"][j],
+                "sampled": data["sampled_responses"][j],
+                "generations": len(texts),
+                "generated_tokens": sum(count_tokens(tokenizer, t) for t in texts),
+            }
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--mode", required=True, choices=["whitebox", "blackbox", "rescore"])
+    parser.add_argument("--input", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--base-url", default="")
+    parser.add_argument("--model", default="")
+    parser.add_argument("--tokenizer", default="", help="HF folder, to count generated tokens (blackbox)")
+    parser.add_argument("--scorers", default="sequence_probability,min_probability")
+    parser.add_argument("--top-k-logprobs", type=int, default=15)
+    parser.add_argument("-k", type=int, default=5)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--batch-size", type=int, default=16)
+    args = parser.parse_args()
+
+    import uqlm  # noqa: F401  (fail early, in this venv)
+
+    tokenizer = None
+    if args.mode == "blackbox":
+        # The folder's tokenizer.json through `tokenizers` (its tokenizer_config.json names a
+        # transformers 5 class that this venv's transformers < 5 cannot load).
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(Path(args.tokenizer) / "tokenizer.json"))
+    asyncio.run(run_all(args, tokenizer))
+
+
+async def run_all(args: argparse.Namespace, tokenizer: Any) -> None:
+    """Every missing batch, in one event loop (LangChain's async clients are bound to their loop)."""
+    items = read_jsonl(args.input)
+    done = {r["id"] for r in read_jsonl(args.out)}
+    todo = [r for r in items if r["id"] not in done]
+    print(f"uqlm {args.mode}: {len(items) - len(todo)} cached, {len(todo)} to score", file=sys.stderr)
+    for start in range(0, len(todo), args.batch_size):
+        batch = todo[start : start + args.batch_size]
+        t0 = time.perf_counter()
+        rows = await run_batch(args, batch, tokenizer)
+        share = (time.perf_counter() - t0) / len(batch)
+        with args.out.open("a", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps({**row, "wall_s": share}) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        print(f"uqlm {args.mode}: {start + len(batch)}/{len(todo)} ({share:.2f} s/query)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

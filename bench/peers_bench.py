@@ -1,0 +1,558 @@
+"""Side by side with the peers: uqlm and LM-Polygraph on capgate's held-out queries, capgate's metrics.
+
+The queries are the shipped probe's split of the embedded SmolLM2-135M-Instruct
+(``sdk/assets/default_split.json`` + ``default_labels.jsonl``: 224 train / 96 held-out queries,
+µ̂ from k=40 samples at temperature 0.7, 24 tokens). Every method scores the exact prompt the
+labels were sampled under (capgate's verbalized and P(True) judge the bare question, as in
+``bench/estimators_smollm2.py``). Each peer runs in its own venv (``scripts/peers-setup.sh``)
+through its own public API, in ``bench/peers/*_worker.py``:
+
+* uqlm 0.6.7 (API-style: LangChain ``ChatOpenAI`` against the vLLM CPU server serving the same
+  model folder, T=0.7, 24 tokens): ``WhiteBoxUQ`` sequence_probability (length-normalized: the
+  normalized token probability), min_probability, mean/min_token_negentropy and
+  probability_margin (top-15 logprobs), all from one generation; ``WhiteBoxUQ`` p_true (one
+  generation + one judging call); ``BlackBoxUQ`` exact_match over 1 + k responses (raw strings,
+  as uqlm compares them), and the same responses rescored by uqlm after capgate's task grader
+  extracted their final answers (``BlackBoxUQ.score``).
+* LM-Polygraph 0.7.0 (white-box: the local HF folder ``capgate model prepare default`` prints,
+  transformers on CPU, greedy, 24 tokens): MaximumSequenceProbability, Perplexity,
+  MeanTokenEntropy (one generation), MahalanobisDistanceSeq on the last-layer sequence embedding
+  fitted on the train split's embeddings (cross-fitted on train, see the worker).
+* capgate: the shipped probe (live on CPU, timed), the constant prior (train mean µ̂), and the
+  verbalized, P(True) and Consistency(k=5) estimates of ``bench/estimators_smollm2.py``, read
+  from its caches (``--capgate-results``; with ``--run-capgate-baselines`` the bench runs it on
+  the same server when they are missing).
+
+Every raw score gets capgate's metrics (``bench/peers_table.py``), raw and after an isotonic
+map fitted on the train split only, plus its cost per held-out query. ``--peer-train N`` runs
+uqlm's black-box scorer and LM-Polygraph on the held-out queries plus a seeded N of the train
+queries (they are slow on a loaded CPU); the table says how many train queries each isotonic map
+was fitted on. The probe and LM-Polygraph run at ``--threads`` torch threads (default 1: on a
+shared CPU, oversubscribed threads slow both several-fold). Outputs are cached as JSON lines in
+``--results`` (a killed run resumes; ``--skip uqlm,polygraph,probe`` only prints the table from
+the caches). Start a server first::
+
+    bash scripts/peers-setup.sh
+    CAPGATE_VLLM_STATE_DIR=$PWD/.vllm-peers CAPGATE_VLLM_MAX_MODEL_LEN=1024 \\
+        bash scripts/vllm-server.sh start "$(.venv/bin/capgate model prepare default | tail -n 1)"
+    .venv/bin/python bench/peers_bench.py --peer-train 96 [--run-capgate-baselines]
+    CAPGATE_VLLM_STATE_DIR=$PWD/.vllm-peers bash scripts/vllm-server.sh stop
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from estimators_smollm2 import CONSISTENCY_K, Record, forward_passes, read_records, read_split
+from peers_table import Cost, Labels, MethodScores, format_table, headline, score_methods
+
+from capgate import Estimate
+from capgate.errors import DataError
+
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = ROOT / "sdk" / "assets"
+WORKERS = Path(__file__).resolve().parent / "peers"
+WB_SCORERS = (
+    "sequence_probability",
+    "min_probability",
+    "mean_token_negentropy",
+    "min_token_negentropy",
+    "probability_margin",
+)
+NOT_RUN = (
+    "uqlm semantic_negentropy, noncontradiction, entailment, semantic_sets_confidence (black-box) and "
+    "semantic_negentropy, semantic_density (white-box): an NLI model (microsoft/deberta-large-mnli) "
+    "from the HF hub",
+    "uqlm cosine_sim, consistency_and_confidence: a sentence-transformers model (all-MiniLM-L6-v2) "
+    "from the hub; uqlm bert_score: roberta-large from the hub",
+    "uqlm LLMJudge / LLMPanel: a judge model; the only local model is the 135M under test",
+    "uqlm monte_carlo_probability: runs offline (k sampled logprobs) but was not run: CPU time on the "
+    "shared machine (its cost would equal exact_match's 1 + k generations)",
+    "LM-Polygraph SemanticEntropy, NumSemSets, EigValLaplacian, DegMat, Eccentricity, SAR, "
+    "ClaimConditionedProbability: NLI / cross-encoder models from the hub",
+    "LM-Polygraph LexicalSimilarity, MonteCarloSequenceEntropy, PTrue, RelativeMahalanobisDistance, "
+    "RDE: run offline but were not run (sampling / a background dataset; CPU time on the shared "
+    "machine)",
+)
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Written whole, then renamed into place (a worker never reads half a file)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_jsonl(path: Path) -> dict[str, dict[str, Any]]:
+    """Lines by id; a last line cut short by a kill is dropped (the worker recomputes it)."""
+    out: dict[str, dict[str, Any]] = {}
+    if not path.exists():
+        return out
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if "id" not in row:
+            raise DataError("no 'id'", path=path, line=number, field="id")
+        out[str(row["id"])] = row
+    return out
+
+
+def worker(venv: str, script: str, *args: str) -> None:
+    python = ROOT / venv / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"error: {python} not found: run `bash scripts/peers-setup.sh` first")
+    # No hub on this machine: fail at once instead of waiting on network time-outs.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    subprocess.run([str(python), str(WORKERS / script), *args], check=True, env=env)
+
+
+def server_of(args: argparse.Namespace) -> tuple[str, str]:
+    if args.server:
+        return args.server, args.served_model
+    state = Path(args.vllm_state)
+    try:
+        return (state / "url").read_text().strip(), (state / "model").read_text().strip()
+    except FileNotFoundError:
+        raise SystemExit(
+            f"error: no server state in {state} (url, model): start one, or pass --server"
+        ) from None
+
+
+# ---------------------------------------------------------------------- runs
+
+
+def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str], model_dir: str) -> None:
+    url, model = server_of(args)
+    res: Path = args.results
+    common = ["--input", str(res / "items.jsonl"), "--base-url", url, "--model", model]
+    worker(
+        ".venv-uqlm",
+        "uqlm_worker.py",
+        "--mode",
+        "whitebox",
+        "--out",
+        str(res / "uqlm-whitebox.jsonl"),
+        "--scorers",
+        ",".join(WB_SCORERS),
+        *common,
+    )
+    worker(
+        ".venv-uqlm",
+        "uqlm_worker.py",
+        "--mode",
+        "whitebox",
+        "--out",
+        str(res / "uqlm-ptrue.jsonl"),
+        "--scorers",
+        "p_true",
+        *common,
+    )
+    bb = res / f"uqlm-blackbox-k{args.k}.jsonl"
+    bb_items = res / "items-blackbox.jsonl"
+    write_jsonl(bb_items, [{"id": i, "prompt": records[i].prompt} for i in ids])
+    worker(
+        ".venv-uqlm",
+        "uqlm_worker.py",
+        "--mode",
+        "blackbox",
+        "--out",
+        str(bb),
+        "-k",
+        str(args.k),
+        "--tokenizer",
+        model_dir,
+        "--input",
+        str(bb_items),
+        "--base-url",
+        url,
+        "--model",
+        model,
+    )
+    # The same responses with their final answers extracted by capgate's task grader.
+    from capgate.grading import grader_for
+
+    raw = read_jsonl(bb)
+    rows = []
+    for i in [i for i in ids if i in raw]:
+        extract = grader_for(records[i].kind).extract
+        texts = [raw[i]["response"], *raw[i]["sampled"]]
+        answers = [extract(t) for t in texts]
+        # No extracted answer never agrees with anything (as in capgate's Consistency).
+        keyed = [a if a is not None else f"<no answer {j}>" for j, a in enumerate(answers)]
+        rows.append({"id": i, "response": keyed[0], "sampled": keyed[1:]})
+    write_jsonl(res / "uqlm-extracted-in.jsonl", rows)
+    worker(
+        ".venv-uqlm",
+        "uqlm_worker.py",
+        "--mode",
+        "rescore",
+        "--input",
+        str(res / "uqlm-extracted-in.jsonl"),
+        "--out",
+        str(res / f"uqlm-blackbox-k{args.k}-extracted.jsonl"),
+    )
+
+
+def peer_ids(args: argparse.Namespace, train: list[str], test: list[str]) -> list[str]:
+    """Held-out ids first, then all train ids or a seeded subsample of ``--peer-train``."""
+    keep = list(train)
+    if 0 <= args.peer_train < len(train):
+        rng = np.random.default_rng(args.seed)
+        keep = [train[j] for j in sorted(rng.choice(len(train), args.peer_train, replace=False))]
+    return [*test, *keep]
+
+
+def run_polygraph(
+    args: argparse.Namespace, records: dict[str, Record], ids: list[str], model_dir: str
+) -> None:
+    res: Path = args.results
+    gen = res / "polygraph.jsonl"
+    items = res / "items-polygraph.jsonl"
+    write_jsonl(items, [{"id": i, "prompt": records[i].prompt} for i in ids])
+    worker(
+        ".venv-polygraph",
+        "polygraph_worker.py",
+        "--mode",
+        "generate",
+        "--input",
+        str(items),
+        "--out",
+        str(gen),
+        "--model-dir",
+        model_dir,
+        "--threads",
+        str(args.threads),
+        "--batch-size",
+        str(args.polygraph_batch),
+    )
+    worker(
+        ".venv-polygraph",
+        "polygraph_worker.py",
+        "--mode",
+        "density",
+        "--input",
+        str(gen),
+        "--out",
+        str(res / "polygraph-density.jsonl"),
+        "--split",
+        str(args.split),
+    )
+
+
+def run_probe(
+    args: argparse.Namespace, records: dict[str, Record], test: list[str]
+) -> dict[str, dict[str, Any]]:
+    """The shipped probe, live on CPU, on the held-out prompts (batches of 8), cached."""
+    path: Path = args.results / "probe-live.jsonl"
+    cached = read_jsonl(path)
+    todo = [i for i in test if i not in cached]
+    if todo:
+        import torch
+
+        from capgate.loading import load_estimator
+
+        torch.set_num_threads(args.threads)  # as the polygraph worker: oversubscribed threads crawl
+
+        estimator = load_estimator("default", device="cpu", batch_size=8)
+        estimator.estimate([records[todo[0]].prompt])  # warm-up, not timed
+        for start in range(0, len(todo), 8):
+            batch = todo[start : start + 8]
+            t0 = time.perf_counter()
+            got = estimator.estimate([records[i].prompt for i in batch])
+            share = (time.perf_counter() - t0) / len(batch)
+            with path.open("a", encoding="utf-8") as handle:
+                for i, e in zip(batch, got, strict=True):
+                    handle.write(json.dumps({"id": i, "p": e.p, "wall_s": share}) + "\n")
+        cached = read_jsonl(path)
+    return cached
+
+
+def capgate_baselines(folder: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Estimates of bench/estimators_smollm2.py by method (its caches), and notes on the files read."""
+    out: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    for method, pattern in (
+        ("verbalized", "verbalized-*.jsonl"),
+        ("p_true", "p_true-*.jsonl"),
+        ("consistency", "consistency-prompt-*.jsonl"),
+    ):
+        files = sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime)
+        if method != "consistency" and len(files) > 1:
+            notes.append(f"{method}: {len(files)} cache files in {folder}; read the newest, {files[-1].name}")
+            files = files[-1:]
+        merged: dict[str, Any] = {}
+        for f in files:
+            merged.update(read_jsonl(f))
+        if merged:
+            out[method] = merged
+            notes.append(f"{method}: {len(merged)} estimates from {', '.join(f.name for f in files)}")
+    return out, notes
+
+
+# ---------------------------------------------------------------------- table
+
+
+def array(rows: dict[str, dict[str, Any]], ids: list[str], get: Any) -> Any:
+    return np.array([np.nan if i not in rows or (v := get(rows[i])) is None else float(v) for i in ids])
+
+
+def mean_cost(rows: dict[str, dict[str, Any]], test: list[str], *, forward: Any = None) -> Cost:
+    got = [rows[i] for i in test if i in rows]
+    gens = np.mean([r["generations"] for r in got])
+    toks = np.mean([r["generated_tokens"] for r in got])
+    fwd = np.mean([forward(r) if forward else max(r["generated_tokens"], r["generations"]) for r in got])
+    return Cost(float(gens), float(toks), float(fwd), float(np.mean([r["wall_s"] for r in got])))
+
+
+def build_methods(
+    args: argparse.Namespace, train: list[str], test: list[str], mu_train: Any
+) -> tuple[list[MethodScores], list[str]]:
+    res: Path = args.results
+    methods: list[MethodScores] = []
+    notes: list[str] = []
+
+    def add(
+        name: str,
+        family: str,
+        sees: str,
+        rows: dict[str, dict[str, Any]],
+        get: Any,
+        *,
+        direction: str = "confidence",
+        probability: bool = True,
+        cost: Cost | None = None,
+        calibrate: bool = True,
+    ) -> None:
+        if not rows:
+            notes.append(f"{name}: no cached outputs (not run)")
+            return
+        methods.append(
+            MethodScores(
+                name,
+                family,
+                sees,
+                array(rows, train, get),
+                array(rows, test, get),
+                direction,  # type: ignore[arg-type]
+                probability,
+                cost or mean_cost(rows, test),
+                calibrate,
+            )
+        )
+
+    # capgate
+    prior = float(np.mean(mu_train))
+    const = {i: {"p": prior} for i in [*train, *test]}
+    add(
+        "Constant prior",
+        "capgate",
+        "nothing (train mean µ̂)",
+        const,
+        lambda r: r["p"],
+        cost=Cost(0, 0, 0, 0),
+        calibrate=False,
+    )
+    probe = read_jsonl(res / "probe-live.jsonl")
+    add(
+        "Probe",
+        "capgate",
+        "query only",
+        probe,
+        lambda r: r["p"],
+        cost=Cost(0, 0, 1, float(np.mean([probe[i]["wall_s"] for i in test if i in probe] or [np.nan]))),
+        calibrate=False,
+    )
+    base, base_notes = capgate_baselines(args.capgate_results)
+    notes.extend(f"capgate {n}" for n in base_notes)
+    for name, key, sees, n_per in (
+        ("Verbalized", "verbalized", "question (judges itself, 1 reply)", 1),
+        ("P(True)", "p_true", "question (1 token)", 1),
+        (f"Consistency(k={CONSISTENCY_K})", "consistency", f"query + {CONSISTENCY_K} answers", CONSISTENCY_K),
+    ):
+        rows = base.get(key, {})
+        est = {i: Estimate.model_validate(r["estimate"]) for i, r in rows.items()}
+        cost = None
+        have = [i for i in test if i in est]
+        if have:
+            cost = Cost(
+                float(np.mean([est[i].cost.calls * n_per for i in have])),
+                float(np.mean([est[i].cost.completion_tokens for i in have])),
+                float(np.mean([forward_passes(est[i], n_per) for i in have])),
+                float(np.mean([rows[i]["wall_s"] for i in have])),
+            )
+        add(name, "capgate", sees, {i: {"p": e.p} for i, e in est.items()}, lambda r: r["p"], cost=cost)
+    # uqlm
+    wb = read_jsonl(res / "uqlm-whitebox.jsonl")
+    for s in WB_SCORERS:
+        add(f"uqlm {s}", "peer", "query + 1 answer", wb, lambda r, s=s: r["scores"][s])
+    pt = read_jsonl(res / "uqlm-ptrue.jsonl")
+    add("uqlm p_true", "peer", "query + 1 answer (+1 judging call)", pt, lambda r: r["scores"]["p_true"])
+    bb = read_jsonl(res / f"uqlm-blackbox-k{args.k}.jsonl")
+    sees_k = f"query + {1 + args.k} answers"
+    add(f"uqlm exact_match (k={args.k}, raw text)", "peer", sees_k, bb, lambda r: r["scores"]["exact_match"])
+    ex = read_jsonl(res / f"uqlm-blackbox-k{args.k}-extracted.jsonl")
+    if bb and ex:
+        add(
+            f"uqlm exact_match (k={args.k}, capgate-extracted answers)",
+            "peer",
+            sees_k,
+            ex,
+            lambda r: r["scores"]["exact_match"],
+            cost=mean_cost(bb, test),
+        )
+    # LM-Polygraph
+    pg = read_jsonl(res / "polygraph.jsonl")
+    add(
+        "Polygraph MaximumSequenceProbability",
+        "peer",
+        "query + 1 greedy answer",
+        pg,
+        lambda r: (
+            None
+            if r["uncertainty"]["MaximumSequenceProbability"] is None
+            else float(np.exp(-r["uncertainty"]["MaximumSequenceProbability"]))
+        ),
+    )
+    add(
+        "Polygraph Perplexity",
+        "peer",
+        "query + 1 greedy answer",
+        pg,
+        lambda r: (
+            None if r["uncertainty"]["Perplexity"] is None else float(np.exp(-r["uncertainty"]["Perplexity"]))
+        ),
+    )
+    add(
+        "Polygraph MeanTokenEntropy",
+        "peer",
+        "query + 1 greedy answer",
+        pg,
+        lambda r: r["uncertainty"]["MeanTokenEntropy"],
+        direction="uncertainty",
+        probability=False,
+    )
+    md = read_jsonl(res / "polygraph-density.jsonl")
+    if pg and md:
+        add(
+            "Polygraph MahalanobisDistanceSeq",
+            "peer",
+            "query + 1 greedy answer (hidden states)",
+            md,
+            lambda r: r["uncertainty"]["MahalanobisDistanceSeq_decoder"],
+            direction="uncertainty",
+            probability=False,
+            cost=mean_cost(pg, test),
+        )
+    return methods, notes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--labels", type=Path, default=ASSETS / "default_labels.jsonl")
+    parser.add_argument("--split", type=Path, default=ASSETS / "default_split.json")
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "peers")
+    parser.add_argument(
+        "--capgate-results", type=Path, default=ROOT / "bench" / "results" / "estimators_smollm2"
+    )
+    parser.add_argument(
+        "--server", default="", help="OpenAI-compatible base URL (else read from --vllm-state)"
+    )
+    parser.add_argument("--served-model", default="")
+    parser.add_argument("--vllm-state", default=str(ROOT / ".vllm-peers"))
+    parser.add_argument("-k", type=int, default=CONSISTENCY_K, help="sampled responses for exact_match")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (probe, polygraph)")
+    parser.add_argument(
+        "--peer-train",
+        type=int,
+        default=-1,
+        help="run uqlm's black-box scorer and LM-Polygraph on a seeded subsample of this many train "
+        "queries (default: all; they are slow on a loaded CPU): their isotonic maps and the density "
+        "estimator are fitted on those",
+    )
+    parser.add_argument("--polygraph-batch", type=int, default=16, help="queries per UEManager run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip", default="", help="comma list of uqlm,polygraph,probe to skip running")
+    parser.add_argument(
+        "--run-capgate-baselines",
+        action="store_true",
+        help="run bench/estimators_smollm2.py on the same server if its caches are missing",
+    )
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    args.results.mkdir(parents=True, exist_ok=True)
+
+    records = read_records(args.labels)
+    train, test, split_seed = read_split(args.split, records)
+    ids = [*train, *test]
+    write_jsonl(args.results / "items.jsonl", [{"id": i, "prompt": records[i].prompt} for i in ids])
+    from capgate.models import prepare_model
+
+    model_dir = str(prepare_model("default"))
+    if "probe" not in skip:
+        run_probe(args, records, test)
+    if "polygraph" not in skip:
+        run_polygraph(args, records, peer_ids(args, train, test), model_dir)
+    if "uqlm" not in skip:
+        run_uqlm(args, records, peer_ids(args, train, test), model_dir)
+    if args.run_capgate_baselines and not capgate_baselines(args.capgate_results)[0]:
+        url, model = server_of(args)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "estimators_smollm2.py"),
+                "--server",
+                url,
+                "--served-model",
+                model,
+                "--verbalized-shots",
+                "2",
+                "--features",
+                "/nonexistent",
+                "--results",
+                str(args.capgate_results),
+            ],
+            check=True,
+        )
+
+    mu_train = np.array([records[i].mu for i in train])
+    labels = Labels(
+        mu_train, np.array([records[i].correct for i in test]), np.array([records[i].k for i in test])
+    )
+    methods, notes = build_methods(args, train, test, mu_train)
+    rows = score_methods(methods, labels)
+    print(f"model: SmolLM2-135M-Instruct ({model_dir})")
+    print(
+        f"data: {args.labels.name}, split {args.split.name} (seed {split_seed}): {len(train)} train / "
+        f"{len(test)} held-out, µ̂ from k={records[test[0]].k}; held-out mean µ̂ {labels.test_mu.mean():.3f}"
+    )
+    print("metrics on the held-out queries each method scores (n); iso = isotonic map fitted on train only;")
+    print("cost per held-out query; wall: capgate probe and LM-Polygraph on local CPU transformers, uqlm and")
+    print("capgate's black-box rows through the vLLM CPU server (requests in flight), on a shared 2-core CPU")
+    for note in notes:
+        print(note)
+    print("not run:")
+    for line in NOT_RUN:
+        print(f"  {line}")
+    print(format_table(rows))
+    print(headline(rows))
+
+
+if __name__ == "__main__":
+    main()
