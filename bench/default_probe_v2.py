@@ -336,6 +336,8 @@ def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str
     assert inner.best_estimator_ is not None
     invariant = projection.fold(inner.best_estimator_)
     invariant.feature_spec_ = chosen.feature_spec_
+    trainer = dict(invariant.training_.get("trainer") or {})
+    invariant.training_["trainer"] = {**trainer, "layers": layers, "hidden_states": search.layers_}
     alphas = np.logspace(-1, 5, 25)
     alpha, w, b, mean, scale = ridge_cv(X_tr, mu_tr, alphas=alphas, folds=5, seed=args.seed)
     shipped = LinearProbe.load(V1 / "probe")

@@ -4,7 +4,7 @@ The demo loads the embedded SmolLM2-135M-Instruct and the probe shipped for it, 
 "ask the model" function with :func:`capgate.guard`, runs it over real held-out questions (the
 probe never saw them in training), and reports each decision and a final table: accuracy among
 answered questions, coverage, samples spent, and the probe's calibration against µ̂ measured
-from 40 sampled answers per question.
+from 20 or 40 sampled answers per question.
 """
 
 from __future__ import annotations
