@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
+from capgate import telemetry
 from capgate._types import Estimate, Extractor
 from capgate.adapters.backends.function import AsyncFunctionBackend, FunctionBackend
 from capgate.backend import Prompt
@@ -262,13 +263,27 @@ class Gate:
             The self-contained decision and the normalized query. Degraded estimates follow the
             policy's ``on_degraded`` and the decision records it.
         """
-        q, estimator = as_query(query), self.resolve_estimator()
-        return self._verdict(q, estimator.estimate([q]), estimator)
+        q = as_query(query)
+        with telemetry.decision_span(self) as span:
+            estimator = self.resolve_estimator()
+            with telemetry.estimate_span(estimator.target_model) as traced:
+                estimates = estimator.estimate([q])
+                traced.record(estimates)
+            verdict = self._verdict(q, estimates, estimator)
+            telemetry.record_verdict(span, self, verdict)
+        return verdict
 
     async def aassess(self, query: object) -> Verdict:
         """Async twin of :meth:`assess` (uses the estimator's ``aestimate``)."""
-        q, estimator = as_query(query), self.resolve_estimator()
-        return self._verdict(q, await estimator.aestimate([q]), estimator)
+        q = as_query(query)
+        with telemetry.decision_span(self) as span:
+            estimator = self.resolve_estimator()
+            with telemetry.estimate_span(estimator.target_model) as traced:
+                estimates = await estimator.aestimate([q])
+                traced.record(estimates)
+            verdict = self._verdict(q, estimates, estimator)
+            telemetry.record_verdict(span, self, verdict)
+        return verdict
 
     # ------------------------------------------------------------------ logging
 
@@ -344,7 +359,8 @@ class Gate:
             count_tokens: Reads a drawn value's generated tokens, if known.
         """
         backend = FunctionBackend(draw, to_text=to_text, count_tokens=count_tokens)
-        cas = adaptive_sample(backend, verdict.query, **self._sampling(verdict))
+        rounds = telemetry.traced_rounds(backend, verdict.decision.target)
+        cas = adaptive_sample(rounds, verdict.query, **self._sampling(verdict))
         self.stats.sampled(cas)
         return Sampled(value=backend.winner(cas), cas=cas)
 
@@ -361,6 +377,7 @@ class Gate:
         backend = AsyncFunctionBackend(
             draw, to_text=to_text, count_tokens=count_tokens, concurrent=concurrent
         )
-        cas = await aadaptive_sample(backend, verdict.query, **self._sampling(verdict))
+        rounds = telemetry.traced_rounds(backend, verdict.decision.target)
+        cas = await aadaptive_sample(rounds, verdict.query, **self._sampling(verdict))
         self.stats.sampled(cas)
         return Sampled(value=backend.winner(cas), cas=cas)
