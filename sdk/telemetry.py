@@ -201,7 +201,7 @@ def record_decision(span: Any, gate: Gate | None, decision: Decision, query: Pro
             "capgate.policy.version": version,
             "capgate.step": decision.step,
             "capgate.tool": decision.tool,
-            "capgate.route": getattr(decision, "route", None),
+            "capgate.route": decision.route,
             "capgate.samples.max": decision.budget,
             "gen_ai.request.model": model,
             "capgate.query": _query_text(gate, query) if gate is not None and query is not None else None,

@@ -107,7 +107,7 @@ def simulate_cmd(
         f"policy '{chosen.name}' on {data} ({as_written.n} queries, {as_written.n_degraded} with a degraded "
         f"estimate); accuracy among answered queries"
     )
-    header = (
+    header: tuple[str, ...] = (
         "threshold",
         "coverage",
         "accuracy",
@@ -118,6 +118,9 @@ def simulate_cmd(
         "resample",
         "samples/q",
     )
+    routes = any(row.rates["route"] > 0 for row in rows)  # a column only for policies that route
+    if routes:
+        header = (*header[:-1], "route", header[-1])
     typer.echo("  ".join(f"{h:>9}" for h in header))
     for row in rows:
         cells = [
@@ -125,6 +128,7 @@ def simulate_cmd(
             _cell(row.coverage, ".3f"),
             _cell(row.accuracy, ".4f"),
             *(_cell(row.rates[a], ".3f") for a in ("answer", "abstain", "clarify", "escalate", "resample")),
+            *([_cell(row.rates["route"], ".3f")] if routes else []),
             _cell(row.samples_per_query, ".2f"),
         ]
         typer.echo("  ".join(f"{c:>9}" for c in cells))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
+from capgate import _twins as twins
 from capgate import telemetry
-from capgate._types import Estimate, Extractor
+from capgate._types import Estimate, Extractor, RoutePlan
 from capgate.adapters.backends.function import AsyncFunctionBackend, FunctionBackend
 from capgate.backend import Prompt
 from capgate.cas.loop import CASResult, aadaptive_sample, adaptive_sample
@@ -22,7 +23,7 @@ from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
 from capgate.gate._settings import GateOptions, GateSettings, OnBlock, PolicyLike, given_settings
 from capgate.gate._stats import GateStats
 from capgate.messages import as_query
-from capgate.policies import Policy, load_policy
+from capgate.policies import Policy, choose_route, load_policy
 
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
@@ -69,6 +70,8 @@ class Gate:
         log: Decision log (a :class:`~capgate.decision.DecisionLog` or a path to one).
         target: The model the gated calls go to; checked against the estimator's target.
         allow_other_target: Gate ``target`` with an estimator of another model (recorded).
+        routes: One estimator per model choice, for the policy's ``route`` actions (the
+            decision's ``route`` names the choice).
 
     Raises:
         SettingsError: A setting has a wrong value or type (the message names it), or the
@@ -101,10 +104,12 @@ class Gate:
         log: DecisionLog | str | Path | None = None,
         target: str | None = None,
         allow_other_target: bool = False,
+        routes: Mapping[str, CapabilityEstimator] | None = None,
     ) -> None:
         self.settings = GateSettings(
             target=target,
             allow_other_target=allow_other_target,
+            routes=routes,
             policy=policy,
             estimator=estimator,
             extract=extract,
@@ -270,6 +275,8 @@ class Gate:
                 estimates = estimator.estimate([q])
                 traced.record(estimates)
             verdict = self._verdict(q, estimates, estimator)
+            if verdict.decision.route_plan is not None:
+                verdict = self._routed(verdict, self.route(q, verdict.decision.route_plan))
             telemetry.record_verdict(span, self, verdict)
         return verdict
 
@@ -282,8 +289,81 @@ class Gate:
                 estimates = await estimator.aestimate([q])
                 traced.record(estimates)
             verdict = self._verdict(q, estimates, estimator)
+            if verdict.decision.route_plan is not None:
+                verdict = self._routed(verdict, await self.aroute(q, verdict.decision.route_plan))
             telemetry.record_verdict(span, self, verdict)
         return verdict
+
+    # ------------------------------------------------------------------ routing
+
+    def route_estimators(self, plan: RoutePlan) -> list[tuple[str, CapabilityEstimator]]:
+        """The estimator of each of a route plan's choices, cheapest first.
+
+        Raises:
+            SettingsError: The gate has no ``routes``, or none for some choice.
+        """
+        routes = self.settings.routes or {}
+        missing = [name for name in plan.choices if name not in routes]
+        if missing:
+            known = ", ".join(routes) or "none (pass routes={name: estimator})"
+            raise SettingsError(
+                f"the policy routes among {list(plan.choices)}, but the gate has no estimator for "
+                f"{', '.join(map(repr, missing))} in `routes`; it has: {known}"
+            )
+        return [(name, routes[name]) for name in plan.choices]
+
+    def _route_plan(self, query: Prompt, plan: RoutePlan) -> twins.Plan[tuple[str, RoutePlan, str]]:
+        """Estimate the choices cheapest first, stopping at the first that clears the edge."""
+        estimates: dict[str, Estimate] = {}
+        for name, estimator in self.route_estimators(plan):
+            found = yield estimator, [query]
+            if not (isinstance(found, list) and len(found) == 1 and isinstance(found[0], Estimate)):
+                raise TypeError(
+                    f"{type(estimator).__name__}.estimate([query]) must return a list of one Estimate; "
+                    f"got {found!r}"
+                )
+            estimates[name] = found[0]
+            if choose_route(plan, estimates)[0] == name:
+                break
+        return choose_route(plan, estimates)
+
+    def route(self, query: object, plan: RoutePlan) -> tuple[str, RoutePlan, str]:
+        """Choose a model for a query: the cheapest of the plan's choices whose estimate (by the
+        gate's ``routes``) clears its edge, else the strongest (:func:`capgate.policies.choose_route`).
+
+        Returns:
+            The chosen name, the plan with each estimated choice's p, and the reason.
+
+        Raises:
+            SettingsError: A choice has no estimator in the gate's ``routes``.
+        """
+        return twins.drive(self._route_plan(as_query(query), plan), self._estimate_choice)
+
+    async def aroute(self, query: object, plan: RoutePlan) -> tuple[str, RoutePlan, str]:
+        """Async twin of :meth:`route` (uses the estimators' ``aestimate``)."""
+        return await twins.adrive(self._route_plan(as_query(query), plan), self._aestimate_choice)
+
+    def _routed(self, verdict: Verdict, chosen: tuple[str, RoutePlan, str]) -> Verdict:
+        route, filled, why = chosen
+        decision = verdict.decision
+        update = {"route": route, "route_plan": filled, "reason": f"{decision.reason}; {why}"}
+        routed = decision.model_copy(update=update)
+        self.stats.routed(routed)
+        return Verdict(decision=routed, query=verdict.query)
+
+    @staticmethod
+    def _estimate_choice(ask: tuple[CapabilityEstimator, list[Prompt]]) -> object:
+        with telemetry.estimate_span(ask[0].target_model) as traced:
+            estimates = ask[0].estimate(ask[1])
+            traced.record(estimates)
+            return estimates
+
+    @staticmethod
+    async def _aestimate_choice(ask: tuple[CapabilityEstimator, list[Prompt]]) -> object:
+        with telemetry.estimate_span(ask[0].target_model) as traced:
+            estimates = await ask[0].aestimate(ask[1])
+            traced.record(estimates)
+            return estimates
 
     # ------------------------------------------------------------------ logging
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict
@@ -64,6 +65,7 @@ class SharedOptions(TypedDict, total=False):
     log: DecisionLog | str | Path | None
     target: str | None
     allow_other_target: bool
+    routes: Mapping[str, CapabilityEstimator] | None
 
 
 class GateOptions(SharedOptions, total=False):
@@ -97,6 +99,9 @@ class GateSettings:
             capability it predicts).
         allow_other_target: Gate calls to ``target`` with an estimator of another model's
             capability; each decision records the override (``target_override``).
+        routes: One capability estimator per model choice (by name), for the policy's ``route``
+            actions: the query goes to the cheapest choice (first in the action's ``choices``)
+            whose predicted capability clears the edge, else to the strongest (the last).
 
     Raises:
         SettingsError: A setting has a wrong value or type (the message names it), or the
@@ -112,6 +117,7 @@ class GateSettings:
     log: DecisionLog | str | Path | None = None
     target: str | None = None
     allow_other_target: bool = False
+    routes: Mapping[str, CapabilityEstimator] | None = None
 
     def __post_init__(self) -> None:
         from capgate.decision.log import DecisionLog
@@ -143,6 +149,18 @@ class GateSettings:
             )
         if self.estimator is not None:
             self.target_check(self.estimator)
+        if self.routes is not None:
+            if not isinstance(self.routes, Mapping) or not self.routes:
+                raise SettingsError(
+                    f"`routes` must map model choice names to capability estimators; got {self.routes!r}"
+                )
+            for name, estimator in self.routes.items():
+                if not (isinstance(name, str) and name) or not isinstance(estimator, CapabilityEstimator):
+                    raise SettingsError(
+                        f"`routes` must map model choice names to capability estimators; "
+                        f"got {name!r}: {estimator!r}"
+                    )
+            object.__setattr__(self, "routes", dict(self.routes))
 
     def target_check(self, estimator: CapabilityEstimator) -> tuple[str | None, bool]:
         """The model a decision is about, and whether it overrides the estimator's own target.
