@@ -177,3 +177,29 @@ def test_simulate_counts_routed_queries_apart() -> None:
     summary = replay_policy(ROUTED, [0.1, 0.5, 0.9], [0.0, 1.0, 1.0])
     assert summary.rates["route"] == pytest.approx(1 / 3)
     assert summary.coverage == pytest.approx(1 / 3)  # a routed query is another model's answer
+
+
+def test_the_langchain_middleware_calls_the_chosen_model() -> None:
+    from langchain.agents import create_agent
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    from capgate.adapters.langchain import CapabilityGate
+
+    def agent(**extra: Any) -> Any:
+        gate = CapabilityGate(
+            policy=ROUTED, estimator=KeywordEstimator({"HARD": 0.5, "MID": 0.5}), routes=_routes(), **extra
+        )
+        return create_agent(FakeListChatModel(responses=["the default model"]), middleware=[gate])
+
+    models = {
+        "small": FakeListChatModel(responses=["the small model"]),
+        "large": FakeListChatModel(responses=["the large model"]),
+    }
+    routed = agent(models=models)
+    replies = {
+        q: routed.invoke({"messages": [HumanMessage(q)]})["messages"][-1].content
+        for q in ("plain", "MID", "HARD")
+    }
+    assert replies == {"plain": "the default model", "MID": "the small model", "HARD": "the large model"}
+    with pytest.raises(SettingsError, match="no chat model for it"):
+        agent().invoke({"messages": [HumanMessage("MID")]})

@@ -359,3 +359,26 @@ def test_decisions_export_over_otlp_http_to_a_local_receiver() -> None:
         if a.key == "service.name"
     }
     assert services == {"capgate-test"}
+
+
+def test_a_route_decision_records_its_choice_and_each_choice_estimate(spans: InMemorySpanExporter) -> None:
+    policy = Policy.model_validate(
+        {
+            "name": "router",
+            "bands": [{"below": 0.8, "action": "route", "choices": ["small", "large"]}, {"action": "answer"}],
+            "on_degraded": "abstain",
+        }
+    )
+    routes = {"small": KeywordEstimator({}, default=0.5), "large": KeywordEstimator({}, default=0.9)}
+
+    @capgate.guard(policy=policy, estimator=KeywordEstimator({}, default=0.3), routes=routes)
+    def ask(prompt: str, route: str = "") -> str:
+        return route
+
+    assert ask("q") == "large"
+    (gate,) = _named(spans, telemetry.SPAN_GATE)
+    assert dict(gate.attributes or {})["capgate.route"] == "large"
+    ps = sorted(
+        dict(s.attributes or {})["capgate.p"] for s in _children(spans, gate, telemetry.SPAN_ESTIMATE)
+    )
+    assert ps == pytest.approx([0.3, 0.5, 0.9])  # the gate's estimate, then each choice's
