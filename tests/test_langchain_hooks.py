@@ -285,3 +285,31 @@ def test_the_router_sends_each_run_to_the_cheapest_capable_serving(
     assert (local.calls, server.calls) == (1, 1)
     assert isinstance(out["messages"][-1], AIMessage)
     assert out["messages"][-1].content
+
+
+def _request(text: str, call_id: str = "c1") -> Any:
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+
+    call = {"name": "lookup", "args": {"term": text}, "id": call_id, "type": "tool_call"}
+    messages = [HumanMessage(text), AIMessage("", tool_calls=[call])]
+    return ToolCallRequest(tool_call=call, tool=None, state={"messages": messages}, runtime=None)
+
+
+def test_the_predicate_compares_the_tools_edge_and_fails_closed() -> None:
+    when = CapabilityApproval(policy=POLICY, estimator=KeywordEstimator(TABLE))
+    assert when(_request("EASY", "a")) is False  # 0.95 >= 0.8 (the lookup override's edge)
+    assert when(_request("HARD", "b")) is True  # 0.75 < 0.8
+    assert when(_request("NOEST", "c")) is True  # no estimate: a human decides
+    assert (
+        CapabilityApproval(policy=POLICY, estimator=KeywordEstimator(TABLE), edge=0.7)(_request("HARD"))
+        is False
+    )
+    import capgate
+
+    previous = capgate.default_estimator()
+    capgate.set_default_estimator(None)
+    try:
+        with pytest.raises(SettingsError, match="no capability estimator"):
+            CapabilityApproval(policy=POLICY)(_request("EASY"))  # misconfigured: raised, not asked
+    finally:
+        capgate.set_default_estimator(previous)

@@ -105,8 +105,9 @@ class CapabilityApproval:
     allowed_decisions=["approve", "reject"], when=CapabilityApproval(estimator=probe))})``
     interrupts a ``send_email`` call when the predicted capability of the step (the conversation,
     then the call) is below the edge, or when no estimate can be had (a degraded estimate, or an
-    estimator that raised: fail closed). Each estimate is a gate decision (counted, logged,
-    traced) with ``tool=`` the call's name, so the policy's ``tools:`` overrides apply.
+    estimator that raised: fail closed; a :class:`~capgate.SettingsError` is raised, not asked).
+    Each estimate is a gate decision (counted, logged, traced) with ``tool=`` the call's name, so
+    the policy's ``tools:`` overrides apply.
 
     LangChain calls the predicate again when the run resumes; the answer for a tool call id is
     kept (per thread, the last 512), so it does not flip between the interrupt and the resume.
@@ -161,6 +162,8 @@ class CapabilityApproval:
         gate = self.gate.with_options(tool=tool)
         try:
             verdict = drive(_assess_flow(gate, tool_call_query(messages or [], call)))
+        except SettingsError:  # a misconfigured gate is an error, not a reason to ask
+            raise
         except Exception:  # no estimate could be had: a human decides
             ask = True
         else:
