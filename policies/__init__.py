@@ -34,9 +34,19 @@ from capgate.policies._actions import (
     ConfidenceGap,
     EscalateAction,
     ResampleAction,
+    RouteAction,
     StopSettings,
+    choose_route,
 )
-from capgate.policies._bands import AbstainBand, AnswerBand, Band, ClarifyBand, EscalateBand, ResampleBand
+from capgate.policies._bands import (
+    AbstainBand,
+    AnswerBand,
+    Band,
+    ClarifyBand,
+    EscalateBand,
+    ResampleBand,
+    RouteBand,
+)
 from capgate.policies._base import expand_shorthand
 from capgate.policies._policy import Match, Override, Policy, Rule
 from capgate.policies._yaml import PolicyError
@@ -60,8 +70,11 @@ __all__ = [
     "PolicyError",
     "ResampleAction",
     "ResampleBand",
+    "RouteAction",
+    "RouteBand",
     "Rule",
     "StopSettings",
+    "choose_route",
     "expand_shorthand",
     "load_policy",
     "policy_json_schema",

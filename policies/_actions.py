@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import string
+from collections.abc import Mapping
 from typing import Annotated, Literal, TypeAlias
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from capgate._types import Action, ConfidenceGap, SamplingPlan, StopSettings
+from capgate._types import Action, ConfidenceGap, Estimate, RoutePlan, SamplingPlan, StopSettings
 from capgate.policies import _templates as tpl
 from capgate.policies._base import Loc, PolicyIssueError, Strict, expand_shorthand
 
@@ -21,7 +22,9 @@ __all__ = [
     "DegradedAction",
     "EscalateAction",
     "ResampleAction",
+    "RouteAction",
     "StopSettings",
+    "choose_route",
     "message_template",
     "render",
 ]
@@ -173,7 +176,86 @@ class ResampleAction(Strict):
         return SamplingPlan(max_samples=budget, batch_size=min(self.batch_size, budget), stop=self.stop)
 
 
-AnyAction: TypeAlias = AnswerAction | AbstainAction | ClarifyAction | EscalateAction | ResampleAction
+ChoiceName = Annotated[str, Field(min_length=1)]
+"""The name of a model choice (a key of the gate's ``routes``)."""
+
+
+def _unique(choices: list[str]) -> list[str]:
+    seen = [c for i, c in enumerate(choices) if c in choices[:i]]
+    if seen:
+        raise ValueError(f"each model choice may be named once; {seen[0]!r} is repeated")
+    return choices
+
+
+class RouteAction(Strict):
+    """Send the query to the cheapest model choice predicted to clear ``edge``, else the strongest.
+
+    Each choice's capability is predicted by its own estimator (the gate's ``routes``); a choice
+    whose estimate cannot be had does not clear the edge, so when none does (or none can be
+    estimated) the query goes to the last, strongest choice.
+
+    Attributes:
+        choices: Model choice names, cheapest first (the last is the strongest).
+        edge: The predicted capability a choice must reach; by default the lower edge of the
+            rule's answer band (the rule's top band must then answer).
+    """
+
+    action: Literal["route"] = "route"
+    choices: Annotated[
+        list[Annotated[str, Field(min_length=1)]], Field(min_length=1), AfterValidator(_unique)
+    ]
+    edge: Probability | None = None
+
+    def plan(self, edge: float) -> RoutePlan:
+        """The route plan a decision carries (``edge``: this action's, or the rule's answer edge)."""
+        return RoutePlan(choices=tuple(self.choices), edge=self.edge if self.edge is not None else edge)
+
+
+def choose_route(plan: RoutePlan, estimates: Mapping[str, Estimate]) -> tuple[str, RoutePlan, str]:
+    """The cheapest choice whose estimate clears the plan's edge, else the strongest (the last).
+
+    A missing or degraded estimate never clears the edge (fail closed: the strongest model).
+
+    Args:
+        plan: The choices (cheapest first) and the edge.
+        estimates: Estimates by choice name (choices after the picked one may be absent).
+
+    Returns:
+        The chosen name, the plan with each estimated choice's p, and the reason.
+
+    Example:
+        >>> plan = RoutePlan(choices=("small", "large"), edge=0.7)
+        >>> choose_route(plan, {"small": Estimate(p=0.9, method="probe")})[0]
+        'small'
+        >>> low, mid = Estimate(p=0.4, method="probe"), Estimate(p=0.6, method="probe")
+        >>> choose_route(plan, {"small": low, "large": mid})[0]
+        'large'
+    """
+    p: dict[str, float | None] = {}
+    for name in plan.choices:
+        estimate = estimates.get(name)
+        if estimate is None:
+            continue
+        p[name] = estimate.p
+        if estimate.p is not None and not estimate.degraded and estimate.p >= plan.edge:
+            seen = ", ".join(_p_text(n, v) for n, v in p.items())
+            reason = f"route to {name!r}: the cheapest choice predicted to reach {plan.edge:g} ({seen})"
+            return name, plan.model_copy(update={"p": p}), reason
+    strongest = plan.choices[-1]
+    seen = ", ".join(_p_text(n, v) for n, v in p.items()) or "no estimates"
+    reason = (
+        f"route to {strongest!r}, the strongest choice: none is predicted to reach {plan.edge:g} ({seen})"
+    )
+    return strongest, plan.model_copy(update={"p": p}), reason
+
+
+def _p_text(name: str, p: float | None) -> str:
+    return f"{name}: {tpl.UNAVAILABLE if p is None else format(p, '.3f')}"
+
+
+AnyAction: TypeAlias = (
+    AnswerAction | AbstainAction | ClarifyAction | EscalateAction | ResampleAction | RouteAction
+)
 
 ActionSpec = Annotated[AnyAction, Field(discriminator="action")]
 """One action with its settings, chosen by its ``action`` key."""

@@ -14,6 +14,7 @@ from capgate.policies._actions import (
     EscalateAction,
     Probability,
     ResampleAction,
+    RouteAction,
 )
 from capgate.policies._base import Loc, PolicyIssueError, Strict, expand_shorthand, fmt
 
@@ -26,6 +27,7 @@ __all__ = [
     "ClarifyBand",
     "EscalateBand",
     "ResampleBand",
+    "RouteBand",
     "band_edges",
     "check_edges",
 ]
@@ -62,7 +64,11 @@ class ResampleBand(_Edges, ResampleAction):
     """A band of p in which the policy spends more samples (CAS)."""
 
 
-AnyBand: TypeAlias = AnswerBand | AbstainBand | ClarifyBand | EscalateBand | ResampleBand
+class RouteBand(_Edges, RouteAction):
+    """A band of p in which the query goes to the cheapest model choice predicted to be capable."""
+
+
+AnyBand: TypeAlias = AnswerBand | AbstainBand | ClarifyBand | EscalateBand | ResampleBand | RouteBand
 
 Band = Annotated[AnyBand, Field(discriminator="action")]
 """An interval of p and the action taken in it."""

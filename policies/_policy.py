@@ -16,11 +16,12 @@ from capgate.policies._actions import (
     DegradedAction,
     EscalateAction,
     ResampleAction,
+    RouteAction,
     message_template,
     render,
 )
 from capgate.policies._bands import AnyBand, BandList, band_edges
-from capgate.policies._base import Strict, expand_shorthand, fmt
+from capgate.policies._base import Loc, PolicyIssueError, Strict, expand_shorthand, fmt
 
 __all__ = ["Match", "Override", "Policy", "Rule"]
 
@@ -70,6 +71,31 @@ class Rule:
             if p < upper:
                 return i
         return len(self.edges) - 1
+
+    @property
+    def answer_edge(self) -> float | None:
+        """The lowest p from which this rule answers (its top bands all answer), or ``None`` when
+        its top band does not answer."""
+        edge: float | None = None
+        for band, (lower, _) in zip(reversed(self.bands), reversed(self.edges), strict=True):
+            if band.action != "answer":
+                break
+            edge = lower
+        return edge
+
+    def route_edge(self, spec: RouteAction) -> float:
+        """The edge a route action's choices must clear: its own, or this rule's answer edge.
+
+        Raises:
+            ValueError: Neither is set.
+        """
+        edge = spec.edge if spec.edge is not None else self.answer_edge
+        if edge is None:
+            raise ValueError(
+                f"a route action of {self.scope} needs `edge`: the rule's top band does not answer, "
+                "so there is no answer edge to default to"
+            )
+        return edge
 
     def interval(self, index: int) -> str:
         """The band's interval in math notation."""
@@ -130,6 +156,30 @@ class Policy(Strict):
     on_degraded: DegradedAction
     steps: dict[str, Override] = Field(default_factory=dict)
     tools: dict[str, Override] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _route_edges(self) -> Policy:
+        issues: list[tuple[Loc, str]] = []
+        scopes: list[tuple[Loc, Rule, Sequence[AnyBand] | None, AnyAction | None]] = [
+            ((), self.rule(), self.bands, self.on_degraded)
+        ]
+        for kind in ("steps", "tools"):
+            for key, override in getattr(self, kind).items():
+                rule = self.rule(**{kind[:-1]: key})
+                scopes.append(((kind, key), rule, override.bands, override.on_degraded))
+        for where, rule, bands, on_degraded in scopes:
+            specs: list[tuple[Loc, AnyAction]] = [
+                ((*where, "bands", i), b) for i, b in enumerate(bands or [])
+            ]
+            if on_degraded is not None:
+                specs.append(((*where, "on_degraded"), on_degraded))
+            for loc, spec in specs:
+                if isinstance(spec, RouteAction) and spec.edge is None and rule.answer_edge is None:
+                    msg = f"a route action needs `edge` here: the top band of {rule.scope} does not answer"
+                    issues.append(((*loc, "edge"), msg))
+        if issues:
+            raise PolicyIssueError(issues)
+        return self
 
     # ----------------------------------------------------------------- loading
 
@@ -226,6 +276,7 @@ class Policy(Strict):
         if template is not None:
             message = render(template, estimate.p, **texts)
         plan = spec.plan(estimate.p) if isinstance(spec, ResampleAction) else None
+        route_plan = spec.plan(found.rule.route_edge(spec)) if isinstance(spec, RouteAction) else None
         return Decision(
             action=spec.action,
             estimate=estimate,
@@ -235,6 +286,7 @@ class Policy(Strict):
             budget=plan.max_samples if plan is not None else None,
             plan=plan,
             to=spec.to if isinstance(spec, EscalateAction) else None,
+            route_plan=route_plan,
             policy=self.name,
             step=step,
             tool=tool,

@@ -39,6 +39,7 @@ __all__ = [
     "LabelledQuery",
     "Outcome",
     "PaperConfidenceGap",
+    "RoutePlan",
     "Sample",
     "SamplingPlan",
     "StopSettings",
@@ -226,9 +227,9 @@ class LabelledQuery(BaseModel):
 
 # --------------------------------------------------------------------------- decisions
 
-Action: TypeAlias = Literal["answer", "abstain", "clarify", "escalate", "resample"]
-"""What a policy can do with a query: answer it, abstain, ask the user, hand to a human, or
-spend more samples (CAS)."""
+Action: TypeAlias = Literal["answer", "abstain", "clarify", "escalate", "resample", "route"]
+"""What a policy can do with a query: answer it, abstain, ask the user, hand to a human,
+spend more samples (CAS), or send it to another model (the cheapest predicted to be capable)."""
 
 Extractor: TypeAlias = Callable[[str], str | None]
 """Maps a response text to its normalized answer (``None``: no answer); CAS votes by it. A
@@ -340,6 +341,23 @@ class SamplingPlan(BaseModel):
         return self
 
 
+class RoutePlan(BaseModel):
+    """How a ``route`` decision picks a model: the cheapest choice predicted to clear ``edge``.
+
+    Attributes:
+        choices: The model choices, cheapest first; the last is the strongest (the fallback).
+        edge: The predicted capability a choice must reach to be picked.
+        p: Each estimated choice's predicted capability (``None``: no estimate could be had),
+            filled in when the route is chosen.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    choices: tuple[str, ...] = Field(min_length=1)
+    edge: Probability
+    p: dict[str, Probability | None] = Field(default_factory=dict)
+
+
 def _new_id() -> str:
     return uuid.uuid4().hex
 
@@ -366,6 +384,8 @@ class Decision(BaseModel):
         budget: Samples to spend, for ``resample`` (and the chosen k for verified sampling).
         plan: For ``resample``: how to sample (budget, batch size, stop settings).
         to: For ``escalate``: who takes over (a queue, team or channel), if the policy says.
+        route: For ``route``, once chosen: the model choice the query goes to.
+        route_plan: For ``route``: the choices, the edge, and each choice's predicted capability.
         policy: Name of the policy that decided.
         target: The model whose capability was estimated (the model the gated call goes to).
         target_override: True when the estimator predicts another model's capability than the
@@ -388,6 +408,8 @@ class Decision(BaseModel):
     budget: int | None = Field(default=None, ge=1)
     plan: SamplingPlan | None = None
     to: str | None = None
+    route: str | None = None
+    route_plan: RoutePlan | None = None
     policy: str | None = None
     target: str | None = None
     target_override: bool = False
@@ -402,6 +424,18 @@ class Decision(BaseModel):
             raise ValueError(f"only a resample decision has a sampling plan; this one is {self.action!r}")
         if self.plan is not None and self.budget is not None and self.plan.max_samples != self.budget:
             raise ValueError(f"plan.max_samples ({self.plan.max_samples}) must equal budget ({self.budget})")
+        if (self.route is not None or self.route_plan is not None) and self.action != "route":
+            raise ValueError(f"only a route decision has a route; this one is {self.action!r}")
+        if self.action == "route" and self.route_plan is None:
+            raise ValueError("a route decision needs its route_plan (choices and edge)")
+        if (
+            self.route is not None
+            and self.route_plan is not None
+            and self.route not in self.route_plan.choices
+        ):
+            raise ValueError(
+                f"route {self.route!r} is not one of the choices {list(self.route_plan.choices)}"
+            )
         return self
 
     @property

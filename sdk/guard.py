@@ -7,6 +7,9 @@ Before each call the gate estimates the capability for that prompt and its polic
 * ``resample``: the function runs repeatedly under CAS (each call is one sample), answers are
   grouped by ``extract`` and the policy's stop rule ends sampling; the call returns the value the
   function returned for the winning answer.
+* ``route``: the function runs with the chosen model choice as its ``route`` keyword argument
+  (the cheapest choice of the gate's ``routes`` predicted to clear the edge, else the strongest);
+  the function must take a ``route`` parameter (or ``**kwargs``).
 * ``abstain`` / ``clarify`` / ``escalate``: the function does not run; the call returns a
   :class:`~capgate.gate.Gated` (decision, estimate, message) or, with ``on_block="raise"``,
   raises the matching :class:`~capgate.gate.GateBlocked` subclass.
@@ -121,6 +124,9 @@ class _Binder:
         self.fn_name = getattr(fn, "__qualname__", repr(fn))
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters.values())
+        self.takes_route = "route" in self.signature.parameters or any(
+            p.kind == p.VAR_KEYWORD for p in params
+        )
         self.query_fn: Callable[..., object] | None = None
         self.name: str | None = None
         self.index: int | None = None
@@ -209,6 +215,15 @@ def _call_flow(
     if verdict.action == "answer":
         yield Record(gate, verdict, samples_used=1)
         return (yield call)
+    if verdict.action == "route":
+        route = verdict.decision.route
+        yield Record(gate, verdict, samples_used=1)
+        if not binder.takes_route:
+            raise TypeError(
+                f"the policy routed this call to model choice {route!r}, but {binder.fn_name}() has no "
+                "`route` parameter to receive it; add one (route: str)"
+            )
+        return (yield Invoke(lambda: fn(*args, **{**kwargs, "route": route})))
     if verdict.action != "resample":
         yield Record(gate, verdict, samples_used=0)
         return gate.block(verdict)

@@ -50,7 +50,7 @@ def test_validate_reports_every_error_with_line_and_field(tmp_path: Path) -> Non
     assert errors == [
         f"error: {path}:1: field 'on_degraded': missing required key 'on_degraded'",
         f"error: {path}:4: field 'bands[1].action': unknown action 'abstian'; "
-        "expected one of: answer, abstain, clarify, escalate, resample",
+        "expected one of: answer, abstain, clarify, escalate, resample, route",
         f"error: {path}:4: field 'bands[1].below': bands must be listed in ascending order of p, "
         "each non-empty: bands[1].below=0.3 is not above the lower edge 0.6 of bands[1]",
     ]

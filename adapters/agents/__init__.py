@@ -3,6 +3,8 @@
 * :mod:`capgate.adapters.agents.langgraph`: capability node, decision router, gated answer
   subgraph, ``ToolCallGate``.
 * :mod:`capgate.adapters.agents.langchain`: the ``CapabilityGate`` middleware for ``create_agent``.
+* :mod:`capgate.adapters.agents.langchain_hooks`: capgate in LangChain's own hooks (the
+  ``HumanInTheLoopMiddleware`` ``when`` predicate, a ``BaseDecisionModel``, ``ModelRouterMiddleware``).
 * :mod:`capgate.adapters.agents.chat_model`: ``CapgateChatModel``, a LangChain chat model over any
   capgate backend.
 

@@ -333,6 +333,11 @@ class ToolCallGate:
         tool = call["name"]
         if decision.action == "answer" or (decision.action == "resample" and voted):
             return None
+        if decision.action == "route":
+            raise ValueError(
+                f"the policy chose 'route' for tool {tool!r}, but routing picks a model for a model "
+                "step, not for a tool call; give this tool another action"
+            )
         if decision.action == "resample":
             raise ValueError(
                 f"the policy chose 'resample' for tool {tool!r}, but a tool node cannot redraw the "

@@ -1,6 +1,8 @@
 """LangChain 1.x integration: the :class:`CapabilityGate` middleware for ``create_agent``
 (:class:`~capgate.adapters.agents.chat_model.CapgateChatModel`, a chat model over any capgate
-backend, lives beside it).
+backend, lives beside it, and so do capgate's pieces for LangChain's own hooks,
+:mod:`capgate.adapters.agents.langchain_hooks`: ``CapabilityApproval``, ``CapgateDecisionModel``,
+``capability_router``).
 
 ``CapabilityGate`` gates every model step of an agent by the model's predicted capability:
 
@@ -60,6 +62,12 @@ from langgraph.types import Command
 from capgate._types import Extractor
 from capgate.adapters.agents import hitl
 from capgate.adapters.agents.chat_model import CapgateChatModel
+from capgate.adapters.agents.langchain_hooks import (
+    CapabilityApproval,
+    CapabilityUnavailableError,
+    CapgateDecisionModel,
+    capability_router,
+)
 from capgate.backend import ChatMessage
 from capgate.decision.log import query_hash
 from capgate.errors import SettingsError
@@ -68,9 +76,13 @@ from capgate.gate._flow import Assess, AssessEach, Flow, Invoke, Record, Sample,
 from capgate.messages import as_query, chat_messages
 
 __all__ = [
+    "CapabilityApproval",
     "CapabilityGate",
     "CapabilityGateState",
+    "CapabilityUnavailableError",
     "CapgateChatModel",
+    "CapgateDecisionModel",
+    "capability_router",
 ]
 
 _CALLS_PREFIX = "tool-calls:"
@@ -125,6 +137,8 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
             acts).
         max_clarifications: Clarifying questions per model step before the question is put to
             the user as the agent's reply instead of another interrupt.
+        models: The chat model of each model choice, for a policy that routes (``route``): a
+            routed step calls the chosen choice's model (the gate's ``routes`` estimate them).
         **settings: The gate settings (:class:`~capgate.gate.GateOptions`), as for
             :func:`capgate.guard`: ``policy``, ``estimator``, ``step`` and ``tool`` (passed to the
             policy for model steps; tool calls are gated with their own names), ``on_block``
@@ -144,10 +158,12 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         gate: Gate | None = None,
         gate_tools: bool = True,
         max_clarifications: int = 2,
+        models: Mapping[str, Any] | None = None,
         **settings: Unpack[GateOptions],
     ) -> None:
         super().__init__()
         self.gate = Gate.coerce(gate, **settings)
+        self.models = dict(models) if models is not None else {}
         if not isinstance(gate_tools, bool):
             raise SettingsError(f"`gate_tools` must be True or False; got {gate_tools!r}")
         if (
@@ -304,12 +320,26 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
             yield Record(self.gate, verdict, samples_used=0)
         return self._finish(response, verdicts, voted)
 
+    def _routed(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
+        """The request with the chosen model, when the step's decision routed it."""
+        stored = cast("Mapping[str, Any] | None", request.state.get("capgate_decision"))
+        decision = hitl.read_decision(stored)
+        if decision is None or decision.route is None:
+            return request
+        if decision.route not in self.models:
+            raise SettingsError(
+                f"the policy routed this step to model choice {decision.route!r}, but the middleware "
+                f"has no chat model for it; pass models={{name: chat_model}} (has: {list(self.models)})"
+            )
+        return request.override(model=self.models[decision.route])
+
     def wrap_model_call(
         self,
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
     ) -> ModelResult:
         """Resample the model step under CAS if the policy said so, then gate proposed tool calls."""
+        request = self._routed(request)
         return drive(self._model_call_flow(request, Invoke(lambda: handler(request))))
 
     async def awrap_model_call(
@@ -318,6 +348,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> ModelResult:
         """Async twin of :meth:`wrap_model_call` (the draws of one batch run concurrently)."""
+        request = self._routed(request)
         return await adrive(self._model_call_flow(request, Invoke(lambda: handler(request))))
 
     # ------------------------------------------------------------------ wrap_tool_call

@@ -42,7 +42,7 @@ Example:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Annotated, Any, TypeAlias, Unpack
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
@@ -87,7 +87,7 @@ __all__ = [
     "route_on_decision",
 ]
 
-ACTIONS: tuple[Action, ...] = ("answer", "abstain", "clarify", "escalate", "resample")
+ACTIONS: tuple[Action, ...] = ("answer", "abstain", "clarify", "escalate", "resample", "route")
 """The routes out of a capability node, one per policy action."""
 
 QuerySource: TypeAlias = str | Callable[[Mapping[str, Any]], object]
@@ -198,7 +198,7 @@ def decision_router(decision_key: str = "capgate_decision") -> Callable[[Mapping
 
 route_on_decision = decision_router()
 """Route on ``state["capgate_decision"]``: returns ``"answer"``, ``"abstain"``, ``"clarify"``,
-``"escalate"`` or ``"resample"``."""
+``"escalate"``, ``"resample"`` or ``"route"``."""
 
 
 # --------------------------------------------------------------------------- the subgraph
@@ -242,6 +242,9 @@ def capability_subgraph(
     Nodes: ``estimate`` (a :func:`capability_node`) routes to
 
     * ``answer``: your node (a function of the state, sync or async, or a runnable) runs;
+    * ``route``: your node runs too, and reads the model choice to call from the decision in
+      state (``read_decision(state["capgate_decision"]).route``; the gate's ``routes`` give one
+      estimator per choice);
     * ``resample``: your node runs repeatedly under CAS (each call one sample, answers grouped by
       ``extract`` over the text of the update's last message), within the decision's sampling
       plan; the winning update is applied and ``capgate_cas`` summarizes the vote;
@@ -354,7 +357,10 @@ def capability_subgraph(
     graph.add_node("clarify", clarify, destinations=("estimate",))
     graph.add_node("escalate", escalate, destinations=("answer", END))
     graph.add_edge(START, "estimate")
-    graph.add_conditional_edges("estimate", route_on_decision, {a: a for a in ACTIONS})
+    targets: dict[Hashable, str] = {
+        a: "answer" if a == "route" else a for a in ACTIONS
+    }  # a routed query is answered
+    graph.add_conditional_edges("estimate", route_on_decision, targets)
     for node in ("answer", "resample", "abstain"):
         graph.add_edge(node, END)
     return graph

@@ -156,7 +156,7 @@ def simulate_cmd(
     )
     if unscored:
         typer.echo(f"({unscored} logged decisions have no outcome yet and are left out)")
-    header = (
+    header: tuple[str, ...] = (
         "threshold",
         "coverage",
         "accuracy",
@@ -167,6 +167,9 @@ def simulate_cmd(
         "resample",
         "samples/q",
     )
+    routes = any(row.rates["route"] > 0 for row in rows)  # a column only for policies that route
+    if routes:
+        header = (*header[:-1], "route", header[-1])
     typer.echo("  ".join(f"{h:>9}" for h in header))
     for row in rows:
         cells = [
@@ -174,6 +177,7 @@ def simulate_cmd(
             _cell(row.coverage, ".3f"),
             _cell(row.accuracy, ".4f"),
             *(_cell(row.rates[a], ".3f") for a in ("answer", "abstain", "clarify", "escalate", "resample")),
+            *([_cell(row.rates["route"], ".3f")] if routes else []),
             _cell(row.samples_per_query, ".2f"),
         ]
         typer.echo("  ".join(f"{c:>9}" for c in cells))

@@ -17,6 +17,8 @@ Pure functions on arrays. For each query the policy's action is taken exactly as
   (``stopped_by``). A pool shorter than the budget ends a run early (``pool of N``). A query
   without a pool is credited with µ̂ (a single response's accuracy) and ``max_samples`` samples,
   and counted in ``resample_from_mu``, so a summary says how much of it is replayed.
+* ``route``: another model answers; the labels are this model's, so a routed query is counted in
+  the ``route`` rate only (neither answered nor drawn here).
 
 Coverage is the fraction of queries answered (``answer`` or ``resample``); accuracy is the mean
 accuracy over those (the mean µ̂ of answered queries when nothing is resampled).
@@ -50,7 +52,7 @@ __all__ = [
     "threshold_frontier",
 ]
 
-ACTIONS: tuple[Action, ...] = ("answer", "abstain", "clarify", "escalate", "resample")
+ACTIONS: tuple[Action, ...] = ("answer", "abstain", "clarify", "escalate", "resample", "route")
 
 
 @dataclass(frozen=True)

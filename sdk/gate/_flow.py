@@ -7,6 +7,11 @@ so a flow's decisions (which action leads where, what is logged, when to block) 
 the sync and async paths of an integration cannot drift apart. Both run on the drivers of
 :mod:`capgate._twins`, like every other plan in capgate; an effect that fails is thrown back
 into the flow.
+
+The drivers also trace (:mod:`capgate.telemetry`, a no-op without OpenTelemetry): each decision
+an :class:`Assess` makes opens a ``capgate.gate`` span that stays open until the flow ends, so its
+:class:`Sample` rounds nest under it and its :class:`Record` adds what was drawn; the user's own
+calls (:class:`Invoke`) run under the caller's span.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from capgate import _twins as twins
+from capgate import telemetry
 from capgate.cas.loop import CASResult
 from capgate.gate._results import Sampled, Verdict
 from capgate.messages import as_query
@@ -71,10 +77,22 @@ class AssessEach(Effect):
     items: Sequence[tuple[Gate, object]]
 
     def run(self) -> list[Verdict]:
-        return twins.drive(self._plan(), lambda ask: ask[0].estimate_with(ask[1], ask[2]))
+        def estimate(ask: tuple[Any, Any, list[Any]]) -> Any:
+            with telemetry.estimate_span(ask[1].target_model) as span:
+                estimates = ask[0].estimate_with(ask[1], ask[2])
+                span.record(estimates)
+                return estimates
+
+        return twins.drive(self._plan(), estimate)
 
     async def arun(self) -> list[Verdict]:
-        return await twins.adrive(self._plan(), lambda ask: ask[0].aestimate_with(ask[1], ask[2]))
+        async def estimate(ask: tuple[Any, Any, list[Any]]) -> Any:
+            with telemetry.estimate_span(ask[1].target_model) as span:
+                estimates = await ask[0].aestimate_with(ask[1], ask[2])
+                span.record(estimates)
+                return estimates
+
+        return await twins.adrive(self._plan(), estimate)
 
     def _plan(self) -> twins.Plan[list[Verdict]]:
         asked = [(gate, as_query(query), gate.resolve_estimator()) for gate, query in self.items]
@@ -154,11 +172,101 @@ class Sample(Effect):
         return await self.gate.asample(draw, self.verdict, to_text=self.to_text)
 
 
+class _Spans:
+    """The ``capgate.gate`` spans of one flow run, by decision id, ended when the flow ends."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, Any] = {}
+
+    def enter(self, effect: Effect) -> Any:
+        """The span to make current while ``effect`` runs (``None``: the caller's)."""
+        if isinstance(effect, Assess):
+            return telemetry.start(telemetry.SPAN_GATE)
+        if isinstance(effect, AssessEach):
+            return [telemetry.start(telemetry.SPAN_GATE) for _ in effect.items]
+        if isinstance(effect, Sample):
+            decision = effect.verdict.decision
+            if decision.id not in self.open:  # decided earlier (read from state): a span of its own
+                span = telemetry.start(telemetry.SPAN_GATE)
+                telemetry.record_verdict(span, effect.gate, effect.verdict)
+                self.open[decision.id] = span
+            return self.open[decision.id]
+        return None
+
+    def current(self, effect: Effect, span: Any) -> Any:
+        one = None if isinstance(span, list) else span
+        return telemetry.current(one, decision=isinstance(effect, Assess))
+
+    def done(self, effect: Effect, span: Any, result: Any) -> None:
+        if isinstance(effect, Assess):
+            telemetry.record_verdict(span, effect.gate, result)
+            self._keep(result, span)
+        elif isinstance(effect, AssessEach):
+            for one, verdict, (gate, _) in zip(span, result, effect.items, strict=True):
+                telemetry.record_verdict(one, gate, verdict)
+                self._keep(verdict, one)
+        elif isinstance(effect, Sample):
+            telemetry.record_sampling(span, result.cas)
+        elif isinstance(effect, Record) and effect.cas is None:
+            span = self.open.get(effect.verdict.decision.id)
+            telemetry.record_sampling(span, samples_used=effect.samples_used)
+
+    def _keep(self, verdict: Verdict, span: Any) -> None:
+        previous = self.open.pop(verdict.decision.id, None)
+        telemetry.end(previous)
+        self.open[verdict.decision.id] = span
+
+    def failed(self, effect: Effect, span: Any, error: BaseException) -> None:
+        for one in span if isinstance(span, list) else [span]:
+            telemetry.fail(one, error)
+            if isinstance(effect, Assess | AssessEach):
+                telemetry.end(one)
+
+    def close(self) -> None:
+        for span in self.open.values():
+            telemetry.end(span)
+        self.open.clear()
+
+    def run(self, effect: Effect) -> Any:
+        span = self.enter(effect)
+        try:
+            with self.current(effect, span):
+                result = effect.run()
+        except BaseException as exc:
+            self.failed(effect, span, exc)
+            raise
+        self.done(effect, span, result)
+        return result
+
+    async def arun(self, effect: Effect) -> Any:
+        span = self.enter(effect)
+        try:
+            with self.current(effect, span):
+                result = await effect.arun()
+        except BaseException as exc:
+            self.failed(effect, span, exc)
+            raise
+        self.done(effect, span, result)
+        return result
+
+
 def drive(flow: Flow[R]) -> R:
     """Run a flow, doing each effect's sync I/O (:func:`capgate._twins.drive`)."""
-    return twins.drive(flow, lambda effect: effect.run())
+    if not telemetry.enabled():
+        return twins.drive(flow, lambda effect: effect.run())
+    spans = _Spans()
+    try:
+        return twins.drive(flow, spans.run)
+    finally:
+        spans.close()
 
 
 async def adrive(flow: Flow[R]) -> R:
     """Run a flow, doing each effect's async I/O (:func:`capgate._twins.adrive`)."""
-    return await twins.adrive(flow, lambda effect: effect.arun())
+    if not telemetry.enabled():
+        return await twins.adrive(flow, lambda effect: effect.arun())
+    spans = _Spans()
+    try:
+        return await twins.adrive(flow, spans.arun)
+    finally:
+        spans.close()

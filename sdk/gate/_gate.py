@@ -7,11 +7,13 @@ import functools
 import hashlib
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
-from capgate._types import Estimate, Extractor
+from capgate import _twins as twins
+from capgate import telemetry
+from capgate._types import Estimate, Extractor, RoutePlan
 from capgate.adapters.backends.function import AsyncFunctionBackend, FunctionBackend
 from capgate.backend import Prompt
 from capgate.cas.loop import CASResult, aadaptive_sample, adaptive_sample
@@ -24,7 +26,7 @@ from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
 from capgate.gate._settings import GateOptions, GateSettings, OnBlock, PolicyLike, given_settings
 from capgate.gate._stats import GateStats
 from capgate.messages import as_query
-from capgate.policies import Policy, load_policy
+from capgate.policies import Policy, choose_route, load_policy
 
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
@@ -76,6 +78,8 @@ class Gate:
         allow_other_target: Gate ``target`` with an estimator of another model (recorded).
         max_concurrency: Most estimates in flight at once from this gate (a burst queues).
         estimate_timeout_s: Deadline on one estimate; a late one is a degraded decision.
+        routes: One estimator per model choice, for the policy's ``route`` actions (the
+            decision's ``route`` names the choice).
 
     Raises:
         SettingsError: A setting has a wrong value or type (the message names it), or the
@@ -110,12 +114,14 @@ class Gate:
         allow_other_target: bool = False,
         max_concurrency: int | None = None,
         estimate_timeout_s: float | None = None,
+        routes: Mapping[str, CapabilityEstimator] | None = None,
     ) -> None:
         self.settings = GateSettings(
             target=target,
             allow_other_target=allow_other_target,
             max_concurrency=max_concurrency,
             estimate_timeout_s=estimate_timeout_s,
+            routes=routes,
             policy=policy,
             estimator=estimator,
             extract=extract,
@@ -274,13 +280,102 @@ class Gate:
             The self-contained decision and the normalized query. Degraded estimates follow the
             policy's ``on_degraded`` and the decision records it.
         """
-        q, estimator = as_query(query), self.resolve_estimator()
-        return self._verdict(q, self.estimate_with(estimator, [q]), estimator)
+        q = as_query(query)
+        with telemetry.decision_span(self) as span:
+            estimator = self.resolve_estimator()
+            with telemetry.estimate_span(estimator.target_model) as traced:
+                estimates = self.estimate_with(estimator, [q])
+                traced.record(estimates)
+            verdict = self._verdict(q, estimates, estimator)
+            if verdict.decision.route_plan is not None:
+                verdict = self._routed(verdict, self.route(q, verdict.decision.route_plan))
+            telemetry.record_verdict(span, self, verdict)
+        return verdict
 
     async def aassess(self, query: object) -> Verdict:
         """Async twin of :meth:`assess` (uses the estimator's ``aestimate``)."""
-        q, estimator = as_query(query), self.resolve_estimator()
-        return self._verdict(q, await self.aestimate_with(estimator, [q]), estimator)
+        q = as_query(query)
+        with telemetry.decision_span(self) as span:
+            estimator = self.resolve_estimator()
+            with telemetry.estimate_span(estimator.target_model) as traced:
+                estimates = await self.aestimate_with(estimator, [q])
+                traced.record(estimates)
+            verdict = self._verdict(q, estimates, estimator)
+            if verdict.decision.route_plan is not None:
+                verdict = self._routed(verdict, await self.aroute(q, verdict.decision.route_plan))
+            telemetry.record_verdict(span, self, verdict)
+        return verdict
+
+    # ------------------------------------------------------------------ routing
+
+    def route_estimators(self, plan: RoutePlan) -> list[tuple[str, CapabilityEstimator]]:
+        """The estimator of each of a route plan's choices, cheapest first.
+
+        Raises:
+            SettingsError: The gate has no ``routes``, or none for some choice.
+        """
+        routes = self.settings.routes or {}
+        missing = [name for name in plan.choices if name not in routes]
+        if missing:
+            known = ", ".join(routes) or "none (pass routes={name: estimator})"
+            raise SettingsError(
+                f"the policy routes among {list(plan.choices)}, but the gate has no estimator for "
+                f"{', '.join(map(repr, missing))} in `routes`; it has: {known}"
+            )
+        return [(name, routes[name]) for name in plan.choices]
+
+    def _route_plan(self, query: Prompt, plan: RoutePlan) -> twins.Plan[tuple[str, RoutePlan, str]]:
+        """Estimate the choices cheapest first, stopping at the first that clears the edge."""
+        estimates: dict[str, Estimate] = {}
+        for name, estimator in self.route_estimators(plan):
+            found = yield estimator, [query]
+            if not (isinstance(found, list) and len(found) == 1 and isinstance(found[0], Estimate)):
+                raise TypeError(
+                    f"{type(estimator).__name__}.estimate([query]) must return a list of one Estimate; "
+                    f"got {found!r}"
+                )
+            estimates[name] = found[0]
+            if choose_route(plan, estimates)[0] == name:
+                break
+        return choose_route(plan, estimates)
+
+    def route(self, query: object, plan: RoutePlan) -> tuple[str, RoutePlan, str]:
+        """Choose a model for a query: the cheapest of the plan's choices whose estimate (by the
+        gate's ``routes``) clears its edge, else the strongest (:func:`capgate.policies.choose_route`).
+
+        Returns:
+            The chosen name, the plan with each estimated choice's p, and the reason.
+
+        Raises:
+            SettingsError: A choice has no estimator in the gate's ``routes``.
+        """
+        return twins.drive(self._route_plan(as_query(query), plan), self._estimate_choice)
+
+    async def aroute(self, query: object, plan: RoutePlan) -> tuple[str, RoutePlan, str]:
+        """Async twin of :meth:`route` (uses the estimators' ``aestimate``)."""
+        return await twins.adrive(self._route_plan(as_query(query), plan), self._aestimate_choice)
+
+    def _routed(self, verdict: Verdict, chosen: tuple[str, RoutePlan, str]) -> Verdict:
+        route, filled, why = chosen
+        decision = verdict.decision
+        update = {"route": route, "route_plan": filled, "reason": f"{decision.reason}; {why}"}
+        routed = decision.model_copy(update=update)
+        self.stats.routed(routed)
+        return Verdict(decision=routed, query=verdict.query)
+
+    @staticmethod
+    def _estimate_choice(ask: tuple[CapabilityEstimator, list[Prompt]]) -> object:
+        with telemetry.estimate_span(ask[0].target_model) as traced:
+            estimates = ask[0].estimate(ask[1])
+            traced.record(estimates)
+            return estimates
+
+    @staticmethod
+    async def _aestimate_choice(ask: tuple[CapabilityEstimator, list[Prompt]]) -> object:
+        with telemetry.estimate_span(ask[0].target_model) as traced:
+            estimates = await ask[0].aestimate(ask[1])
+            traced.record(estimates)
+            return estimates
 
     def estimate_with(self, estimator: CapabilityEstimator, queries: list[Prompt]) -> list[Estimate]:
         """``estimator.estimate(queries)`` within the gate's ``max_concurrency`` and
@@ -401,7 +496,8 @@ class Gate:
             count_tokens: Reads a drawn value's generated tokens, if known.
         """
         backend = FunctionBackend(draw, to_text=to_text, count_tokens=count_tokens)
-        cas = adaptive_sample(backend, verdict.query, **self._sampling(verdict))
+        rounds = telemetry.traced_rounds(backend, verdict.decision.target)
+        cas = adaptive_sample(rounds, verdict.query, **self._sampling(verdict))
         self.stats.sampled(cas)
         return Sampled(value=backend.winner(cas), cas=cas)
 
@@ -418,6 +514,7 @@ class Gate:
         backend = AsyncFunctionBackend(
             draw, to_text=to_text, count_tokens=count_tokens, concurrent=concurrent
         )
-        cas = await aadaptive_sample(backend, verdict.query, **self._sampling(verdict))
+        rounds = telemetry.traced_rounds(backend, verdict.decision.target)
+        cas = await aadaptive_sample(rounds, verdict.query, **self._sampling(verdict))
         self.stats.sampled(cas)
         return Sampled(value=backend.winner(cas), cas=cas)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict
@@ -66,6 +67,7 @@ class SharedOptions(TypedDict, total=False):
     allow_other_target: bool
     max_concurrency: int | None
     estimate_timeout_s: float | None
+    routes: Mapping[str, CapabilityEstimator] | None
 
 
 class GateOptions(SharedOptions, total=False):
@@ -103,6 +105,9 @@ class GateSettings:
             burst beyond it queues for a slot (``None``: no cap of the gate's own).
         estimate_timeout_s: Deadline in seconds on one call's estimate, the wait for a slot
             included; a late estimate becomes a degraded decision naming it (``None``: none).
+        routes: One capability estimator per model choice (by name), for the policy's ``route``
+            actions: the query goes to the cheapest choice (first in the action's ``choices``)
+            whose predicted capability clears the edge, else to the strongest (the last).
 
     Raises:
         SettingsError: A setting has a wrong value or type (the message names it), or the
@@ -120,6 +125,7 @@ class GateSettings:
     allow_other_target: bool = False
     max_concurrency: int | None = None
     estimate_timeout_s: float | None = None
+    routes: Mapping[str, CapabilityEstimator] | None = None
 
     def __post_init__(self) -> None:
         from capgate.decision.log import DecisionLog
@@ -159,6 +165,18 @@ class GateSettings:
             raise SettingsError(f"`estimate_timeout_s` must be a positive number or None; got {deadline!r}")
         if self.estimator is not None:
             self.target_check(self.estimator)
+        if self.routes is not None:
+            if not isinstance(self.routes, Mapping) or not self.routes:
+                raise SettingsError(
+                    f"`routes` must map model choice names to capability estimators; got {self.routes!r}"
+                )
+            for name, estimator in self.routes.items():
+                if not (isinstance(name, str) and name) or not isinstance(estimator, CapabilityEstimator):
+                    raise SettingsError(
+                        f"`routes` must map model choice names to capability estimators; "
+                        f"got {name!r}: {estimator!r}"
+                    )
+            object.__setattr__(self, "routes", dict(self.routes))
 
     def target_check(self, estimator: CapabilityEstimator) -> tuple[str | None, bool]:
         """The model a decision is about, and whether it overrides the estimator's own target.

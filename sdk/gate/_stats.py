@@ -46,6 +46,11 @@ class GateStats:
             self.degraded += int(decision.degraded)
             self.last_decision = decision
 
+    def routed(self, decision: Decision) -> None:
+        """Record the route chosen for the last decision (already counted)."""
+        with self._lock:
+            self.last_decision = decision
+
     def sampled(self, cas: CASResult) -> None:
         """Count a resample run."""
         with self._lock:
