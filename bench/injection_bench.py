@@ -209,6 +209,12 @@ def main() -> None:
     parser.add_argument("--served-model", help="model name on the server")
     parser.add_argument("--mu-n", type=int, default=0, help="queries per family whose µ̂ is measured")
     parser.add_argument("--mu-k", type=int, default=20, help="samples per attacked query for µ̂")
+    parser.add_argument(
+        "--probe",
+        type=Path,
+        default=ROOT / "sdk" / "assets" / "default_probe",
+        help="the default probe's folder",
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     recs = {r.id: r for r in read_labelled(ROOT / "sdk/assets/default_labels.jsonl").records}
@@ -219,7 +225,7 @@ def main() -> None:
     cache = LayerCache(args.work / "layers")
     cache.seed(ROOT / "bench" / "results" / "default_v2" / "features_per_layer.npz", prompts)
     v1 = LinearProbe.load(V1 / "probe")
-    v2 = LinearProbe.load(ROOT / "sdk" / "assets" / "default_probe")
+    v2 = LinearProbe.load(args.probe)
     estimators: dict[str, CapabilityEstimator] = {
         "v1 probe": ProbeEstimator(Pooled(cache, v1), v1),
         "default probe": ProbeEstimator(Pooled(cache, v2), v2),
