@@ -84,8 +84,10 @@ def load_estimator(
         batch_size: Queries per forward pass when featurizing.
         guard: Wrap the probe in :class:`~capgate.estimators.guarded.InjectionGuard`, so
             capability claims and context in the query cannot lift the estimate: such estimates
-            come back ``degraded=True`` with a reason. Off by default until its evaluation-only
-            attack families are measured (``bench/injection_bench.py``; see bench/RESULTS.md).
+            come back ``degraded=True`` with a reason. Off by default: the default probe is itself
+            trained blind to claims of easiness (:class:`~capgate.estimators.NuisanceProjection`),
+            and the guard also flags some task-format asides such as "(A, B, C or D)" (6% of the
+            default held-out split; ``bench/injection_bench.py``, bench/RESULTS.md).
 
     Raises:
         ValueError: No probe was given for a model other than the default one.
