@@ -257,7 +257,7 @@ def test_replay_reports_winner_correctness_and_pool_exhaustion() -> None:
 
 def test_replay_accepts_samples_and_validates_items() -> None:
     samples = [Sample(answer="1", correct=True, confidence=0.95, n_tokens=8)] * 2
-    r = replay(samples, batch_size=1)
+    r = replay(samples, batch_size=1, stop=cas_confidence_gap())  # deterministic: stops at the first
     assert (r.answer, r.correct, r.samples_used, r.tokens) == ("1", True, 1, 8)
     with pytest.raises(ValueError, match=r"pool\[1\]: confidence must be in \[0, 1\] or None; got 1.5"):
         replay([("1", True, 0.5, 3), ("1", True, 1.5, 3)])
