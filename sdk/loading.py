@@ -7,7 +7,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
-from capgate.errors import DataError
+from capgate.errors import DataError, ProbeMismatchError
 
 if TYPE_CHECKING:
     from capgate.estimators.guarded import InjectionGuard
@@ -106,13 +106,20 @@ def load_estimator(
     saved = LinearProbe.load(probe)
     spec = FeatureSpec.model_validate(saved.feature_spec_) if saved.feature_spec_ else None
     loaded = load_model(model, device=device, dtype=dtype)
-    featurizer = HiddenStateFeaturizer(
-        loaded,
-        layers=spec.layers if spec is not None else "all",
-        pooling=spec.pooling if spec is not None else "last",
-        chat_template=spec.chat_template if spec is not None else True,
-        batch_size=batch_size,
-    )
+    pooling = spec.pooling if spec is not None else "last"
+    chat_template = spec.chat_template if spec is not None else True
+    try:
+        featurizer = HiddenStateFeaturizer(
+            loaded,
+            layers=spec.layers if spec is not None else "all",
+            pooling=pooling,
+            chat_template=chat_template,
+            batch_size=batch_size,
+        )
+    except ValueError as exc:  # the probe's layers do not exist in this model: another reader
+        reader = HiddenStateFeaturizer(loaded, pooling=pooling, chat_template=chat_template)
+        check_spec_match(saved.feature_spec_, reader.spec)  # names model, fingerprint, layers...
+        raise ProbeMismatchError(f"the probe does not fit model {str(model)!r}: {exc}") from exc
     check_spec_match(saved.feature_spec_, featurizer.spec)
     estimator = ProbeEstimator(featurizer, saved)
     if not guard:
