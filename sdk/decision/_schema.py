@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 from capgate.errors import DataError
 
@@ -14,6 +15,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SQLITE_MIGRATIONS",
     "Migration",
+    "check_not_newer",
     "is_database_url",
     "parse_version",
     "writer_id",
@@ -100,6 +102,17 @@ def is_database_url(location: object) -> bool:
 def writer_id() -> str:
     """Who writes a decision: ``host:pid`` of this process (stored with each decision)."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def check_not_newer(found: int, location: str | Path) -> None:
+    """Refuse a log whose schema a newer capgate wrote (a :class:`DataError` naming the log)."""
+    if found > SCHEMA_VERSION:
+        raise DataError(
+            f"decision log schema version {found} is not the supported {SCHEMA_VERSION} "
+            "(a newer capgate wrote it: upgrade capgate)",
+            path=location,
+            field="schema_version",
+        )
 
 
 def parse_version(value: object, location: str) -> int:

@@ -57,6 +57,7 @@ from capgate.decision._schema import (
     SCHEMA_VERSION,
     SQLITE_MIGRATIONS,
     Migration,
+    check_not_newer,
     is_database_url,
     parse_version,
     writer_id,
@@ -256,13 +257,7 @@ class DecisionLog:
         conn.execute(META_TABLE)
         row = conn.execute("SELECT value FROM capgate_meta WHERE key = 'schema_version'").fetchone()
         found = 0 if row is None else parse_version(row[0], self.location)
-        if found > SCHEMA_VERSION:
-            raise DataError(
-                f"decision log schema version {found} is not the supported {SCHEMA_VERSION} "
-                "(a newer capgate wrote it: upgrade capgate)",
-                path=self.path,
-                field="schema_version",
-            )
+        check_not_newer(found, self.path)
         for version, _, statements in SQLITE_MIGRATIONS:
             if version > found:
                 for statement in statements:

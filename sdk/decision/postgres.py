@@ -43,6 +43,7 @@ from capgate.decision._schema import (
     MIGRATIONS_TABLE,
     SCHEMA_VERSION,
     Migration,
+    check_not_newer,
     parse_version,
     writer_id,
 )
@@ -302,13 +303,7 @@ class PostgresDecisionLog(DecisionLog):
             conn.execute(META_TABLE)
             row = conn.execute("SELECT value FROM capgate_meta WHERE key = 'schema_version'").fetchone()
             found = 0 if row is None else parse_version(row[0], self.location)
-            if found > SCHEMA_VERSION:
-                raise DataError(
-                    f"decision log schema version {found} is not the supported {SCHEMA_VERSION} "
-                    "(a newer capgate wrote it: upgrade capgate)",
-                    path=self.location,
-                    field="schema_version",
-                )
+            check_not_newer(found, self.location)
             if found == SCHEMA_VERSION:
                 return
             for version, _, statements in POSTGRES_MIGRATIONS:

@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate.estimators._common import FloatArray, as_matrix, check_fitted
+from capgate.estimators._convex import zscore
 from capgate.estimators._linear_probe import LinearProbe
 
 __all__ = ["NuisanceProjection"]
@@ -40,7 +41,7 @@ class NuisanceProjection:
 
     Attributes:
         mean_: Feature means of the training features.
-        scale_: Their standard deviations (zeros replaced by 1).
+        scale_: Their standard deviations (a constant column's replaced by 1).
         components_: Removed directions in z-scored space, orthonormal rows ``(r, dim)``.
         energy_: Share of the shifts' squared norm they capture.
         n_features_in_: Feature width.
@@ -102,9 +103,7 @@ class NuisanceProjection:
             raise ValueError(
                 f"`clean` and `edited` must pair row for row; got shapes {before.shape} and {after.shape}"
             )
-        mean = train.mean(axis=0)
-        scale = train.std(axis=0)
-        scale[scale == 0] = 1.0
+        mean, scale = zscore(train)
         shifts = (after - before) / scale
         _, singular, vt = np.linalg.svd(shifts, full_matrices=False)
         power = singular**2
