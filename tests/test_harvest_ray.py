@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _ci_server import ci_vllm_server
 from typer.testing import CliRunner
 
 from capgate import LabelledQuery
@@ -47,16 +48,7 @@ def lines(path: Path) -> list[LabelledQuery]:
 
 @pytest.fixture(scope="module")
 def server() -> tuple[str, str]:
-    url, model = os.environ.get("CAPGATE_TEST_VLLM_URL"), os.environ.get("CAPGATE_TEST_VLLM_MODEL")
-    if not url or not model:
-        msg = (
-            "CAPGATE_TEST_VLLM_URL / CAPGATE_TEST_VLLM_MODEL are not set: run the tests under "
-            "`bash scripts/with-vllm-server.sh .venv/bin/python -m pytest`"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return url, model
+    return ci_vllm_server()
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ CI vLLM server, each choice with the real shipped probe as its estimator."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _ci_server import ci_vllm_server
 from _estimators import KeywordEstimator
 from langchain.agents import create_agent
 from langchain.agents.middleware import (
@@ -237,15 +237,7 @@ def test_no_estimate_asks_for_approval(real_backend: Any) -> None:
 def server_backend() -> Any:
     from capgate.adapters.openai import OpenAIBackend
 
-    url, model = os.environ.get("CAPGATE_TEST_VLLM_URL"), os.environ.get("CAPGATE_TEST_VLLM_MODEL")
-    if not url or not model:
-        msg = (
-            "CAPGATE_TEST_VLLM_URL / CAPGATE_TEST_VLLM_MODEL are not set: run the tests under "
-            "scripts/with-vllm-server.sh (CI does)"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    url, model = ci_vllm_server()
     return OpenAIBackend(model, base_url=url, timeout=180.0, max_retries=2)
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 
 import pytest
+from _ci_server import ci_vllm_server
 
 from capgate import BackendError, Generation, SamplingParams
 from capgate.adapters.backends.openai import OpenAIBackend
@@ -36,17 +36,7 @@ QUESTIONS = ["What is 2+3?", "What is the capital of France?", "Name a primary c
 
 @pytest.fixture(scope="module")
 def backend() -> OpenAIBackend:
-    url = os.environ.get("CAPGATE_TEST_VLLM_URL")
-    model = os.environ.get("CAPGATE_TEST_VLLM_MODEL")
-    if not url or not model:
-        msg = (
-            "CAPGATE_TEST_VLLM_URL / CAPGATE_TEST_VLLM_MODEL are not set: run the tests under "
-            "`bash scripts/with-vllm-server.sh .venv/bin/python -m pytest`, which starts vLLM's "
-            "OpenAI-compatible server on this CPU"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    url, model = ci_vllm_server()
     # CPU inference is slow and the first logprobs request compiles a kernel: a generous time-out.
     return OpenAIBackend(model, base_url=url, timeout=180.0, max_retries=2, max_concurrency=4)
 
