@@ -22,7 +22,6 @@ Records land in the order batches finish, not in item order (resume reads ids, n
 from __future__ import annotations
 
 import os
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -156,36 +155,61 @@ def _drive(
     in_flight: int,
     max_failures: int,
 ) -> int:
-    """Hand batches to idle workers until every batch is written; returns the batches lost."""
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    """Hand batches to live workers until every batch is written; returns the batches lost.
 
-    lost = (RayActorError, ActorDiedError, ActorUnavailableError)
+    A worker whose batch fails is taken out of the rotation until a health probe (a retried
+    ``pid()`` call, which Ray holds until the restarted actor is up) answers, so the batches
+    it lost go to live workers, and none is thrown at an actor that is still restarting (Ray
+    fails those at once, which would count as losses). A worker whose probe fails is dead for
+    good (restarts used up, constructor failing) and is dropped.
+    """
+    from ray.exceptions import RayActorError
+
     pending: dict[Any, tuple[int, list[DatasetItem], list[Prompt]]] = {}
+    probes: dict[Any, int] = {}
     busy = [0] * len(actors)
+    live = set(range(len(actors)))  # workers batches may go to
+    dead: set[int] = set()
     failures = 0
     try:
         while queue or pending:
-            for index, actor in enumerate(actors):
+            for index in sorted(live):
                 while queue and busy[index] < in_flight:
                     batch = queue.popleft()
                     prompts = run.prompts_for(batch)
-                    ref = actor.generate.remote(prompts, run.params_for(batch))
+                    ref = actors[index].generate.remote(prompts, run.params_for(batch))
                     pending[ref] = (index, batch, prompts)
                     busy[index] += 1
-            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            if not pending and not probes:
+                raise RuntimeError(
+                    f"every Ray worker died ({len(dead)} of {len(actors)}, restarts used up or "
+                    "their backend failing to build); what was written stays written: rerun to resume"
+                )
+            (ref,), _ = ray.wait([*pending, *probes], num_returns=1)
+            if ref in probes:
+                index = probes.pop(ref)
+                try:
+                    ray.get(ref)
+                except RayActorError:
+                    dead.add(index)
+                else:
+                    live.add(index)
+                continue
             index, batch, prompts = pending.pop(ref)
             busy[index] -= 1
             try:
                 outputs = ray.get(ref)
-            except lost:
+            except RayActorError:
                 failures += 1
                 if failures > max_failures:
                     raise RuntimeError(
                         f"{failures} batches were lost to dead Ray workers (max_worker_failures="
                         f"{max_failures}); what was written stays written: rerun to resume"
                     ) from None
-                queue.appendleft(batch)  # not written: sampled again, by whoever is free
-                time.sleep(0.1)  # let Ray restart the worker
+                queue.appendleft(batch)  # not written: sampled again, by a live worker
+                if index in live:
+                    live.discard(index)
+                    probes[actors[index].pid.options(max_task_retries=-1).remote()] = index
                 continue
             run.record(batch, prompts, outputs)
     finally:

@@ -67,11 +67,25 @@ def ray_local(server: tuple[str, str]) -> Iterator[str]:
     ray.shutdown()
 
 
-def factory(server: tuple[str, str], pid_dir: Path) -> functools.partial[object]:
+def factory(server: tuple[str, str], pid_dir: Path, worker: str = "vllm_worker") -> functools.partial[object]:
+    """``tests/_ray_workers.<worker>`` bound to the CI server, noting worker pids in ``pid_dir``."""
     import _ray_workers
 
     pid_dir.mkdir(exist_ok=True)
-    return functools.partial(_ray_workers.vllm_worker, server[0], server[1], str(pid_dir))
+    return functools.partial(getattr(_ray_workers, worker), server[0], server[1], str(pid_dir))
+
+
+def kill_worker_once_written(out: Path, pids: Path, done: list[object], lines_written: int = 2) -> None:
+    """SIGKILL worker 0's process once ``out`` holds ``lines_written`` records."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (
+        out.exists() and len(out.read_text().splitlines()) >= lines_written
+    ):
+        time.sleep(0.05)
+    assert not done, done  # still running when the worker is killed
+    victims = [p for p in pids.iterdir() if p.name.startswith("0.")]
+    assert len(victims) == 1
+    os.kill(int(victims[0].name.split(".")[1]), signal.SIGKILL)
 
 
 def test_a_ray_harvest_writes_the_resumable_labels_of_a_local_one(
@@ -109,27 +123,57 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(
 
     def run() -> None:
         try:
-            done.append(ray_harvest(factory(server, pids), items(12), out, k=4, workers=2, **SETTINGS))
+            make = factory(server, pids, "slow_restart_worker")  # the other worker goes on meanwhile
+            done.append(ray_harvest(make, items(12), out, k=4, workers=2, **SETTINGS))
         except BaseException as exc:
             done.append(exc)
 
     thread = threading.Thread(target=run)
     thread.start()
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (out.exists() and len(out.read_text().splitlines()) >= 2):
-        time.sleep(0.05)
-    assert not done, done  # still running when the worker is killed
-    victims = [p for p in pids.iterdir() if p.name.startswith("0.")]
-    assert len(victims) == 1
-    os.kill(int(victims[0].name.split(".")[1]), signal.SIGKILL)
+    kill_worker_once_written(out, pids, done)
     thread.join(timeout=600)
     (report,) = done
     assert isinstance(report, RayHarvestReport), report
-    assert report.worker_failures >= 1  # its in-flight batches were lost, and sampled again
+    # its in-flight batches (at most in_flight=2) were lost and sampled again; none was thrown at it
+    # while it restarted (Ray fails those at once: CI once counted 11 of them as lost)
+    assert 1 <= report.worker_failures <= 2
     assert len([p for p in pids.iterdir() if p.name.startswith("0.")]) == 2  # Ray restarted it
     ids = [q.id for q in lines(out)]
     assert sorted(ids) == [f"q{i:02d}" for i in range(12)]  # each query once: none lost, none twice
     assert report.n_new == 12
+
+
+def test_when_every_worker_is_dead_for_good_the_run_stops_and_keeps_what_it_wrote(
+    ray_local: str, server: tuple[str, str], tmp_path: Path
+) -> None:
+    from capgate.harvest_ray import ray_harvest
+
+    out, pids = tmp_path / "labels.jsonl", tmp_path / "pids"
+    done: list[object] = []
+
+    def run() -> None:
+        try:
+            done.append(
+                ray_harvest(
+                    factory(server, pids, "broken_restart_worker"), items(12), out, k=4, workers=1, **SETTINGS
+                )
+            )
+        except BaseException as exc:
+            done.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    kill_worker_once_written(out, pids, done)
+    thread.join(timeout=600)
+    (error,) = done
+    assert isinstance(error, RuntimeError), error
+    assert "every Ray worker died (1 of 1" in str(error)
+    written = [q.id for q in lines(out)]
+    assert 2 <= len(written) < 12
+    assert len(set(written)) == len(written)
+    # a rerun with a healthy worker resumes: only what is missing is sampled
+    report = ray_harvest(factory(server, tmp_path / "pids2"), items(12), out, k=4, workers=1, **SETTINGS)
+    assert (report.n_resumed, report.n_new) == (len(written), 12 - len(written))
 
 
 def test_cli_ray_driver_killed_then_resumed(ray_local: str, server: tuple[str, str], tmp_path: Path) -> None:
