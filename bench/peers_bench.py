@@ -1,11 +1,12 @@
 """Side by side with the peers: uqlm and LM-Polygraph on capgate's held-out queries, capgate's metrics.
 
-The queries are the shipped probe's split of the embedded SmolLM2-135M-Instruct
-(``sdk/assets/default_split.json`` + ``default_labels.jsonl``: 224 train / 96 held-out queries,
-µ̂ from k=40 samples at temperature 0.7, 24 tokens). Every method scores the exact prompt the
-labels were sampled under (capgate's verbalized and P(True) judge the bare question, as in
-``bench/estimators_smollm2.py``). Each peer runs in its own venv (``scripts/peers-setup.sh``)
-through its own public API, in ``bench/peers/*_worker.py``:
+The queries are the default probe's split of the embedded SmolLM2-135M-Instruct
+(``sdk/assets/default_split.json`` + ``default_labels.jsonl``: the v1 harvest's 320 queries, µ̂
+from k=40, and the v2 harvest's 1,040, µ̂ from k=20, all sampled at temperature 0.7, 24 tokens;
+1,004 train / 356 held-out). Every method scores the exact prompt the labels were sampled under
+(capgate's verbalized and P(True) judge the bare question, as in ``bench/estimators_smollm2.py``).
+Each peer runs in its own venv (``scripts/peers-setup.sh``) through its own public API, in
+``bench/peers/*_worker.py``:
 
 * uqlm 0.6.7 (API-style: LangChain ``ChatOpenAI`` against the vLLM CPU server serving the same
   model folder, T=0.7, 24 tokens): ``WhiteBoxUQ`` sequence_probability (length-normalized: the
@@ -18,24 +19,25 @@ through its own public API, in ``bench/peers/*_worker.py``:
   transformers on CPU, greedy, 24 tokens): MaximumSequenceProbability, Perplexity,
   MeanTokenEntropy (one generation), MahalanobisDistanceSeq on the last-layer sequence embedding
   fitted on the train split's embeddings (cross-fitted on train, see the worker).
-* capgate: the shipped probe (live on CPU, timed), the constant prior (train mean µ̂), and the
-  verbalized, P(True) and Consistency(k=5) estimates of ``bench/estimators_smollm2.py``, read
-  from its caches (``--capgate-results``; with ``--run-capgate-baselines`` the bench runs it on
-  the same server when they are missing).
+* capgate: the default probe (live on CPU, timed), the constant prior (train mean µ̂), and the
+  verbalized, P(True) and Consistency(k=5) estimates of ``bench/estimators_smollm2.py``: with
+  ``--run-capgate-baselines`` the bench runs it on the same server, over the same queries as the
+  peers' black-box rows (held-out + the ``--peer-train`` subsample), caching in
+  ``--capgate-results``; without it, the table reads whatever that folder holds.
 
 Every raw score gets capgate's metrics (``bench/peers_table.py``), raw and after an isotonic
 map fitted on the train split only, plus its cost per held-out query. ``--peer-train N`` runs
-uqlm's black-box scorer and LM-Polygraph on the held-out queries plus a seeded N of the train
-queries (they are slow on a loaded CPU); the table says how many train queries each isotonic map
-was fitted on. The probe and LM-Polygraph run at ``--threads`` torch threads (default 1: on a
-shared CPU, oversubscribed threads slow both several-fold). Outputs are cached as JSON lines in
-``--results`` (a killed run resumes; ``--skip uqlm,polygraph,probe`` only prints the table from
-the caches). Start a server first::
+uqlm's black-box scorer, LM-Polygraph and capgate's baselines on the held-out queries plus a seeded
+N of the train queries (they are slow on a 2-core CPU); the table says how many train queries
+each isotonic map was fitted on. The probe and LM-Polygraph run at ``--threads`` torch threads
+(default 1: on a shared CPU, oversubscribed threads slow both several-fold). Outputs are cached as
+JSON lines in ``--results`` (a killed run resumes; ``--skip uqlm,polygraph,probe`` only prints the
+table from the caches). Start a server first::
 
     bash scripts/peers-setup.sh
     CAPGATE_VLLM_STATE_DIR=$PWD/.vllm-peers CAPGATE_VLLM_MAX_MODEL_LEN=1024 \\
         bash scripts/vllm-server.sh start "$(.venv/bin/capgate model prepare default | tail -n 1)"
-    .venv/bin/python bench/peers_bench.py --peer-train 96 [--run-capgate-baselines]
+    .venv/bin/python bench/peers_bench.py --peer-train 300 --run-capgate-baselines
     CAPGATE_VLLM_STATE_DIR=$PWD/.vllm-peers bash scripts/vllm-server.sh stop
 """
 
@@ -304,6 +306,38 @@ def capgate_baselines(folder: Path) -> tuple[dict[str, dict[str, Any]], list[str
     return out, notes
 
 
+def run_capgate_baselines(args: argparse.Namespace, ids: list[str], test: list[str], seed: int) -> None:
+    """bench/estimators_smollm2.py on the peers' queries: held-out + the ``--peer-train`` sample."""
+    url, model = server_of(args)
+    split = args.results / "capgate-split.json"
+    held_out = set(test)
+    split.write_text(
+        json.dumps({"seed": seed, "train": [i for i in ids if i not in held_out], "test": test}),
+        encoding="utf-8",
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "estimators_smollm2.py"),
+            "--server",
+            url,
+            "--served-model",
+            model,
+            "--labels",
+            str(args.labels),
+            "--split",
+            str(split),
+            "--verbalized-shots",
+            "2",
+            "--features",
+            "/nonexistent",
+            "--results",
+            str(args.capgate_results),
+        ],
+        check=True,
+    )
+
+
 # ---------------------------------------------------------------------- table
 
 
@@ -469,7 +503,10 @@ def main() -> None:
     parser.add_argument("--split", type=Path, default=ASSETS / "default_split.json")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "peers")
     parser.add_argument(
-        "--capgate-results", type=Path, default=ROOT / "bench" / "results" / "estimators_smollm2"
+        "--capgate-results",
+        type=Path,
+        default=None,
+        help="bench/estimators_smollm2.py's cache folder (default: <--results>/capgate)",
     )
     parser.add_argument(
         "--server", default="", help="OpenAI-compatible base URL (else read from --vllm-state)"
@@ -492,9 +529,10 @@ def main() -> None:
     parser.add_argument(
         "--run-capgate-baselines",
         action="store_true",
-        help="run bench/estimators_smollm2.py on the same server if its caches are missing",
+        help="run bench/estimators_smollm2.py on the same server and queries (it resumes its caches)",
     )
     args = parser.parse_args()
+    args.capgate_results = args.capgate_results or args.results / "capgate"
     skip = set(filter(None, args.skip.split(",")))
     args.results.mkdir(parents=True, exist_ok=True)
 
@@ -511,26 +549,8 @@ def main() -> None:
         run_polygraph(args, records, peer_ids(args, train, test), model_dir)
     if "uqlm" not in skip:
         run_uqlm(args, records, peer_ids(args, train, test), model_dir)
-    if args.run_capgate_baselines and not capgate_baselines(args.capgate_results)[0]:
-        url, model = server_of(args)
-        subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "bench" / "estimators_smollm2.py"),
-                "--server",
-                url,
-                "--served-model",
-                model,
-                "--verbalized-shots",
-                "2",
-                "--features",
-                "/nonexistent",
-                "--results",
-                str(args.capgate_results),
-            ],
-            check=True,
-        )
-
+    if args.run_capgate_baselines:
+        run_capgate_baselines(args, peer_ids(args, train, test), test, split_seed)
     mu_train = np.array([records[i].mu for i in train])
     labels = Labels(
         mu_train, np.array([records[i].correct for i in test]), np.array([records[i].k for i in test])
