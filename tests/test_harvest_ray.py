@@ -1,5 +1,6 @@
 """``capgate harvest --ray``: a harvest spread over a local Ray instance (2 CPUs) whose workers each
-hold an OpenAI-compatible backend on the CI vLLM server (scripts/with-vllm-server.sh).
+hold an OpenAI-compatible backend on the CI vLLM server (scripts/with-vllm-server.sh), or load the
+embedded model themselves (a local model per worker).
 
 Without the server these tests fail under CI (env CI set) and are skipped, with that reason,
 elsewhere. Workers are killed for real (SIGKILL to the worker's process), and so is a driver.
@@ -52,7 +53,7 @@ def server() -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def ray_local(server: tuple[str, str]) -> Iterator[str]:
+def ray_local() -> Iterator[str]:
     """A local Ray instance with 2 CPUs; its workers can import tests/_ray_workers.py."""
     import ray
 
@@ -206,3 +207,36 @@ def test_cli_ray_driver_killed_then_resumed(ray_local: str, server: tuple[str, s
     ids = [q.id for q in lines(out)]
     assert ids[: len(written)] == written  # what the killed driver wrote was kept, not resampled
     assert sorted(ids) == [f"q{i:02d}" for i in range(10)]
+
+
+def test_cli_ray_with_a_local_model_per_worker_labels_as_a_local_harvest(
+    ray_local: str, tmp_path: Path
+) -> None:
+    """No server: each Ray worker loads the embedded model itself (transformers on CPU)."""
+    data = tmp_path / "q.jsonl"
+    write_dataset(items(4), data)
+    args = [
+        "harvest", str(data), "-k", "2", "--max-tokens", "6", "--seed", "7", "--batch-size", "1",
+        "--no-progress", "--model", "default", "--device", "cpu",
+    ]  # fmt: skip
+    on_ray = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "ray.jsonl"), "--ray", "--workers", "2"])
+    assert on_ray.exit_code == 0, on_ray.output
+    assert "(4 new, 0 resumed)" in on_ray.output
+    assert "on 2 Ray workers (0 batches lost" in on_ray.output
+    local = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "local.jsonl")])
+    assert local.exit_code == 0, local.output
+    by_id = {q.id: q for q in lines(tmp_path / "local.jsonl")}
+    got = {q.id: q for q in lines(tmp_path / "ray.jsonl")}
+    assert sorted(got) == sorted(by_id)
+    # seeded per query: the same samples whichever process drew them (log-probabilities up to the
+    # float rounding of another torch thread count)
+    for i, q in got.items():
+        theirs = by_id[i].samples or []
+        assert [(s.answer, s.correct, s.n_tokens) for s in q.samples or []] == [
+            (s.answer, s.correct, s.n_tokens) for s in theirs
+        ]
+        assert [s.mean_logprob for s in q.samples or []] == pytest.approx(
+            [s.mean_logprob for s in theirs], abs=1e-5
+        )
+    meta = json.loads(meta_path(tmp_path / "ray.jsonl").read_text())
+    assert meta["endpoint"] == json.loads(meta_path(tmp_path / "local.jsonl").read_text())["endpoint"]
