@@ -76,17 +76,31 @@ def factory(server: tuple[str, str], pid_dir: Path, worker: str = "vllm_worker")
     return functools.partial(getattr(_ray_workers, worker), server[0], server[1], str(pid_dir))
 
 
-def kill_worker_once_written(out: Path, pids: Path, done: list[object], lines_written: int = 2) -> None:
-    """SIGKILL worker 0's process once ``out`` holds ``lines_written`` records."""
+def harvest_killing_worker_0(make: functools.partial[object], out: Path, pids: Path, workers: int) -> object:
+    """Harvest 12 queries on Ray and SIGKILL worker 0's process once two records are written;
+    returns the harvest's report, or the exception it raised."""
+    from capgate.harvest_ray import ray_harvest
+
+    done: list[object] = []
+
+    def run() -> None:
+        try:
+            done.append(ray_harvest(make, items(12), out, k=4, workers=workers, **SETTINGS))
+        except BaseException as exc:
+            done.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (
-        out.exists() and len(out.read_text().splitlines()) >= lines_written
-    ):
+    while time.monotonic() < deadline and not (out.exists() and len(out.read_text().splitlines()) >= 2):
         time.sleep(0.05)
     assert not done, done  # still running when the worker is killed
     victims = [p for p in pids.iterdir() if p.name.startswith("0.")]
     assert len(victims) == 1
     os.kill(int(victims[0].name.split(".")[1]), signal.SIGKILL)
+    thread.join(timeout=600)
+    (result,) = done
+    return result
 
 
 def test_a_ray_harvest_writes_the_resumable_labels_of_a_local_one(
@@ -114,31 +128,22 @@ def test_a_ray_harvest_writes_the_resumable_labels_of_a_local_one(
     assert sorted(q.id for q in lines(out)) == [f"q{i:02d}" for i in range(8)]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(
-    ray_local: str, server: tuple[str, str], tmp_path: Path
+    ray_local: str, server: tuple[str, str], tmp_path: Path, workers: int
 ) -> None:
-    from capgate.harvest_ray import RayHarvestReport, ray_harvest
+    from capgate.harvest_ray import RayHarvestReport
 
     out, pids = tmp_path / "labels.jsonl", tmp_path / "pids"
-    done: list[RayHarvestReport | BaseException] = []
-
-    def run() -> None:
-        try:
-            make = factory(server, pids, "slow_restart_worker")  # the other worker goes on meanwhile
-            done.append(ray_harvest(make, items(12), out, k=4, workers=2, **SETTINGS))
-        except BaseException as exc:
-            done.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    kill_worker_once_written(out, pids, done)
-    thread.join(timeout=600)
-    (report,) = done
+    # the killed worker takes 5 s to come back: alone, the run waits for it; with another, that one
+    # goes on meanwhile (and may finish the run before the restart is done)
+    report = harvest_killing_worker_0(factory(server, pids, "slow_restart_worker"), out, pids, workers)
     assert isinstance(report, RayHarvestReport), report
     # its in-flight batches (at most in_flight=2) were lost and sampled again; none was thrown at it
     # while it restarted (Ray fails those at once: CI once counted 11 of them as lost)
     assert 1 <= report.worker_failures <= 2
-    assert len([p for p in pids.iterdir() if p.name.startswith("0.")]) == 2  # Ray restarted it
+    restarted = len([p for p in pids.iterdir() if p.name.startswith("0.")]) == 2
+    assert restarted or workers > 1  # alone, it must have been restarted by Ray to finish
     ids = [q.id for q in lines(out)]
     assert sorted(ids) == [f"q{i:02d}" for i in range(12)]  # each query once: none lost, none twice
     assert report.n_new == 12
@@ -150,23 +155,7 @@ def test_when_every_worker_is_dead_for_good_the_run_stops_and_keeps_what_it_wrot
     from capgate.harvest_ray import ray_harvest
 
     out, pids = tmp_path / "labels.jsonl", tmp_path / "pids"
-    done: list[object] = []
-
-    def run() -> None:
-        try:
-            done.append(
-                ray_harvest(
-                    factory(server, pids, "broken_restart_worker"), items(12), out, k=4, workers=1, **SETTINGS
-                )
-            )
-        except BaseException as exc:
-            done.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    kill_worker_once_written(out, pids, done)
-    thread.join(timeout=600)
-    (error,) = done
+    error = harvest_killing_worker_0(factory(server, pids, "broken_restart_worker"), out, pids, workers=1)
     assert isinstance(error, RuntimeError), error
     assert "every Ray worker died (1 of 1" in str(error)
     written = [q.id for q in lines(out)]
