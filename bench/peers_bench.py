@@ -27,7 +27,7 @@ Each peer runs in its own venv (``scripts/peers-setup.sh``) through its own publ
 
 Every raw score gets capgate's metrics (``bench/peers_table.py``), raw and after an isotonic
 map fitted on the train split only, plus its cost per held-out query. ``--peer-train N`` runs
-uqlm's black-box scorer, LM-Polygraph and capgate's baselines on the held-out queries plus a seeded
+uqlm, LM-Polygraph and capgate's black-box baselines on the held-out queries plus a seeded
 N of the train queries (they are slow on a 2-core CPU); the table says how many train queries
 each isotonic map was fitted on. The probe and LM-Polygraph run at ``--threads`` torch threads
 (default 1: on a shared CPU, oversubscribed threads slow both several-fold). Outputs are cached as
@@ -141,7 +141,9 @@ def server_of(args: argparse.Namespace) -> tuple[str, str]:
 def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str], model_dir: str) -> None:
     url, model = server_of(args)
     res: Path = args.results
-    common = ["--input", str(res / "items.jsonl"), "--base-url", url, "--model", model]
+    peer_items = res / "items-uqlm.jsonl"
+    write_jsonl(peer_items, [{"id": i, "prompt": records[i].prompt} for i in ids])
+    common = ["--input", str(peer_items), "--base-url", url, "--model", model]
     worker(
         ".venv-uqlm",
         "uqlm_worker.py",
@@ -165,8 +167,6 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
         *common,
     )
     bb = res / f"uqlm-blackbox-k{args.k}.jsonl"
-    bb_items = res / "items-blackbox.jsonl"
-    write_jsonl(bb_items, [{"id": i, "prompt": records[i].prompt} for i in ids])
     worker(
         ".venv-uqlm",
         "uqlm_worker.py",
@@ -179,7 +179,7 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
         "--tokenizer",
         model_dir,
         "--input",
-        str(bb_items),
+        str(peer_items),
         "--base-url",
         url,
         "--model",
@@ -519,9 +519,9 @@ def main() -> None:
         "--peer-train",
         type=int,
         default=-1,
-        help="run uqlm's black-box scorer and LM-Polygraph on a seeded subsample of this many train "
-        "queries (default: all; they are slow on a loaded CPU): their isotonic maps and the density "
-        "estimator are fitted on those",
+        help="run uqlm, LM-Polygraph and capgate's black-box baselines on the held-out queries and a "
+        "seeded subsample of this many train queries (default: all; they are slow on a 2-core CPU): "
+        "their isotonic maps and the density estimator are fitted on those",
     )
     parser.add_argument("--polygraph-batch", type=int, default=16, help="queries per UEManager run")
     parser.add_argument("--seed", type=int, default=0)

@@ -11,8 +11,9 @@ local harvest. So:
 - **finished queries are never resampled**: a rerun (local or on Ray) skips every query in the
   file;
 - **a killed worker loses nothing and duplicates nothing**: its batches were not written, so
-  they go back to the queue and another worker (or the same one, restarted by Ray) samples them;
-  a batch is written once, when its answer arrives;
+  they go back to the queue and a live worker samples them; the killed one gets batches again
+  once Ray has restarted it and it answers a health probe; a batch is written once, when its
+  answer arrives; when every worker is dead for good the run stops (a rerun resumes);
 - **a killed driver loses nothing written**: the file holds whole batches (a torn last line is cut
   off on resume), and the workers of a job die with its driver.
 
