@@ -12,13 +12,15 @@ Each peer runs in its own venv (``scripts/peers-setup.sh``) through its own publ
   model folder, T=0.7, 24 tokens): ``WhiteBoxUQ`` sequence_probability (length-normalized: the
   normalized token probability), min_probability, mean/min_token_negentropy and
   probability_margin (top-15 logprobs), all from one generation; ``WhiteBoxUQ`` p_true (one
-  generation + one judging call); ``BlackBoxUQ`` exact_match over 1 + k responses (raw strings,
+  generation + one judging call); ``WhiteBoxUQ`` monte_carlo_probability (1 + k generations); ``BlackBoxUQ`` exact_match over 1 + k responses (raw strings,
   as uqlm compares them), and the same responses rescored by uqlm after capgate's task grader
   extracted their final answers (``BlackBoxUQ.score``).
 * LM-Polygraph 0.7.0 (white-box: the local HF folder ``capgate model prepare default`` prints,
   transformers on CPU, greedy, 24 tokens): MaximumSequenceProbability, Perplexity,
-  MeanTokenEntropy (one generation), MahalanobisDistanceSeq on the last-layer sequence embedding
-  fitted on the train split's embeddings (cross-fitted on train, see the worker).
+  MeanTokenEntropy (one generation); SelfCertainty, RenyiNeg, FisherRao, Mean(Conditional)
+  PointwiseMutualInformation, BoostedProbSequence (a second greedy run); MahalanobisDistanceSeq
+  and RDESeq on the last-layer sequence embedding, fitted on the train split's embeddings
+  (cross-fitted on train, see the worker); with ``--polygraph-sampled``, its 10-sample estimators.
 * capgate: the default probe (live on CPU, timed), the constant prior (train mean µ̂), and the
   verbalized, P(True) and Consistency(k=5) estimates of ``bench/estimators_smollm2.py``: with
   ``--run-capgate-baselines`` the bench runs it on the same server, over the same queries as the
@@ -79,13 +81,20 @@ NOT_RUN = (
     "uqlm cosine_sim, consistency_and_confidence: a sentence-transformers model (all-MiniLM-L6-v2) "
     "from the hub; uqlm bert_score: roberta-large from the hub",
     "uqlm LLMJudge / LLMPanel: a judge model; the only local model is the 135M under test",
-    "uqlm monte_carlo_probability: runs offline (k sampled logprobs) but was not run: CPU time on the "
-    "shared machine (its cost would equal exact_match's 1 + k generations)",
-    "LM-Polygraph SemanticEntropy, NumSemSets, EigValLaplacian, DegMat, Eccentricity, SAR, "
-    "ClaimConditionedProbability: NLI / cross-encoder models from the hub",
-    "LM-Polygraph LexicalSimilarity, MonteCarloSequenceEntropy, PTrue, RelativeMahalanobisDistance, "
-    "RDE: run offline but were not run (sampling / a background dataset; CPU time on the shared "
-    "machine)",
+    "LM-Polygraph SemanticEntropy(Token), NumSemSets, EigValLaplacian, DegMat, Eccentricity, LabelProb, "
+    "KernelLanguageEntropy, LUQ, SemanticDensity, ClaimConditionedProbability: an NLI model from the hub; "
+    "SAR, TokenSAR, SentenceSAR, CocoaMSP/PPL/MTE: a cross-encoder / sentence-similarity model from the hub; "
+    "Focus: an IDF table built from a hub dataset",
+    "LM-Polygraph AttentionScore, RAUQ, CSL: attention weights, which this model's SDPA attention does not "
+    "return (the estimators fail on the empty tuple)",
+    "LM-Polygraph PTrue, LexicalSimilarity, MonteCarloSequenceEntropy, MonteCarloNormalizedSequenceEntropy "
+    "(10 samples per query; --polygraph-sampled), PTrueSampling, PTrueEmpirical, EigenScore: run offline, "
+    "not run here: 20-40 s per query on this 2-core CPU (measured on 2-8 queries), about 4 h for the 356 "
+    "held-out queries alone",
+    "LM-Polygraph RelativeMahalanobisDistanceSeq, PPLMDSeq: a background corpus / train log-likelihood "
+    "statistics that the bench does not build; MaximumTokenProbability, TokenEntropy and the other "
+    "token-level estimators: not sequence scores; Verbalized1S/2S, Linguistic1S: fail on this model "
+    "(IndexError in the stat calculators); the ensemble estimators (EPT*/PET*/EPS*/PES*): an ensemble",
 )
 
 
@@ -166,6 +175,19 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
         "p_true",
         *common,
     )
+    worker(
+        ".venv-uqlm",
+        "uqlm_worker.py",
+        "--mode",
+        "whitebox",
+        "--out",
+        str(res / f"uqlm-mcp-k{args.k}.jsonl"),
+        "--scorers",
+        "monte_carlo_probability",
+        "-k",
+        str(args.k),
+        *common,
+    )
     bb = res / f"uqlm-blackbox-k{args.k}.jsonl"
     worker(
         ".venv-uqlm",
@@ -242,6 +264,23 @@ def run_polygraph(
         "--batch-size",
         str(args.polygraph_batch),
     )
+    for mode in ("information", "sampled") if args.polygraph_sampled else ("information",):
+        worker(
+            ".venv-polygraph",
+            "polygraph_worker.py",
+            "--mode",
+            mode,
+            "--input",
+            str(items),
+            "--out",
+            str(res / f"polygraph-{mode}.jsonl"),
+            "--model-dir",
+            model_dir,
+            "--threads",
+            str(args.threads),
+            "--batch-size",
+            str(args.polygraph_batch),
+        )
     worker(
         ".venv-polygraph",
         "polygraph_worker.py",
@@ -371,6 +410,7 @@ def build_methods(
         probability: bool = True,
         cost: Cost | None = None,
         calibrate: bool = True,
+        forward: Any = None,
     ) -> None:
         if not rows:
             notes.append(f"{name}: no cached outputs (not run)")
@@ -384,7 +424,7 @@ def build_methods(
                 array(rows, test, get),
                 direction,  # type: ignore[arg-type]
                 probability,
-                cost or mean_cost(rows, test),
+                cost or mean_cost(rows, test, forward=forward),
                 calibrate,
             )
         )
@@ -434,6 +474,14 @@ def build_methods(
     wb = read_jsonl(res / "uqlm-whitebox.jsonl")
     for s in WB_SCORERS:
         add(f"uqlm {s}", "peer", "query + 1 answer", wb, lambda r, s=s: r["scores"][s])
+    mc = read_jsonl(res / f"uqlm-mcp-k{args.k}.jsonl")
+    add(
+        f"uqlm monte_carlo_probability (k={args.k})",
+        "peer",
+        f"query + {1 + args.k} answers (logprobs)",
+        mc,
+        lambda r: r["scores"]["monte_carlo_probability"],
+    )
     pt = read_jsonl(res / "uqlm-ptrue.jsonl")
     add("uqlm p_true", "peer", "query + 1 answer (+1 judging call)", pt, lambda r: r["scores"]["p_true"])
     bb = read_jsonl(res / f"uqlm-blackbox-k{args.k}.jsonl")
@@ -480,18 +528,66 @@ def build_methods(
         direction="uncertainty",
         probability=False,
     )
-    md = read_jsonl(res / "polygraph-density.jsonl")
-    if pg and md:
+    info = read_jsonl(res / "polygraph-information.jsonl")
+    for key in (
+        "SelfCertainty",
+        "RenyiNeg",
+        "FisherRao",
+        "MeanPointwiseMutualInformation",
+        "MeanConditionalPointwiseMutualInformation",
+        "BoostedProbSequence",
+    ):
         add(
-            "Polygraph MahalanobisDistanceSeq",
+            f"Polygraph {key}",
             "peer",
-            "query + 1 greedy answer (hidden states)",
-            md,
-            lambda r: r["uncertainty"]["MahalanobisDistanceSeq_decoder"],
+            "query + 1 greedy answer",
+            info,
+            lambda r, key=key: r["uncertainty"][key],
             direction="uncertainty",
             probability=False,
-            cost=mean_cost(pg, test),
+            forward=lambda r: r["forward_passes"],
         )
+    sampled = read_jsonl(res / "polygraph-sampled.jsonl")
+    sees_samples = "query + 1 greedy answer + 10 samples"
+    add(
+        "Polygraph PTrue",
+        "peer",
+        "query + 1 greedy answer (+1 judging pass; run with the samples)",
+        sampled,
+        lambda r: None if r["uncertainty"]["PTrue"] is None else float(np.exp(-r["uncertainty"]["PTrue"])),
+        forward=lambda r: r["forward_passes"],
+    )
+    for name, key in (
+        ("Polygraph LexicalSimilarity (ROUGE-L)", "LexicalSimilarity_rougeL"),
+        ("Polygraph MonteCarloSequenceEntropy", "MonteCarloSequenceEntropy"),
+        ("Polygraph MonteCarloNormalizedSequenceEntropy", "MonteCarloNormalizedSequenceEntropy"),
+    ):
+        add(
+            name,
+            "peer",
+            sees_samples,
+            sampled,
+            lambda r, key=key: r["uncertainty"][key],
+            direction="uncertainty",
+            probability=False,
+            forward=lambda r: r["forward_passes"],
+        )
+    md = read_jsonl(res / "polygraph-density.jsonl")
+    for name, key in (
+        ("Polygraph MahalanobisDistanceSeq", "MahalanobisDistanceSeq_decoder"),
+        ("Polygraph RDESeq", "RDESeq_decoder"),
+    ):
+        if pg and any(key in r["uncertainty"] for r in md.values()):
+            add(
+                name,
+                "peer",
+                "query + 1 greedy answer (hidden states)",
+                md,
+                lambda r, key=key: r["uncertainty"].get(key),
+                direction="uncertainty",
+                probability=False,
+                cost=mean_cost(pg, test),
+            )
     return methods, notes
 
 
@@ -524,6 +620,12 @@ def main() -> None:
         "their isotonic maps and the density estimator are fitted on those",
     )
     parser.add_argument("--polygraph-batch", type=int, default=16, help="queries per UEManager run")
+    parser.add_argument(
+        "--polygraph-sampled",
+        action="store_true",
+        help="also run LM-Polygraph's 10-sample estimators (PTrue, LexicalSimilarity, MonteCarlo"
+        "[Normalized]SequenceEntropy): 20-40 s per query on a 2-core CPU",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", default="", help="comma list of uqlm,polygraph,probe to skip running")
     parser.add_argument(

@@ -10,10 +10,20 @@ estimator classes):
   ``Perplexity`` and ``MeanTokenEntropy``; the sequence embedding (``embeddings_decoder``: last
   layer, mean over prompt and generated tokens) is kept for the density estimator. One JSON
   line per query is appended to ``--out`` after each batch (a killed run resumes).
-* ``density``: ``MahalanobisDistanceSeq`` on those embeddings, fitted on the train ids only:
-  held-out ids are scored by the estimator fitted on all train ids; each train id is scored by
-  an estimator fitted on the other folds (``--folds``), so the train scores an isotonic map is
-  fitted on are out-of-sample, like the held-out ones.
+* ``information``: the same greedy pass with LM-Polygraph's other information-based sequence
+  estimators that run offline here: ``SelfCertainty``, ``RenyiNeg``, ``FisherRao``,
+  ``MeanPointwiseMutualInformation`` and ``MeanConditionalPointwiseMutualInformation`` (one extra
+  pass on the answer without the question), ``BoostedProbSequence``.
+* ``sampled``: the same model, with LM-Polygraph's sampling-based estimators that run offline:
+  ``PTrue`` (its own "is the possible answer true" prompt on the greedy answer),
+  ``LexicalSimilarity`` (ROUGE-L between samples), ``MonteCarloSequenceEntropy`` and
+  ``MonteCarloNormalizedSequenceEntropy``, over LM-Polygraph's default 10 samples per query
+  (``SamplingGenerationCalculator``), drawn at ``--temperature`` (the labels' 0.7).
+* ``density``: ``MahalanobisDistanceSeq`` and ``RDESeq`` (kernel-PCA + robust covariance) on
+  those embeddings, fitted on the train ids only: held-out ids are scored by the estimator fitted
+  on all train ids; each train id is scored by an estimator fitted on the other folds
+  (``--folds``), so the train scores an isotonic map is fitted on are out-of-sample, like the
+  held-out ones.
 """
 
 from __future__ import annotations
@@ -27,7 +37,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-ESTIMATORS = ("MaximumSequenceProbability", "Perplexity", "MeanTokenEntropy")
+ESTIMATORS = {
+    "generate": ("MaximumSequenceProbability", "Perplexity", "MeanTokenEntropy"),
+    "information": (
+        "SelfCertainty",
+        "RenyiNeg",
+        "FisherRao",
+        "MeanPointwiseMutualInformation",
+        "MeanConditionalPointwiseMutualInformation",
+        "BoostedProbSequence",
+    ),
+    "sampled": (
+        "PTrue",
+        "LexicalSimilarity",
+        "MonteCarloSequenceEntropy",
+        "MonteCarloNormalizedSequenceEntropy",
+    ),
+}
+SAMPLES = 10  # LM-Polygraph's SamplingGenerationCalculator default (its builder takes no setting)
+DENSITY = ("MahalanobisDistanceSeq", "RDESeq")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -63,14 +91,15 @@ def generate(args: argparse.Namespace) -> None:
     items = read_jsonl(args.input)
     done = {r["id"] for r in read_jsonl(args.out)}
     todo = [r for r in items if r["id"] not in done]
-    print(f"polygraph generate: {len(items) - len(todo)} cached, {len(todo)} to score", file=sys.stderr)
+    print(f"polygraph {args.mode}: {len(items) - len(todo)} cached, {len(todo)} to score", file=sys.stderr)
     if not todo:
         return
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir, padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     hf = AutoModelForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32).eval()
-    params = GenerationParameters(max_new_tokens=args.max_tokens)
+    sampled = args.mode == "sampled"
+    params = GenerationParameters(max_new_tokens=args.max_tokens, temperature=args.temperature)
     model = WhiteboxModel(
         hf, tokenizer, model_path=args.model_dir, generation_parameters=params, instruct=True
     )
@@ -78,7 +107,7 @@ def generate(args: argparse.Namespace) -> None:
     for start in range(0, len(todo), args.batch_size):
         batch = todo[start : start + args.batch_size]
         t0 = time.perf_counter()
-        estimators = [getattr(est, name)() for name in ESTIMATORS]
+        estimators = [getattr(est, name)() for name in ESTIMATORS[args.mode]]
         manager = UEManager(
             Dataset([r["prompt"] for r in batch], [""] * len(batch), batch_size=len(batch)),
             model,
@@ -91,34 +120,45 @@ def generate(args: argparse.Namespace) -> None:
             ignore_exceptions=False,
             verbose=False,
             max_new_tokens=args.max_tokens,
-            save_stats=["embeddings_decoder"],
+            save_stats={"generate": ["embeddings_decoder"], "sampled": ["sample_tokens"]}.get(args.mode, []),
         )
         manager()
         share = (time.perf_counter() - t0) / len(batch)
         stats = manager.stats
         with args.out.open("a", encoding="utf-8") as handle:
             for j, r in enumerate(batch):
-                tokens = list(stats["greedy_tokens"][j])
-                row = {
+                tokens = len(stats["greedy_tokens"][j])
+                row: dict[str, Any] = {
                     "id": r["id"],
                     "uncertainty": {
                         str(e): clean(manager.estimations[e.level, str(e)][j]) for e in estimators
                     },
                     "response": stats["greedy_texts"][j],
-                    "generations": 1,
-                    "generated_tokens": len(tokens),
-                    "embedding": [float(x) for x in stats["embeddings_decoder"][j]],
                     "wall_s": share,
                 }
+                if sampled:  # the greedy answer PTrue judges, plus the samples
+                    samples = stats["sample_tokens"][j]
+                    row["generations"] = 1 + len(samples)
+                    row["generated_tokens"] = tokens + sum(len(t) for t in samples)
+                    row["forward_passes"] = row["generated_tokens"] + 1  # + PTrue's prompt pass
+                else:
+                    row["generations"] = 1
+                    row["generated_tokens"] = tokens
+                if args.mode == "information":  # + the PMI estimators' pass on the bare answer
+                    row["forward_passes"] = tokens + 1
+                if args.mode == "generate":
+                    row["embedding"] = [float(x) for x in stats["embeddings_decoder"][j]]
                 handle.write(json.dumps(row) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        print(f"polygraph generate: {start + len(batch)}/{len(todo)} ({share:.2f} s/query)", file=sys.stderr)
+        print(
+            f"polygraph {args.mode}: {start + len(batch)}/{len(todo)} ({share:.2f} s/query)", file=sys.stderr
+        )
 
 
 def density(args: argparse.Namespace) -> None:
+    import lm_polygraph.estimators as est
     import numpy as np
-    from lm_polygraph.estimators import MahalanobisDistanceSeq
 
     rows = {r["id"]: r for r in read_jsonl(args.input)}
     split = json.loads(args.split.read_text(encoding="utf-8"))
@@ -133,48 +173,50 @@ def density(args: argparse.Namespace) -> None:
     def emb(ids: list[str]) -> Any:
         return np.array([rows[i]["embedding"] for i in ids], dtype=np.float32)
 
-    def score(fit_ids: list[str], score_ids: list[str]) -> tuple[list[float], float]:
+    def score(name: str, fit_ids: list[str], score_ids: list[str]) -> tuple[list[float], float]:
         t0 = time.perf_counter()
-        md = MahalanobisDistanceSeq(embeddings_type="decoder")
-        out = md({"embeddings_decoder": emb(score_ids), "train_embeddings_decoder": emb(fit_ids)})
+        estimator = getattr(est, name)(embeddings_type="decoder")  # a fresh, unfitted one
+        out = estimator({"embeddings_decoder": emb(score_ids), "train_embeddings_decoder": emb(fit_ids)})
         return [clean(x) for x in np.asarray(out)], time.perf_counter() - t0
 
-    scores: dict[str, Any] = {}
-    test_scores, fit_s = score(train, test)
-    scores.update(zip(test, test_scores, strict=True))
     rng = np.random.default_rng(args.seed)
     fold = rng.permutation(len(train)) % args.folds
-    for f in range(args.folds):
-        held = [i for i, g in zip(train, fold, strict=True) if g == f]
-        rest = [i for i, g in zip(train, fold, strict=True) if g != f]
-        got, _ = score(rest, held)
-        scores.update(zip(held, got, strict=True))
+    scores: dict[str, dict[str, Any]] = {i: {} for i in [*train, *test]}
+    for name in DENSITY:
+        test_scores, fit_s = score(name, train, test)
+        for i, value in zip(test, test_scores, strict=True):
+            scores[i][f"{name}_decoder"] = value
+        for f in range(args.folds):
+            held = [i for i, g in zip(train, fold, strict=True) if g == f]
+            rest = [i for i, g in zip(train, fold, strict=True) if g != f]
+            for i, value in zip(held, score(name, rest, held)[0], strict=True):
+                scores[i][f"{name}_decoder"] = value
+        print(
+            f"polygraph density: {name} fit on {len(train)} train + score {len(test)} in {fit_s:.2f} s",
+            file=sys.stderr,
+        )
     with args.out.open("w", encoding="utf-8") as handle:
         for i in [*train, *test]:
-            handle.write(
-                json.dumps({"id": i, "uncertainty": {"MahalanobisDistanceSeq_decoder": scores[i]}}) + "\n"
-            )
-    print(
-        f"polygraph density: fit on {len(train)} train + score {len(test)} in {fit_s:.2f} s", file=sys.stderr
-    )
+            handle.write(json.dumps({"id": i, "uncertainty": scores[i]}) + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--mode", required=True, choices=["generate", "density"])
+    parser.add_argument("--mode", required=True, choices=[*ESTIMATORS, "density"])
     parser.add_argument("--input", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model-dir", default="")
     parser.add_argument("--split", type=Path, default=None)
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--temperature", type=float, default=0.7, help="for the samples (sampled mode)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if args.mode == "generate":
+    if args.mode in ESTIMATORS:
         generate(args)
     else:
         density(args)

@@ -4,8 +4,9 @@ Driven by ``bench/peers_bench.py``; not imported by capgate. Reads ``--input`` (
 ``id``, ``prompt``), appends one JSON line per query to ``--out`` after each batch (a killed run
 resumes: ids already in ``--out`` are skipped). Modes, each through uqlm's public API:
 
-* ``whitebox``: ``WhiteBoxUQ(llm, scorers=...).generate_and_score(prompts)``: one generation per
-  query (plus one P(True) call when ``p_true`` is among the scorers), logprobs from the server.
+* ``whitebox``: ``WhiteBoxUQ(llm, scorers=...).generate_and_score(prompts, num_responses=k)``:
+  one generation per query (plus one P(True) call when ``p_true`` is among the scorers, and k
+  sampled responses when ``monte_carlo_probability`` is), logprobs from the server.
 * ``blackbox``: ``BlackBoxUQ(llm, scorers=["exact_match"]).generate_and_score(prompts, k)``:
   one original response plus k sampled ones, raw strings compared as uqlm compares them.
 * ``rescore``: ``BlackBoxUQ(scorers=["exact_match"]).score(responses, sampled_responses)`` on
@@ -68,6 +69,11 @@ def make_llm(args: argparse.Namespace) -> Any:
     )
 
 
+def count_logprob_tokens(logprob: list[dict[str, Any]]) -> int:
+    """Generated tokens in one response's logprobs (uqlm's per-token dicts)."""
+    return sum(1 for t in logprob if t.get("logprob") is not None and not math.isnan(t["logprob"]))
+
+
 def count_tokens(tokenizer: Any, text: str) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False).ids)
 
@@ -94,20 +100,26 @@ async def run_batch(
     prompts = [[HumanMessage(r["prompt"])] for r in batch]
     llm = make_llm(args)
     if args.mode == "whitebox":
-        wb = WhiteBoxUQ(llm=llm, scorers=args.scorers.split(","), top_k_logprobs=args.top_k_logprobs)
-        result = await wb.generate_and_score(prompts, show_progress_bars=False)
+        names = args.scorers.split(",")
+        wb = WhiteBoxUQ(
+            llm=llm, scorers=names, top_k_logprobs=args.top_k_logprobs, sampling_temperature=args.temperature
+        )
+        # num_responses: the k sampled responses of monte_carlo_probability (unused by the others)
+        result = await wb.generate_and_score(prompts, num_responses=args.k, show_progress_bars=False)
         data = result.to_dict()["data"]
-        names = [s for s in args.scorers.split(",")]
+        sampled = "monte_carlo_probability" in names
         out = []
         for j, r in enumerate(batch):
             logprob = data.get("logprob", [None] * len(batch))[j] or []
-            n_tok = sum(1 for t in logprob if t.get("logprob") is not None and not math.isnan(t["logprob"]))
+            n_tok = count_logprob_tokens(logprob)
+            if sampled:
+                n_tok += sum(count_logprob_tokens(lp or []) for lp in data["sampled_logprob"][j])
             out.append(
                 {
                     "id": r["id"],
                     "scores": {s: clean(data[s][j]) for s in names},
                     "response": data["responses"][j],
-                    "generations": 1 + (1 if "p_true" in names else 0),
+                    "generations": 1 + (args.k if sampled else 0) + (1 if "p_true" in names else 0),
                     # uqlm does not return the judging reply: counted at max_tokens (upper bound)
                     "generated_tokens": n_tok + (args.max_tokens if "p_true" in names else 0),
                 }
