@@ -12,9 +12,10 @@ Each peer runs in its own venv (``scripts/peers-setup.sh``) through its own publ
   model folder, T=0.7, 24 tokens): ``WhiteBoxUQ`` sequence_probability (length-normalized: the
   normalized token probability), min_probability, mean/min_token_negentropy and
   probability_margin (top-15 logprobs), all from one generation; ``WhiteBoxUQ`` p_true (one
-  generation + one judging call); ``WhiteBoxUQ`` monte_carlo_probability (1 + k generations); ``BlackBoxUQ`` exact_match over 1 + k responses (raw strings,
+  generation + one judging call); ``BlackBoxUQ`` exact_match over 1 + k responses (raw strings,
   as uqlm compares them), and the same responses rescored by uqlm after capgate's task grader
-  extracted their final answers (``BlackBoxUQ.score``).
+  extracted their final answers (``BlackBoxUQ.score``); last, ``WhiteBoxUQ``
+  monte_carlo_probability (1 + k generations with logprobs).
 * LM-Polygraph 0.7.0 (white-box: the local HF folder ``capgate model prepare default`` prints,
   transformers on CPU, greedy, 24 tokens): MaximumSequenceProbability, Perplexity,
   MeanTokenEntropy (one generation); SelfCertainty, RenyiNeg, FisherRao, Mean(Conditional)
@@ -175,19 +176,6 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
         "p_true",
         *common,
     )
-    worker(
-        ".venv-uqlm",
-        "uqlm_worker.py",
-        "--mode",
-        "whitebox",
-        "--out",
-        str(res / f"uqlm-mcp-k{args.k}.jsonl"),
-        "--scorers",
-        "monte_carlo_probability",
-        "-k",
-        str(args.k),
-        *common,
-    )
     bb = res / f"uqlm-blackbox-k{args.k}.jsonl"
     worker(
         ".venv-uqlm",
@@ -229,6 +217,20 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
         str(res / "uqlm-extracted-in.jsonl"),
         "--out",
         str(res / f"uqlm-blackbox-k{args.k}-extracted.jsonl"),
+    )
+    # the costliest white-box scorer last: 1 + k generations with logprobs
+    worker(
+        ".venv-uqlm",
+        "uqlm_worker.py",
+        "--mode",
+        "whitebox",
+        "--out",
+        str(res / f"uqlm-mcp-k{args.k}.jsonl"),
+        "--scorers",
+        "monte_carlo_probability",
+        "-k",
+        str(args.k),
+        *common,
     )
 
 
