@@ -417,6 +417,13 @@ def build_methods(
         if not rows:
             notes.append(f"{name}: no cached outputs (not run)")
             return
+        n_train, n_test = sum(i in rows for i in train), sum(i in rows for i in test)
+        if calibrate and not n_train:
+            notes.append(
+                f"{name}: run incomplete ({n_test}/{len(test)} held-out, no train queries scored, so no "
+                "isotonic map): left out of the table"
+            )
+            return
         methods.append(
             MethodScores(
                 name,
