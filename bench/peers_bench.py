@@ -350,12 +350,12 @@ def capgate_baselines(folder: Path) -> tuple[dict[str, dict[str, Any]], list[str
 def run_capgate_baselines(args: argparse.Namespace, ids: list[str], test: list[str], seed: int) -> None:
     """bench/estimators_smollm2.py on the peers' queries: held-out + the ``--peer-train`` sample."""
     url, model = server_of(args)
-    split = args.results / "capgate-split.json"
     held_out = set(test)
-    split.write_text(
-        json.dumps({"seed": seed, "train": [i for i in ids if i not in held_out], "test": test}),
-        encoding="utf-8",
-    )
+    train = [i for i in ids if i not in held_out]
+    if 0 <= args.capgate_train < len(train):
+        train = train[: args.capgate_train]
+    split = args.results / f"capgate-split-{len(train)}.json"
+    split.write_text(json.dumps({"seed": seed, "train": train, "test": test}), encoding="utf-8")
     subprocess.run(
         [
             sys.executable,
@@ -637,6 +637,12 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", default="", help="comma list of uqlm,polygraph,probe to skip running")
+    parser.add_argument(
+        "--capgate-train",
+        type=int,
+        default=-1,
+        help="with --run-capgate-baselines: only the first N of the peers' train queries (default: all)",
+    )
     parser.add_argument(
         "--run-capgate-baselines",
         action="store_true",
