@@ -154,28 +154,23 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
     peer_items = res / "items-uqlm.jsonl"
     write_jsonl(peer_items, [{"id": i, "prompt": records[i].prompt} for i in ids])
     common = ["--input", str(peer_items), "--base-url", url, "--model", model]
-    worker(
-        ".venv-uqlm",
-        "uqlm_worker.py",
-        "--mode",
-        "whitebox",
-        "--out",
-        str(res / "uqlm-whitebox.jsonl"),
-        "--scorers",
-        ",".join(WB_SCORERS),
-        *common,
-    )
-    worker(
-        ".venv-uqlm",
-        "uqlm_worker.py",
-        "--mode",
-        "whitebox",
-        "--out",
-        str(res / "uqlm-ptrue.jsonl"),
-        "--scorers",
-        "p_true",
-        *common,
-    )
+
+    def whitebox(out: str, scorers: str, *more: str) -> None:
+        worker(
+            ".venv-uqlm",
+            "uqlm_worker.py",
+            "--mode",
+            "whitebox",
+            "--out",
+            str(res / out),
+            "--scorers",
+            scorers,
+            *more,
+            *common,
+        )
+
+    whitebox("uqlm-whitebox.jsonl", ",".join(WB_SCORERS))
+    whitebox("uqlm-ptrue.jsonl", "p_true")
     bb = res / f"uqlm-blackbox-k{args.k}.jsonl"
     worker(
         ".venv-uqlm",
@@ -219,19 +214,7 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
         str(res / f"uqlm-blackbox-k{args.k}-extracted.jsonl"),
     )
     # the costliest white-box scorer last: 1 + k generations with logprobs
-    worker(
-        ".venv-uqlm",
-        "uqlm_worker.py",
-        "--mode",
-        "whitebox",
-        "--out",
-        str(res / f"uqlm-mcp-k{args.k}.jsonl"),
-        "--scorers",
-        "monte_carlo_probability",
-        "-k",
-        str(args.k),
-        *common,
-    )
+    whitebox(f"uqlm-mcp-k{args.k}.jsonl", "monte_carlo_probability", "-k", str(args.k))
 
 
 def peer_ids(args: argparse.Namespace, train: list[str], test: list[str]) -> list[str]:
@@ -537,27 +520,25 @@ def build_methods(
         direction="uncertainty",
         probability=False,
     )
+
+    def add_uncertainties(rows: dict[str, dict[str, Any]], names: dict[str, str], sees: str) -> None:
+        for name, key in names.items():
+            add(
+                name,
+                "peer",
+                sees,
+                rows,
+                lambda r, key=key: r["uncertainty"][key],
+                direction="uncertainty",
+                probability=False,
+                forward=lambda r: r["forward_passes"],
+            )
+
+    # the information-based estimators, named as the worker wrote them
     info = read_jsonl(res / "polygraph-information.jsonl")
-    for key in (
-        "SelfCertainty",
-        "RenyiNeg",
-        "FisherRao",
-        "MeanPointwiseMutualInformation",
-        "MeanConditionalPointwiseMutualInformation",
-        "BoostedProbSequence",
-    ):
-        add(
-            f"Polygraph {key}",
-            "peer",
-            "query + 1 greedy answer",
-            info,
-            lambda r, key=key: r["uncertainty"][key],
-            direction="uncertainty",
-            probability=False,
-            forward=lambda r: r["forward_passes"],
-        )
+    keys = list(next(iter(info.values()))["uncertainty"]) if info else []
+    add_uncertainties(info, {f"Polygraph {k}": k for k in keys}, "query + 1 greedy answer")
     sampled = read_jsonl(res / "polygraph-sampled.jsonl")
-    sees_samples = "query + 1 greedy answer + 10 samples"
     add(
         "Polygraph PTrue",
         "peer",
@@ -566,21 +547,15 @@ def build_methods(
         lambda r: None if r["uncertainty"]["PTrue"] is None else float(np.exp(-r["uncertainty"]["PTrue"])),
         forward=lambda r: r["forward_passes"],
     )
-    for name, key in (
-        ("Polygraph LexicalSimilarity (ROUGE-L)", "LexicalSimilarity_rougeL"),
-        ("Polygraph MonteCarloSequenceEntropy", "MonteCarloSequenceEntropy"),
-        ("Polygraph MonteCarloNormalizedSequenceEntropy", "MonteCarloNormalizedSequenceEntropy"),
-    ):
-        add(
-            name,
-            "peer",
-            sees_samples,
-            sampled,
-            lambda r, key=key: r["uncertainty"][key],
-            direction="uncertainty",
-            probability=False,
-            forward=lambda r: r["forward_passes"],
-        )
+    add_uncertainties(
+        sampled,
+        {
+            "Polygraph LexicalSimilarity (ROUGE-L)": "LexicalSimilarity_rougeL",
+            "Polygraph MonteCarloSequenceEntropy": "MonteCarloSequenceEntropy",
+            "Polygraph MonteCarloNormalizedSequenceEntropy": "MonteCarloNormalizedSequenceEntropy",
+        },
+        "query + 1 greedy answer + 10 samples",
+    )
     md = read_jsonl(res / "polygraph-density.jsonl")
     for name, key in (
         ("Polygraph MahalanobisDistanceSeq", "MahalanobisDistanceSeq_decoder"),
