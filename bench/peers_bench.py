@@ -233,23 +233,12 @@ def run_polygraph(
     gen = res / "polygraph.jsonl"
     items = res / "items-polygraph.jsonl"
     write_jsonl(items, [{"id": i, "prompt": records[i].prompt} for i in ids])
-    worker(
-        ".venv-polygraph",
-        "polygraph_worker.py",
-        "--mode",
-        "generate",
-        "--input",
-        str(items),
-        "--out",
-        str(gen),
-        "--model-dir",
-        model_dir,
-        "--threads",
-        str(args.threads),
-        "--batch-size",
-        str(args.polygraph_batch),
-    )
-    for mode in ("information", "sampled") if args.polygraph_sampled else ("information",):
+    # the greedy pass (whose embeddings the density step reads), the information-based
+    # estimators, and with --polygraph-sampled the 10-sample ones: one cache file each
+    modes = {"generate": gen, "information": res / "polygraph-information.jsonl"}
+    if args.polygraph_sampled:
+        modes["sampled"] = res / "polygraph-sampled.jsonl"
+    for mode, out in modes.items():
         worker(
             ".venv-polygraph",
             "polygraph_worker.py",
@@ -258,7 +247,7 @@ def run_polygraph(
             "--input",
             str(items),
             "--out",
-            str(res / f"polygraph-{mode}.jsonl"),
+            str(out),
             "--model-dir",
             model_dir,
             "--threads",
