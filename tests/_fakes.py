@@ -6,7 +6,9 @@ record every call so tests can check what was asked.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from capgate.backend import Generation, Prompt, SamplingParams, TokenLogprob, as_messages
 
@@ -61,3 +63,27 @@ class AsyncScriptedBackend:
     @property
     def calls(self) -> list[tuple[list[Prompt], SamplingParams]]:
         return self.sync.calls
+
+
+class CountingBackend:
+    """Delegates to a real backend (sync only) and counts the calls."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    @property
+    def model_id(self) -> str:
+        return str(self.inner.model_id)
+
+    def generate(self, prompts: Sequence[Any], params: SamplingParams) -> list[list[Generation]]:
+        self.calls += 1
+        return self.inner.generate(prompts, params)  # type: ignore[no-any-return]
+
+
+class AsyncCountingBackend(CountingBackend):
+    """:class:`CountingBackend` with an ``agenerate`` (the sync call, in a thread), also counted."""
+
+    async def agenerate(self, prompts: Sequence[Any], params: SamplingParams) -> list[list[Generation]]:
+        self.calls += 1
+        return await asyncio.to_thread(self.inner.generate, prompts, params)  # type: ignore[no-any-return]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -79,6 +79,14 @@ def tiny_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFac
     model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder
+
+
+@pytest.fixture(scope="module")
+def real_backend(default_model_dir: Path) -> Any:
+    """The embedded model's transformers backend (loaded once per test module that asks)."""
+    from capgate.adapters.backends.transformers import load_backend
+
+    return load_backend("default")
 
 
 @pytest.fixture(scope="session")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 from _estimators import KeywordEstimator
+from _fakes import CountingBackend as Counting
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -18,7 +18,7 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
-from capgate import Gate, Generation, SamplingParams
+from capgate import Gate, SamplingParams
 from capgate.adapters.agents.langchain import CapabilityGate, CapgateChatModel
 from capgate.policies import Policy
 
@@ -48,29 +48,6 @@ POLICY = Policy.model_validate(
         },
     }
 )
-
-
-class Counting:
-    """Delegates to the real backend and counts the calls (sync and async)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls = 0
-
-    @property
-    def model_id(self) -> str:
-        return str(self.inner.model_id)
-
-    def generate(self, prompts: Sequence[Any], params: SamplingParams) -> list[list[Generation]]:
-        self.calls += 1
-        return self.inner.generate(prompts, params)  # type: ignore[no-any-return]
-
-
-@pytest.fixture(scope="module")
-def real_backend(default_model_dir: Path) -> Any:
-    from capgate.adapters.backends.transformers import load_backend
-
-    return load_backend("default")
 
 
 @pytest.fixture

@@ -9,13 +9,13 @@ CI vLLM server, each choice with the real shipped probe as its estimator."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from _ci_server import ci_vllm_server
 from _estimators import KeywordEstimator
+from _fakes import AsyncCountingBackend as Counting
 from langchain.agents import create_agent
 from langchain.agents.middleware import (
     AgentMiddleware,
@@ -31,7 +31,7 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
-from capgate import Estimate, Generation, SamplingParams, SettingsError
+from capgate import Estimate, SamplingParams, SettingsError
 from capgate.adapters.langchain import (
     CapabilityApproval,
     CapabilityUnavailableError,
@@ -130,33 +130,6 @@ def test_settings_are_checked_at_once() -> None:
 
 
 # --------------------------------------------------------------------------- approval (real agent)
-
-
-@pytest.fixture(scope="module")
-def real_backend(default_model_dir: Path) -> Any:
-    from capgate.adapters.backends.transformers import load_backend
-
-    return load_backend("default")
-
-
-class Counting:
-    """Delegates to a real backend and counts the calls."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls = 0
-
-    @property
-    def model_id(self) -> str:
-        return str(self.inner.model_id)
-
-    def generate(self, prompts: Sequence[Any], params: SamplingParams) -> list[list[Generation]]:
-        self.calls += 1
-        return self.inner.generate(prompts, params)  # type: ignore[no-any-return]
-
-    async def agenerate(self, prompts: Sequence[Any], params: SamplingParams) -> list[list[Generation]]:
-        self.calls += 1
-        return await asyncio.to_thread(self.inner.generate, prompts, params)  # type: ignore[no-any-return]
 
 
 class ForceFirstTool(AgentMiddleware):
