@@ -5,14 +5,14 @@ checkpointer. The capability estimator is a small deterministic one that picks t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from _agent_scaffolding import ForceFirstTool
 from _estimators import KeywordEstimator
 from _fakes import CountingBackend as Counting
 from langchain.agents import create_agent
-from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -158,20 +158,6 @@ def test_resample_calls_the_model_repeatedly_under_cas(backend: Counting) -> Non
     assert len([m for m in out["messages"] if isinstance(m, AIMessage)]) == 1  # only the winner is kept
     if cas.answer is not None:
         assert reply.content.split()[0].strip(".,!").lower() == cas.answer
-
-
-class ForceFirstTool(AgentMiddleware):
-    """Test scaffolding: require a tool call on the first model step, none after a tool result."""
-
-    def wrap_model_call(
-        self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
-    ) -> Any:
-        first = not any(isinstance(m, ToolMessage) for m in request.messages)
-        return handler(request.override(tool_choice="lookup" if first else "none"))
-
-    async def awrap_model_call(self, request: ModelRequest[Any], handler: Any) -> Any:
-        first = not any(isinstance(m, ToolMessage) for m in request.messages)
-        return await handler(request.override(tool_choice="lookup" if first else "none"))
 
 
 def _lookup() -> tuple[Any, list[str]]:

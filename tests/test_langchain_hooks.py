@@ -9,24 +9,21 @@ CI vLLM server, each choice with the real shipped probe as its estimator."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _agent_scaffolding import ForceFirstTool
 from _ci_server import ci_vllm_server
 from _estimators import KeywordEstimator
 from _fakes import AsyncCountingBackend as Counting
 from langchain.agents import create_agent
 from langchain.agents.middleware import (
-    AgentMiddleware,
     HumanInTheLoopMiddleware,
     InterruptOnConfig,
     ModelChoice,
-    ModelRequest,
-    ModelResponse,
 )
 from langchain_core.decisions import BaseDecisionModel, Box, Choice, Noul, Score
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
@@ -130,16 +127,6 @@ def test_settings_are_checked_at_once() -> None:
 
 
 # --------------------------------------------------------------------------- approval (real agent)
-
-
-class ForceFirstTool(AgentMiddleware):
-    """Test scaffolding: require a lookup on the first model step, none after a tool result."""
-
-    def wrap_model_call(
-        self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
-    ) -> Any:
-        first = not any(isinstance(m, ToolMessage) for m in request.messages)
-        return handler(request.override(tool_choice="lookup" if first else "none"))
 
 
 def _approval_agent(backend: Any, when: CapabilityApproval) -> tuple[Any, list[str]]:
