@@ -236,6 +236,10 @@ def run_polygraph(
     # the greedy pass (whose embeddings the density step reads), the information-based
     # estimators, and with --polygraph-sampled the 10-sample ones: one cache file each
     modes = {"generate": gen, "information": res / "polygraph-information.jsonl"}
+    # LM-Polygraph's prompt-elicited estimators, each with the prompt of its own benchmark configs
+    modes.update(
+        {m: res / f"polygraph-{m}.jsonl" for m in ("verbalized-2s", "verbalized-1s", "linguistic-1s")}
+    )
     if args.polygraph_sampled:
         modes["sampled"] = res / "polygraph-sampled.jsonl"
     for mode, out in modes.items():
@@ -536,6 +540,30 @@ def build_methods(
         lambda r: None if r["uncertainty"]["PTrue"] is None else float(np.exp(-r["uncertainty"]["PTrue"])),
         forward=lambda r: r["forward_passes"],
     )
+    add(
+        "Polygraph PTrueSampling",
+        "peer",
+        "query + 1 greedy answer + 10 samples (+1 judging pass)",
+        sampled,
+        lambda r: (
+            None
+            if r["uncertainty"].get("PTrueSampling") is None
+            else float(np.exp(-r["uncertainty"]["PTrueSampling"]))
+        ),
+        forward=lambda r: r["forward_passes"],
+    )
+    add(
+        "Polygraph PTrueEmpirical",
+        "peer",
+        "query + 1 greedy answer (+10 sampled one-token judgements)",
+        sampled,
+        lambda r: (
+            None
+            if r["uncertainty"].get("PTrueEmpirical") is None
+            else 1.0 - float(r["uncertainty"]["PTrueEmpirical"])
+        ),
+        forward=lambda r: r["forward_passes"],
+    )
     add_uncertainties(
         sampled,
         {
@@ -545,6 +573,47 @@ def build_methods(
         },
         "query + 1 greedy answer + 10 samples",
     )
+    add_uncertainties(
+        sampled,
+        {"Polygraph EigenScore": "EigenScore"},
+        "query + 10 samples (hidden states)",
+    )
+    # the prompt-elicited estimators (LM-Polygraph's own prompts): 1 - uncertainty is the stated
+    # confidence; a reply without a parsable one has no score (the note says how many)
+    for name, mode, key, sees in (
+        (
+            "Polygraph Verbalized1S",
+            "verbalized-1s",
+            "Verbalized1S",
+            "question (guess + probability, 1 reply)",
+        ),
+        ("Polygraph Linguistic1S", "linguistic-1s", "Linguistic1S", "question (guess + phrase, 1 reply)"),
+        (
+            "Polygraph Verbalized2S",
+            "verbalized-2s",
+            "Verbalized2S",
+            "query + 1 greedy answer (+1 follow-up reply)",
+        ),
+    ):
+        rows = read_jsonl(res / f"polygraph-{mode}.jsonl")
+        scored = [i for i in test if i in rows and rows[i]["uncertainty"][key] is not None]
+        have = [i for i in test if i in rows]
+        if have and len(scored) < len(have):
+            notes.append(
+                f"{name}: a parsable confidence in {len(scored)} of {len(have)} held-out replies "
+                "(LM-Polygraph scores the rest NaN; metrics are on the parsed ones)"
+            )
+        if have and not scored:
+            notes.append(f"{name}: left out of the table (no held-out reply stated a confidence)")
+            continue
+        add(
+            name,
+            "peer",
+            sees,
+            rows,
+            lambda r, key=key: None if r["uncertainty"][key] is None else 1.0 - float(r["uncertainty"][key]),
+            forward=lambda r: r.get("forward_passes", r["generated_tokens"]),
+        )
     md = read_jsonl(res / "polygraph-density.jsonl")
     for name, key in (
         ("Polygraph MahalanobisDistanceSeq", "MahalanobisDistanceSeq_decoder"),

@@ -213,20 +213,43 @@ def format_table(rows: Sequence[PeerRow]) -> str:
     return "\n".join(lines)
 
 
-def best_peer(rows: Sequence[PeerRow]) -> PeerRow:
-    """The peer row with the lowest isotonic Brier (ties: the higher isotonic AUROC)."""
-    peers = [r for r in rows if r.family == "peer" and not math.isnan(r.isotonic.brier)]
+MIN_COVERAGE = 0.9
+"""The share of the held-out queries a peer must score to be named best: a method that scores only
+the replies it could parse is measured on a subset the others are not, so it is shown in the table
+but not crowned on it."""
+
+
+def best_peer(rows: Sequence[PeerRow], *, of: int | None = None) -> PeerRow:
+    """The peer row with the lowest isotonic Brier (ties: the higher isotonic AUROC).
+
+    With ``of`` (the held-out queries there are), only peers that score at least
+    :data:`MIN_COVERAGE` of them are candidates.
+    """
+    peers = [
+        r
+        for r in rows
+        if r.family == "peer"
+        and not math.isnan(r.isotonic.brier)
+        and (of is None or r.n >= MIN_COVERAGE * of)
+    ]
     if not peers:
-        raise ValueError("no peer row has an isotonic Brier score")
+        raise ValueError(
+            "no peer row has an isotonic Brier score"
+            + ("" if of is None else f" on >= {MIN_COVERAGE:.0%} of {of} queries")
+        )
     return min(peers, key=lambda r: (r.isotonic.brier, -np.nan_to_num(r.isotonic.auroc, nan=-1.0)))
 
 
 def headline(rows: Sequence[PeerRow], *, probe: str = "Probe") -> str:
-    """The bench's last line: the probe beside the best peer (isotonic) and their cost ratio in wall time."""
+    """The bench's last line: the probe beside the best peer (isotonic) and their cost ratio in wall time.
+
+    The best peer is chosen among those that score (nearly) every query the probe scores.
+    """
     found = [r for r in rows if r.name == probe]
     if len(found) != 1:
         raise ValueError(f"expected one row named {probe!r}; got {len(found)}")
-    p, b = found[0], best_peer(rows)
+    p = found[0]
+    b = best_peer(rows, of=p.n)
     ratio = b.cost.wall_s / p.cost.wall_s if p.cost.wall_s > 0 else math.inf
     return (
         f"peers: capgate probe Brier {p.raw.brier:.4f} AUROC {p.raw.auroc:.4f}; "

@@ -120,3 +120,45 @@ def test_headline_best_peer_and_cost_ratio() -> None:
     table = format_table(rows)
     assert table.splitlines()[2].startswith("| Probe | query only | 2 | 0.0100 |")
     assert "| — |" in table.splitlines()[2]  # no isotonic map for the probe
+
+
+def test_a_peer_that_scores_too_few_queries_is_shown_but_not_named_best() -> None:
+    labels = Labels(
+        train_mu=np.array([0.0, 0.0, 1.0, 1.0]),
+        test_correct=np.array([0, 4, 0, 4] * 5),
+        test_k=np.full(20, 4),
+    )
+    probe = MethodScores(
+        "Probe",
+        "capgate",
+        "query only",
+        np.full(4, np.nan),
+        np.tile([0.1, 0.9], 10),
+        "confidence",
+        True,
+        Cost(0.0, 0.0, 1.0, 0.05),
+        calibrate=False,
+    )
+    perfect_on_two = np.full(20, np.nan)
+    perfect_on_two[:2] = [0.0, 1.0]  # a perfect score, but only where its replies parsed
+    partial = MethodScores(
+        "parsed-only", "peer", "q", np.array([0.1, 0.2, 0.7, 0.9]), perfect_on_two, "confidence", True, COST
+    )
+    full = MethodScores(
+        "every-query",
+        "peer",
+        "q",
+        np.array([0.1, 0.2, 0.7, 0.9]),
+        np.tile([0.2, 0.6], 10),
+        "confidence",
+        True,
+        COST,
+    )
+    rows = [score_method(m, labels) for m in (probe, partial, full)]
+    assert rows[1].n == 2
+    assert rows[1].isotonic.brier < rows[2].isotonic.brier
+    assert best_peer(rows).name == "parsed-only"  # without a coverage floor
+    assert best_peer(rows, of=20).name == "every-query"  # 2 of 20 < 90%
+    assert "best peer every-query" in headline(rows)
+    with pytest.raises(ValueError, match="on >= 90% of 20 queries"):
+        best_peer(rows[:2], of=20)

@@ -18,7 +18,10 @@ estimator classes):
   ``PTrue`` (its own "is the possible answer true" prompt on the greedy answer),
   ``LexicalSimilarity`` (ROUGE-L between samples), ``MonteCarloSequenceEntropy`` and
   ``MonteCarloNormalizedSequenceEntropy``, over LM-Polygraph's default 10 samples per query
-  (``SamplingGenerationCalculator``), drawn at ``--temperature`` (the labels' 0.7).
+  (``SamplingGenerationCalculator``), drawn at ``--temperature`` (the labels' 0.7);
+  ``PTrueSampling`` (the same judging prompt with the samples listed as brainstormed answers: one
+  more pass), ``PTrueEmpirical`` (10 sampled one-token judgements of the greedy answer) and
+  ``EigenScore`` (the samples' middle-layer last-token embeddings, from the same sampling run).
 * ``density``: ``MahalanobisDistanceSeq`` and ``RDESeq`` (kernel-PCA + robust covariance) on
   those embeddings, fitted on the train ids only: held-out ids are scored by the estimator fitted
   on all train ids; each train id is scored by an estimator fitted on the other folds
@@ -52,9 +55,75 @@ ESTIMATORS = {
         "LexicalSimilarity",
         "MonteCarloSequenceEntropy",
         "MonteCarloNormalizedSequenceEntropy",
+        "PTrueSampling",
+        "PTrueEmpirical",
+        "EigenScore",
     ),
 }
+# The prompt-elicited estimators, with the prompts and settings of LM-Polygraph's own benchmark
+# configs (examples/configs/instruct/polygraph_eval_triviaqa_{verb_1s_top1,verb_2s_top1,ling_1s}.yaml
+# in IINemo/lm-polygraph, zero-shot here): Verbalized1S and Linguistic1S answer a rewritten prompt
+# (the instruction, then "Question: <the query>"); Verbalized2S asks its follow-up after the greedy
+# answer to the labels' own prompt.
+_GUESS = "Guess: <most likely guess, as short as possible; not a complete sentence, just the guess!>"
+_PROBABILITY = (
+    "<the probability between 0.0 and 1.0 that your guess is correct, without any extra commentary "
+    "whatsoever; just the probability!>"
+)
+CONFIDENCE_REGEX = r"Probability: (\d+\.\d+)"
+EXPRESSIONS = {
+    "Almost Certain": 0.95,
+    "Highly Likely": 0.9,
+    "Very Good Chance": 0.8,
+    "We Beleive": 0.75,  # (sic: LM-Polygraph's spelling, which its prompt lists too)
+    "Probably": 0.7,
+    "Probable": 0.7,
+    "Likely": 0.7,
+    "Better than Even": 0.6,
+    "About Even": 0.5,
+    "Probably Not": 0.25,
+    "We Doubt": 0.2,
+    "Unlikely": 0.2,
+    "Little Chance": 0.1,
+    "Chances Are Slight": 0.1,
+    "Improbable": 0.1,
+    "Highly Unlikely": 0.05,
+    "Almost No Chance": 0.02,
+}
+PROMPTED: dict[str, dict[str, Any]] = {
+    "verbalized-1s": {
+        "estimator": ("Verbalized1S", {"confidence_regex": CONFIDENCE_REGEX}),
+        "instruction": "Provide your best guess and the probability that it is correct (0.0 to 1.0) for the "
+        "following question. Give ONLY the guess and probability, no other words or explanation. For "
+        f"example:\n\n{_GUESS}\nProbability: {_PROBABILITY}",
+        "max_new_tokens": 30,
+    },
+    "linguistic-1s": {
+        "estimator": ("Linguistic1S", {"expressions": EXPRESSIONS}),
+        "instruction": "Provide your best guess for the following question, and describe how likely it is "
+        "that your guess is correct as one of the following expressions:\n\n"
+        + "\n".join(EXPRESSIONS)
+        + "\n\nGive ONLY the guess and your confidence, no other words or explanation. For example:\n\n"
+        f"{_GUESS}\nConfidence: <description of confidence, without any extra commentary whatsoever; just "
+        "a short phrase!>",
+        "max_new_tokens": 40,
+    },
+    "verbalized-2s": {
+        "estimator": (
+            "Verbalized2S",
+            {
+                "confidence_prompt": "Provide the probability that your guess is correct. Give ONLY the "
+                "probability, no other words or explanation.\n\nFor example:\n\nProbability: " + _PROBABILITY,
+                "confidence_regex": CONFIDENCE_REGEX,
+                "max_new_tokens": 10,
+            },
+        ),
+        "instruction": None,  # the labels' prompt as it is
+        "max_new_tokens": None,  # --max-tokens, as the labels
+    },
+}
 SAMPLES = 10  # LM-Polygraph's SamplingGenerationCalculator default (its builder takes no setting)
+PTRUE_EMPIRICAL_SAMPLES = 10  # PTrueEmpirical's default num_samples
 DENSITY = ("MahalanobisDistanceSeq", "RDESeq")
 
 
@@ -75,6 +144,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def clean(value: Any) -> Any:
     value = float(value)
     return None if math.isnan(value) or math.isinf(value) else value
+
+
+def prompt_of(mode: str, prompt: str) -> str:
+    """The text a mode's model call answers: the labels' prompt, or LM-Polygraph's instruction + it."""
+    instruction = PROMPTED.get(mode, {}).get("instruction")
+    return prompt if instruction is None else f"{instruction}\n\nQuestion: {prompt}\n"
 
 
 def generate(args: argparse.Namespace) -> None:
@@ -99,7 +174,9 @@ def generate(args: argparse.Namespace) -> None:
         tokenizer.pad_token = tokenizer.eos_token
     hf = AutoModelForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32).eval()
     sampled = args.mode == "sampled"
-    params = GenerationParameters(max_new_tokens=args.max_tokens, temperature=args.temperature)
+    prompted = PROMPTED.get(args.mode)
+    max_tokens = (prompted or {}).get("max_new_tokens") or args.max_tokens
+    params = GenerationParameters(max_new_tokens=max_tokens, temperature=args.temperature)
     model = WhiteboxModel(
         hf, tokenizer, model_path=args.model_dir, generation_parameters=params, instruct=True
     )
@@ -107,9 +184,15 @@ def generate(args: argparse.Namespace) -> None:
     for start in range(0, len(todo), args.batch_size):
         batch = todo[start : start + args.batch_size]
         t0 = time.perf_counter()
-        estimators = [getattr(est, name)() for name in ESTIMATORS[args.mode]]
+        if prompted:
+            name, kwargs = prompted["estimator"]
+            estimators = [getattr(est, name)(**kwargs)]
+        else:
+            estimators = [getattr(est, name)() for name in ESTIMATORS[args.mode]]
         manager = UEManager(
-            Dataset([r["prompt"] for r in batch], [""] * len(batch), batch_size=len(batch)),
+            Dataset(
+                [prompt_of(args.mode, r["prompt"]) for r in batch], [""] * len(batch), batch_size=len(batch)
+            ),
             model,
             estimators,
             builder_env_stat_calc=BuilderEnvironmentStatCalculator(model),
@@ -119,7 +202,7 @@ def generate(args: argparse.Namespace) -> None:
             processors=[],
             ignore_exceptions=False,
             verbose=False,
-            max_new_tokens=args.max_tokens,
+            max_new_tokens=max_tokens,
             save_stats={"generate": ["embeddings_decoder"], "sampled": ["sample_tokens"]}.get(args.mode, []),
         )
         manager()
@@ -138,14 +221,21 @@ def generate(args: argparse.Namespace) -> None:
                 }
                 if sampled:  # the greedy answer PTrue judges, plus the samples
                     samples = stats["sample_tokens"][j]
-                    row["generations"] = 1 + len(samples)
-                    row["generated_tokens"] = tokens + sum(len(t) for t in samples)
-                    row["forward_passes"] = row["generated_tokens"] + 1  # + PTrue's prompt pass
+                    # + PTrueEmpirical's one-token judgements of the greedy answer
+                    row["generations"] = 1 + len(samples) + PTRUE_EMPIRICAL_SAMPLES
+                    row["generated_tokens"] = tokens + sum(len(t) for t in samples) + PTRUE_EMPIRICAL_SAMPLES
+                    # + one judging prompt pass each for PTrue, PTrueSampling and PTrueEmpirical
+                    # (its one-token samples share one prefill)
+                    row["forward_passes"] = tokens + sum(len(t) for t in samples) + 3
                 else:
                     row["generations"] = 1
                     row["generated_tokens"] = tokens
                 if args.mode == "information":  # + the PMI estimators' pass on the bare answer
                     row["forward_passes"] = tokens + 1
+                if args.mode == "verbalized-2s":  # + the follow-up reply, counted at its cap (upper bound)
+                    follow_up = PROMPTED[args.mode]["estimator"][1]["max_new_tokens"]
+                    row["generations"] = 2
+                    row["generated_tokens"] = row["forward_passes"] = tokens + follow_up
                 if args.mode == "generate":
                     row["embedding"] = [float(x) for x in stats["embeddings_decoder"][j]]
                 handle.write(json.dumps(row) + "\n")
@@ -204,7 +294,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--mode", required=True, choices=[*ESTIMATORS, "density"])
+    parser.add_argument("--mode", required=True, choices=[*ESTIMATORS, *PROMPTED, "density"])
     parser.add_argument("--input", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model-dir", default="")
@@ -216,7 +306,7 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if args.mode in ESTIMATORS:
+    if args.mode in ESTIMATORS or args.mode in PROMPTED:
         generate(args)
     else:
         density(args)
