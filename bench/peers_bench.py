@@ -170,6 +170,31 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
         )
 
     whitebox("uqlm-whitebox.jsonl", ",".join(WB_SCORERS))
+    # the model judging its own white-box answers (uqlm's LLMPanel, one judge per template)
+    answers = read_jsonl(res / "uqlm-whitebox.jsonl")
+    panel_in = res / "uqlm-panel-in.jsonl"
+    write_jsonl(
+        panel_in,
+        [
+            {"id": i, "prompt": records[i].prompt, "response": answers[i]["response"]}
+            for i in ids
+            if i in answers
+        ],
+    )
+    worker(
+        ".venv-uqlm",
+        "uqlm_worker.py",
+        "--mode",
+        "panel",
+        "--input",
+        str(panel_in),
+        "--out",
+        str(res / "uqlm-panel.jsonl"),
+        "--base-url",
+        url,
+        "--model",
+        model,
+    )
     whitebox("uqlm-ptrue.jsonl", "p_true")
     bb = res / f"uqlm-blackbox-k{args.k}.jsonl"
     worker(
@@ -214,7 +239,51 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
         str(res / f"uqlm-blackbox-k{args.k}-extracted.jsonl"),
     )
     # the costliest white-box scorer last: 1 + k generations with logprobs
-    whitebox(f"uqlm-mcp-k{args.k}.jsonl", "monte_carlo_probability", "-k", str(args.k))
+    mcp = res / f"uqlm-mcp-k{args.k}.jsonl"
+    whitebox(mcp.name, "monte_carlo_probability", "-k", str(args.k))
+    # uqlm's ensemble of its offline components on those generations, tuned on the train queries'
+    # original responses as capgate's grader grades them
+    ensemble_in = res / "uqlm-ensemble-in.jsonl"
+    generated = read_jsonl(mcp)
+    items = dataset_items(args.labels, set(generated))
+    train_ids = set(ids) - set(read_split(args.split, records)[1])
+    rows = []
+    for i in [i for i in ids if i in generated]:
+        g = generated[i]
+        row = {k: g[k] for k in ("id", "response", "sampled", "logprob", "sampled_logprob")}
+        row |= {"prompt": records[i].prompt, "split": "train" if i in train_ids else "test"}
+        if i in train_ids:
+            row["correct"] = grader_for(items[i]).grade(g["response"], items[i])
+        rows.append(row)
+    write_jsonl(ensemble_in, rows)
+    worker(
+        ".venv-uqlm",
+        "uqlm_worker.py",
+        "--mode",
+        "ensemble",
+        "--input",
+        str(ensemble_in),
+        "--out",
+        str(res / f"uqlm-ensemble-k{args.k}.jsonl"),
+        "--base-url",
+        url,
+        "--model",
+        model,
+    )
+
+
+def dataset_items(labels: Path, ids: set[str]) -> dict[str, Any]:
+    """The label file's queries as capgate :class:`~capgate.datasets.DatasetItem` (to grade answers)."""
+    from capgate.datasets import DatasetItem
+
+    keys = ("id", "question", "references", "kind", "choices")
+    out = {}
+    for line in labels.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            raw = json.loads(line)
+            if raw["id"] in ids:
+                out[raw["id"]] = DatasetItem.model_validate({k: raw[k] for k in keys if k in raw})
+    return out
 
 
 def peer_ids(args: argparse.Namespace, train: list[str], test: list[str]) -> list[str]:
@@ -466,6 +535,57 @@ def build_methods(
         f"query + {1 + args.k} answers (logprobs)",
         mc,
         lambda r: r["scores"]["monte_carlo_probability"],
+    )
+    panel = read_jsonl(res / "uqlm-panel.jsonl")
+    judged = {i: {**wb[i], "panel": panel[i]} for i in panel if i in wb}
+
+    def judged_cost(share: float) -> Cost:
+        """The judged white-box answer plus ``share`` of the panel's judging (its judges run one
+        after another, so one template's share of the wall time is 1/templates)."""
+        return mean_cost(
+            {
+                i: {
+                    "generations": r["generations"] + share * r["panel"]["generations"],
+                    "generated_tokens": r["generated_tokens"] + share * r["panel"]["generated_tokens"],
+                    "wall_s": r["wall_s"] + share * r["panel"]["wall_s"],
+                }
+                for i, r in judged.items()
+            },
+            test,
+        )
+
+    templates = list(next(iter(panel.values()))["scores"]) if panel else []
+    for key in templates:  # each template's judge, then their average
+        whole = key == "avg"
+        add(
+            f"uqlm LLMPanel self-judge ({'average of the judges' if whole else key})",
+            "peer",
+            "query + 1 answer (+1 judging call" + (" per template)" if whole else ")"),
+            judged,
+            lambda r, key=key: r["panel"]["scores"][key],
+            cost=judged_cost(1.0 if whole else 1.0 / (len(templates) - 1)) if judged else None,
+        )
+    ens = read_jsonl(res / f"uqlm-ensemble-k{args.k}.jsonl")
+    both = {i: (mc[i], ens[i]) for i in ens if i in mc}
+    add(
+        f"uqlm UQEnsemble (k={args.k}, tuned on train)",
+        "peer",
+        f"query + {1 + args.k} answers (logprobs) + 1 judging call",
+        {i: e for i, (_, e) in both.items()},
+        lambda r: r["scores"]["ensemble"],
+        cost=mean_cost(
+            {
+                i: {
+                    "generations": m["generations"] + e["generations"],
+                    "generated_tokens": m["generated_tokens"] + e["generated_tokens"],
+                    "wall_s": m["wall_s"] + e["wall_s"],
+                }
+                for i, (m, e) in both.items()
+            },
+            test,
+        )
+        if both
+        else None,
     )
     pt = read_jsonl(res / "uqlm-ptrue.jsonl")
     add("uqlm p_true", "peer", "query + 1 answer (+1 judging call)", pt, lambda r: r["scores"]["p_true"])
