@@ -78,24 +78,22 @@ WB_SCORERS = (
 NOT_RUN = (
     "uqlm semantic_negentropy, noncontradiction, entailment, semantic_sets_confidence (black-box) and "
     "semantic_negentropy, semantic_density (white-box): an NLI model (microsoft/deberta-large-mnli) "
-    "from the HF hub",
+    "from the HF hub; so also UQEnsemble's default (BS Detector) components, whose noncontradiction is NLI "
+    "(the ensemble of the offline components is run)",
     "uqlm cosine_sim, consistency_and_confidence: a sentence-transformers model (all-MiniLM-L6-v2) "
     "from the hub; uqlm bert_score: roberta-large from the hub",
-    "uqlm LLMJudge / LLMPanel: a judge model; the only local model is the 135M under test",
+    "uqlm LLMJudge / LLMPanel with a judge other than the model itself: the only local model is the 135M "
+    "under test (LLMPanel is run with it judging its own answers)",
     "LM-Polygraph SemanticEntropy(Token), NumSemSets, EigValLaplacian, DegMat, Eccentricity, LabelProb, "
     "KernelLanguageEntropy, LUQ, SemanticDensity, ClaimConditionedProbability: an NLI model from the hub; "
     "SAR, TokenSAR, SentenceSAR, CocoaMSP/PPL/MTE: a cross-encoder / sentence-similarity model from the hub; "
     "Focus: an IDF table built from a hub dataset",
     "LM-Polygraph AttentionScore, RAUQ, CSL: attention weights, which this model's SDPA attention does not "
     "return (the estimators fail on the empty tuple)",
-    "LM-Polygraph PTrue, LexicalSimilarity, MonteCarloSequenceEntropy, MonteCarloNormalizedSequenceEntropy "
-    "(10 samples per query; --polygraph-sampled), PTrueSampling, PTrueEmpirical, EigenScore: run offline, "
-    "not run here: 20-40 s per query on this 2-core CPU (measured on 2-8 queries), about 4 h for the 356 "
-    "held-out queries alone",
-    "LM-Polygraph RelativeMahalanobisDistanceSeq, PPLMDSeq: a background corpus / train log-likelihood "
-    "statistics that the bench does not build; MaximumTokenProbability, TokenEntropy and the other "
-    "token-level estimators: not sequence scores; Verbalized1S/2S, Linguistic1S: fail on this model "
-    "(IndexError in the stat calculators); the ensemble estimators (EPT*/PET*/EPS*/PES*): an ensemble",
+    "LM-Polygraph RelativeMahalanobisDistanceSeq and PPLMDSeq's RMD variant: the embeddings of a "
+    "background corpus, which LM-Polygraph's benchmark takes from the hub (a C4 sample); "
+    "MaximumTokenProbability, TokenEntropy and the other token-level estimators: not sequence scores; "
+    "the ensemble estimators (EPT*/PET*/EPS*/PES*): an ensemble of models",
 )
 
 
@@ -738,6 +736,7 @@ def build_methods(
     for name, key in (
         ("Polygraph MahalanobisDistanceSeq", "MahalanobisDistanceSeq_decoder"),
         ("Polygraph RDESeq", "RDESeq_decoder"),
+        ("Polygraph PPLMDSeq", "PPLMDSeq_decoder"),
     ):
         if pg and any(key in r["uncertainty"] for r in md.values()):
             add(

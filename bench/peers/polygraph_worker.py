@@ -22,8 +22,9 @@ estimator classes):
   ``PTrueSampling`` (the same judging prompt with the samples listed as brainstormed answers: one
   more pass), ``PTrueEmpirical`` (10 sampled one-token judgements of the greedy answer) and
   ``EigenScore`` (the samples' middle-layer last-token embeddings, from the same sampling run).
-* ``density``: ``MahalanobisDistanceSeq`` and ``RDESeq`` (kernel-PCA + robust covariance) on
-  those embeddings, fitted on the train ids only: held-out ids are scored by the estimator fitted
+* ``density``: ``MahalanobisDistanceSeq``, ``RDESeq`` (kernel-PCA + robust covariance) and
+  ``PPLMDSeq`` (the mean of the perplexity's and the Mahalanobis distance's ranks among the train
+  queries') on those embeddings, fitted on the train ids only: held-out ids are scored by the estimator fitted
   on all train ids; each train id is scored by an estimator fitted on the other folds
   (``--folds``), so the train scores an isotonic map is fitted on are out-of-sample, like the
   held-out ones.
@@ -124,7 +125,7 @@ PROMPTED: dict[str, dict[str, Any]] = {
 }
 SAMPLES = 10  # LM-Polygraph's SamplingGenerationCalculator default (its builder takes no setting)
 PTRUE_EMPIRICAL_SAMPLES = 10  # PTrueEmpirical's default num_samples
-DENSITY = ("MahalanobisDistanceSeq", "RDESeq")
+DENSITY = ("MahalanobisDistanceSeq", "RDESeq", "PPLMDSeq")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -260,13 +261,22 @@ def density(args: argparse.Namespace) -> None:
     if len(train) < args.folds:
         sys.exit(f"error: {args.input}: {len(train)} train ids have an embedding; need >= {args.folds}")
 
+    def log_likelihoods(ids: list[str]) -> list[list[float]]:
+        # Perplexity (what PPLMDSeq reads of them) is minus the mean token log-likelihood, which
+        # the greedy run stored; a one-token list with that mean gives PPLMDSeq the same value.
+        return [[-rows[i]["uncertainty"]["Perplexity"]] for i in ids]
+
     def emb(ids: list[str]) -> Any:
         return np.array([rows[i]["embedding"] for i in ids], dtype=np.float32)
 
     def score(name: str, fit_ids: list[str], score_ids: list[str]) -> tuple[list[float], float]:
         t0 = time.perf_counter()
         estimator = getattr(est, name)(embeddings_type="decoder")  # a fresh, unfitted one
-        out = estimator({"embeddings_decoder": emb(score_ids), "train_embeddings_decoder": emb(fit_ids)})
+        stats = {"embeddings_decoder": emb(score_ids), "train_embeddings_decoder": emb(fit_ids)}
+        if name == "PPLMDSeq":  # + the greedy answers' log-likelihoods, for its perplexity half
+            stats["greedy_log_likelihoods"] = log_likelihoods(score_ids)
+            stats["train_greedy_log_likelihoods"] = log_likelihoods(fit_ids)
+        out = estimator(stats)
         return [clean(x) for x in np.asarray(out)], time.perf_counter() - t0
 
     rng = np.random.default_rng(args.seed)
