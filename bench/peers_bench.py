@@ -14,14 +14,22 @@ Each peer runs in its own venv (``scripts/peers-setup.sh``) through its own publ
   probability_margin (top-15 logprobs), all from one generation; ``WhiteBoxUQ`` p_true (one
   generation + one judging call); ``BlackBoxUQ`` exact_match over 1 + k responses (raw strings,
   as uqlm compares them), and the same responses rescored by uqlm after capgate's task grader
-  extracted their final answers (``BlackBoxUQ.score``); last, ``WhiteBoxUQ``
-  monte_carlo_probability (1 + k generations with logprobs).
+  extracted their final answers (``BlackBoxUQ.score``); ``LLMPanel`` with the model judging its
+  own white-box answer (uqlm's true_false_uncertain, continuous and likert templates, and their
+  average); ``WhiteBoxUQ`` monte_carlo_probability (1 + k generations with logprobs); last,
+  ``UQEnsemble`` of every offline component (exact_match, min_probability, sequence_probability,
+  monte_carlo_probability on those generations, plus the self-judge) with its weights tuned by
+  ``tune_from_graded`` on the train queries' responses as capgate's grader grades them.
 * LM-Polygraph 0.7.0 (white-box: the local HF folder ``capgate model prepare default`` prints,
   transformers on CPU, greedy, 24 tokens): MaximumSequenceProbability, Perplexity,
   MeanTokenEntropy (one generation); SelfCertainty, RenyiNeg, FisherRao, Mean(Conditional)
-  PointwiseMutualInformation, BoostedProbSequence (a second greedy run); MahalanobisDistanceSeq
-  and RDESeq on the last-layer sequence embedding, fitted on the train split's embeddings
-  (cross-fitted on train, see the worker); with ``--polygraph-sampled``, its 10-sample estimators.
+  PointwiseMutualInformation, BoostedProbSequence (a second greedy run); MahalanobisDistanceSeq,
+  RDESeq and PPLMDSeq on the last-layer sequence embedding, fitted on the train split's embeddings
+  (cross-fitted on train, see the worker); Verbalized2S (a follow-up asking the probability),
+  Verbalized1S and Linguistic1S (guess + stated confidence) with the prompts of LM-Polygraph's own
+  benchmark configs; with ``--polygraph-sampled``, its sampling estimators over 10 samples per
+  query (PTrue, PTrueSampling, PTrueEmpirical, LexicalSimilarity, MonteCarlo(Normalized)Sequence
+  Entropy, EigenScore: about 7-9 s per query on this 2-core CPU).
 * capgate: the default probe (live on CPU, timed), the constant prior (train mean µ̂), and the
   verbalized, P(True) and Consistency(k=5) estimates of ``bench/estimators_smollm2.py``: with
   ``--run-capgate-baselines`` the bench runs it on the same server, over the same queries as the
@@ -784,8 +792,9 @@ def main() -> None:
     parser.add_argument(
         "--polygraph-sampled",
         action="store_true",
-        help="also run LM-Polygraph's 10-sample estimators (PTrue, LexicalSimilarity, MonteCarlo"
-        "[Normalized]SequenceEntropy): 20-40 s per query on a 2-core CPU",
+        help="also run LM-Polygraph's sampling estimators (PTrue, PTrueSampling, PTrueEmpirical, "
+        "LexicalSimilarity, MonteCarlo[Normalized]SequenceEntropy, EigenScore; 10 samples per query): "
+        "7-9 s per query on a 2-core CPU",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", default="", help="comma list of uqlm,polygraph,probe to skip running")

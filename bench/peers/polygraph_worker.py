@@ -35,11 +35,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from _jsonl import append_rows, read_rows
 
 ESTIMATORS = {
     "generate": ("MaximumSequenceProbability", "Perplexity", "MeanTokenEntropy"),
@@ -128,20 +129,6 @@ PTRUE_EMPIRICAL_SAMPLES = 10  # PTrueEmpirical's default num_samples
 DENSITY = ("MahalanobisDistanceSeq", "RDESeq", "PPLMDSeq")
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    if not path.exists():
-        return rows
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a kill: dropped, recomputed
-            break
-    return rows
-
-
 def clean(value: Any) -> Any:
     value = float(value)
     return None if math.isnan(value) or math.isinf(value) else value
@@ -164,8 +151,8 @@ def generate(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)
-    items = read_jsonl(args.input)
-    done = {r["id"] for r in read_jsonl(args.out)}
+    items = read_rows(args.input)
+    done = {r["id"] for r in read_rows(args.out)}
     todo = [r for r in items if r["id"] not in done]
     print(f"polygraph {args.mode}: {len(items) - len(todo)} cached, {len(todo)} to score", file=sys.stderr)
     if not todo:
@@ -209,39 +196,36 @@ def generate(args: argparse.Namespace) -> None:
         manager()
         share = (time.perf_counter() - t0) / len(batch)
         stats = manager.stats
-        with args.out.open("a", encoding="utf-8") as handle:
-            for j, r in enumerate(batch):
-                tokens = len(stats["greedy_tokens"][j])
-                row: dict[str, Any] = {
-                    "id": r["id"],
-                    "uncertainty": {
-                        str(e): clean(manager.estimations[e.level, str(e)][j]) for e in estimators
-                    },
-                    "response": stats["greedy_texts"][j],
-                    "wall_s": share,
-                }
-                if sampled:  # the greedy answer PTrue judges, plus the samples
-                    samples = stats["sample_tokens"][j]
-                    # + PTrueEmpirical's one-token judgements of the greedy answer
-                    row["generations"] = 1 + len(samples) + PTRUE_EMPIRICAL_SAMPLES
-                    row["generated_tokens"] = tokens + sum(len(t) for t in samples) + PTRUE_EMPIRICAL_SAMPLES
-                    # + one judging prompt pass each for PTrue, PTrueSampling and PTrueEmpirical
-                    # (its one-token samples share one prefill)
-                    row["forward_passes"] = tokens + sum(len(t) for t in samples) + 3
-                else:
-                    row["generations"] = 1
-                    row["generated_tokens"] = tokens
-                if args.mode == "information":  # + the PMI estimators' pass on the bare answer
-                    row["forward_passes"] = tokens + 1
-                if args.mode == "verbalized-2s":  # + the follow-up reply, counted at its cap (upper bound)
-                    follow_up = PROMPTED[args.mode]["estimator"][1]["max_new_tokens"]
-                    row["generations"] = 2
-                    row["generated_tokens"] = row["forward_passes"] = tokens + follow_up
-                if args.mode == "generate":
-                    row["embedding"] = [float(x) for x in stats["embeddings_decoder"][j]]
-                handle.write(json.dumps(row) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        rows = []
+        for j, r in enumerate(batch):
+            tokens = len(stats["greedy_tokens"][j])
+            row: dict[str, Any] = {
+                "id": r["id"],
+                "uncertainty": {str(e): clean(manager.estimations[e.level, str(e)][j]) for e in estimators},
+                "response": stats["greedy_texts"][j],
+                "wall_s": share,
+            }
+            if sampled:  # the greedy answer PTrue judges, plus the samples
+                samples = stats["sample_tokens"][j]
+                # + PTrueEmpirical's one-token judgements of the greedy answer
+                row["generations"] = 1 + len(samples) + PTRUE_EMPIRICAL_SAMPLES
+                row["generated_tokens"] = tokens + sum(len(t) for t in samples) + PTRUE_EMPIRICAL_SAMPLES
+                # + one judging prompt pass each for PTrue, PTrueSampling and PTrueEmpirical
+                # (its one-token samples share one prefill)
+                row["forward_passes"] = tokens + sum(len(t) for t in samples) + 3
+            else:
+                row["generations"] = 1
+                row["generated_tokens"] = tokens
+            if args.mode == "information":  # + the PMI estimators' pass on the bare answer
+                row["forward_passes"] = tokens + 1
+            if args.mode == "verbalized-2s":  # + the follow-up reply, counted at its cap (upper bound)
+                follow_up = PROMPTED[args.mode]["estimator"][1]["max_new_tokens"]
+                row["generations"] = 2
+                row["generated_tokens"] = row["forward_passes"] = tokens + follow_up
+            if args.mode == "generate":
+                row["embedding"] = [float(x) for x in stats["embeddings_decoder"][j]]
+            rows.append(row)
+        append_rows(args.out, rows)
         print(
             f"polygraph {args.mode}: {start + len(batch)}/{len(todo)} ({share:.2f} s/query)", file=sys.stderr
         )
@@ -251,7 +235,7 @@ def density(args: argparse.Namespace) -> None:
     import lm_polygraph.estimators as est
     import numpy as np
 
-    rows = {r["id"]: r for r in read_jsonl(args.input)}
+    rows = {r["id"]: r for r in read_rows(args.input)}
     split = json.loads(args.split.read_text(encoding="utf-8"))
     test = list(split["test"])
     missing = [i for i in test if i not in rows]

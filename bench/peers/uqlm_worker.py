@@ -28,25 +28,12 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    if not path.exists():
-        return rows
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a kill: dropped, recomputed
-            break
-    return rows
+from _jsonl import append_rows, read_rows
 
 
 def clean(value: Any) -> Any:
@@ -102,8 +89,8 @@ async def run_ensemble(args: argparse.Namespace) -> None:
     """
     from uqlm import UQEnsemble
 
-    items = read_jsonl(args.input)
-    done = {r["id"] for r in read_jsonl(args.out)}
+    items = read_rows(args.input)
+    done = {r["id"] for r in read_rows(args.out)}
     weights_path = Path(str(args.out) + ".weights.json")
     llm = make_llm(args)
 
@@ -122,13 +109,12 @@ async def run_ensemble(args: argparse.Namespace) -> None:
         return [clean(x) for x in result.to_dict()["data"]["ensemble_scores"]]
 
     def append(batch: list[dict[str, Any]], scores: list[float], share: float) -> None:
-        with args.out.open("a", encoding="utf-8") as handle:
-            for r, score in zip(batch, scores, strict=True):
-                row = {"id": r["id"], "scores": {"ensemble": score}, "generations": 1, "wall_s": share}
-                row["generated_tokens"] = args.max_tokens  # the judging call, counted at its cap
-                handle.write(json.dumps(row) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        # + the judging call, its tokens counted at the cap
+        rows = [
+            {"id": r["id"], "scores": {"ensemble": v}, "generations": 1, "generated_tokens": args.max_tokens}
+            for r, v in zip(batch, scores, strict=True)
+        ]
+        append_rows(args.out, [{**row, "wall_s": share} for row in rows])
 
     if weights_path.exists():
         weights = json.loads(weights_path.read_text(encoding="utf-8"))["weights"]
@@ -288,8 +274,8 @@ def main() -> None:
 
 async def run_all(args: argparse.Namespace, tokenizer: Any) -> None:
     """Every missing batch, in one event loop (LangChain's async clients are bound to their loop)."""
-    items = read_jsonl(args.input)
-    done = {r["id"] for r in read_jsonl(args.out)}
+    items = read_rows(args.input)
+    done = {r["id"] for r in read_rows(args.out)}
     todo = [r for r in items if r["id"] not in done]
     print(f"uqlm {args.mode}: {len(items) - len(todo)} cached, {len(todo)} to score", file=sys.stderr)
     for start in range(0, len(todo), args.batch_size):
@@ -297,11 +283,7 @@ async def run_all(args: argparse.Namespace, tokenizer: Any) -> None:
         t0 = time.perf_counter()
         rows = await run_batch(args, batch, tokenizer)
         share = (time.perf_counter() - t0) / len(batch)
-        with args.out.open("a", encoding="utf-8") as handle:
-            for row in rows:
-                handle.write(json.dumps({**row, "wall_s": share}) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_rows(args.out, [{**row, "wall_s": share} for row in rows])
         print(f"uqlm {args.mode}: {start + len(batch)}/{len(todo)} ({share:.2f} s/query)", file=sys.stderr)
 
 
