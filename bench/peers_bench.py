@@ -113,7 +113,7 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def read_jsonl(path: Path) -> dict[str, dict[str, Any]]:
-    """Lines by id; a last line cut short by a kill is dropped (the worker recomputes it)."""
+    """Lines by id; a line cut short by a kill is skipped (the worker cuts it off and recomputes it)."""
     out: dict[str, dict[str, Any]] = {}
     if not path.exists():
         return out
@@ -123,7 +123,7 @@ def read_jsonl(path: Path) -> dict[str, dict[str, Any]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            break
+            continue
         if "id" not in row:
             raise DataError("no 'id'", path=path, line=number, field="id")
         out[str(row["id"])] = row
