@@ -293,12 +293,14 @@ def dataset_items(labels: Path, ids: set[str]) -> dict[str, Any]:
 
 
 def peer_ids(args: argparse.Namespace, train: list[str], test: list[str]) -> list[str]:
-    """Held-out ids first, then all train ids or a seeded subsample of ``--peer-train``."""
+    """Held-out ids first, then all train ids or a seeded subsample of ``--peer-train``; with
+    ``--peer-limit N``, only the first N of those."""
     keep = list(train)
     if 0 <= args.peer_train < len(train):
         rng = np.random.default_rng(args.seed)
         keep = [train[j] for j in sorted(rng.choice(len(train), args.peer_train, replace=False))]
-    return [*test, *keep]
+    ids = [*test, *keep]
+    return ids if args.peer_limit < 0 else ids[: args.peer_limit]
 
 
 def run_polygraph(
@@ -787,6 +789,13 @@ def main() -> None:
         help="run uqlm, LM-Polygraph and capgate's black-box baselines on the held-out queries and a "
         "seeded subsample of this many train queries (default: all; they are slow on a 2-core CPU): "
         "their isotonic maps and the density estimator are fitted on those",
+    )
+    parser.add_argument(
+        "--peer-limit",
+        type=int,
+        default=-1,
+        help="run the peers on only the first N of those queries (held-out first): a shorter run, whose "
+        "isotonic maps are fitted on fewer train queries (cached rows beyond N are still read)",
     )
     parser.add_argument("--polygraph-batch", type=int, default=16, help="queries per UEManager run")
     parser.add_argument(
