@@ -76,6 +76,8 @@ from capgate.errors import DataError
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "sdk" / "assets"
 WORKERS = Path(__file__).resolve().parent / "peers"
+POLYGRAPH_SAMPLES = 10  # LM-Polygraph's SamplingGenerationCalculator default
+PTRUE_EMPIRICAL_SAMPLES = 10  # PTrueEmpirical's default num_samples
 WB_SCORERS = (
     "sequence_probability",
     "min_probability",
@@ -155,75 +157,25 @@ def server_of(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str], model_dir: str) -> None:
+    from capgate.grading import grader_for
+
     url, model = server_of(args)
     res: Path = args.results
     peer_items = res / "items-uqlm.jsonl"
     write_jsonl(peer_items, [{"id": i, "prompt": records[i].prompt} for i in ids])
     common = ["--input", str(peer_items), "--base-url", url, "--model", model]
 
+    def uqlm(mode: str, out: Path, *more: str) -> None:
+        worker(".venv-uqlm", "uqlm_worker.py", "--mode", mode, "--out", str(out), *more)
+
     def whitebox(out: str, scorers: str, *more: str) -> None:
-        worker(
-            ".venv-uqlm",
-            "uqlm_worker.py",
-            "--mode",
-            "whitebox",
-            "--out",
-            str(res / out),
-            "--scorers",
-            scorers,
-            *more,
-            *common,
-        )
+        uqlm("whitebox", res / out, "--scorers", scorers, *more, *common)
 
     whitebox("uqlm-whitebox.jsonl", ",".join(WB_SCORERS))
-    # the model judging its own white-box answers (uqlm's LLMPanel, one judge per template)
-    answers = read_jsonl(res / "uqlm-whitebox.jsonl")
-    panel_in = res / "uqlm-panel-in.jsonl"
-    write_jsonl(
-        panel_in,
-        [
-            {"id": i, "prompt": records[i].prompt, "response": answers[i]["response"]}
-            for i in ids
-            if i in answers
-        ],
-    )
-    worker(
-        ".venv-uqlm",
-        "uqlm_worker.py",
-        "--mode",
-        "panel",
-        "--input",
-        str(panel_in),
-        "--out",
-        str(res / "uqlm-panel.jsonl"),
-        "--base-url",
-        url,
-        "--model",
-        model,
-    )
     whitebox("uqlm-ptrue.jsonl", "p_true")
     bb = res / f"uqlm-blackbox-k{args.k}.jsonl"
-    worker(
-        ".venv-uqlm",
-        "uqlm_worker.py",
-        "--mode",
-        "blackbox",
-        "--out",
-        str(bb),
-        "-k",
-        str(args.k),
-        "--tokenizer",
-        model_dir,
-        "--input",
-        str(peer_items),
-        "--base-url",
-        url,
-        "--model",
-        model,
-    )
+    uqlm("blackbox", bb, "-k", str(args.k), "--tokenizer", model_dir, *common)
     # The same responses with their final answers extracted by capgate's task grader.
-    from capgate.grading import grader_for
-
     raw = read_jsonl(bb)
     rows = []
     for i in [i for i in ids if i in raw]:
@@ -233,23 +185,24 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
         # No extracted answer never agrees with anything (as in capgate's Consistency).
         keyed = [a if a is not None else f"<no answer {j}>" for j, a in enumerate(answers)]
         rows.append({"id": i, "response": keyed[0], "sampled": keyed[1:]})
-    write_jsonl(res / "uqlm-extracted-in.jsonl", rows)
-    worker(
-        ".venv-uqlm",
-        "uqlm_worker.py",
-        "--mode",
-        "rescore",
-        "--input",
-        str(res / "uqlm-extracted-in.jsonl"),
-        "--out",
-        str(res / f"uqlm-blackbox-k{args.k}-extracted.jsonl"),
-    )
+    extracted = res / "uqlm-extracted-in.jsonl"
+    write_jsonl(extracted, rows)
+    uqlm("rescore", res / f"uqlm-blackbox-k{args.k}-extracted.jsonl", "--input", str(extracted))
+    if args.uqlm_panel:
+        # the model judging its own white-box answers (LLMPanel, one judge per template)
+        answered = read_jsonl(res / "uqlm-whitebox.jsonl")
+        panel_in = res / "uqlm-panel-in.jsonl"
+        judged = [i for i in ids if i in answered]
+        write_jsonl(
+            panel_in,
+            [{"id": i, "prompt": records[i].prompt, "response": answered[i]["response"]} for i in judged],
+        )
+        uqlm("panel", res / "uqlm-panel.jsonl", "--input", str(panel_in), "--base-url", url, "--model", model)
     # the costliest white-box scorer last: 1 + k generations with logprobs
     mcp = res / f"uqlm-mcp-k{args.k}.jsonl"
     whitebox(mcp.name, "monte_carlo_probability", "-k", str(args.k))
     # uqlm's ensemble of its offline components on those generations, tuned on the train queries'
     # original responses as capgate's grader grades them
-    ensemble_in = res / "uqlm-ensemble-in.jsonl"
     generated = read_jsonl(mcp)
     items = dataset_items(args.labels, set(generated))
     train_ids = set(ids) - set(read_split(args.split, records)[1])
@@ -261,21 +214,10 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
         if i in train_ids:
             row["correct"] = grader_for(items[i]).grade(g["response"], items[i])
         rows.append(row)
+    ensemble_in = res / "uqlm-ensemble-in.jsonl"
     write_jsonl(ensemble_in, rows)
-    worker(
-        ".venv-uqlm",
-        "uqlm_worker.py",
-        "--mode",
-        "ensemble",
-        "--input",
-        str(ensemble_in),
-        "--out",
-        str(res / f"uqlm-ensemble-k{args.k}.jsonl"),
-        "--base-url",
-        url,
-        "--model",
-        model,
-    )
+    out = res / f"uqlm-ensemble-k{args.k}.jsonl"
+    uqlm("ensemble", out, "--input", str(ensemble_in), "--base-url", url, "--model", model)
 
 
 def dataset_items(labels: Path, ids: set[str]) -> dict[str, Any]:
@@ -575,6 +517,27 @@ def build_methods(
         )
     ens = read_jsonl(res / f"uqlm-ensemble-k{args.k}.jsonl")
     both = {i: (mc[i], ens[i]) for i in ens if i in mc}
+    # the ensemble's self-judge component (uqlm's default true_false_uncertain judge), on its own: the
+    # judged answer is the first of those generations; its cost that answer plus the judging call
+    if both:
+        add(
+            "uqlm LLMJudge self-judge (true_false_uncertain)",
+            "peer",
+            "query + 1 answer (+1 judging call)",
+            {i: e for i, (_, e) in both.items()},
+            lambda r: r["scores"].get("judge_1"),
+            cost=mean_cost(
+                {
+                    i: {
+                        "generations": 1 + e["generations"],
+                        "generated_tokens": m["generated_tokens"] / m["generations"] + e["generated_tokens"],
+                        "wall_s": m["wall_s"] / m["generations"] + e["wall_s"],
+                    }
+                    for i, (m, e) in both.items()
+                },
+                test,
+            ),
+        )
     add(
         f"uqlm UQEnsemble (k={args.k}, tuned on train)",
         "peer",
@@ -660,52 +623,68 @@ def build_methods(
     keys = list(next(iter(info.values()))["uncertainty"]) if info else []
     add_uncertainties(info, {f"Polygraph {k}": k for k in keys}, "query + 1 greedy answer")
     sampled = read_jsonl(res / "polygraph-sampled.jsonl")
-    add(
-        "Polygraph PTrue",
-        "peer",
-        "query + 1 greedy answer (+1 judging pass; run with the samples)",
-        sampled,
-        lambda r: None if r["uncertainty"]["PTrue"] is None else float(np.exp(-r["uncertainty"]["PTrue"])),
-        forward=lambda r: r["forward_passes"],
-    )
-    add(
-        "Polygraph PTrueSampling",
-        "peer",
-        "query + 1 greedy answer + 10 samples (+1 judging pass)",
-        sampled,
-        lambda r: (
-            None
-            if r["uncertainty"].get("PTrueSampling") is None
-            else float(np.exp(-r["uncertainty"]["PTrueSampling"]))
+
+    def sampled_cost(needs: str) -> Cost | None:
+        """What one sampling estimator needs of the shared run: its generations, tokens and passes,
+        and the run's wall time shared out by forward passes (they run in one UEManager pass)."""
+        parts = []
+        for i in test:
+            if i not in sampled:
+                continue
+            r = sampled[i]
+            # the greedy / sample token split (rows from before the worker stored it: the mean per
+            # generation of the 1 greedy answer + 10 samples, an estimate)
+            extra = PTRUE_EMPIRICAL_SAMPLES
+            greedy = r.get("greedy_tokens", (r["generated_tokens"] - extra) / (1 + POLYGRAPH_SAMPLES))
+            samples = r.get("sample_tokens", r["generated_tokens"] - extra - greedy)
+            gens, toks, fwd = {
+                "ptrue": (1, greedy, greedy + 1),
+                "ptrue_sampling": (1 + POLYGRAPH_SAMPLES, greedy + samples, greedy + samples + 1),
+                "ptrue_empirical": (1 + extra, greedy + extra, greedy + 1),
+                "samples": (POLYGRAPH_SAMPLES, samples, samples),
+            }[needs]
+            parts.append((gens, toks, fwd, r["wall_s"] * fwd / r["forward_passes"]))
+        return Cost(*(float(np.mean(c)) for c in zip(*parts, strict=True))) if parts else None
+
+    def p_true_like(key: str, transform: Any) -> Any:
+        return lambda r: (
+            None if r["uncertainty"].get(key) is None else transform(float(r["uncertainty"][key]))
+        )
+
+    for name, key, sees, needs, transform in (
+        ("PTrue", "PTrue", "query + 1 greedy answer (+1 judging pass)", "ptrue", lambda u: float(np.exp(-u))),
+        (
+            "PTrueSampling",
+            "PTrueSampling",
+            "query + 1 greedy answer + 10 samples (+1 judging pass)",
+            "ptrue_sampling",
+            lambda u: float(np.exp(-u)),
         ),
-        forward=lambda r: r["forward_passes"],
-    )
-    add(
-        "Polygraph PTrueEmpirical",
-        "peer",
-        "query + 1 greedy answer (+10 sampled one-token judgements)",
-        sampled,
-        lambda r: (
-            None
-            if r["uncertainty"].get("PTrueEmpirical") is None
-            else 1.0 - float(r["uncertainty"]["PTrueEmpirical"])
+        (
+            "PTrueEmpirical",
+            "PTrueEmpirical",
+            "query + 1 greedy answer (+10 sampled one-token judgements)",
+            "ptrue_empirical",
+            lambda u: 1.0 - u,
         ),
-        forward=lambda r: r["forward_passes"],
-    )
-    add_uncertainties(
-        sampled,
-        {
-            "Polygraph LexicalSimilarity (ROUGE-L)": "LexicalSimilarity_rougeL",
-            "Polygraph MonteCarloSequenceEntropy": "MonteCarloSequenceEntropy",
-            "Polygraph MonteCarloNormalizedSequenceEntropy": "MonteCarloNormalizedSequenceEntropy",
-        },
-        "query + 1 greedy answer + 10 samples",
-    )
-    add_uncertainties(
-        sampled,
-        {"Polygraph EigenScore": "EigenScore"},
-        "query + 10 samples (hidden states)",
-    )
+    ):
+        add(f"Polygraph {name}", "peer", sees, sampled, p_true_like(key, transform), cost=sampled_cost(needs))
+    for name, key, sees in (
+        ("LexicalSimilarity (ROUGE-L)", "LexicalSimilarity_rougeL", "query + 10 samples"),
+        ("MonteCarloSequenceEntropy", "MonteCarloSequenceEntropy", "query + 10 samples"),
+        ("MonteCarloNormalizedSequenceEntropy", "MonteCarloNormalizedSequenceEntropy", "query + 10 samples"),
+        ("EigenScore", "EigenScore", "query + 10 samples (hidden states)"),
+    ):
+        add(
+            f"Polygraph {name}",
+            "peer",
+            sees,
+            sampled,
+            lambda r, key=key: r["uncertainty"][key],
+            direction="uncertainty",
+            probability=False,
+            cost=sampled_cost("samples"),
+        )
     # the prompt-elicited estimators (LM-Polygraph's own prompts): 1 - uncertainty is the stated
     # confidence; a reply without a parsable one has no score (the note says how many)
     for name, mode, key, sees in (
@@ -798,6 +777,13 @@ def main() -> None:
         "isotonic maps are fitted on fewer train queries (cached rows beyond N are still read)",
     )
     parser.add_argument("--polygraph-batch", type=int, default=16, help="queries per UEManager run")
+    parser.add_argument(
+        "--uqlm-panel",
+        action="store_true",
+        help="also run uqlm's LLMPanel of three self-judges (true_false_uncertain, continuous, likert); "
+        "the ensemble's own self-judge (true_false_uncertain) is always in the table. About 4.5 s per query "
+        "here: the 135M model often misses the judging format and uqlm retries it up to 5 times",
+    )
     parser.add_argument(
         "--polygraph-sampled",
         action="store_true",

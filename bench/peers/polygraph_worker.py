@@ -213,6 +213,7 @@ def generate(args: argparse.Namespace) -> None:
                 # + one judging prompt pass each for PTrue, PTrueSampling and PTrueEmpirical
                 # (its one-token samples share one prefill)
                 row["forward_passes"] = tokens + sum(len(t) for t in samples) + 3
+                row["greedy_tokens"], row["sample_tokens"] = tokens, sum(len(t) for t in samples)
             else:
                 row["generations"] = 1
                 row["generated_tokens"] = tokens

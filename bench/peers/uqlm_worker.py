@@ -97,7 +97,8 @@ async def run_ensemble(args: argparse.Namespace) -> None:
     def ensemble(weights: list[float] | None = None) -> Any:
         return UQEnsemble(llm=llm, scorers=[*ENSEMBLE, llm], weights=weights, use_best=False)
 
-    async def scored(ens: Any, batch: list[dict[str, Any]]) -> list[float]:
+    async def scored(ens: Any, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The ensemble's score and each component's (judge_1: the self-judge), per query."""
         result = await ens.score(
             prompts=[r["prompt"] for r in batch],
             responses=[r["response"] for r in batch],
@@ -106,12 +107,17 @@ async def run_ensemble(args: argparse.Namespace) -> None:
             sampled_logprobs_results=[r["sampled_logprob"] for r in batch],
             show_progress_bars=False,
         )
-        return [clean(x) for x in result.to_dict()["data"]["ensemble_scores"]]
+        data = result.to_dict()["data"]
+        return [
+            {"ensemble": clean(data["ensemble_scores"][j])}
+            | {name: clean(data[name][j]) for name in ens.component_names}
+            for j in range(len(batch))
+        ]
 
-    def append(batch: list[dict[str, Any]], scores: list[float], share: float) -> None:
+    def append(batch: list[dict[str, Any]], scores: list[dict[str, Any]], share: float) -> None:
         # + the judging call, its tokens counted at the cap
         rows = [
-            {"id": r["id"], "scores": {"ensemble": v}, "generations": 1, "generated_tokens": args.max_tokens}
+            {"id": r["id"], "scores": v, "generations": 1, "generated_tokens": args.max_tokens}
             for r, v in zip(batch, scores, strict=True)
         ]
         append_rows(args.out, [{**row, "wall_s": share} for row in rows])
@@ -122,11 +128,12 @@ async def run_ensemble(args: argparse.Namespace) -> None:
         train = [r for r in items if r["split"] == "train"]
         t0 = time.perf_counter()
         ens = ensemble()
-        await scored(ens, train)
+        components = await scored(ens, train)
         tuned = ens.tune_from_graded([bool(r["correct"]) for r in train], show_progress_bars=False)
         weights = [float(w) for w in ens.weights]
         share = (time.perf_counter() - t0) / len(train)
-        append(train, [clean(x) for x in tuned.to_dict()["data"]["ensemble_scores"]], share)
+        in_sample = tuned.to_dict()["data"]["ensemble_scores"]
+        append(train, [c | {"ensemble": clean(x)} for c, x in zip(components, in_sample, strict=True)], share)
         weights_path.write_text(
             json.dumps({"components": ens.component_names, "weights": weights}), encoding="utf-8"
         )
