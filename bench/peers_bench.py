@@ -412,11 +412,12 @@ def build_methods(
         if not rows:
             notes.append(f"{name}: no cached outputs (not run)")
             return
-        n_train, n_test = sum(i in rows for i in train), sum(i in rows for i in test)
+        train_scores, test_scores = array(rows, train, get), array(rows, test, get)
+        n_train, n_test = int(np.isfinite(train_scores).sum()), sum(i in rows for i in test)
         if calibrate and not n_train:
             notes.append(
-                f"{name}: run incomplete ({n_test}/{len(test)} held-out, no train queries scored, so no "
-                "isotonic map): left out of the table"
+                f"{name}: no train query has a score ({n_test}/{len(test)} held-out run), so no isotonic "
+                "map: left out of the table"
             )
             return
         methods.append(
@@ -424,8 +425,8 @@ def build_methods(
                 name,
                 family,
                 sees,
-                array(rows, train, get),
-                array(rows, test, get),
+                train_scores,
+                test_scores,
                 direction,  # type: ignore[arg-type]
                 probability,
                 cost or mean_cost(rows, test, forward=forward),
