@@ -93,7 +93,8 @@ NOT_RUN = (
     "uqlm cosine_sim, consistency_and_confidence: a sentence-transformers model (all-MiniLM-L6-v2) "
     "from the hub; uqlm bert_score: roberta-large from the hub",
     "uqlm LLMJudge / LLMPanel with a judge other than the model itself: the only local model is the 135M "
-    "under test (LLMPanel is run with it judging its own answers)",
+    "under test (the model judging its own answers is run: uqlm's LLMJudge as the ensemble's judge, "
+    "and LLMPanel's three templates with --uqlm-panel)",
     "LM-Polygraph SemanticEntropy(Token), NumSemSets, EigValLaplacian, DegMat, Eccentricity, LabelProb, "
     "KernelLanguageEntropy, LUQ, SemanticDensity, ClaimConditionedProbability: an NLI model from the hub; "
     "SAR, TokenSAR, SentenceSAR, CocoaMSP/PPL/MTE: a cross-encoder / sentence-similarity model from the hub; "
