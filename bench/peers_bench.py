@@ -607,7 +607,9 @@ def build_methods(
         probability=False,
     )
 
-    def add_uncertainties(rows: dict[str, dict[str, Any]], names: dict[str, str], sees: str) -> None:
+    def add_uncertainties(
+        rows: dict[str, dict[str, Any]], names: dict[str, str], sees: str, cost: Cost | None = None
+    ) -> None:
         for name, key in names.items():
             add(
                 name,
@@ -617,6 +619,7 @@ def build_methods(
                 lambda r, key=key: r["uncertainty"][key],
                 direction="uncertainty",
                 probability=False,
+                cost=cost,
                 forward=lambda r: r["forward_passes"],
             )
 
@@ -671,22 +674,20 @@ def build_methods(
         ),
     ):
         add(f"Polygraph {name}", "peer", sees, sampled, p_true_like(key, transform), cost=sampled_cost(needs))
-    for name, key, sees in (
-        ("LexicalSimilarity (ROUGE-L)", "LexicalSimilarity_rougeL", "query + 10 samples"),
-        ("MonteCarloSequenceEntropy", "MonteCarloSequenceEntropy", "query + 10 samples"),
-        ("MonteCarloNormalizedSequenceEntropy", "MonteCarloNormalizedSequenceEntropy", "query + 10 samples"),
-        ("EigenScore", "EigenScore", "query + 10 samples (hidden states)"),
-    ):
-        add(
-            f"Polygraph {name}",
-            "peer",
-            sees,
-            sampled,
-            lambda r, key=key: r["uncertainty"][key],
-            direction="uncertainty",
-            probability=False,
-            cost=sampled_cost("samples"),
-        )
+    from_samples = sampled_cost("samples")
+    add_uncertainties(
+        sampled,
+        {
+            "Polygraph LexicalSimilarity (ROUGE-L)": "LexicalSimilarity_rougeL",
+            "Polygraph MonteCarloSequenceEntropy": "MonteCarloSequenceEntropy",
+            "Polygraph MonteCarloNormalizedSequenceEntropy": "MonteCarloNormalizedSequenceEntropy",
+        },
+        "query + 10 samples",
+        from_samples,
+    )
+    add_uncertainties(
+        sampled, {"Polygraph EigenScore": "EigenScore"}, "query + 10 samples (hidden states)", from_samples
+    )
     # the prompt-elicited estimators (LM-Polygraph's own prompts): 1 - uncertainty is the stated
     # confidence; a reply without a parsable one has no score (the note says how many)
     for name, mode, key, sees in (
