@@ -14,11 +14,12 @@ Each peer runs in its own venv (``scripts/peers-setup.sh``) through its own publ
   probability_margin (top-15 logprobs), all from one generation; ``WhiteBoxUQ`` p_true (one
   generation + one judging call); ``BlackBoxUQ`` exact_match over 1 + k responses (raw strings,
   as uqlm compares them), and the same responses rescored by uqlm after capgate's task grader
-  extracted their final answers (``BlackBoxUQ.score``); ``LLMPanel`` with the model judging its
-  own white-box answer (uqlm's true_false_uncertain, continuous and likert templates, and their
-  average); ``WhiteBoxUQ`` monte_carlo_probability (1 + k generations with logprobs); last,
-  ``UQEnsemble`` of every offline component (exact_match, min_probability, sequence_probability,
-  monte_carlo_probability on those generations, plus the self-judge) with its weights tuned by
+  extracted their final answers (``BlackBoxUQ.score``); with ``--uqlm-panel``, ``LLMPanel`` with
+  the model judging its own white-box answer (true_false_uncertain, continuous and likert templates
+  and their average); ``WhiteBoxUQ`` monte_carlo_probability (1 + k generations with logprobs);
+  last, ``UQEnsemble`` of every offline component (exact_match, min_probability,
+  sequence_probability, monte_carlo_probability on those generations, plus the model as its own
+  judge, whose score is also a row: uqlm's LLMJudge) with its weights tuned by
   ``tune_from_graded`` on the train queries' responses as capgate's grader grades them.
 * LM-Polygraph 0.7.0 (white-box: the local HF folder ``capgate model prepare default`` prints,
   transformers on CPU, greedy, 24 tokens): MaximumSequenceProbability, Perplexity,
