@@ -24,7 +24,15 @@ from capgate.datasets import DatasetItem
 from capgate.labels import iter_labelled
 from capgate.policies import load_policy
 
-__all__ = ["DEMO_POLICY", "DemoQuestion", "DemoReport", "DemoRow", "demo_questions", "run_demo"]
+__all__ = [
+    "DEMO_POLICY",
+    "DemoQuestion",
+    "DemoReport",
+    "DemoRow",
+    "demo_questions",
+    "labelled_item",
+    "run_demo",
+]
 
 DEMO_POLICY = "demo-smollm2"
 """The demo's policy: the shipped preset tuned for the embedded model (``policies/demo-smollm2.yaml``;
@@ -108,17 +116,28 @@ def demo_questions(n: int, *, seed: int = 0) -> list[DemoQuestion]:
     questions = []
     for record in chosen:
         extra: dict[str, Any] = record.model_extra or {}
-        item = DatasetItem(
-            id=record.id,
-            question=record.question or "",
-            references=record.references,
-            kind=extra.get("kind", "alias"),
-            choices=extra.get("choices"),
-        )
         questions.append(
-            DemoQuestion(item=item, prompt=str(extra["prompt"]), k=record.k, correct=record.correct)
+            DemoQuestion(
+                item=labelled_item(record), prompt=str(extra["prompt"]), k=record.k, correct=record.correct
+            )
         )
     return questions
+
+
+def labelled_item(record: LabelledQuery) -> DatasetItem:
+    """The query a harvested label record was sampled for, as a :class:`DatasetItem` to grade against.
+
+    ``kind`` and ``choices`` come from the record's extra fields, as the harvest writes them
+    (``kind`` defaults to ``alias``).
+    """
+    extra: dict[str, Any] = record.model_extra or {}
+    return DatasetItem(
+        id=record.id,
+        question=record.question or "",
+        references=record.references,
+        kind=extra.get("kind", "alias"),
+        choices=extra.get("choices"),
+    )
 
 
 def _counting_ask(backend: Backend, seed: int) -> tuple[Callable[[str], str], list[int]]:
