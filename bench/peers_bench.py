@@ -158,7 +158,9 @@ def server_of(args: argparse.Namespace) -> tuple[str, str]:
 # ---------------------------------------------------------------------- runs
 
 
-def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str], model_dir: str) -> None:
+def run_uqlm(
+    args: argparse.Namespace, records: dict[str, Record], ids: list[str], test: list[str], model_dir: str
+) -> None:
     from capgate.grading import grader_for
 
     url, model = server_of(args)
@@ -207,7 +209,7 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
     # original responses as capgate's grader grades them
     generated = read_jsonl(mcp)
     items = dataset_items(args.labels, set(generated))
-    train_ids = set(ids) - set(read_split(args.split, records)[1])
+    train_ids = set(ids) - set(test)
     rows = []
     for i in [i for i in ids if i in generated]:
         g = generated[i]
@@ -224,16 +226,10 @@ def run_uqlm(args: argparse.Namespace, records: dict[str, Record], ids: list[str
 
 def dataset_items(labels: Path, ids: set[str]) -> dict[str, Any]:
     """The label file's queries as capgate :class:`~capgate.datasets.DatasetItem` (to grade answers)."""
-    from capgate.datasets import DatasetItem
+    from capgate.demo import labelled_item
+    from capgate.labels import iter_labelled
 
-    keys = ("id", "question", "references", "kind", "choices")
-    out = {}
-    for line in labels.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            raw = json.loads(line)
-            if raw["id"] in ids:
-                out[raw["id"]] = DatasetItem.model_validate({k: raw[k] for k in keys if k in raw})
-    return out
+    return {r.id: labelled_item(r) for _, r in iter_labelled(labels) if r.id in ids}
 
 
 def peer_ids(args: argparse.Namespace, train: list[str], test: list[str]) -> list[str]:
@@ -391,6 +387,15 @@ def mean_cost(rows: dict[str, dict[str, Any]], test: list[str], *, forward: Any 
     return Cost(float(gens), float(toks), float(fwd), float(np.mean([r["wall_s"] for r in got])))
 
 
+def summed_cost(parts: dict[str, list[tuple[dict[str, Any], float]]], test: list[str]) -> Cost:
+    """:func:`mean_cost` of queries whose cost is a weighted sum of cached rows (``id -> [(row, weight)]``):
+    e.g. a judged answer plus its judging call."""
+    fields = ("generations", "generated_tokens", "wall_s")
+    return mean_cost(
+        {i: {f: sum(w * r[f] for r, w in rows) for f in fields} for i, rows in parts.items()}, test
+    )
+
+
 def build_methods(
     args: argparse.Namespace, train: list[str], test: list[str], mu_train: Any
 ) -> tuple[list[MethodScores], list[str]]:
@@ -495,17 +500,7 @@ def build_methods(
     def judged_cost(share: float) -> Cost:
         """The judged white-box answer plus ``share`` of the panel's judging (its judges run one
         after another, so one template's share of the wall time is 1/templates)."""
-        return mean_cost(
-            {
-                i: {
-                    "generations": r["generations"] + share * r["panel"]["generations"],
-                    "generated_tokens": r["generated_tokens"] + share * r["panel"]["generated_tokens"],
-                    "wall_s": r["wall_s"] + share * r["panel"]["wall_s"],
-                }
-                for i, r in judged.items()
-            },
-            test,
-        )
+        return summed_cost({i: [(wb[i], 1.0), (panel[i], share)] for i in judged}, test)
 
     templates = list(next(iter(panel.values()))["scores"]) if panel else []
     for key in templates:  # each template's judge, then their average
@@ -529,16 +524,9 @@ def build_methods(
             "query + 1 answer (+1 judging call)",
             {i: e for i, (_, e) in both.items()},
             lambda r: r["scores"].get("judge_1"),
-            cost=mean_cost(
-                {
-                    i: {
-                        "generations": 1 + e["generations"],
-                        "generated_tokens": m["generated_tokens"] / m["generations"] + e["generated_tokens"],
-                        "wall_s": m["wall_s"] / m["generations"] + e["wall_s"],
-                    }
-                    for i, (m, e) in both.items()
-                },
-                test,
+            # one of the 1 + k generations (their mean) plus the judging call
+            cost=summed_cost(
+                {i: [(m, 1.0 / m["generations"]), (e, 1.0)] for i, (m, e) in both.items()}, test
             ),
         )
     add(
@@ -547,19 +535,7 @@ def build_methods(
         f"query + {1 + args.k} answers (logprobs) + 1 judging call",
         {i: e for i, (_, e) in both.items()},
         lambda r: r["scores"]["ensemble"],
-        cost=mean_cost(
-            {
-                i: {
-                    "generations": m["generations"] + e["generations"],
-                    "generated_tokens": m["generated_tokens"] + e["generated_tokens"],
-                    "wall_s": m["wall_s"] + e["wall_s"],
-                }
-                for i, (m, e) in both.items()
-            },
-            test,
-        )
-        if both
-        else None,
+        cost=summed_cost({i: [(m, 1.0), (e, 1.0)] for i, (m, e) in both.items()}, test) if both else None,
     )
     pt = read_jsonl(res / "uqlm-ptrue.jsonl")
     add("uqlm p_true", "peer", "query + 1 answer (+1 judging call)", pt, lambda r: r["scores"]["p_true"])
@@ -825,7 +801,7 @@ def main() -> None:
     if "polygraph" not in skip:
         run_polygraph(args, records, peer_ids(args, train, test), model_dir)
     if "uqlm" not in skip:
-        run_uqlm(args, records, peer_ids(args, train, test), model_dir)
+        run_uqlm(args, records, peer_ids(args, train, test), test, model_dir)
     if args.run_capgate_baselines:
         run_capgate_baselines(args, peer_ids(args, train, test), test, split_seed)
     mu_train = np.array([records[i].mu for i in train])

@@ -124,7 +124,6 @@ PROMPTED: dict[str, dict[str, Any]] = {
         "max_new_tokens": None,  # --max-tokens, as the labels
     },
 }
-SAMPLES = 10  # LM-Polygraph's SamplingGenerationCalculator default (its builder takes no setting)
 PTRUE_EMPIRICAL_SAMPLES = 10  # PTrueEmpirical's default num_samples
 DENSITY = ("MahalanobisDistanceSeq", "RDESeq", "PPLMDSeq")
 
