@@ -117,10 +117,16 @@ async def run_ensemble(args: argparse.Namespace) -> None:
     def append(batch: list[dict[str, Any]], scores: list[dict[str, Any]], share: float) -> None:
         # + the judging call, its tokens counted at the cap
         rows = [
-            {"id": r["id"], "scores": v, "generations": 1, "generated_tokens": args.max_tokens}
+            {
+                "id": r["id"],
+                "scores": v,
+                "generations": 1,
+                "generated_tokens": args.max_tokens,
+                "wall_s": share,
+            }
             for r, v in zip(batch, scores, strict=True)
         ]
-        append_rows(args.out, [{**row, "wall_s": share} for row in rows])
+        append_rows(args.out, rows)
 
     if weights_path.exists():
         weights = json.loads(weights_path.read_text(encoding="utf-8"))["weights"]
