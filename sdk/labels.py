@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from capgate._jsonl import iter_json_objects, note_unique_id
 from capgate._types import LabelledQuery
+from capgate._validate import FloatArray, IntArray
 from capgate.errors import DataError
-from capgate.metrics._validate import FloatArray, IntArray
 
 __all__ = ["LabelledSet", "iter_labelled", "read_labelled"]
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
+from capgate._validate import as_correct_and_k, as_probabilities, same_length
 from capgate.metrics import (
     auroc,
     capability_brier,
@@ -16,7 +17,6 @@ from capgate.metrics import (
     pass_at_k_mse,
     spearman,
 )
-from capgate.metrics._validate import as_correct_and_k, as_probabilities, same_length
 
 __all__ = ["DEFAULT_PASS_KS", "CalibrationRow", "calibration_row", "format_table"]
 

@@ -7,7 +7,7 @@ import heapq
 import numpy as np
 from numpy.typing import ArrayLike
 
-from capgate.metrics._validate import IntArray, as_counts, as_probabilities, same_length
+from capgate._validate import IntArray, as_counts, as_probabilities, same_length
 
 __all__ = ["greedy_allocation", "uniform_allocation"]
 

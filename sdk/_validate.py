@@ -1,4 +1,8 @@
-"""Input checks shared by every metric: one place says what a valid input is."""
+"""Input checks shared by all of capgate: one place says what a valid input or setting is.
+
+Arrays (metrics, labels) and settings (counts, budgets, bounds) are checked here, so every message
+reads the same way: what was expected and what was got (``"`n` must be a positive integer; got 0"``).
+"""
 
 from __future__ import annotations
 
@@ -67,9 +71,31 @@ def same_length(**arrays: Any) -> int:
 
 def check_positive_int(name: str, value: int) -> int:
     """A positive integer setting (bins, k, budgets)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
+    return check_int_at_least(name, value, 1, "a positive integer")
+
+
+def check_int_at_least(name: str, value: int, minimum: int, what: str | None = None) -> int:
+    """An integer setting >= ``minimum`` (bools and floats refused), as a plain ``int``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise ValueError(f"`{name}` must be {what or f'an integer >= {minimum}'}; got {value!r}")
     return int(value)
+
+
+def check_positive_number(name: str, value: float) -> float:
+    """A finite number > 0 (a timeout, a rate), as a plain ``float``."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.number) or not 0 < value < np.inf:
+        raise ValueError(f"`{name}` must be a positive number; got {value!r}")
+    return float(value)
+
+
+def check_unit_interval(name: str, value: float, *, open_ends: bool = False) -> float:
+    """A number in [0, 1] (in (0, 1) with ``open_ends``), as a plain ``float``."""
+    ok = isinstance(value, int | float | np.number) and not isinstance(value, bool)
+    inside = ok and ((0.0 < value < 1.0) if open_ends else (0.0 <= value <= 1.0))
+    if not inside:
+        interval = "(0, 1)" if open_ends else "[0, 1]"
+        raise ValueError(f"`{name}` must be a number in {interval}; got {value!r}")
+    return float(value)
 
 
 def as_correct_and_k(correct: ArrayLike, k: ArrayLike | int, n: int) -> tuple[IntArray, IntArray]:
