@@ -5,9 +5,8 @@
 * :mod:`capgate.adapters.agents`: agent integrations that call *up* into :class:`capgate.Gate`
   (LangGraph, LangChain).
 
-Each module also has a short import path: ``capgate.adapters.openai``, ``.vllm``,
-``.transformers``, ``.function``, ``.langgraph``, ``.langchain``, ``.chat_model``. Each imports
-its heavy dependency (transformers, openai, vllm, langgraph, langchain) only when imported, so
+Each adapter has one import path, under its layer (``capgate.adapters.backends.openai``,
+``capgate.adapters.agents.langgraph``, ...). Each imports its heavy dependency (transformers, openai, vllm, langgraph, langchain) only when imported, so
 importing :mod:`capgate.adapters` itself costs nothing.
 """
 

@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def gate_calls_to_the_target(estimator: object, url: str, served: str, rows: list[dict[str, object]]) -> None:
     """Step 5: the proxy probe gates calls to the remote target; estimating costs it nothing."""
     import capgate as cg
-    from capgate.adapters.openai import OpenAIBackend
+    from capgate.adapters.backends.openai import OpenAIBackend
 
     target = OpenAIBackend(served, base_url=url, api_key="EMPTY")
     calls: list[str] = []

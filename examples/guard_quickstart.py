@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import capgate
 from capgate import SamplingParams
-from capgate.adapters.transformers import load_backend
+from capgate.adapters.backends.transformers import load_backend
 from capgate.estimators import CapabilityEstimator, Consistency
 
 QUESTIONS = (

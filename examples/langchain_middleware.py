@@ -20,8 +20,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from capgate import SamplingParams, default_extract
-from capgate.adapters.langchain import CapabilityGate, CapgateChatModel
-from capgate.adapters.transformers import load_backend
+from capgate.adapters.agents.langchain import CapabilityGate, CapgateChatModel
+from capgate.adapters.backends.transformers import load_backend
 from capgate.estimators import Consistency
 
 QUESTIONS = (

@@ -31,9 +31,9 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
 from capgate import SamplingParams, default_extract
-from capgate.adapters.langchain import CapgateChatModel
-from capgate.adapters.langgraph import capability_subgraph, read_decision
-from capgate.adapters.transformers import load_backend
+from capgate.adapters.agents.langchain import CapgateChatModel
+from capgate.adapters.agents.langgraph import capability_subgraph, read_decision
+from capgate.adapters.backends.transformers import load_backend
 from capgate.estimators import Consistency
 from capgate.policies import Policy
 

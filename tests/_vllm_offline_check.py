@@ -1,4 +1,5 @@
-"""Run with the vLLM venv's python (see tests/test_vllm.py): exercises capgate.adapters.vllm for real.
+"""Run with the vLLM venv's python (see tests/test_vllm.py): exercises capgate.adapters.backends.vllm
+for real.
 
 Writes one JSON object to the file named by its second argument: samples of two prompts (n=3,
 logprobs, seeded, twice) and the features of two queries from the pooling runner.

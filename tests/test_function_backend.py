@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from capgate import SamplingParams
-from capgate.adapters.function import AsyncFunctionBackend, FunctionBackend, response_text
+from capgate.adapters.backends.function import AsyncFunctionBackend, FunctionBackend, response_text
 from capgate.cas import aadaptive_sample, adaptive_sample, stop_after_samples
 
 
@@ -52,7 +52,7 @@ def test_winner_of_a_foreign_result_is_refused() -> None:
     backend = FunctionBackend(lambda p: "x")
     other = FunctionBackend(lambda p: "x")
     result = adaptive_sample(other, "q", extract=str.strip, stop=stop_after_samples(2), batch_size=2)
-    with pytest.raises(ValueError, match="this backend drew 0"):
+    with pytest.raises(ValueError, match="0 were drawn here"):
         backend.winner(result)
 
 

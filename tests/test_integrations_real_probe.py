@@ -26,8 +26,8 @@ from langgraph.types import Command
 
 import capgate
 from capgate import Estimate, Gated
-from capgate.adapters.langchain import CapabilityGate
-from capgate.adapters.langgraph import capability_subgraph, read_decision
+from capgate.adapters.agents.langchain import CapabilityGate
+from capgate.adapters.agents.langgraph import capability_subgraph, read_decision
 from capgate.estimators import CapabilityEstimator
 from capgate.policies import (
     AbstainAction,

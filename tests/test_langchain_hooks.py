@@ -29,7 +29,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from capgate import Estimate, SamplingParams, SettingsError
-from capgate.adapters.langchain import (
+from capgate.adapters.agents.langchain import (
     CapabilityApproval,
     CapabilityUnavailableError,
     CapgateChatModel,
@@ -195,7 +195,7 @@ def test_no_estimate_asks_for_approval(real_backend: Any) -> None:
 
 @pytest.fixture(scope="module")
 def server_backend() -> Any:
-    from capgate.adapters.openai import OpenAIBackend
+    from capgate.adapters.backends.openai import OpenAIBackend
 
     url, model = ci_vllm_server()
     return OpenAIBackend(model, base_url=url, timeout=180.0, max_retries=2)

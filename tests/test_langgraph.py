@@ -1,5 +1,5 @@
 """LangGraph integration, end to end with real langgraph, a real model (the embedded default model
-through capgate.adapters.transformers.load_backend) and real checkpointers (in memory and
+through capgate.adapters.backends.transformers.load_backend) and real checkpointers (in memory and
 SqliteSaver across a SIGKILL). The capability estimator is a small deterministic one that picks
 the policy branch."""
 

@@ -166,7 +166,7 @@ def test_chat_model_reuses_the_gates_prefill(
     from langchain_core.messages import HumanMessage
 
     from capgate import Gate
-    from capgate.adapters.chat_model import CapgateChatModel
+    from capgate.adapters.agents.chat_model import CapgateChatModel
 
     chat = CapgateChatModel(backend=backend, params=SamplingParams(temperature=0.0, max_tokens=8))
     messages = [HumanMessage("What is 7 times 6?")]

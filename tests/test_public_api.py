@@ -60,6 +60,15 @@ def test_import_capgate_stays_light() -> None:
     assert loaded == []
 
 
+def test_each_adapter_has_one_import_path() -> None:
+    """Adapters live under their layer only (``capgate.adapters.backends.openai``); no second,
+    short module path re-exports them."""
+    top = sorted(p.name for p in (ROOT / "adapters").iterdir() if p.suffix == ".py" or p.is_dir())
+    assert [n for n in top if n != "__pycache__"] == ["__init__.py", "agents", "backends"]
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("capgate.adapters.langgraph")
+
+
 def test_package_ships_py_typed() -> None:
     assert (Path(capgate.__file__).parent / "py.typed").is_file()
 

@@ -13,7 +13,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 import capgate
 from capgate import Decision, Estimate, Gate, RoutePlan, SettingsError
-from capgate.adapters.langgraph import capability_subgraph, read_decision
+from capgate.adapters.agents.langgraph import capability_subgraph, read_decision
 from capgate.decision.simulate import replay_policy
 from capgate.policies import Policy, PolicyError, RouteAction, choose_route
 
@@ -183,7 +183,7 @@ def test_the_langchain_middleware_calls_the_chosen_model() -> None:
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
-    from capgate.adapters.langchain import CapabilityGate
+    from capgate.adapters.agents.langchain import CapabilityGate
 
     def agent(**extra: Any) -> Any:
         gate = CapabilityGate(

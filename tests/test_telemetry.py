@@ -197,7 +197,7 @@ def test_gate_spans_nest_under_a_langchain_agent_run(spans: InMemorySpanExporter
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
-    from capgate.adapters.langchain import CapabilityGate
+    from capgate.adapters.agents.langchain import CapabilityGate
 
     agent = create_agent(
         FakeListChatModel(responses=["Paris."]),
@@ -216,7 +216,7 @@ def test_gate_spans_nest_under_a_langchain_agent_run(spans: InMemorySpanExporter
 def test_gate_spans_nest_under_a_langgraph_run(spans: InMemorySpanExporter) -> None:
     from langchain_core.messages import AIMessage, HumanMessage
 
-    from capgate.adapters.langgraph import capability_subgraph
+    from capgate.adapters.agents.langgraph import capability_subgraph
 
     def answer(state: Any) -> dict[str, Any]:
         return {"messages": [AIMessage("4")]}

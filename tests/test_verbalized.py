@@ -185,7 +185,7 @@ def test_structured_reply_parses_on_the_first_try_and_falls_back_to_free_text() 
 
 
 def test_structured_output_becomes_the_servers_response_format() -> None:
-    from capgate.adapters.openai import OpenAIBackend
+    from capgate.adapters.backends.openai import OpenAIBackend
 
     backend = OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", api_key="x")
     schema = {"type": "object", "properties": {"probability": {"type": "number"}}}
@@ -203,7 +203,7 @@ def test_structured_output_becomes_the_servers_response_format() -> None:
 
 
 def test_structured_is_asked_of_openai_compatible_servers_by_default() -> None:
-    from capgate.adapters.openai import OpenAIBackend
+    from capgate.adapters.backends.openai import OpenAIBackend
 
     server = OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", api_key="x")
     assert VerbalizedConfidence(server).structured is True

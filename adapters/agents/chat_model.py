@@ -2,7 +2,7 @@
 
 Use it to drive a LangChain agent (``create_agent``) with a local model through
 :class:`~capgate.adapters.backends.transformers.TransformersBackend`, or any other capgate
-backend; the :class:`~capgate.adapters.langchain.CapabilityGate` middleware then gates it.
+backend; the :class:`~capgate.adapters.agents.langchain.CapabilityGate` middleware then gates it.
 
 Install with ``pip install 'capgate[langchain]'``.
 """

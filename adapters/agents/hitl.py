@@ -254,7 +254,7 @@ class ToolCallGate:
     or abstain, as the policy decides for that tool.
 
     Use it as LangGraph's ``ToolNode(tools, wrap_tool_call=g, awrap_tool_call=g.acall)``; the
-    LangChain :class:`~capgate.adapters.langchain.CapabilityGate` middleware uses it in
+    LangChain :class:`~capgate.adapters.agents.langchain.CapabilityGate` middleware uses it in
     ``wrap_tool_call``. The decision for a call is read from state (``decisions_key``, written when
     the call was proposed, e.g. by the middleware's ``wrap_model_call``) or, if absent, made here
     from the conversation plus the proposed call, with ``tool=`` the tool's name.
@@ -341,7 +341,7 @@ class ToolCallGate:
         if decision.action == "resample":
             raise ValueError(
                 f"the policy chose 'resample' for tool {tool!r}, but a tool node cannot redraw the "
-                "model's proposal; gate tool calls with capgate.adapters.langchain.CapabilityGate "
+                "model's proposal; gate tool calls with capgate.adapters.agents.langchain.CapabilityGate "
                 "(which resamples in wrap_model_call) or give this tool another action"
             )
         verdict = Verdict(decision=decision, query=self._query(request))

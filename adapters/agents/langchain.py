@@ -92,7 +92,7 @@ ModelResult = ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]
 
 class CapabilityGateState(AgentState[Any]):
     """Agent state with the gate's records (JSON dicts; read with
-    :func:`capgate.adapters.langgraph.read_decision`)."""
+    :func:`capgate.adapters.agents.langgraph.read_decision`)."""
 
     capgate_estimate: NotRequired[dict[str, Any] | None]
     capgate_decision: NotRequired[dict[str, Any] | None]

@@ -21,61 +21,19 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar, TypeVar
 
 from capgate.backend import EndpointKind, Generation, Prompt, SamplingParams
-from capgate.cas.loop import CASResult
+from capgate.cas.drawn import DrawnValues, response_mean_logprob, response_text
 
 __all__ = ["AsyncFunctionBackend", "FunctionBackend", "response_mean_logprob", "response_text"]
 
 T = TypeVar("T")
 
 
-def response_text(value: object) -> str:
-    """The text of a drawn response: a string itself, or the string ``content`` / ``text`` of an
-    object (a LangChain ``AIMessage``, an OpenAI message).
-
-    Raises:
-        TypeError: The value has no text; pass ``to_text=`` to say how to read it.
-
-    Example:
-        >>> response_text("4")
-        '4'
-    """
-    if isinstance(value, str):
-        return value
-    for attribute in ("content", "text"):
-        text = getattr(value, attribute, None)
-        if isinstance(text, str):
-            return text
-    raise TypeError(
-        f"cannot read a response text from a {type(value).__name__}; pass to_text= (a function "
-        "value -> str) to say how"
-    )
-
-
-def response_mean_logprob(value: object) -> float | None:
-    """The mean token log-probability a drawn response carries, if any: ``mean_logprob`` in a
-    LangChain message's ``response_metadata`` (as :class:`~capgate.adapters.langchain.CapgateChatModel`
-    sets it), also as the last message of a ``{"messages": [...]}`` state update.
-
-    Example:
-        >>> response_mean_logprob("4") is None
-        True
-    """
-    if isinstance(value, Mapping) and isinstance(value.get("messages"), Sequence) and value["messages"]:
-        value = value["messages"][-1]
-    metadata = getattr(value, "response_metadata", None)
-    found = metadata.get("mean_logprob") if isinstance(metadata, Mapping) else None
-    if isinstance(found, int | float) and not isinstance(found, bool) and math.isfinite(found) and found <= 0:
-        return float(found)
-    return None
-
-
-class _Drawn(Generic[T]):
-    """What both function backends share: turning drawn values into generations, and the record."""
+class _Drawn(DrawnValues[T]):
+    """What both function backends share: a name, and the record of what was drawn."""
 
     endpoint: ClassVar[EndpointKind] = "function"
     """How this backend reaches its model (:func:`capgate.backend.backend_endpoint`)."""
@@ -87,40 +45,13 @@ class _Drawn(Generic[T]):
         count_tokens: Callable[[T], int] | None,
         model_id: str,
     ) -> None:
-        self.to_text = to_text
-        self.count_tokens = count_tokens
+        super().__init__(to_text=to_text, count_tokens=count_tokens)
         self._model_id = model_id
-        self.drawn: list[T] = []
 
     @property
     def model_id(self) -> str:
         """The name given to the function (``"function"`` unless set)."""
         return self._model_id
-
-    def _generation(self, value: T) -> Generation:
-        text = self.to_text(value) if self.to_text is not None else response_text(value)
-        if not isinstance(text, str):
-            raise TypeError(f"to_text must return a str; it returned {type(text).__name__}")
-        n_tokens = self.count_tokens(value) if self.count_tokens is not None else 0
-        self.drawn.append(value)
-        return Generation(text=text, n_tokens=n_tokens, mean_logprob=response_mean_logprob(value))
-
-    def winner(self, result: CASResult) -> T | None:
-        """The first drawn value whose answer won the vote (``None`` if no response had an answer).
-
-        ``result`` must come from a sampling run over this backend and a single prompt.
-        """
-        if result.answer is None:
-            return None
-        if len(result.samples) != len(self.drawn):
-            raise ValueError(
-                f"the result counts {len(result.samples)} samples but this backend drew "
-                f"{len(self.drawn)}; pass the result of a run over this backend and one prompt"
-            )
-        for sample, value in zip(result.samples, self.drawn, strict=True):
-            if sample.answer == result.answer:
-                return value
-        raise ValueError(f"no drawn sample has the winning answer {result.answer!r}")
 
 
 class FunctionBackend(_Drawn[T]):
@@ -156,7 +87,7 @@ class FunctionBackend(_Drawn[T]):
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
         """Call the function ``params.n`` times for each prompt."""
-        return [[self._generation(self.draw(prompt)) for _ in range(params.n)] for prompt in prompts]
+        return [[self.generation(self.draw(prompt)) for _ in range(params.n)] for prompt in prompts]
 
     def __repr__(self) -> str:
         return f"FunctionBackend({getattr(self.draw, '__name__', repr(self.draw))})"
@@ -210,7 +141,7 @@ class AsyncFunctionBackend(_Drawn[T]):
                 values: list[Any] = list(await asyncio.gather(*(self.draw(prompt) for _ in range(params.n))))
             else:
                 values = [await self.draw(prompt) for _ in range(params.n)]
-            rows.append([self._generation(v) for v in values])
+            rows.append([self.generation(v) for v in values])
         return rows
 
     def __repr__(self) -> str:
