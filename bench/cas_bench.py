@@ -31,7 +31,7 @@ settings were tuned with.
 
 Budget across a batch (fresh pools): one total budget B·Q over all Q queries, spent by (a)
 uniform fixed-N, (b) the up-front greedy p(1−p)^k allocation of ``capgate budget``
-(``allocate_budget``), (c) ``capgate.cas.BatchAllocator`` (adaptive: the shipped probe's estimate
+(``greedy_allocation``), (c) ``capgate.cas.BatchAllocator`` (adaptive: the shipped probe's estimate
 as prior, the votes so far as evidence). All three vote with logprob weights. The probe estimates
 (the shipped probe on the plain short-answer form of each fresh question) are cached in
 ``bench/data/cas_fresh_probe.json``.
@@ -55,7 +55,6 @@ import numpy as np
 from capgate.cas import (
     DEFAULT_STOP,
     BatchAllocator,
-    allocate_budget,
     beta_consensus,
     beta_futility,
     cas_confidence_gap,
@@ -65,6 +64,7 @@ from capgate.cas import (
 )
 from capgate.cas.stop import StopFn
 from capgate.labels import iter_labelled
+from capgate.metrics import greedy_allocation
 
 ROOT = Path(__file__).resolve().parents[1]
 TUNING = ROOT / "sdk" / "assets" / "default_labels.jsonl"
@@ -293,7 +293,7 @@ def batch_allocations(
 ) -> dict[str, float]:
     total = per_query * len(pools)
     result = {"uniform": 0.0, "greedy up-front": 0.0, "adaptive": 0.0, "adaptive, flat prior": 0.0}
-    greedy = allocate_budget(list(map(float, priors)), total, max_per_query=CAP)
+    greedy = greedy_allocation(priors, total, max_per_query=CAP)
 
     def vote(q: int, perm: np.ndarray, k: int) -> bool:
         votes: dict[str, int] = {}

@@ -307,6 +307,11 @@ class StopSettings(BaseModel):
             (:class:`capgate.cas.beta_futility`; 0.05 mirrors a 0.95 consensus), or ``null``
             (the default) to keep sampling queries on which no majority forms.
         min_samples: Never stop before this many samples.
+        max_tokens: Stop once the responses drawn hold this many tokens in all
+            (:class:`capgate.cas.stop_after_tokens`), or ``null`` (the default). A cost cap:
+            it ends sampling even before ``min_samples``.
+        max_seconds: Stop once sampling has run this long (:class:`capgate.cas.stop_after_delay`),
+            or ``null`` (the default). A latency cap, like ``max_tokens``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -317,6 +322,8 @@ class StopSettings(BaseModel):
     consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
     futility: float | None = Field(default=None, gt=0.0, lt=0.5)
     min_samples: int = Field(default=1, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_seconds: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
 
 class SamplingPlan(BaseModel):

@@ -12,7 +12,6 @@ from capgate.cas import (
     beta_consensus,
     beta_prob_above_half,
     cas_confidence_gap,
-    incomplete_beta,
     stop_after_delay,
     stop_after_samples,
     stop_after_tokens,
@@ -21,6 +20,7 @@ from capgate.cas import (
     stop_if,
     stop_never,
 )
+from capgate.cas.stop import _incomplete_beta as incomplete_beta
 
 
 def state(
@@ -96,11 +96,11 @@ def test_repr_shows_settings() -> None:
     [
         (lambda: stop_after_samples(0), "`n` must be a positive integer; got 0"),
         (lambda: stop_after_tokens(-3), "`n` must be a positive integer; got -3"),
-        (lambda: stop_after_delay(0), "`seconds` must be a positive finite number"),
+        (lambda: stop_after_delay(0), "`seconds` must be a positive number; got 0"),
         (lambda: beta_consensus(0.4), "`threshold` must be in (0.5, 1); got 0.4"),
-        (lambda: cas_confidence_gap(scale=0), "`scale` must be a positive finite number"),
+        (lambda: cas_confidence_gap(scale=0), "`scale` must be a positive number; got 0"),
         (lambda: cas_confidence_gap(mode="always"), "`mode` must be 'threshold' or 'stochastic'"),  # type: ignore[arg-type]
-        (lambda: cas_confidence_gap(level=1.0), "`level` must be in (0, 1)"),
+        (lambda: cas_confidence_gap(level=1.0), "`level` must be a number in (0, 1); got 1.0"),
     ],
 )
 def test_bad_settings_are_rejected_naming_the_value(factory: object, message: str) -> None:

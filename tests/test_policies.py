@@ -217,6 +217,52 @@ def test_stop_settings_build_the_cas_stop_rules() -> None:
         StopSettings.model_validate({"futility": 0.7})
 
 
+def test_a_policy_caps_tokens_and_time_and_the_caps_ignore_min_samples() -> None:
+    from capgate.cas import SamplingState, replay, stop_rule
+
+    policy = Policy.from_yaml_text(
+        textwrap.dedent(
+            """\
+            name: capped
+            bands:
+              - below: 0.5
+                action: resample
+                max_samples: 16
+                stop: {confidence_gap: null, consensus: null, min_samples: 8,
+                       max_tokens: 120, max_seconds: 2.5}
+              - action: answer
+            on_degraded: abstain
+            """
+        )
+    )
+    decision = policy.decide(est(0.3))
+    assert decision.plan is not None
+    rule = stop_rule(decision.plan.stop)
+    assert repr(rule) == (
+        "stop_any(stop_all(stop_after_samples(8), stop_never()), stop_after_tokens(120), "
+        "stop_after_delay(2.5))"
+    )
+    assert rule(SamplingState.build(votes={"4": 2}, tokens=120)) is True  # before min_samples
+    assert rule(SamplingState.build(votes={"4": 2}, elapsed_s=2.5)) is True
+    assert rule(SamplingState.build(votes={"4": 7}, tokens=119, elapsed_s=2.4)) is False
+    result = replay([("4", True, None, 50)] * 16, stop=rule, batch_size=1)
+    assert (result.samples_used, result.stopped_by) == (3, "stop_after_tokens(120)")
+    error = only_error(
+        """\
+        name: x
+        bands:
+          - below: 0.5
+            action: resample
+            stop: {max_tokens: 0}
+          - action: answer
+        on_degraded: abstain
+        """
+    )
+    assert (error.line, error.field) == (5, "bands[0].stop.max_tokens")
+    with pytest.raises(ValidationError, match="max_seconds"):
+        StopSettings.model_validate({"max_seconds": float("inf")})
+
+
 def test_python_api_mirrors_the_file_format() -> None:
     text = """
     name: demo

@@ -10,7 +10,7 @@ Example:
 from capgate._types import CASMode
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState
 from capgate.cas.batch import BatchAllocator, BatchResult, batch_adaptive_sample
-from capgate.cas.budget import Route, StartingBudget, allocate_budget, route_by_capability, samples_for_target
+from capgate.cas.budget import StartingBudget, samples_for_target
 from capgate.cas.confidence import (
     CONFIDENCE_INSTRUCTION,
     DEFAULT_CONFIDENCE,
@@ -45,7 +45,6 @@ from capgate.cas.stop import (
     cas_confidence_gap,
     cas_frequency_gap,
     fired_rule,
-    incomplete_beta,
     stop_after_delay,
     stop_after_samples,
     stop_after_tokens,
@@ -68,7 +67,6 @@ __all__ = [
     "DrawnSample",
     "LogprobConfidence",
     "PoolItem",
-    "Route",
     "SamplingState",
     "StartingBudget",
     "StopFn",
@@ -76,7 +74,6 @@ __all__ = [
     "StopRule",
     "aadaptive_sample",
     "adaptive_sample",
-    "allocate_budget",
     "batch_adaptive_sample",
     "beta_consensus",
     "beta_futility",
@@ -87,11 +84,9 @@ __all__ = [
     "fired_rule",
     "first_available",
     "ignoring_tags",
-    "incomplete_beta",
     "parse_verbalized_confidence",
     "plants_confidence",
     "replay",
-    "route_by_capability",
     "samples_for_target",
     "stop_after_delay",
     "stop_after_samples",

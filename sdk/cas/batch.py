@@ -1,6 +1,6 @@
 """One sample budget shared by a batch of queries, spent where a vote is still open.
 
-:func:`~capgate.cas.allocate_budget` splits a budget up front from the capability estimates alone.
+:func:`capgate.metrics.greedy_allocation` splits a budget up front from the capability estimates alone.
 :class:`BatchAllocator` spends it *adaptively*: every query gets a first sample, then each next
 sample goes to the query with the highest priority
 
@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from capgate._types import Estimate, Extractor
+from capgate._validate import check_int_at_least, check_positive_int
 from capgate.backend import Backend, Prompt, SamplingParams
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT
 from capgate.cas.budget import _capabilities
@@ -81,10 +82,8 @@ class BatchAllocator:
         fill_unavailable: float | None = None,
         unknown_weight: float = UNKNOWN_CONFIDENCE_WEIGHT,
     ) -> None:
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
-            raise ValueError(f"`budget` must be a non-negative integer; got {budget!r}")
-        if isinstance(max_per_query, bool) or not isinstance(max_per_query, int) or max_per_query < 1:
-            raise ValueError(f"`max_per_query` must be a positive integer; got {max_per_query!r}")
+        budget = check_int_at_least("budget", budget, 0)
+        max_per_query = check_positive_int("max_per_query", max_per_query)
         self.priors = priors = _capabilities(estimates, fill_unavailable=fill_unavailable)
         self.budget = budget
         self.max_per_query = max_per_query

@@ -1,27 +1,23 @@
-"""Starting budgets from a capability estimate.
+"""A query's sample budget from its capability estimate.
 
 With a verifier (tests, a checker, a proof assistant), one correct response among k suffices, so
-the budget is the smallest k with pass@k = 1 − (1 − p)^k >= target. Without one, the model's own
-vote must carry the answer: :func:`route_by_capability` sends confident queries to a single sample
-and the rest to CAS. For a batch of queries sharing one budget, :func:`allocate_budget` applies the
-metrics core's greedy pass@k allocator.
+the budget is the smallest k with pass@k = 1 − (1 − p)^k >= target (:func:`samples_for_target`, what
+a policy's ``target_pass_at_k`` uses). A budget shared by a batch of queries is split by
+:class:`~capgate.cas.BatchAllocator` (adaptively) or :func:`capgate.metrics.greedy_allocation`
+(up front).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, TypeAlias
 
-import numpy as np
-from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from capgate._types import Estimate
+from capgate._validate import check_positive_int, check_unit_interval
 
-__all__ = ["Route", "StartingBudget", "allocate_budget", "route_by_capability", "samples_for_target"]
-
-Route: TypeAlias = Literal["single", "cas"]
+__all__ = ["StartingBudget", "samples_for_target"]
 
 
 class StartingBudget(BaseModel):
@@ -70,10 +66,8 @@ def samples_for_target(
         >>> b.k, b.reaches_target
         (16, False)
     """
-    if not (isinstance(target, int | float) and 0.0 < target < 1.0):
-        raise ValueError(f"`target` must be in (0, 1); got {target!r}")
-    if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
-        raise ValueError(f"`max_samples` must be a positive integer; got {max_samples!r}")
+    check_unit_interval("target", target, open_ends=True)
+    check_positive_int("max_samples", max_samples)
     value, why = _as_p(p, "`p`")
     if value is None:
         return StartingBudget(
@@ -113,50 +107,12 @@ def samples_for_target(
     )
 
 
-def route_by_capability(p: float | Estimate | None, threshold: float = 0.8) -> Route:
-    """Without a verifier: ``"single"`` (one sample) when p >= ``threshold``, else ``"cas"``.
-
-    An unavailable estimate routes to ``"cas"``: without a prediction a lone sample is not trusted
-    (fail closed; CAS's own stop rule then decides how many samples the query needs).
-
-    Example:
-        >>> route_by_capability(0.93), route_by_capability(0.4), route_by_capability(None)
-        ('single', 'cas', 'cas')
-    """
-    if not (isinstance(threshold, int | float) and 0.0 <= threshold <= 1.0):
-        raise ValueError(f"`threshold` must be in [0, 1]; got {threshold!r}")
-    value, _ = _as_p(p, "`p`")
-    return "single" if value is not None and value >= threshold else "cas"
-
-
-def allocate_budget(
-    estimates: Sequence[float | Estimate | None],
-    budget: int,
-    *,
-    max_per_query: int | None = None,
-    fill_unavailable: float | None = None,
-) -> NDArray[np.int64]:
-    """Split ``budget`` samples over queries by the greedy pass@k allocator of the metrics core.
-
-    Delegates to :func:`capgate.metrics.greedy_allocation` (each next sample goes to the query whose
-    predicted pass@k gains most). An unavailable estimate is an error naming its index unless
-    ``fill_unavailable`` gives an explicit stand-in value: no silent default.
-
-    Example:
-        >>> allocate_budget([0.9, 0.2], 4).sum()
-        np.int64(4)
-    """
-    from capgate.metrics import greedy_allocation
-
-    p = np.asarray(_capabilities(estimates, fill_unavailable=fill_unavailable), dtype=np.float64)
-    return np.asarray(greedy_allocation(p, budget, max_per_query=max_per_query), dtype=np.int64)
-
-
 def _capabilities(
     estimates: Sequence[float | Estimate | None], *, fill_unavailable: float | None = None
 ) -> list[float]:
-    """The capability of each estimate for a batch allocator: an unavailable one is an error
-    naming its index unless ``fill_unavailable`` gives an explicit stand-in (no silent default)."""
+    """The capability of each estimate for :class:`~capgate.cas.BatchAllocator`: an unavailable one
+    is an error naming its index unless ``fill_unavailable`` gives an explicit stand-in (no silent
+    default)."""
     out: list[float] = []
     for i, estimate in enumerate(estimates):
         value, why = _as_p(estimate, f"estimates[{i}]")

@@ -27,6 +27,7 @@ from typing import TypeAlias
 import numpy as np
 
 from capgate._types import CASMode
+from capgate._validate import check_positive_int, check_positive_number, check_unit_interval
 from capgate.cas._state import SamplingState
 
 # The public names are listed once, in ``capgate.cas.__all__`` (this module's list had drifted from it).
@@ -160,17 +161,11 @@ class stop_never(StopRule):  # noqa: N801
         return "stop_never()"
 
 
-def _positive_int(value: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
-    return value
-
-
 class stop_after_samples(StopRule):  # noqa: N801
     """Stop once ``n`` responses have been drawn."""
 
     def __init__(self, n: int) -> None:
-        self.n = _positive_int(n, "n")
+        self.n = check_positive_int("n", n)
 
     def __call__(self, state: SamplingState) -> bool:
         return state.n_samples >= self.n
@@ -183,7 +178,7 @@ class stop_after_tokens(StopRule):  # noqa: N801
     """Stop once ``n`` tokens have been generated in total."""
 
     def __init__(self, n: int) -> None:
-        self.n = _positive_int(n, "n")
+        self.n = check_positive_int("n", n)
 
     def __call__(self, state: SamplingState) -> bool:
         return state.tokens >= self.n
@@ -196,9 +191,7 @@ class stop_after_delay(StopRule):  # noqa: N801
     """Stop once ``seconds`` of wall-clock time have passed since sampling started."""
 
     def __init__(self, seconds: float) -> None:
-        if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
-            raise ValueError(f"`seconds` must be a positive finite number; got {seconds!r}")
-        self.seconds = float(seconds)
+        self.seconds = check_positive_number("seconds", seconds)
 
     def __call__(self, state: SamplingState) -> bool:
         return state.elapsed_s >= self.seconds
@@ -221,26 +214,26 @@ def beta_prob_above_half(a: int, b: int) -> float:
         >>> beta_prob_above_half(1, 1), beta_prob_above_half(5, 1)
         (0.5, 0.96875)
     """
-    _positive_int(a, "a")
-    _positive_int(b, "b")
+    check_positive_int("a", a)
+    check_positive_int("b", b)
     n = a + b - 1
     return sum(math.comb(n, j) for j in range(a)) / (1 << n)
 
 
-def incomplete_beta(x: float, a: int, b: int) -> float:
+def _incomplete_beta(x: float, a: int, b: int) -> float:
     """The regularized incomplete beta I_x(a, b) = P(X <= x), X ~ Beta(a, b), for integer a, b.
 
-    Exact binomial sum I_x(a, b) = sum_{j=a}^{n} C(n, j) x^j (1-x)^(n-j), n = a+b-1, evaluated
-    in log space (numpy ``logaddexp``) so it stays finite for large ``a + b``.
+    The reference :func:`beta_prob_above_half` is tested against (1 − I_{1/2}(a, b)). Exact binomial
+    sum I_x(a, b) = sum_{j=a}^{n} C(n, j) x^j (1-x)^(n-j), n = a+b-1, evaluated in log space
+    (numpy ``logaddexp``) so it stays finite for large ``a + b``.
 
     Example:
-        >>> round(incomplete_beta(0.5, 3, 2), 10)
+        >>> round(_incomplete_beta(0.5, 3, 2), 10)
         0.3125
     """
-    _positive_int(a, "a")
-    _positive_int(b, "b")
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"`x` must be in [0, 1]; got {x!r}")
+    check_positive_int("a", a)
+    check_positive_int("b", b)
+    check_unit_interval("x", x)
     if x == 0.0:
         return 0.0
     if x == 1.0:
@@ -380,18 +373,14 @@ class cas_confidence_gap(StopRule):  # noqa: N801
         mode: CASMode = "threshold",
         level: float = 0.5,
     ) -> None:
-        if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
-            raise ValueError(f"`scale` must be a positive finite number; got {scale!r}")
         if not (isinstance(margin, int | float) and -1.0 <= margin <= 1.0):
             raise ValueError(f"`margin` must be in [-1, 1]; got {margin!r}")
         if mode not in ("threshold", "stochastic"):
             raise ValueError(f"`mode` must be 'threshold' or 'stochastic'; got {mode!r}")
-        if not (isinstance(level, int | float) and 0.0 < level < 1.0):
-            raise ValueError(f"`level` must be in (0, 1); got {level!r}")
-        self.scale = float(scale)
+        self.scale = check_positive_number("scale", scale)
         self.margin = float(margin)
         self.mode: CASMode = mode
-        self.level = float(level)
+        self.level = check_unit_interval("level", level, open_ends=True)
 
     def gap(self, state: SamplingState) -> float | None:
         """c1 − c2 for the current state, or ``None`` when a needed confidence is unknown."""
