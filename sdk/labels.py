@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from capgate._jsonl import iter_json_objects, note_unique_id
+from capgate._jsonl import data_error_from_validation, iter_json_objects, note_unique_id
 from capgate._types import LabelledQuery
 from capgate._validate import FloatArray, IntArray
 from capgate.errors import DataError
@@ -18,27 +18,25 @@ from capgate.errors import DataError
 __all__ = ["LabelledSet", "iter_labelled", "read_labelled"]
 
 
-def _first_error(exc: ValidationError) -> tuple[str | None, str]:
-    error = exc.errors()[0]
-    location = ".".join(str(part) for part in error["loc"]) or None
-    message = error["msg"].removeprefix("Value error, ")
-    return location, message
-
-
 def iter_labelled(path: str | Path) -> Iterator[tuple[int, LabelledQuery]]:
     """Yield ``(line_number, record)`` for each non-blank line of a labelled JSONL file.
 
+    The one reader of labelled files: :func:`read_labelled`, :func:`capgate.estimators.estimate_jsonl`
+    and a resumed :func:`capgate.harvest.harvest` all read through it.
+
     Raises:
-        DataError: for a missing or unreadable file, invalid JSON, a non-object line, or a record
-            that fails validation. ``.gz`` files are read transparently.
+        DataError: naming file, line and field, for a missing or unreadable file, invalid JSON, a
+            non-object line, a record that fails validation, or an id seen on an earlier line.
+            ``.gz`` files are read transparently.
     """
     path = Path(path)
+    seen: dict[str, int] = {}
     for line_number, raw in iter_json_objects(path):
         try:
             record = LabelledQuery.model_validate(raw)
         except ValidationError as exc:
-            location, message = _first_error(exc)
-            raise DataError(message, path=path, line=line_number, field=location) from exc
+            raise data_error_from_validation(exc, path=path, line=line_number) from None
+        note_unique_id(seen, record.id, path=path, line=line_number)
         yield line_number, record
 
 
@@ -122,9 +120,7 @@ def read_labelled(
     ids: list[str] = []
     records: list[LabelledQuery] = []
     columns: dict[str, list[float]] = {name: [] for name in confidence}
-    seen: dict[str, int] = {}
     for line, record in iter_labelled(path):
-        note_unique_id(seen, record.id, path=path, line=line)
         for name in confidence:
             columns[name].append(_confidence(record, name, path, line, allow_missing))
         ids.append(record.id)

@@ -10,7 +10,7 @@ import pytest
 
 from capgate import DataError, Estimate
 from capgate.backend import Prompt
-from capgate.estimators import CapabilityEstimator, estimate_jsonl, read_labelled_jsonl
+from capgate.estimators import CapabilityEstimator, estimate_jsonl
 
 
 class Length(CapabilityEstimator):
@@ -49,6 +49,11 @@ def test_estimates_every_row_in_batches(tmp_path: Path) -> None:
         ({"id": "a", "question": "q", "k": 0, "correct": 0}, "k", "greater than or equal to 1"),
         ({"id": "a", "question": "  ", "k": 2, "correct": 1}, "question", "non-empty question"),
         ({"id": "a", "k": 2, "correct": 1}, "question", "non-empty question"),
+        (
+            {"id": "ok", "question": "q", "k": 1, "correct": 0},
+            "id",
+            "duplicate id 'ok' \\(first on line 1\\)",
+        ),
     ],
 )
 def test_bad_rows_are_located_before_any_model_call(
@@ -65,9 +70,11 @@ def test_bad_rows_are_located_before_any_model_call(
     assert est.batches == []
 
 
-def test_read_labelled_jsonl_skips_blank_lines(tmp_path: Path) -> None:
+def test_blank_lines_are_skipped(tmp_path: Path) -> None:
     path = write(tmp_path / "d.jsonl", [{"id": "a", "question": "q", "k": 1, "correct": 0}, "", "  "])
-    assert [r.id for r in read_labelled_jsonl(path)] == ["a"]
+    est = Length()
+    assert [r.id for r, _ in estimate_jsonl(est, path)] == ["a"]
+    assert est.batches == [1]
 
 
 def test_batch_size_is_checked(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from capgate.estimators.base import CapabilityEstimator, query_text
 from capgate.estimators.baselines import ConstantPrior, UniformRandom
 from capgate.estimators.consistency import Consistency
 from capgate.estimators.fallback import FallbackChain
-from capgate.estimators.jsonl import estimate_jsonl, read_labelled_jsonl
+from capgate.estimators.jsonl import estimate_jsonl
 from capgate.estimators.probe import Featurizer, LinearProbe, ProbeEstimator
 from capgate.estimators.ptrue import PTrue, read_p_true
 from capgate.estimators.recalibration import IsotonicCalibrator, PlattCalibrator, Recalibrated
@@ -50,6 +50,5 @@ __all__ = [
     "normalize_answer",
     "parse_probability",
     "query_text",
-    "read_labelled_jsonl",
     "read_p_true",
 ]

@@ -11,28 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from capgate._types import Estimate, LabelledQuery
+from capgate._validate import check_positive_int
 from capgate.errors import DataError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.labels import iter_labelled
 
-__all__ = ["estimate_jsonl", "read_labelled_jsonl"]
-
-
-def read_labelled_jsonl(path: str | Path) -> list[LabelledQuery]:
-    """Read and validate every row of a labelled JSONL file (blank lines are skipped).
-
-    Raises:
-        DataError: The file cannot be read, or a line is not JSON, not an object, fails validation,
-            or has no question.
-    """
-    rows: list[LabelledQuery] = []
-    for line_no, row in iter_labelled(path):
-        if not row.question or not row.question.strip():
-            raise DataError(
-                "a non-empty question is needed to estimate", path=path, line=line_no, field="question"
-            )
-        rows.append(row)
-    return rows
+__all__ = ["estimate_jsonl"]
 
 
 def estimate_jsonl(
@@ -40,7 +24,8 @@ def estimate_jsonl(
 ) -> Iterator[tuple[LabelledQuery, Estimate]]:
     """Estimate every query of a labelled JSONL file, batch by batch, yielding ``(row, estimate)``.
 
-    The whole file is validated first, so a bad row fails before any model call. Pair the
+    The whole file is read first (:func:`capgate.labels.iter_labelled`), so a bad row, or one
+    without a question, fails before any model call. Blank lines are skipped. Pair the
     results with a metric, e.g. ``capability_brier([e.p for _, e in pairs], [r.mu_hat for r, _ in pairs])``
     over the usable ones.
 
@@ -57,9 +42,14 @@ def estimate_jsonl(
         [(0.75, 0.5)]
         >>> import os; os.remove(f.name)
     """
-    if batch_size < 1:
-        raise ValueError(f"`batch_size` must be >= 1; got {batch_size!r}")
-    rows = read_labelled_jsonl(path)
+    check_positive_int("batch_size", batch_size)
+    rows: list[LabelledQuery] = []
+    for line, row in iter_labelled(path):
+        if not row.question or not row.question.strip():
+            raise DataError(
+                "a non-empty question is needed to estimate", path=path, line=line, field="question"
+            )
+        rows.append(row)
     for start in range(0, len(rows), batch_size):
         batch = rows[start : start + batch_size]
         estimates = estimator.estimate([row.question or "" for row in batch])
