@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from pydantic import ValidationError
 
-from capgate._atomic import atomic_open
+from capgate._atomic import atomic_open, fsync_dir
 from capgate.errors import DataError
 
 __all__ = [
+    "append_durably",
     "atomic_write_lines",
+    "cut_torn_tail",
     "data_error_from_validation",
     "iter_json_objects",
     "note_unique_id",
+    "open_append_only",
     "open_text",
 ]
 
@@ -61,6 +65,77 @@ def iter_json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 yield number, obj
         except (UnicodeDecodeError, OSError, EOFError) as exc:
             raise DataError(f"unreadable file: {exc}", path=path) from None
+
+
+def open_append_only(path: Path, *, busy: str) -> int:
+    """Open ``path`` (made if missing, with its folder) to append to alone: a file descriptor
+    holding an exclusive lock, released when it is closed. Not POSIX: no lock is taken.
+
+    Raises:
+        DataError: with the message ``busy``, when another process holds the lock.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    created = not path.exists()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        try:
+            import fcntl
+        except ModuleNotFoundError:  # pragma: no cover - not POSIX: no advisory locking
+            pass
+        else:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise DataError(busy, path=path) from None
+        if created:
+            fsync_dir(path.parent)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def append_durably(fd: int, data: bytes) -> None:
+    """Append ``data`` (whole lines) to a file from :func:`open_append_only`; fsynced on return."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+    os.fsync(fd)
+
+
+def cut_torn_tail(fd: int) -> int:
+    """Cut off what a killed writer left at the end of an append-only JSON-lines file; return the bytes cut.
+
+    A last line without its newline, or whose text is not JSON, is a write that did not finish,
+    so it is truncated (and the truncation fsynced). Only the last line is looked at: a bad line
+    before it is damage, for :func:`iter_json_objects` to report.
+    """
+    size = os.fstat(fd).st_size
+    with open(fd, "rb", closefd=False) as handle:
+        start, tail = size, b""
+        while start > 0:  # read back, a block at a time, to the newline that ends the line before
+            step = min(1 << 16, start)
+            start -= step
+            handle.seek(start)
+            tail = handle.read(step) + tail
+            before = tail.rfind(b"\n", 0, len(tail) - 1)
+            if before >= 0:
+                start, tail = start + before + 1, tail[before + 1 :]
+                break
+    if not tail or (tail.endswith(b"\n") and (not tail.strip() or _is_json(tail))):
+        return 0
+    os.ftruncate(fd, start)
+    os.fsync(fd)
+    return size - start
+
+
+def _is_json(raw: bytes) -> bool:
+    try:
+        json.loads(raw)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError both are
+        return False
+    return True
 
 
 def data_error_from_validation(

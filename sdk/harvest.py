@@ -35,21 +35,32 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from capgate._atomic import atomic_write_json, fsync_dir
-from capgate._jsonl import data_error_from_validation, note_unique_id
+from capgate._atomic import atomic_write_json
+from capgate._jsonl import append_durably, cut_torn_tail, open_append_only
 from capgate._twins import Plan, adrive, drive, twin_of
 from capgate._types import LabelledQuery, Sample
+from capgate._validate import check_positive_int
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams, backend_endpoint
 from capgate.cas.confidence import ConfidenceSource, strip_confidence_tag, with_confidence_instruction
 from capgate.datasets import DatasetItem, build_prompt
 from capgate.errors import DataError
 from capgate.grading import Grader, GraderLike, as_grader, grader_for
+from capgate.labels import iter_labelled
 
-__all__ = ["HarvestReport", "aharvest", "harvest", "meta_path", "prompt_with_confidence_tag"]
+__all__ = [
+    "HarvestReport",
+    "HarvestRun",
+    "Target",
+    "aharvest",
+    "harvest",
+    "meta_path",
+    "prompt_with_confidence_tag",
+    "target_of",
+]
 
 FORMAT_VERSION = 1
 _CHECKED_SETTINGS = (
@@ -123,8 +134,41 @@ def _callable_name(obj: object) -> str:
     return f"{module}.{name}" if module else str(name)
 
 
-class _HarvestRun:
-    """The I/O-free core shared by :func:`harvest` and :func:`aharvest`, plus the output log."""
+class Target(NamedTuple):
+    """Whose labels a harvest makes: the model, and how it is reached (recorded in the settings)."""
+
+    model_id: str
+    endpoint: str  # a capgate.backend.EndpointKind
+    base_url: str | None
+
+
+def target_of(backend: object) -> Target:
+    """The :class:`Target` a backend samples: its ``model_id`` and its
+    :func:`~capgate.backend.backend_endpoint`."""
+    return Target(str(getattr(backend, "model_id", "")), *backend_endpoint(backend))
+
+
+class HarvestRun:
+    """One harvest without the model calls: the pieces :func:`harvest`, :func:`aharvest` and
+    :func:`capgate.harvest_ray.ray_harvest` drive.
+
+    :meth:`open` locks the output and returns the batches that remain, :meth:`request` says what
+    to ask the model for a batch, :meth:`label` grades one item's responses into its record,
+    :meth:`write` labels a batch's answers and appends them durably, and :meth:`close` (or leaving
+    the ``with`` block) releases the file and reports. The arguments are :func:`harvest`'s.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> from capgate.datasets import DatasetItem
+        >>> items = [DatasetItem(id="q1", question="2+2?", references=["4"], kind="numeric")]
+        >>> out = pathlib.Path(tempfile.mkdtemp()) / "labels.jsonl"
+        >>> with HarvestRun(items, out, k=2, progress=False) as run:
+        ...     for batch in run.open(Target("echo", "other", None)):
+        ...         prompts, params = run.request(batch)
+        ...         run.write(batch, prompts, [[Generation(text="\\\\boxed{4}", n_tokens=1)] * params.n])
+        ...     run.close().n_correct
+        2
+    """
 
     def __init__(
         self,
@@ -149,15 +193,13 @@ class _HarvestRun:
             raise TypeError(
                 f"`confidence` must be a confidence source Generation -> float | None; got {confidence!r}"
             )
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"`k` must be a positive integer; got {k!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"`batch_size` must be a positive integer; got {batch_size!r}")
-        self.model_id = ""  # set by open(), from the backend
-        self.items = list(items)
+        self.k = check_positive_int("k", k)
+        self.batch_size = check_positive_int("batch_size", batch_size)
         self.out = Path(out)
-        self.k = k
-        self.batch_size = batch_size
+        if self.out.name.endswith(".gz"):
+            raise ValueError(f"a harvest appends plain JSON lines; name the output without .gz: {self.out}")
+        self.model_id = ""  # set by open(), from the target
+        self.items = list(items)
         self.keep_text = keep_text
         self.base_params = SamplingParams(
             n=k, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed, logprobs=logprobs
@@ -234,156 +276,122 @@ class _HarvestRun:
             meta = {"format": "capgate.harvest", "version": FORMAT_VERSION, **self.settings}
             atomic_write_json(path, meta)
 
-    def _scan_existing(self, fd: int) -> set[str]:
-        """Ids already labelled in the log; cuts off a torn last line (called under the lock).
+    def _labelled_ids(self, fd: int) -> set[str]:
+        """Ids already labelled in the output (under the lock), after cutting off a torn last line.
 
-        A last line without its newline, or whose text is not JSON, is what a killed write
-        leaves: it is truncated. Anything else that is wrong (a bad line before the last, a
-        well-formed but invalid record, a repeated id, another k) is damage and raises.
+        What a killed write leaves at the end is cut off (:func:`~capgate._jsonl.cut_torn_tail`);
+        anything else that is wrong (a bad line, an invalid record, a repeated id, another k) is
+        damage, and :func:`~capgate.labels.iter_labelled` or the k check raises.
         """
-        done: dict[str, int] = {}
-        offset = 0
-        torn_at: int | None = None
-        unparsable: DataError | None = None
-        with open(fd, "rb", closefd=False) as handle:
-            handle.seek(0)
-            for number, raw in enumerate(handle, start=1):
-                if unparsable is not None:  # not the last line, so not a torn write
-                    raise unparsable
-                if not raw.endswith(b"\n"):
-                    torn_at = offset
-                    break
-                if raw.strip():
-                    try:
-                        obj = json.loads(raw)
-                    except (json.JSONDecodeError, UnicodeDecodeError):
-                        unparsable = DataError("line is not JSON", path=self.out, line=number)
-                        torn_at = offset
-                        offset += len(raw)
-                        continue
-                    self._check_record(obj, number, done)
-                offset += len(raw)
-        if torn_at is not None:
-            size = os.fstat(fd).st_size
-            os.ftruncate(fd, torn_at)
-            os.fsync(fd)
-            self.truncated_bytes = size - torn_at
-        return set(done)
+        self.truncated_bytes = cut_torn_tail(fd)
+        done: set[str] = set()
+        for line, record in iter_labelled(self.out):
+            if record.k != self.k:
+                raise DataError(
+                    f"record has k={record.k} but this run samples k={self.k}",
+                    path=self.out,
+                    line=line,
+                    field="k",
+                )
+            done.add(record.id)
+        return done
 
-    def _check_record(self, obj: Any, number: int, done: dict[str, int]) -> None:
-        try:
-            record = LabelledQuery.model_validate(obj)
-        except ValidationError as exc:
-            raise data_error_from_validation(exc, path=self.out, line=number) from None
-        if record.k != self.k:
-            raise DataError(
-                f"record has k={record.k} but this run samples k={self.k}",
-                path=self.out,
-                line=number,
-                field="k",
-            )
-        note_unique_id(done, record.id, path=self.out, line=number)
+    def open(self, target: Target) -> list[list[DatasetItem]]:
+        """Lock and scan the output, write or check the settings; return the batches that remain.
 
-    def open(self, backend: object) -> list[list[DatasetItem]]:
-        """Lock and scan the output, write or check the settings; return the batches still to do.
-
-        The settings record the target: the backend's model and how it is reached (endpoint kind,
-        base URL), so a probe fitted on these labels knows whose capability it predicts.
+        The settings record the target (its model and how it is reached: endpoint kind, base
+        URL), so a probe fitted on these labels knows whose capability it predicts.
         """
-        self.model_id = self.settings["model_id"] = str(getattr(backend, "model_id", ""))
-        self.settings["endpoint"], self.settings["base_url"] = backend_endpoint(backend)
+        self.model_id = self.settings["model_id"] = target.model_id
+        self.settings["endpoint"], self.settings["base_url"] = target.endpoint, target.base_url
         self._check_items()
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        created = not self.out.exists()
-        fd = os.open(self.out, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = open_append_only(self.out, busy="another harvest is writing to this file")
         try:
-            _lock(fd, self.out)
-            if created:
-                fsync_dir(self.out.parent)
             self._check_meta()
-            done = self._scan_existing(fd)
+            done = self._labelled_ids(fd)
         except BaseException:
             os.close(fd)
             raise
         self._fd = fd
-        pending = [item for item in self.items if item.id not in done]
-        self.n_resumed = len(self.items) - len(pending)
+        remaining = [item for item in self.items if item.id not in done]
+        self.n_resumed = len(self.items) - len(remaining)
         self.started = time.perf_counter()
         if self.show_progress:
-            self._start_progress(len(pending))
-        return [pending[i : i + self.batch_size] for i in range(0, len(pending), self.batch_size)]
+            self._start_progress(len(remaining))
+        return [remaining[i : i + self.batch_size] for i in range(0, len(remaining), self.batch_size)]
 
     # ------------------------------------------------------------------------------ per batch
 
-    def params_for(self, batch: Sequence[DatasetItem]) -> SamplingParams:
-        """Sampling settings for a batch; a given seed is mixed with the batch's first id."""
-        if self.base_params.seed is None:
-            return self.base_params
-        digest = hashlib.sha256(f"{self.base_params.seed}:{batch[0].id}".encode()).digest()
-        return self.base_params.model_copy(update={"seed": int.from_bytes(digest[:4], "big")})
+    def request(self, batch: Sequence[DatasetItem]) -> tuple[list[Prompt], SamplingParams]:
+        """What to ask the model for a batch: its prompts, and ``n=k`` sampling settings (a given
+        seed is mixed with the batch's first id)."""
+        params = self.base_params
+        if params.seed is not None:
+            digest = hashlib.sha256(f"{params.seed}:{batch[0].id}".encode()).digest()
+            params = params.model_copy(update={"seed": int.from_bytes(digest[:4], "big")})
+        return [self.prompt(item) for item in batch], params
 
-    def prompts_for(self, batch: Sequence[DatasetItem]) -> list[Prompt]:
-        return [self.prompt(item) for item in batch]
+    def label(self, item: DatasetItem, prompt: Prompt, generations: Sequence[Generation]) -> LabelledQuery:
+        """Grade one item's ``k`` responses into its label record."""
+        if len(generations) != self.k:
+            raise RuntimeError(
+                f"backend {self.model_id!r} returned {len(generations)} responses for item {item.id!r}; "
+                f"asked for n={self.k}"
+            )
+        grader = self._grader_of(item)
+        samples: list[Sample] = []
+        for generation in generations:
+            stated: float | None = None
+            graded_text = generation.text
+            if self.confidence is not None:
+                stated = self.confidence(generation)
+                graded_text = strip_confidence_tag(generation.text)  # "[confidence=85%]" is no answer
+            judgement = grader.judge(graded_text, item)
+            samples.append(
+                Sample(
+                    text=generation.text if self.keep_text else None,
+                    answer=judgement.answer,
+                    correct=judgement.correct,
+                    n_tokens=generation.n_tokens,
+                    mean_logprob=_mean_logprob(generation),
+                    confidence=stated,
+                )
+            )
+        return LabelledQuery.model_validate(
+            {
+                "id": item.id,
+                "question": item.question,
+                "references": item.references,
+                "k": self.k,
+                "correct": sum(sample.correct for sample in samples),
+                "samples": samples,
+                "kind": item.kind,
+                "prompt": prompt,
+            }
+        )
 
-    def record(self, batch: Sequence[DatasetItem], prompts: Sequence[Prompt], outputs: Any) -> None:
-        """Grade a batch's responses and append its records durably."""
+    def write(self, batch: Sequence[DatasetItem], prompts: Sequence[Prompt], outputs: Any) -> None:
+        """Label a batch's responses (the model's answer to :meth:`request`) and append them durably."""
         if not isinstance(outputs, list) or len(outputs) != len(batch):
             got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
             raise RuntimeError(f"backend {self.model_id!r} gave {got} result lists for {len(batch)} queries")
-        lines: list[bytes] = []
-        for item, prompt, generations in zip(batch, prompts, outputs, strict=True):
-            if len(generations) != self.k:
-                raise RuntimeError(
-                    f"backend {self.model_id!r} returned {len(generations)} responses for item {item.id!r}; "
-                    f"asked for n={self.k}"
-                )
-            grader = self._grader_of(item)
-            samples: list[Sample] = []
-            for generation in generations:
-                stated: float | None = None
-                graded_text = generation.text
-                if self.confidence is not None:
-                    stated = self.confidence(generation)
-                    graded_text = strip_confidence_tag(generation.text)  # "[confidence=85%]" is no answer
-                judgement = grader.judge(graded_text, item)
-                samples.append(
-                    Sample(
-                        text=generation.text if self.keep_text else None,
-                        answer=judgement.answer,
-                        correct=judgement.correct,
-                        n_tokens=generation.n_tokens,
-                        mean_logprob=_mean_logprob(generation),
-                        confidence=stated,
-                    )
-                )
-            correct = sum(sample.correct for sample in samples)
-            labelled = LabelledQuery.model_validate(
-                {
-                    "id": item.id,
-                    "question": item.question,
-                    "references": item.references,
-                    "k": self.k,
-                    "correct": correct,
-                    "samples": samples,
-                    "kind": item.kind,
-                    "prompt": prompt,
-                }
-            )
-            lines.append(labelled.model_dump_json(exclude_none=True).encode("utf-8") + b"\n")
-            self.n_correct += correct
-        _append(self._require_fd(), b"".join(lines))
+        records = [self.label(*row) for row in zip(batch, prompts, outputs, strict=True)]
+        lines = b"".join(record.model_dump_json(exclude_none=True).encode() + b"\n" for record in records)
+        append_durably(self._require_fd(), lines)
+        self.n_correct += sum(record.correct for record in records)
         self.n_new += len(batch)
         self.n_samples += len(batch) * self.k
         if self._progress is not None:
             elapsed = max(time.perf_counter() - self.started, 1e-9)
             self._progress.update(self._task, advance=len(batch), rate=f"{self.n_samples / elapsed:.1f}")
 
-    def plan(self, backend: object) -> Plan[HarvestReport]:
-        """The whole run without the backend calls: yields each batch's request, records its answer."""
+    def requests(self, target: Target) -> Plan[HarvestReport]:
+        """The run as its model requests: yields each remaining batch's ``(prompts, params)``,
+        writes the answer sent back, and returns the report."""
         with self:
-            for batch in self.open(backend):
-                prompts = self.prompts_for(batch)
-                self.record(batch, prompts, (yield prompts, self.params_for(batch)))
+            for batch in self.open(target):
+                prompts, params = self.request(batch)
+                self.write(batch, prompts, (yield prompts, params))
             return self.close()
 
     def _require_fd(self) -> int:
@@ -394,25 +402,14 @@ class _HarvestRun:
     # ------------------------------------------------------------------------------ progress / close
 
     def _start_progress(self, total: int) -> None:
+        import rich.progress as rp
         from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
 
-        self._progress = Progress(
-            TextColumn("[bold]harvest[/bold] {task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("queries · {task.fields[rate]} samples/s"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-        )
+        self._progress = rp.Progress(
+            rp.TextColumn("[bold]harvest[/bold] {task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
+            rp.TextColumn("queries · {task.fields[rate]} samples/s"), rp.TimeElapsedColumn(),
+            rp.TimeRemainingColumn(), console=Console(stderr=True),
+        )  # fmt: skip
         self._progress.start()
         self._task = self._progress.add_task(self.model_id, total=total, rate="0.0")
 
@@ -437,7 +434,7 @@ class _HarvestRun:
             samples_per_s=self.n_samples / elapsed if elapsed > 0 else 0.0,
         )
 
-    def __enter__(self) -> _HarvestRun:
+    def __enter__(self) -> HarvestRun:
         return self
 
     def __exit__(
@@ -447,27 +444,7 @@ class _HarvestRun:
             self.close()
 
 
-def _lock(fd: int, path: Path) -> None:
-    try:
-        import fcntl
-    except ModuleNotFoundError:  # not POSIX: no advisory locking
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise DataError("another harvest is writing to this file", path=path) from None
-
-
-def _append(fd: int, data: bytes) -> None:
-    """Append ``data`` and make it durable before returning."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-    os.fsync(fd)
-
-
-@twin_of(_HarvestRun)
+@twin_of(HarvestRun)
 def harvest(backend: Backend, *args: Any, **kwargs: Any) -> HarvestReport:
     """Sample ``k`` responses per query from ``backend``, grade them, and append labels to ``out``.
 
@@ -507,12 +484,12 @@ def harvest(backend: Backend, *args: Any, **kwargs: Any) -> HarvestReport:
         ValueError: A ``custom`` item and no grader, or a bad ``k`` / ``batch_size``.
         RuntimeError: The backend returned the wrong number of responses.
     """
-    plan = _HarvestRun(*args, **kwargs).plan(backend)
-    return drive(plan, lambda request: backend.generate(*request))
+    requests = HarvestRun(*args, **kwargs).requests(target_of(backend))
+    return drive(requests, lambda request: backend.generate(*request))
 
 
-@twin_of(_HarvestRun)
+@twin_of(HarvestRun)
 async def aharvest(backend: AsyncBackend, *args: Any, **kwargs: Any) -> HarvestReport:
     """Async twin of :func:`harvest` for an :class:`~capgate.AsyncBackend` (same arguments and log)."""
-    plan = _HarvestRun(*args, **kwargs).plan(backend)
-    return await adrive(plan, lambda request: backend.agenerate(*request))
+    requests = HarvestRun(*args, **kwargs).requests(target_of(backend))
+    return await adrive(requests, lambda request: backend.agenerate(*request))

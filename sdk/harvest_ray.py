@@ -28,9 +28,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from capgate.backend import Backend, Generation, Prompt, SamplingParams, backend_endpoint
+from capgate._validate import check_positive_int
+from capgate.backend import Backend, Generation, Prompt, SamplingParams
 from capgate.datasets import DatasetItem
-from capgate.harvest import HarvestReport, _HarvestRun
+from capgate.harvest import HarvestReport, HarvestRun, Target, target_of
 
 __all__ = ["RayHarvestReport", "ray_harvest"]
 
@@ -60,24 +61,14 @@ class _Sampler:
                 f"make_backend({index}) made a {type(self.backend).__name__}, not a capgate.Backend"
             )
 
-    def identity(self) -> tuple[str, str, str | None]:
-        kind, url = backend_endpoint(self.backend)
-        return str(getattr(self.backend, "model_id", "")), kind, url
+    def target(self) -> Target:
+        return target_of(self.backend)
 
     def pid(self) -> int:
         return os.getpid()
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[list[Generation]]:
         return self.backend.generate(prompts, params)
-
-
-class _Target:
-    """What the output's settings record of the target: the workers' model and endpoint."""
-
-    def __init__(self, model_id: str, endpoint: str, base_url: str | None) -> None:
-        self.model_id = model_id
-        self.endpoint = endpoint
-        self.base_url = base_url
 
 
 def _ray() -> Any:
@@ -127,19 +118,17 @@ def ray_harvest(
         RuntimeError: More than ``max_worker_failures`` batches were lost to dead workers.
         BackendError: A worker's backend failed (what was written so far stays written).
     """
-    for name, value in (("workers", workers), ("in_flight", in_flight)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
+    check_positive_int("workers", workers)
+    check_positive_int("in_flight", in_flight)
     ray = _ray()
-    run = _HarvestRun(items, out, k=k, **settings)  # checks the settings before Ray starts
+    run = HarvestRun(items, out, k=k, **settings)  # checks the settings before Ray starts
     if address is not None or not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     remote = ray.remote(max_restarts=max_worker_failures, max_task_retries=0)(_Sampler)
     actors = [remote.options(num_cpus=cpus_per_worker).remote(make_backend, i) for i in range(workers)]
     try:
-        model_id, endpoint, base_url = ray.get(actors[0].identity.remote())
         with run:
-            queue = deque(run.open(_Target(model_id, endpoint, base_url)))
+            queue = deque(run.open(ray.get(actors[0].target.remote())))
             failures = _drive(ray, run, actors, queue, in_flight, max_worker_failures)
             report = run.close()
     finally:
@@ -150,7 +139,7 @@ def ray_harvest(
 
 def _drive(
     ray: Any,
-    run: _HarvestRun,
+    run: HarvestRun,
     actors: list[Any],
     queue: deque[list[DatasetItem]],
     in_flight: int,
@@ -177,8 +166,8 @@ def _drive(
             for index in sorted(live):
                 while queue and busy[index] < in_flight:
                     batch = queue.popleft()
-                    prompts = run.prompts_for(batch)
-                    ref = actors[index].generate.remote(prompts, run.params_for(batch))
+                    prompts, params = run.request(batch)
+                    ref = actors[index].generate.remote(prompts, params)
                     pending[ref] = (index, batch, prompts)
                     busy[index] += 1
             if not pending and not probes:
@@ -212,7 +201,7 @@ def _drive(
                     live.discard(index)
                     probes[actors[index].pid.options(max_task_retries=-1).remote()] = index
                 continue
-            run.record(batch, prompts, outputs)
+            run.write(batch, prompts, outputs)
     finally:
         for ref in pending:
             ray.cancel(ref, force=False)

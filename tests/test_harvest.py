@@ -25,11 +25,12 @@ import typer
 from typer.testing import CliRunner
 
 from capgate import LabelledQuery, SamplingParams
+from capgate._jsonl import cut_torn_tail
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, as_messages
 from capgate.cli import harvest_cmd
 from capgate.datasets import DatasetItem, build_prompt, write_dataset
 from capgate.errors import DataError
-from capgate.harvest import aharvest, harvest, meta_path
+from capgate.harvest import HarvestRun, Target, aharvest, harvest, meta_path, target_of
 
 TESTS = Path(__file__).resolve().parent
 
@@ -300,7 +301,8 @@ def test_damage_before_the_last_line_is_an_error(tmp_path: Path) -> None:
     out.write_text(lines[0] + "{not json\n" + "".join(lines[1:]))
     with pytest.raises(DataError) as info:
         harvest(ScriptedBackend(), items, out, k=4, progress=False, seed=7, batch_size=1)
-    assert (info.value.line, info.value.message) == (2, "line is not JSON")
+    assert info.value.line == 2
+    assert info.value.message.startswith("invalid JSON")
     # a well-formed record that breaks the schema is damage too, even as the last line
     bad = json.loads(lines[0])
     bad["correct"] = 9
@@ -313,6 +315,61 @@ def test_damage_before_the_last_line_is_an_error(tmp_path: Path) -> None:
     out.write_text("".join(lines) + lines[0])
     with pytest.raises(DataError, match="duplicate id 'q000' \\(first on line 1\\)"):
         harvest(ScriptedBackend(), items, out, k=4, progress=False, seed=7, batch_size=1)
+
+
+def test_cut_torn_tail_reads_back_over_long_lines(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    whole = [json.dumps({"id": str(i), "text": "x" * 100_000}).encode() + b"\n" for i in range(3)]
+    cases = [
+        (b"".join(whole), 0),
+        (b"".join(whole) + b"\n", 0),  # a blank last line is no torn write
+        (b"".join(whole) + whole[0][:70_000], 70_000),  # a torn line longer than a read-back block
+        (whole[0][:70_000], 70_000),  # the only line, torn
+        (b"".join(whole) + b"{not json\n", 10),
+        (b"", 0),
+    ]
+    for data, cut in cases:
+        path.write_bytes(data)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            assert cut_torn_tail(fd) == cut
+        finally:
+            os.close(fd)
+        assert path.read_bytes() == data[: len(data) - cut]
+
+
+def test_the_public_pieces_drive_a_harvest_in_any_batch_order(tmp_path: Path) -> None:
+    """What capgate.harvest_ray does: open, ask per batch, write answers as they come (here last
+    batch first), close; the file holds the labels of a local run and resumes like one."""
+    out = tmp_path / "labels.jsonl"
+    backend = ScriptedBackend()
+    assert target_of(backend) == Target("scripted-v1", "other", None)
+    with HarvestRun(make_items(6), out, k=4, batch_size=2, seed=7, progress=False) as run:
+        batches = run.open(target_of(backend))
+        assert [[item.id for item in batch] for batch in batches] == [["q000", "q001"], ["q002", "q003"],
+                                                                      ["q004", "q005"]]  # fmt: skip
+        for batch in reversed(batches[1:]):
+            prompts, params = run.request(batch)
+            run.write(batch, prompts, backend.generate(prompts, params))
+        report = run.close()
+    assert (report.n_new, report.n_samples) == (4, 16)
+    reference = {record["id"]: record for record in reference_run(tmp_path, 6)}
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [record["id"] for record in written] == ["q004", "q005", "q002", "q003"]
+    assert all(record == reference[record["id"]] for record in written)
+    again = ScriptedBackend()
+    assert harvest(again, make_items(6), out, k=4, batch_size=2, seed=7, progress=False).n_new == 2
+    assert [prompt for prompts, _ in again.calls for prompt in prompts] == [
+        build_prompt(i) for i in make_items(2)
+    ]
+    item = make_items(1)[0]
+    with pytest.raises(RuntimeError, match="returned 1 responses for item 'q000'; asked for n=4"):
+        run.label(item, build_prompt(item), [scripted_generation(build_prompt(item), 0)])
+
+
+def test_a_gzip_output_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"plain JSON lines; name the output without \.gz"):
+        harvest(ScriptedBackend(), make_items(1), tmp_path / "labels.jsonl.gz", k=2, progress=False)
 
 
 @pytest.mark.parametrize(
@@ -366,14 +423,14 @@ from test_harvest import ScriptedBackend, make_items
 
 mode, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if mode == "tear":  # die by SIGKILL halfway through the third append
-    real_append, appends = harvest_module._append, []
+    real_append, appends = harvest_module.append_durably, []
     def tearing_append(fd, data):
         appends.append(len(data))
         if len(appends) == 3:
             os.write(fd, data[: len(data) // 2])
             os.kill(os.getpid(), signal.SIGKILL)
         real_append(fd, data)
-    harvest_module._append = tearing_append
+    harvest_module.append_durably = tearing_append
 backend = ScriptedBackend()
 if mode == "hang":  # three batches go through, then the model hangs until killed
     real_generate = backend.generate
