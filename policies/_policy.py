@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import Field, model_validator
 
 from capgate._types import Decision, Estimate
@@ -22,6 +23,7 @@ from capgate.policies._actions import (
 )
 from capgate.policies._bands import AnyBand, BandList, band_edges
 from capgate.policies._base import Loc, PolicyIssueError, Strict, expand_shorthand, fmt
+from capgate.policies._yaml import load_policy_file, parse_policy
 
 __all__ = ["Match", "Override", "Policy", "Rule"]
 
@@ -190,22 +192,37 @@ class Policy(Strict):
         Raises:
             PolicyError: Every problem in the file, each with its line and field.
         """
-        from capgate.policies._yaml import load_policy_file
-
         return load_policy_file(path, model=cls)
 
     @classmethod
     def from_yaml_text(cls, text: str, *, source: str = "<string>") -> Policy:
         """Validate a policy given as YAML text; ``source`` names it in error messages."""
-        from capgate.policies._yaml import parse_policy
-
         return parse_policy(text, source=source, model=cls)
 
     def to_yaml(self, *, header: str | None = None) -> str:
-        """The policy as a policy file (full form); ``header`` lines become leading comments."""
-        from capgate.policies._yaml import dump_policy
-
-        return dump_policy(self, header=header)
+        """The policy as a policy file in full form (edges as ``below``; settings left at their
+        defaults omitted) that loads back to an equal policy; ``header`` lines become leading
+        comments."""
+        data: dict[str, Any] = {"version": self.version, "name": self.name}
+        if self.description:
+            data["description"] = self.description
+        data["bands"] = _bands_body(self.bands)
+        data["on_degraded"] = _action_body(self.on_degraded)
+        for table_name in ("steps", "tools"):
+            table: dict[str, Override] = getattr(self, table_name)
+            if table:
+                data[table_name] = {}
+                for key, override in table.items():
+                    entry: dict[str, Any] = {}
+                    if override.bands is not None:
+                        entry["bands"] = _bands_body(override.bands)
+                    if override.on_degraded is not None:
+                        entry["on_degraded"] = _action_body(override.on_degraded)
+                    data[table_name][key] = entry
+        text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100, default_flow_style=False)
+        if header:
+            text = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines()) + text
+        return text
 
     # ----------------------------------------------------------------- deciding
 
@@ -348,6 +365,30 @@ class Policy(Strict):
         else:
             data["bands"] = new_bands
         return Policy.model_validate(_strip_none(data)), notes
+
+
+def _action_body(spec: AnyAction) -> dict[str, Any]:
+    """An action as written in a policy file: its tag and the settings not at their defaults."""
+    body: dict[str, Any] = {"action": spec.action}
+    body.update(
+        {
+            k: v
+            for k, v in spec.model_dump(mode="json", exclude_defaults=True).items()
+            if k not in ("action", "below", "at_least")
+        }
+    )
+    return body
+
+
+def _bands_body(bands: Sequence[AnyBand]) -> list[dict[str, Any]]:
+    """Bands as written in a policy file: each with its upper edge as ``below`` but the last."""
+    edges = band_edges(bands)
+    out: list[dict[str, Any]] = []
+    for i, band in enumerate(bands):
+        item: dict[str, Any] = {} if i == len(bands) - 1 else {"below": edges[i][1]}
+        item.update(_action_body(band))
+        out.append(item)
+    return out
 
 
 def _band_body(band: AnyBand) -> dict[str, Any]:

@@ -1,4 +1,7 @@
-"""Policy files: safe YAML loading with every error located by line and field, and dumping.
+"""Policy files: safe YAML loading with every error located by line and field.
+
+It validates as whatever pydantic model it is given (:class:`~capgate.policies.Policy`), so it
+imports nothing of the policy model; writing a policy back is :meth:`Policy.to_yaml`.
 
 Errors from pydantic carry a location such as ``('steps', 'plan', 'bands', 1, 'clarify', 'question')``;
 the loader walks the same path through the node tree ``yaml.compose`` builds (with ``SafeLoader``)
@@ -11,20 +14,18 @@ import types
 import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from capgate.errors import DataError
-from capgate.policies._actions import AnyAction
-from capgate.policies._bands import AnyBand, check_edges
+from capgate.policies._bands import check_edges
 from capgate.policies._base import Loc, PolicyIssueError
 
-if TYPE_CHECKING:
-    from capgate.policies._policy import Policy
+__all__ = ["PolicyError", "load_policy_file", "parse_policy"]
 
-__all__ = ["PolicyError", "dump_policy", "load_policy_file", "parse_policy"]
+Model = TypeVar("Model", bound=BaseModel)
 
 
 class PolicyError(DataError):
@@ -48,7 +49,7 @@ class PolicyError(DataError):
         return "\n".join(str(e) for e in self.errors)
 
 
-def load_policy_file(path: str | Path, *, model: type[Policy]) -> Policy:
+def load_policy_file(path: str | Path, *, model: type[Model]) -> Model:
     """Read and validate a policy file as ``model`` (:class:`~capgate.policies.Policy`).
 
     Raises:
@@ -75,7 +76,7 @@ class _SafeLoader(yaml.SafeLoader):
 _SafeLoader.add_constructor("tag:yaml.org,2002:timestamp", _SafeLoader.construct_yaml_timestamp)
 
 
-def parse_policy(text: str, *, model: type[Policy], source: str = "<string>") -> Policy:
+def parse_policy(text: str, *, model: type[Model], source: str = "<string>") -> Model:
     """Validate a policy given as YAML text as ``model``; ``source`` names it in error messages.
 
     Raises:
@@ -298,63 +299,3 @@ def _tag(model: Any) -> str:
         return ""
     field = model.model_fields.get("action")
     return str(field.default) if field is not None else ""
-
-
-# --------------------------------------------------------------------------- dumping
-
-
-def _action_body(spec: AnyAction) -> dict[str, Any]:
-    body: dict[str, Any] = {"action": spec.action}
-    body.update(
-        {
-            k: v
-            for k, v in spec.model_dump(mode="json", exclude_defaults=True).items()
-            if k not in ("action", "below", "at_least")
-        }
-    )
-    return body
-
-
-def _bands_body(bands: Sequence[AnyBand]) -> list[dict[str, Any]]:
-    from capgate.policies._bands import band_edges
-
-    out: list[dict[str, Any]] = []
-    edges = band_edges(bands)
-    for i, band in enumerate(bands):
-        item: dict[str, Any] = {} if i == len(bands) - 1 else {"below": edges[i][1]}
-        item.update(_action_body(band))
-        out.append(item)
-    return out
-
-
-def dump_policy(policy: Policy, *, header: str | None = None) -> str:
-    """A policy as YAML in full form (edges as ``below``; settings left at their defaults omitted).
-
-    Args:
-        policy: The policy to write.
-        header: Text written first as ``#`` comment lines.
-
-    Returns:
-        YAML text that loads back to an equal policy.
-    """
-    data: dict[str, Any] = {"version": policy.version, "name": policy.name}
-    if policy.description:
-        data["description"] = policy.description
-    data["bands"] = _bands_body(policy.bands)
-    data["on_degraded"] = _action_body(policy.on_degraded)
-    for table_name in ("steps", "tools"):
-        table = getattr(policy, table_name)
-        if table:
-            data[table_name] = {}
-            for key, override in table.items():
-                entry: dict[str, Any] = {}
-                if override.bands is not None:
-                    entry["bands"] = _bands_body(override.bands)
-                if override.on_degraded is not None:
-                    entry["on_degraded"] = _action_body(override.on_degraded)
-                data[table_name][key] = entry
-    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100, default_flow_style=False)
-    if header:
-        comments = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
-        text = comments + text
-    return text

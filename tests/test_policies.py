@@ -263,6 +263,19 @@ def test_a_policy_caps_tokens_and_time_and_the_caps_ignore_min_samples() -> None
         StopSettings.model_validate({"max_seconds": float("inf")})
 
 
+def test_the_yaml_reader_does_not_import_the_policy_model_even_for_types() -> None:
+    """policies/_yaml.py validates as the model it is given: no circle with _policy.py, not even one
+    hidden behind TYPE_CHECKING or a lazy import."""
+    import ast
+
+    import capgate.policies._yaml as reader
+
+    tree = ast.parse(Path(reader.__file__).read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "capgate.policies._policy" not in imported
+    assert "capgate.policies" not in imported
+
+
 def test_python_api_mirrors_the_file_format() -> None:
     text = """
     name: demo
