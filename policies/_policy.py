@@ -11,6 +11,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from capgate._types import Decision, Estimate
+from capgate._validate import check_unit_interval
 from capgate.policies import _templates as tpl
 from capgate.policies._actions import (
     AnyAction,
@@ -305,6 +306,7 @@ class Policy(Strict):
             to=spec.to if isinstance(spec, EscalateAction) else None,
             route_plan=route_plan,
             policy=self.name,
+            policy_version=self.version,
             step=step,
             tool=tool,
         )
@@ -333,8 +335,7 @@ class Policy(Strict):
             >>> new.rule().edges
             ((0.0, 0.8), (0.8, 1.0))
         """
-        if not (isinstance(threshold, int | float) and 0.0 <= threshold <= 1.0):
-            raise ValueError(f"threshold must be a number in [0, 1]; got {threshold!r}")
+        check_unit_interval("threshold", threshold)
         rule = self.rule(step=step, tool=tool)
         top = rule.bands[-1]
         if top.action != "answer":

@@ -28,7 +28,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
-__all__ = ["Plan", "adrive", "drive", "twin_of"]
+__all__ = ["Plan", "adrive", "drive", "relay", "twin_of"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -101,6 +101,24 @@ async def adrive(plan: Plan[R], call: Callable[[Any], Awaitable[Any]]) -> R:
             request = next(plan)
             while True:
                 request = _resume(plan, await _aattempt(call, request))
+        except StopIteration as done:
+            result: R = done.value
+            return result
+
+
+def relay(plan: Plan[R], ask: Callable[[Any], Any], answer: Callable[[Any], Any]) -> Plan[R]:
+    """``plan`` as part of a larger plan: yields ``ask(request)`` for each of its requests and sends
+    it ``answer(reply)``; an error thrown in is thrown into ``plan``. Returns its result."""
+    with contextlib.closing(plan):
+        try:
+            request = next(plan)
+            while True:
+                try:
+                    reply = yield ask(request)
+                except BaseException as exc:  # the inner plan may handle it, as under drive
+                    request = plan.throw(exc)
+                else:
+                    request = plan.send(answer(reply))
         except StopIteration as done:
             result: R = done.value
             return result

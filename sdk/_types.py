@@ -394,6 +394,7 @@ class Decision(BaseModel):
         route: For ``route``, once chosen: the model choice the query goes to.
         route_plan: For ``route``: the choices, the edge, and each choice's predicted capability.
         policy: Name of the policy that decided.
+        policy_version: Format version of the policy that decided.
         target: The model whose capability was estimated (the model the gated call goes to).
         target_override: True when the estimator predicts another model's capability than the
             one the call goes to, and the gate was told to allow it (``allow_other_target``).
@@ -418,6 +419,7 @@ class Decision(BaseModel):
     route: str | None = None
     route_plan: RoutePlan | None = None
     policy: str | None = None
+    policy_version: int | None = None
     target: str | None = None
     target_override: bool = False
     step: str | None = None

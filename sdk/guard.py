@@ -20,7 +20,7 @@ and exposes ``.gate`` (the :class:`~capgate.gate.Gate`) and ``.stats``. Per-call
 gate's statistics and log (the one spelling, as :meth:`capgate.Gate.with_options`).
 
 The call's logic (which action runs the function, what is logged, when to block) is one I/O-free
-flow (:mod:`capgate.gate._flow`) driven by the sync or the async path.
+flow (:mod:`capgate.gate.flow`) driven by the sync or the async path.
 
 Example:
     >>> import capgate
@@ -49,10 +49,8 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal, ParamSpec, Protocol, Required, TypedDict, TypeVar, Unpack, cast, overload
 
 from capgate.errors import SettingsError
-from capgate.gate import UNSET, Gate, Gated, GateOptions, GateStats, Unset
-from capgate.gate._flow import Assess, Flow, Invoke, Record, Sample, adrive, drive
-from capgate.gate._settings import SharedOptions
-from capgate.messages import as_query
+from capgate.gate import UNSET, Gate, Gated, GateOptions, GateStats, SharedOptions, Unset
+from capgate.gate.flow import Assess, Flow, Invoke, Record, Sample, adrive, drive
 
 __all__ = ["Guarded", "QueryArg", "guard"]
 
@@ -210,7 +208,7 @@ def _call_flow(
 ) -> Flow[Any]:
     """One guarded call, I/O-free: decide, then run, resample or block (sync and async alike)."""
     raw, where = binder.query(args, kwargs)
-    verdict = yield Assess(gate, as_query(raw, where=where))
+    verdict = yield Assess(gate, raw, where)
     call = Invoke(lambda: fn(*args, **kwargs))
     if verdict.action == "answer":
         yield Record(gate, verdict, samples_used=1)

@@ -27,20 +27,17 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import json
 from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from capgate.backend import Generation, Prompt, SamplingParams, as_messages
+from capgate._types import Decision, Estimate
+from capgate.backend import Generation, Prompt, as_messages
 
 if TYPE_CHECKING:
-    from capgate._types import Decision, Estimate
     from capgate.cas.loop import CASResult
-    from capgate.gate._gate import Gate
-    from capgate.gate._results import Verdict
 
 __all__ = [
     "ATTRIBUTES",
@@ -83,8 +80,6 @@ ATTRIBUTES: dict[str, str] = {
 }
 """Every attribute capgate sets, with its meaning."""
 
-_building: contextvars.ContextVar[bool] = contextvars.ContextVar("capgate_gate_span", default=False)
-
 
 @functools.cache
 def _trace() -> ModuleType | None:
@@ -110,51 +105,35 @@ def _version() -> str | None:
         return None
 
 
-def _tracer() -> Any:
-    trace = _trace()
-    assert trace is not None
-    return trace.get_tracer("capgate", _version())
-
-
 def start(name: str) -> Any:
     """Start a span (a child of the current one), or ``None`` without OpenTelemetry."""
-    if _trace() is None:
+    trace = _trace()
+    if trace is None:
         return None
-    return _tracer().start_span(name)
+    return trace.get_tracer("capgate", _version()).start_span(name)
 
 
 @contextlib.contextmanager
-def current(span: Any, *, decision: bool = False) -> Iterator[None]:
-    """Make ``span`` the current span (not ending it); ``decision``: it is a ``capgate.gate`` span
-    being built, so :func:`decision_span` opens no other."""
+def current(span: Any) -> Iterator[None]:
+    """Make ``span`` the current span while the block runs (not ending it); ``None``: no change."""
     trace = _trace()
     if span is None or trace is None:
         yield
         return
-    token = _building.set(decision)
-    try:
-        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
-            yield
-    finally:
-        _building.reset(token)
+    with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+        yield
 
 
 def fail(span: Any, error: BaseException) -> None:
-    """Record an error on a span (a :class:`~capgate.GateBlocked` or an interrupt is not one)."""
+    """Record an error on a span (a LangGraph interrupt is not one; the caller leaves out blocks)."""
     if span is None or not span.is_recording() or not isinstance(error, Exception):
         return
-    if type(error).__name__ in ("GraphInterrupt", "GraphBubbleUp") or _is_blocked(error):
+    if type(error).__name__ in ("GraphInterrupt", "GraphBubbleUp"):
         return
     from opentelemetry.trace import Status, StatusCode
 
     span.record_exception(error)
     span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-
-
-def _is_blocked(error: BaseException) -> bool:
-    from capgate.gate._results import GateBlocked
-
-    return isinstance(error, GateBlocked)
 
 
 def end(span: Any) -> None:
@@ -167,26 +146,14 @@ def end(span: Any) -> None:
 
 
 def _set(span: Any, values: dict[str, Any]) -> None:
-    span.set_attributes({k: v for k, v in values.items() if v is not None})
+    if span is not None and span.is_recording():
+        span.set_attributes({k: v for k, v in values.items() if v is not None})
 
 
-def _query_text(gate: Gate, query: Prompt) -> str | None:
-    if gate.settings.log is None or not getattr(gate.log, "store_text", False):
-        return None
-    return json.dumps(as_messages(query), ensure_ascii=False)
-
-
-def record_decision(span: Any, gate: Gate | None, decision: Decision, query: Prompt | None = None) -> None:
-    """Put a decision's attributes on its ``capgate.gate`` span."""
-    if span is None or not span.is_recording():
-        return
+def record_decision(span: Any, decision: Decision, query: Prompt | None = None) -> None:
+    """Put a decision's attributes on its ``capgate.gate`` span (``query`` only when the decision
+    log keeps text: the caller decides)."""
     estimate = decision.estimate
-    model = decision.target
-    version: int | None = None
-    if gate is not None:
-        if model is None:
-            model = _target_model(gate)
-        version = gate.resolve_policy().version if decision.policy is not None else None
     _set(
         span,
         {
@@ -198,52 +165,35 @@ def record_decision(span: Any, gate: Gate | None, decision: Decision, query: Pro
             "capgate.degraded": decision.degraded,
             "capgate.degraded.reason": estimate.reason if estimate.degraded else None,
             "capgate.policy.name": decision.policy,
-            "capgate.policy.version": version,
+            "capgate.policy.version": decision.policy_version,
             "capgate.step": decision.step,
             "capgate.tool": decision.tool,
             "capgate.route": decision.route,
             "capgate.samples.max": decision.budget,
-            "gen_ai.request.model": model,
-            "capgate.query": _query_text(gate, query) if gate is not None and query is not None else None,
+            "gen_ai.request.model": decision.target,
+            "capgate.query": None if query is None else json.dumps(as_messages(query), ensure_ascii=False),
         },
     )
 
 
-def _target_model(gate: Gate) -> str | None:
-    try:
-        return gate.resolve_estimator().target_model
-    except Exception:  # no estimator: the decision itself failed and says so
-        return None
-
-
-def record_verdict(span: Any, gate: Gate, verdict: Verdict) -> None:
-    """:func:`record_decision` for a verdict (its query goes on the span only with a text log)."""
-    record_decision(span, gate, verdict.decision, verdict.query)
-
-
 def record_sampling(span: Any, cas: CASResult | None = None, *, samples_used: int | None = None) -> None:
     """Put what a decision drew (a resample's run, or the samples its log records) on its span."""
-    if span is None or not span.is_recording():
-        return
     if cas is not None:
-        _set(
-            span,
-            {
-                "capgate.samples": cas.samples_used,
-                "capgate.stop_rule": cas.stopped_by,
-                "capgate.batches": cas.batches,
-                "gen_ai.usage.output_tokens": cas.tokens,
-            },
-        )
-    elif samples_used is not None:
-        span.set_attribute("capgate.samples", samples_used)
+        values = {
+            "capgate.samples": cas.samples_used,
+            "capgate.stop_rule": cas.stopped_by,
+            "capgate.batches": cas.batches,
+            "gen_ai.usage.output_tokens": cas.tokens,
+        }
+        _set(span, values)
+    else:
+        _set(span, {"capgate.samples": samples_used})
 
 
-def _record_estimates(span: Any, estimates: object, model: str | None) -> None:
-    if span is None or not span.is_recording() or not isinstance(estimates, list):
+def record_estimates(span: Any, estimates: object, model: str | None) -> None:
+    """Put one estimator call's results (p, method, degraded, tokens) on its ``capgate.estimate`` span."""
+    if not isinstance(estimates, list):
         return
-    from capgate._types import Estimate
-
     found = [e for e in estimates if isinstance(e, Estimate)]
     values: dict[str, Any] = {"gen_ai.request.model": model, "capgate.batch_size": len(estimates)}
     if found:
@@ -252,101 +202,16 @@ def _record_estimates(span: Any, estimates: object, model: str | None) -> None:
         values["capgate.estimator"] = found[0].method
         values["capgate.degraded"] = any(e.degraded for e in found)
     if len(found) == 1:
-        one: Estimate = found[0]
-        values["capgate.p"] = one.p
-        values["capgate.degraded.reason"] = one.reason if one.degraded else None
+        values["capgate.p"] = found[0].p
+        values["capgate.degraded.reason"] = found[0].reason if found[0].degraded else None
     _set(span, values)
 
 
-class EstimateSpan:
-    """The ``capgate.estimate`` span around one estimator call (:func:`estimate_span`)."""
-
-    def __init__(self, span: Any, model: str | None) -> None:
-        self.span = span
-        self.model = model
-
-    def record(self, estimates: object) -> None:
-        """Put the estimates' attributes (p, method, degraded, tokens) on the span."""
-        _record_estimates(self.span, estimates, self.model)
+def record_round(span: Any, index: int, n: int, model: str | None) -> None:
+    """Put a resample round's index, size and model on its ``capgate.resample.round`` span."""
+    _set(span, {"capgate.round": index, "capgate.samples": n, "gen_ai.request.model": model})
 
 
-@contextlib.contextmanager
-def estimate_span(model: str | None) -> Iterator[EstimateSpan]:
-    """A ``capgate.estimate`` span (current while the estimator runs); errors are recorded on it."""
-    span = start(SPAN_ESTIMATE)
-    try:
-        with current(span, decision=_building.get()):
-            yield EstimateSpan(span, model)
-    except BaseException as exc:
-        fail(span, exc)
-        raise
-    finally:
-        end(span)
-
-
-@contextlib.contextmanager
-def decision_span(gate: Gate) -> Iterator[Any]:
-    """The ``capgate.gate`` span of a decision made outside a flow (a direct :meth:`Gate.assess`).
-
-    Yields the new span, or ``None`` when a flow is already building this decision's span (or
-    without OpenTelemetry); the caller records the decision on what it gets.
-    """
-    span = None if _building.get() else start(SPAN_GATE)
-    try:
-        with current(span, decision=True):
-            yield span
-    except BaseException as exc:
-        fail(span, exc)
-        raise
-    finally:
-        end(span)
-
-
-# --------------------------------------------------------------------------- resample rounds
-
-
-class _Rounds:
-    """A backend whose every ``generate`` (one resample round) is a ``capgate.resample.round`` span."""
-
-    def __init__(self, backend: Any, model: str | None) -> None:
-        self.backend = backend
-        self.model = model
-        self.index = 0
-
-    @contextlib.contextmanager
-    def _round(self, params: SamplingParams) -> Iterator[Any]:
-        span = _tracer().start_span(SPAN_ROUND)
-        if span.is_recording():
-            _set(span, {"capgate.round": self.index, "capgate.samples": params.n})
-            _set(span, {"gen_ai.request.model": self.model})
-        self.index += 1
-        try:
-            with current(span):
-                yield span
-        except BaseException as exc:
-            fail(span, exc)
-            raise
-        finally:
-            span.end()
-
-    @staticmethod
-    def _tokens(span: Any, rows: list[list[Generation]]) -> None:
-        if span.is_recording():
-            span.set_attribute("gen_ai.usage.output_tokens", sum(g.n_tokens for row in rows for g in row))
-
-    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
-        with self._round(params) as span:
-            rows: list[list[Generation]] = self.backend.generate(prompts, params)
-            self._tokens(span, rows)
-            return rows
-
-    async def agenerate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
-        with self._round(params) as span:
-            rows: list[list[Generation]] = await self.backend.agenerate(prompts, params)
-            self._tokens(span, rows)
-            return rows
-
-
-def traced_rounds(backend: Any, model: str | None = None) -> Any:
-    """``backend`` with a span per ``generate`` call (itself, without OpenTelemetry)."""
-    return backend if _trace() is None else _Rounds(backend, model)
+def record_drawn(span: Any, generations: Sequence[Generation]) -> None:
+    """Put the tokens a resample round generated on its span."""
+    _set(span, {"gen_ai.usage.output_tokens": sum(g.n_tokens for g in generations)})

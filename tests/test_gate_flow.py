@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from capgate import Estimate, Gate
 from capgate.backend import Prompt
 from capgate.estimators import CapabilityEstimator
-from capgate.gate._flow import AssessEach
+from capgate.gate.flow import AssessEach
 
 
 class Counting(CapabilityEstimator):

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from capgate._types import Decision
 from capgate.backend import ChatMessage, Prompt
 from capgate.gate import Gate, GateOptions, Verdict
-from capgate.gate._flow import Assess, Flow, Invoke, Record, adrive, drive
+from capgate.gate.flow import Assess, Flow, Invoke, Record, adrive, drive
 from capgate.messages import chat_messages, content_text, tool_call_text
 
 __all__ = [

@@ -69,11 +69,10 @@ from capgate.adapters.agents.langchain_hooks import (
     capability_router,
 )
 from capgate.backend import ChatMessage
-from capgate.decision.log import query_hash
 from capgate.errors import SettingsError
 from capgate.gate import Gate, GateOptions, GateStats, Verdict
-from capgate.gate._flow import Assess, AssessEach, Flow, Invoke, Record, Sample, adrive, drive
-from capgate.messages import as_query, chat_messages
+from capgate.gate.flow import Assess, AssessEach, Flow, Invoke, Record, Sample, adrive, drive
+from capgate.messages import as_query, chat_messages, query_hash
 
 __all__ = [
     "CapabilityApproval",

@@ -44,7 +44,7 @@ from capgate.adapters.agents.hitl import tool_call_query
 from capgate.backend import Prompt
 from capgate.errors import CapgateError, SettingsError
 from capgate.gate import Gate, GateOptions, Verdict
-from capgate.gate._flow import Assess, Flow, Record, adrive, drive
+from capgate.gate.flow import Assess, Flow, Record, Route, adrive, drive
 from capgate.messages import as_query, chat_messages
 
 __all__ = [
@@ -319,29 +319,23 @@ class CapgateDecisionModel(BaseDecisionModel):
                     f"got {type(question).__name__}"
                 )
 
-    def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
+    def _classify_flow(self, state: State, questions: dict[str, Question]) -> Flow[ClassifierResponse]:
         self._check(questions)
         query = _state_query(state)
-        needs_estimate = any(not isinstance(q, Choice) for q in questions.values())
-        verdict = drive(_assess_flow(self._gate, query)) if needs_estimate else None
-        routes = {
-            key: self._gate.route(query, self._plan(q))
-            for key, q in questions.items()
-            if isinstance(q, Choice)
-        }
+        verdict = None
+        if any(not isinstance(q, Choice) for q in questions.values()):
+            verdict = yield from _assess_flow(self._gate, query)
+        routes: dict[str, tuple[str, RoutePlan, str]] = {}
+        for key, q in questions.items():
+            if isinstance(q, Choice):
+                routes[key] = yield Route(self._gate, query, self._plan(q))
         return self._answers(questions, verdict, routes)
 
+    def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
+        return drive(self._classify_flow(state, questions))
+
     async def _aclassify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
-        self._check(questions)
-        query = _state_query(state)
-        needs_estimate = any(not isinstance(q, Choice) for q in questions.values())
-        verdict = await adrive(_assess_flow(self._gate, query)) if needs_estimate else None
-        routes = {
-            key: await self._gate.aroute(query, self._plan(q))
-            for key, q in questions.items()
-            if isinstance(q, Choice)
-        }
-        return self._answers(questions, verdict, routes)
+        return await adrive(self._classify_flow(state, questions))
 
 
 def _request_id(verdict: Verdict | None) -> str | None:

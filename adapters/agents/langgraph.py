@@ -68,7 +68,7 @@ from capgate.adapters.agents.hitl import (
 from capgate.adapters.backends.function import response_text
 from capgate.backend import Prompt
 from capgate.gate import Gate, Gated, GateOptions, Verdict
-from capgate.gate._flow import Assess, Flow, Invoke, Record, Sample, adrive, drive
+from capgate.gate.flow import Assess, Flow, Invoke, Record, Sample, adrive, drive
 from capgate.messages import as_query
 
 __all__ = [

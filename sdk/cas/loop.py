@@ -2,7 +2,7 @@
 
 :func:`adaptive_sample` (sync, over :class:`~capgate.Backend`) and :func:`aadaptive_sample`
 (async, over :class:`~capgate.AsyncBackend`) differ only in how a batch is drawn: both drive one
-I/O-free plan, ``_sampling_plan``, which yields each batch to draw and receives what the backend
+I/O-free plan, :func:`sampling_plan`, which yields each batch to draw and receives what the backend
 returned. The bookkeeping (grouping answers, confidences, the stop decision, the result) lives once
 in ``_LoopCore``, which :func:`replay` also drives over a pre-drawn pool of graded samples.
 
@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capgate._twins import Plan, adrive, drive, twin_of
 from capgate._types import Extractor, Sample
+from capgate._validate import check_positive_int, check_unit_interval
 from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState, _Tally
 from capgate.cas.confidence import (
@@ -44,6 +45,7 @@ __all__ = [
     "aadaptive_sample",
     "adaptive_sample",
     "replay",
+    "sampling_plan",
 ]
 
 StopReason: TypeAlias = Literal["rule", "max_samples", "pool_exhausted"]
@@ -125,15 +127,11 @@ class _LoopCore:
     ) -> None:
         if not callable(stop):
             raise TypeError(f"`stop` must be a stop rule or a function state -> bool; got {stop!r}")
-        for name, value in (("batch_size", batch_size), ("max_samples", max_samples)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
-        if initial_batch is not None and (
-            isinstance(initial_batch, bool) or not isinstance(initial_batch, int) or initial_batch < 1
-        ):
-            raise ValueError(f"`initial_batch` must be a positive integer or None; got {initial_batch!r}")
-        if not (isinstance(unknown_weight, int | float) and 0.0 <= unknown_weight <= 1.0):
-            raise ValueError(f"`unknown_weight` must be in [0, 1]; got {unknown_weight!r}")
+        check_positive_int("batch_size", batch_size)
+        check_positive_int("max_samples", max_samples)
+        if initial_batch is not None:
+            check_positive_int("initial_batch", initial_batch)
+        check_unit_interval("unknown_weight", unknown_weight)
         self.stop = stop
         self.batch_size = batch_size
         self.max_samples = max_samples
@@ -235,7 +233,7 @@ def _first_row(rows: list[list[Generation]], n: int) -> list[Generation]:
     return rows[0][:n]
 
 
-def _sampling_plan(
+def sampling_plan(
     prompt: Prompt,
     *,
     extract: Extractor,
@@ -266,7 +264,7 @@ def _sampling_plan(
             return core.result(reason, time.monotonic() - start)
 
 
-@twin_of(_sampling_plan)
+@twin_of(sampling_plan)
 def adaptive_sample(backend: Backend, *args: Any, **kwargs: Any) -> CASResult:
     """Sample ``prompt`` in batches until ``stop`` says so (or ``max_samples``), then vote.
 
@@ -300,10 +298,10 @@ def adaptive_sample(backend: Backend, *args: Any, **kwargs: Any) -> CASResult:
         >>> r.answer, r.samples_used, r.stop_reason
         ('4', 2, 'rule')
     """
-    return drive(_sampling_plan(*args, **kwargs), lambda request: backend.generate(*request))
+    return drive(sampling_plan(*args, **kwargs), lambda request: backend.generate(*request))
 
 
-@twin_of(_sampling_plan)
+@twin_of(sampling_plan)
 async def aadaptive_sample(backend: AsyncBackend, *args: Any, **kwargs: Any) -> CASResult:
     """Async twin of :func:`adaptive_sample` over an :class:`~capgate.AsyncBackend`.
 
@@ -317,7 +315,7 @@ async def aadaptive_sample(backend: AsyncBackend, *args: Any, **kwargs: Any) -> 
         >>> asyncio.run(aadaptive_sample(Fixed(), "2+2?", extract=str.strip)).samples_used
         4
     """
-    return await adrive(_sampling_plan(*args, **kwargs), lambda request: backend.agenerate(*request))
+    return await adrive(sampling_plan(*args, **kwargs), lambda request: backend.agenerate(*request))
 
 
 def _pool_item(item: PoolItem | Sample, index: int) -> DrawnSample:

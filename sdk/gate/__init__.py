@@ -27,7 +27,7 @@ from capgate.gate._results import (
     Sampled,
     Verdict,
 )
-from capgate.gate._settings import UNSET, GateOptions, GateSettings, OnBlock, PolicyLike, Unset
+from capgate.gate._settings import UNSET, GateOptions, GateSettings, OnBlock, PolicyLike, SharedOptions, Unset
 from capgate.gate._stats import GateStats
 from capgate.messages import as_query
 
@@ -48,6 +48,7 @@ __all__ = [
     "PolicyLike",
     "ResampleFailed",
     "Sampled",
+    "SharedOptions",
     "Unset",
     "Verdict",
     "as_query",

@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import hashlib
+import inspect
+import itertools
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from capgate import _twins as twins
-from capgate import telemetry
 from capgate._types import Estimate, Extractor, RoutePlan
-from capgate.adapters.backends.function import AsyncFunctionBackend, FunctionBackend
 from capgate.backend import Prompt
-from capgate.cas.loop import CASResult, aadaptive_sample, adaptive_sample
+from capgate.cas.drawn import DrawnValues
+from capgate.cas.loop import CASResult, sampling_plan
 from capgate.cas.settings import stop_rule
 from capgate.errors import LogUnavailableError, SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._defaults import default_estimator, default_extract
-from capgate.gate._limits import Slots, limited_aestimate, limited_estimate, log_writer
+from capgate.gate._limits import Limits, Slots
 from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
-from capgate.gate._settings import GateOptions, GateSettings, OnBlock, PolicyLike, given_settings
+from capgate.gate._settings import GateOptions, GateSettings, OnBlock, given_settings
 from capgate.gate._stats import GateStats
+from capgate.gate.flow import Assess, Draw, EstimateCall, Flow, Invoke, Sample, aperform, perform
 from capgate.messages import as_query
 from capgate.policies import Policy, choose_route, load_policy
 
@@ -100,36 +99,8 @@ class Gate:
         "I can't answer this reliably (estimated chance of a correct answer: 20%)."
     """
 
-    def __init__(
-        self,
-        *,
-        policy: PolicyLike = "balanced",
-        estimator: CapabilityEstimator | None = None,
-        extract: Extractor | None = None,
-        on_block: OnBlock = "return",
-        step: str | None = None,
-        tool: str | None = None,
-        log: DecisionLog | str | Path | None = None,
-        target: str | None = None,
-        allow_other_target: bool = False,
-        max_concurrency: int | None = None,
-        estimate_timeout_s: float | None = None,
-        routes: Mapping[str, CapabilityEstimator] | None = None,
-    ) -> None:
-        self.settings = GateSettings(
-            target=target,
-            allow_other_target=allow_other_target,
-            max_concurrency=max_concurrency,
-            estimate_timeout_s=estimate_timeout_s,
-            routes=routes,
-            policy=policy,
-            estimator=estimator,
-            extract=extract,
-            on_block=on_block,
-            step=step,
-            tool=tool,
-            log=log,
-        )
+    def __init__(self, **settings: Unpack[GateOptions]) -> None:
+        self.settings = GateSettings().replace(**settings)
         self._shared = _Shared()
 
     @classmethod
@@ -251,16 +222,35 @@ class Gate:
 
     # ------------------------------------------------------------------ deciding
 
-    def _verdict(self, query: Prompt, estimates: object, estimator: CapabilityEstimator) -> Verdict:
+    @property
+    def limits(self) -> Limits:
+        """The bounds on each estimate this gate makes (``max_concurrency``, ``estimate_timeout_s``)."""
+        s = self.settings
+        return Limits(self._shared.slots, s.max_concurrency, s.estimate_timeout_s)
+
+    def estimate_call(self, estimator: CapabilityEstimator, queries: list[Prompt]) -> EstimateCall:
+        """The effect of one call of ``estimator`` within this gate's :attr:`limits`."""
+        return EstimateCall(estimator, queries, self.limits)
+
+    @staticmethod
+    def _one(estimates: object, estimator: CapabilityEstimator) -> Estimate:
         if not (isinstance(estimates, list) and len(estimates) == 1 and isinstance(estimates[0], Estimate)):
             raise TypeError(
                 f"{type(estimator).__name__}.estimate([query]) must return a list of one Estimate; "
                 f"got {estimates!r}"
             )
+        return estimates[0]
+
+    def decide_on(self, query: Prompt, estimates: object, estimator: CapabilityEstimator) -> Verdict:
+        """The policy's verdict on ``estimator``'s one estimate of ``query`` (counted in :attr:`stats`).
+
+        Raises:
+            TypeError: ``estimates`` is not a list of one :class:`~capgate.Estimate`.
+            SettingsError: The estimator predicts another model than the gate's ``target``.
+        """
+        estimate = self._one(estimates, estimator)
         target, override = self.settings.target_check(estimator)
-        decision = self.resolve_policy().decide(
-            estimates[0], step=self.settings.step, tool=self.settings.tool
-        )
+        decision = self.resolve_policy().decide(estimate, step=self.settings.step, tool=self.settings.tool)
         if target is not None:
             extra: dict[str, object] = {"target": target, "target_override": override}
             if override:
@@ -269,6 +259,21 @@ class Gate:
             decision = decision.model_copy(update=extra)
         self.stats.decided(decision)
         return Verdict(decision=decision, query=query)
+
+    def assess_flow(self, query: object, *, where: str | None = None) -> Flow[Verdict]:
+        """Estimate (within :attr:`limits`), decide, and route when the policy says: the flow of
+        :meth:`assess`, for integrations that compose it (:class:`~capgate.gate.flow.Assess`)."""
+        q = as_query(query, where=where or "query")
+        estimator = self.resolve_estimator()
+        verdict = self.decide_on(q, (yield self.estimate_call(estimator, [q])), estimator)
+        plan = verdict.decision.route_plan
+        if plan is not None:
+            route, filled, why = yield from self.route_flow(q, plan)
+            decision = verdict.decision
+            update = {"route": route, "route_plan": filled, "reason": f"{decision.reason}; {why}"}
+            verdict = Verdict(decision=decision.model_copy(update=update), query=q)
+            self.stats.routed(verdict.decision)
+        return verdict
 
     def assess(self, query: object) -> Verdict:
         """Estimate the query's capability and decide (counted in :attr:`stats`, not logged).
@@ -280,30 +285,12 @@ class Gate:
             The self-contained decision and the normalized query. Degraded estimates follow the
             policy's ``on_degraded`` and the decision records it.
         """
-        q = as_query(query)
-        with telemetry.decision_span(self) as span:
-            estimator = self.resolve_estimator()
-            with telemetry.estimate_span(estimator.target_model) as traced:
-                estimates = self.estimate_with(estimator, [q])
-                traced.record(estimates)
-            verdict = self._verdict(q, estimates, estimator)
-            if verdict.decision.route_plan is not None:
-                verdict = self._routed(verdict, self.route(q, verdict.decision.route_plan))
-            telemetry.record_verdict(span, self, verdict)
+        verdict: Verdict = perform(Assess(self, query))
         return verdict
 
     async def aassess(self, query: object) -> Verdict:
         """Async twin of :meth:`assess` (uses the estimator's ``aestimate``)."""
-        q = as_query(query)
-        with telemetry.decision_span(self) as span:
-            estimator = self.resolve_estimator()
-            with telemetry.estimate_span(estimator.target_model) as traced:
-                estimates = await self.aestimate_with(estimator, [q])
-                traced.record(estimates)
-            verdict = self._verdict(q, estimates, estimator)
-            if verdict.decision.route_plan is not None:
-                verdict = self._routed(verdict, await self.aroute(q, verdict.decision.route_plan))
-            telemetry.record_verdict(span, self, verdict)
+        verdict: Verdict = await aperform(Assess(self, query))
         return verdict
 
     # ------------------------------------------------------------------ routing
@@ -324,81 +311,17 @@ class Gate:
             )
         return [(name, routes[name]) for name in plan.choices]
 
-    def _route_plan(self, query: Prompt, plan: RoutePlan) -> twins.Plan[tuple[str, RoutePlan, str]]:
-        """Estimate the choices cheapest first, stopping at the first that clears the edge."""
+    def route_flow(self, query: Prompt, plan: RoutePlan) -> Flow[tuple[str, RoutePlan, str]]:
+        """Choose a model for a query: estimate the plan's choices cheapest first (within
+        :attr:`limits`) and stop at the first that clears the edge, else take the strongest
+        (:func:`capgate.policies.choose_route`). Returns the name, the plan with each estimated
+        choice's p, and the reason (:class:`~capgate.gate.flow.Route`)."""
         estimates: dict[str, Estimate] = {}
         for name, estimator in self.route_estimators(plan):
-            found = yield estimator, [query]
-            if not (isinstance(found, list) and len(found) == 1 and isinstance(found[0], Estimate)):
-                raise TypeError(
-                    f"{type(estimator).__name__}.estimate([query]) must return a list of one Estimate; "
-                    f"got {found!r}"
-                )
-            estimates[name] = found[0]
+            estimates[name] = self._one((yield self.estimate_call(estimator, [query])), estimator)
             if choose_route(plan, estimates)[0] == name:
                 break
         return choose_route(plan, estimates)
-
-    def route(self, query: object, plan: RoutePlan) -> tuple[str, RoutePlan, str]:
-        """Choose a model for a query: the cheapest of the plan's choices whose estimate (by the
-        gate's ``routes``) clears its edge, else the strongest (:func:`capgate.policies.choose_route`).
-
-        Returns:
-            The chosen name, the plan with each estimated choice's p, and the reason.
-
-        Raises:
-            SettingsError: A choice has no estimator in the gate's ``routes``.
-        """
-        return twins.drive(self._route_plan(as_query(query), plan), self._estimate_choice)
-
-    async def aroute(self, query: object, plan: RoutePlan) -> tuple[str, RoutePlan, str]:
-        """Async twin of :meth:`route` (uses the estimators' ``aestimate``)."""
-        return await twins.adrive(self._route_plan(as_query(query), plan), self._aestimate_choice)
-
-    def _routed(self, verdict: Verdict, chosen: tuple[str, RoutePlan, str]) -> Verdict:
-        route, filled, why = chosen
-        decision = verdict.decision
-        update = {"route": route, "route_plan": filled, "reason": f"{decision.reason}; {why}"}
-        routed = decision.model_copy(update=update)
-        self.stats.routed(routed)
-        return Verdict(decision=routed, query=verdict.query)
-
-    @staticmethod
-    def _estimate_choice(ask: tuple[CapabilityEstimator, list[Prompt]]) -> object:
-        with telemetry.estimate_span(ask[0].target_model) as traced:
-            estimates = ask[0].estimate(ask[1])
-            traced.record(estimates)
-            return estimates
-
-    @staticmethod
-    async def _aestimate_choice(ask: tuple[CapabilityEstimator, list[Prompt]]) -> object:
-        with telemetry.estimate_span(ask[0].target_model) as traced:
-            estimates = await ask[0].aestimate(ask[1])
-            traced.record(estimates)
-            return estimates
-
-    def estimate_with(self, estimator: CapabilityEstimator, queries: list[Prompt]) -> list[Estimate]:
-        """``estimator.estimate(queries)`` within the gate's ``max_concurrency`` and
-        ``estimate_timeout_s`` (a late estimate is degraded, naming the deadline)."""
-        s = self.settings
-        return limited_estimate(
-            estimator,
-            queries,
-            slots=self._shared.slots,
-            max_concurrency=s.max_concurrency,
-            timeout_s=s.estimate_timeout_s,
-        )
-
-    async def aestimate_with(self, estimator: CapabilityEstimator, queries: list[Prompt]) -> list[Estimate]:
-        """Async twin of :meth:`estimate_with` (a late estimate is cancelled)."""
-        s = self.settings
-        return await limited_aestimate(
-            estimator,
-            queries,
-            slots=self._shared.slots,
-            max_concurrency=s.max_concurrency,
-            timeout_s=s.estimate_timeout_s,
-        )
 
     # ------------------------------------------------------------------ logging
 
@@ -440,14 +363,6 @@ class Gate:
             if closed:
                 raise
 
-    async def arecord(
-        self, verdict: Verdict, *, samples_used: int | None = None, cas: CASResult | None = None
-    ) -> None:
-        """Async twin of :meth:`record` (the write runs in the gate's log-writer thread)."""
-        if self.settings.log is not None:
-            write = functools.partial(self.record, verdict, samples_used=samples_used, cas=cas)
-            await asyncio.get_running_loop().run_in_executor(log_writer(), write)
-
     # ------------------------------------------------------------------ blocking
 
     def block(self, verdict: Verdict, *, cas: CASResult | None = None) -> Gated:
@@ -464,17 +379,42 @@ class Gate:
 
     # ------------------------------------------------------------------ resampling
 
-    def _sampling(self, verdict: Verdict) -> dict[str, Any]:
+    def sample_flow(
+        self,
+        verdict: Verdict,
+        draw: Invoke,
+        *,
+        to_text: Callable[[Any], str] | None = None,
+        count_tokens: Callable[[Any], int] | None = None,
+        concurrent: bool = True,
+    ) -> Flow[Sampled[Any]]:
+        """The flow of :meth:`sample`: CAS's loop (:func:`capgate.cas.loop.sampling_plan`), each
+        round a :class:`~capgate.gate.flow.Draw` of ``draw`` (:class:`~capgate.gate.flow.Sample`).
+
+        Raises:
+            ValueError: The verdict is not a resample.
+        """
         plan = verdict.decision.plan
         if plan is None:
             raise ValueError(f"only a resample decision can be sampled; this one is {verdict.action!r}")
-        return {
-            "extract": self.extract,
-            "stop": stop_rule(plan.stop),
-            "batch_size": plan.batch_size,
-            "max_samples": plan.max_samples,
-            "seed": decision_seed(verdict.decision.id),
-        }
+        drawn: DrawnValues[Any] = DrawnValues(to_text=to_text, count_tokens=count_tokens)
+        rounds = itertools.count()
+        loop = sampling_plan(
+            verdict.query,
+            extract=self.extract,
+            stop=stop_rule(plan.stop),
+            batch_size=plan.batch_size,
+            max_samples=plan.max_samples,
+            seed=decision_seed(verdict.decision.id),
+        )
+        target = verdict.decision.target
+        cas: CASResult = yield from twins.relay(
+            loop,
+            lambda ask: Draw(draw, ask[1].n, drawn, concurrent, next(rounds), target),
+            lambda generations: [generations],
+        )
+        self.stats.sampled(cas)
+        return Sampled(value=drawn.winner(cas), cas=cas)
 
     def sample(
         self,
@@ -495,11 +435,9 @@ class Gate:
             to_text: Reads a drawn value's text (default: a string, or its ``content``).
             count_tokens: Reads a drawn value's generated tokens, if known.
         """
-        backend = FunctionBackend(draw, to_text=to_text, count_tokens=count_tokens)
-        rounds = telemetry.traced_rounds(backend, verdict.decision.target)
-        cas = adaptive_sample(rounds, verdict.query, **self._sampling(verdict))
-        self.stats.sampled(cas)
-        return Sampled(value=backend.winner(cas), cas=cas)
+        call = Invoke(lambda: draw(verdict.query))
+        sampled: Sampled[T] = perform(Sample(self, verdict, call, to_text, count_tokens))
+        return sampled
 
     async def asample(
         self,
@@ -511,10 +449,18 @@ class Gate:
         concurrent: bool = True,
     ) -> Sampled[T]:
         """Async twin of :meth:`sample`; the draws of one batch run concurrently by default."""
-        backend = AsyncFunctionBackend(
-            draw, to_text=to_text, count_tokens=count_tokens, concurrent=concurrent
+        call = Invoke(lambda: draw(verdict.query))
+        sampled: Sampled[T] = await aperform(Sample(self, verdict, call, to_text, count_tokens, concurrent))
+        return sampled
+
+
+Gate.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    + [
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=param.default, annotation=param.annotation
         )
-        rounds = telemetry.traced_rounds(backend, verdict.decision.target)
-        cas = await aadaptive_sample(rounds, verdict.query, **self._sampling(verdict))
-        self.stats.sampled(cas)
-        return Sampled(value=backend.winner(cas), cas=cas)
+        for name, param in inspect.signature(GateSettings).parameters.items()
+    ],
+    return_annotation=None,
+)

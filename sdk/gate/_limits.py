@@ -24,7 +24,7 @@ from capgate._types import Estimate
 from capgate.backend import Prompt
 from capgate.estimators.base import CapabilityEstimator
 
-__all__ = ["Slots", "limited_aestimate", "limited_estimate", "log_writer"]
+__all__ = ["Limits", "Slots", "limited_aestimate", "limited_estimate", "log_writer"]
 
 _LOG_WRITER: ThreadPoolExecutor | None = None
 _LOG_WRITER_LOCK = threading.Lock()
@@ -70,6 +70,15 @@ class Slots:
             return found[1]
 
 
+@dataclass(frozen=True)
+class Limits:
+    """A gate's bounds on one estimate: its shared slots, ``max_concurrency`` and deadline."""
+
+    slots: Slots
+    max_concurrency: int | None = None
+    timeout_s: float | None = None
+
+
 def _timed_out(
     estimator: CapabilityEstimator, queries: Sequence[Prompt], timeout_s: float, queued: bool
 ) -> list[Estimate]:
@@ -79,14 +88,10 @@ def _timed_out(
 
 
 def limited_estimate(
-    estimator: CapabilityEstimator,
-    queries: Sequence[Prompt],
-    *,
-    slots: Slots,
-    max_concurrency: int | None,
-    timeout_s: float | None,
+    estimator: CapabilityEstimator, queries: Sequence[Prompt], limits: Limits
 ) -> list[Estimate]:
     """``estimator.estimate(queries)`` within the gate's concurrency cap and deadline (blocking)."""
+    slots, max_concurrency, timeout_s = limits.slots, limits.max_concurrency, limits.timeout_s
     if max_concurrency is None and timeout_s is None:
         return estimator.estimate(queries)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -121,14 +126,10 @@ def limited_estimate(
 
 
 async def limited_aestimate(
-    estimator: CapabilityEstimator,
-    queries: Sequence[Prompt],
-    *,
-    slots: Slots,
-    max_concurrency: int | None,
-    timeout_s: float | None,
+    estimator: CapabilityEstimator, queries: Sequence[Prompt], limits: Limits
 ) -> list[Estimate]:
     """Async twin of :func:`limited_estimate`; an estimate past its deadline is cancelled."""
+    slots, max_concurrency, timeout_s = limits.slots, limits.max_concurrency, limits.timeout_s
     if max_concurrency is None and timeout_s is None:
         return await estimator.aestimate(queries)
     semaphore = None if max_concurrency is None else slots.asyncio_slots(max_concurrency)
