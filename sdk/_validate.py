@@ -88,6 +88,13 @@ def check_positive_number(name: str, value: float) -> float:
     return float(value)
 
 
+def check_non_negative_number(name: str, value: float) -> float:
+    """A finite number >= 0 (a latency, a penalty), as a plain ``float``."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.number) or not 0 <= value < np.inf:
+        raise ValueError(f"`{name}` must be a non-negative number; got {value!r}")
+    return float(value)
+
+
 def check_unit_interval(name: str, value: float, *, open_ends: bool = False) -> float:
     """A number in [0, 1] (in (0, 1) with ``open_ends``), as a plain ``float``."""
     ok = isinstance(value, int | float | np.number) and not isinstance(value, bool)

@@ -91,3 +91,6 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     result = runner.invoke(app, ["budget", str(DATA), "-c", "probe_conf_raw", "--budgets", "1,x"])
     assert result.exit_code == 2
     assert "--budgets must be comma-separated integers; got '1,x'" in result.stderr
+    result = runner.invoke(app, ["eval", str(DATA), "-c", "probe_conf_raw", "--bins", "0"])
+    assert result.exit_code == 2
+    assert result.stderr == "error: `--bins` must be a positive integer; got 0\n"

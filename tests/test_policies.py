@@ -351,7 +351,7 @@ def test_with_answer_threshold_moves_the_answer_edge() -> None:
     assert [b.action for b in everything.bands] == ["answer"]
     # texts and settings of kept bands survive
     assert lowered.bands[0] == policy.bands[0].model_copy(update={"below": 0.4})
-    with pytest.raises(ValueError, match="threshold must be a number in"):
+    with pytest.raises(ValueError, match=r"`threshold` must be a number in \[0, 1\]; got 1.5"):
         policy.with_answer_threshold(1.5)
     with pytest.raises(ValueError, match="top band of policy 'x' must answer"):
         Policy(

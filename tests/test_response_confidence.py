@@ -108,7 +108,7 @@ def test_deepconf_score_is_negative_mean_of_top_k() -> None:
         (-(math.log(0.7) + math.log(0.2)) / 2 - 2 * math.log(0.5) / 2) / 2
     )
     assert deepconf_score(tokens[1:], top_k=3) is None
-    with pytest.raises(ValueError, match="`top_k` must be >= 2"):
+    with pytest.raises(ValueError, match="`top_k` must be an integer >= 2; got 1"):
         deepconf_score(tokens, top_k=1)
 
 

@@ -14,6 +14,8 @@ from types import MappingProxyType
 
 import numpy as np
 
+from capgate._validate import check_int_at_least, check_unit_interval
+
 __all__ = ["UNKNOWN_CONFIDENCE_WEIGHT", "SamplingState"]
 
 UNKNOWN_CONFIDENCE_WEIGHT = 0.5
@@ -155,10 +157,9 @@ class _Tally:
         self.confidences: dict[str, list[float | None]] = {}
 
     def add(self, answer: str | None, confidence: float | None, n_tokens: int) -> None:
-        if confidence is not None and not (0.0 <= confidence <= 1.0 and math.isfinite(confidence)):
-            raise ValueError(f"a response confidence must be in [0, 1] or None; got {confidence!r}")
-        if n_tokens < 0:
-            raise ValueError(f"n_tokens must be >= 0; got {n_tokens}")
+        if confidence is not None:
+            check_unit_interval("confidence", confidence)
+        check_int_at_least("n_tokens", n_tokens, 0)
         self.n_samples += 1
         self.tokens += n_tokens
         if answer is None:

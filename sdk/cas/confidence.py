@@ -22,6 +22,7 @@ import unicodedata
 from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
+from capgate._validate import check_int_at_least
 from capgate.backend import ChatMessage, Generation, Prompt, TokenLogprob, as_messages
 
 __all__ = [
@@ -195,8 +196,7 @@ def deepconf_score(tokens: Sequence[TokenLogprob], *, top_k: int) -> float | Non
     log k whenever the top-k probabilities sum to at most 1 (Jensen), which
     :class:`LogprobConfidence` uses to map it into [0, 1].
     """
-    if top_k < 2:
-        raise ValueError(f"`top_k` must be >= 2 for DeepConf's token confidence; got {top_k}")
+    check_int_at_least("top_k", top_k, 2)
     per_token: list[float] = []
     for token in tokens:
         if len(token.top) < top_k:
@@ -227,9 +227,7 @@ class LogprobConfidence:
     """
 
     def __init__(self, *, top_k: int = 5) -> None:
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 2:
-            raise ValueError(f"`top_k` must be an integer >= 2; got {top_k!r}")
-        self.top_k = top_k
+        self.top_k = check_int_at_least("top_k", top_k, 2)
 
     def __call__(self, generation: Generation) -> float | None:
         tokens = generation.tokens or []

@@ -6,7 +6,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -15,6 +15,7 @@ from capgate.errors import CapgateError
 
 __all__ = [
     "EXIT_BAD_INPUT",
+    "check_option",
     "console",
     "fail",
     "parse_int_list",
@@ -55,6 +56,12 @@ def run_reporting_errors(action: Callable[[], T]) -> T:
         return action()
     except (CapgateError, ValueError) as exc:
         fail(str(exc))
+
+
+def check_option(check: Callable[..., T], option: str, value: Any, *args: Any) -> T:
+    """Check an option's value with a :mod:`capgate._validate` helper; a bad value exits with
+    status 2 and says so naming the option (``check_option(check_positive_int, "--bins", 0)``)."""
+    return run_reporting_errors(lambda: check(option, value, *args))
 
 
 def parse_int_list(text: str, *, option: str) -> list[int]:

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from capgate.cli._common import console, fail, parse_int_list, run_reporting_errors, write_json
+from capgate._validate import check_positive_int
+from capgate.cli._common import check_option, console, parse_int_list, run_reporting_errors, write_json
 from capgate.labels import read_labelled
 
 __all__ = ["register"]
@@ -36,8 +37,7 @@ def eval_command(
     from capgate.report import calibration_row, format_table
 
     ks = parse_int_list(pass_k, option="--pass-k")
-    if bins < 1:
-        fail(f"--bins must be a positive integer; got {bins}")
+    check_option(check_positive_int, "--bins", bins)
     labelled = run_reporting_errors(lambda: read_labelled(data, confidence=confidence))
     sources = dict(labelled.confidences)
     if oracle:

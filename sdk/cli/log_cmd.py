@@ -10,7 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capgate.cli._common import fail, sub_app
+from capgate._validate import check_int_at_least, check_non_negative_number, check_unit_interval
+from capgate.cli._common import check_option, fail, sub_app
 from capgate.decision.log import DecisionLog, default_log_path, is_database_url
 from capgate.errors import CapgateError
 
@@ -80,12 +81,11 @@ def outcome(
     if correct is None and mu_hat is None:
         fail("give --correct yes|no or --mu-hat X (or both)")
     flag = None if correct is None else _parse_correct(correct)
-    if mu_hat is not None and not 0.0 <= mu_hat <= 1.0:
-        fail(f"--mu-hat must be in [0, 1]; got {mu_hat}")
-    if samples < 0:
-        fail(f"--samples must be >= 0; got {samples}")
-    if latency is not None and latency < 0:
-        fail(f"--latency must be >= 0; got {latency}")
+    if mu_hat is not None:
+        check_option(check_unit_interval, "--mu-hat", mu_hat)
+    check_option(check_int_at_least, "--samples", samples, 0)
+    if latency is not None:
+        check_option(check_non_negative_number, "--latency", latency)
     with open_existing_log(db) as log:
         try:
             stored = log.record_outcome(

@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from capgate._jsonl import atomic_write_lines, data_error_from_validation, iter_json_objects, note_unique_id
+from capgate._validate import check_positive_int
 from capgate.datasets._item import DatasetItem
 from capgate.errors import DataError
 
@@ -82,5 +83,5 @@ def _check_unique(ids: Iterable[str], path: Path) -> None:
 
 
 def _check_limit(limit: int | None) -> None:
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"`limit` must be a positive integer or None; got {limit!r}")
+    if limit is not None:
+        check_positive_int("limit", limit)

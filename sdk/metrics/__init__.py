@@ -4,7 +4,7 @@ Capability metrics compare a predicted capability p with the empirical µ̂ = co
 response-level metrics (AUROC, AUPRC, response Brier) count every sampled response.
 """
 
-from capgate.metrics.budget import greedy_allocation, uniform_allocation
+from capgate.metrics.allocation import greedy_allocation, uniform_allocation
 from capgate.metrics.calibration import (
     BinStrategy,
     BrierDecomposition,

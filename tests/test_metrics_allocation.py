@@ -51,7 +51,7 @@ def test_uniform_allocation_spreads_remainder_and_caps() -> None:
 
 
 def test_bad_budget_is_named() -> None:
-    with pytest.raises(ValueError, match="`budget` must be a non-negative integer; got -1"):
+    with pytest.raises(ValueError, match="`budget` must be an integer >= 0; got -1"):
         greedy_allocation([0.5], -1)
 
 

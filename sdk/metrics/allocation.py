@@ -1,4 +1,8 @@
-"""Allocating a sampling budget across queries by predicted capability."""
+"""Allocation: splitting one sampling budget across queries by predicted capability.
+
+(A single query's budget is :func:`capgate.cas.samples_for_target`; an adaptive split that also
+watches the votes is :class:`capgate.cas.BatchAllocator`.)
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,14 @@ import heapq
 import numpy as np
 from numpy.typing import ArrayLike
 
-from capgate._validate import IntArray, as_counts, as_probabilities, same_length
+from capgate._validate import (
+    IntArray,
+    as_counts,
+    as_probabilities,
+    check_int_at_least,
+    check_positive_int,
+    same_length,
+)
 
 __all__ = ["greedy_allocation", "uniform_allocation"]
 
@@ -46,8 +57,7 @@ def greedy_allocation(p: ArrayLike, budget: int, *, max_per_query: ArrayLike | i
         [1, 2]
     """
     pa = np.clip(as_probabilities("p", p), _CLIP, 1.0 - _CLIP)
-    if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < 0:
-        raise ValueError(f"`budget` must be a non-negative integer; got {budget!r}")
+    budget = check_int_at_least("budget", budget, 0)
     caps = _caps(max_per_query, len(pa))
     allocation = np.zeros(len(pa), dtype=np.int64)
     heap = [(-float(g), i) for i, g in enumerate(pa.tolist()) if caps is None or caps[i] > 0]
@@ -55,7 +65,7 @@ def greedy_allocation(p: ArrayLike, budget: int, *, max_per_query: ArrayLike | i
     decay = (1.0 - pa).tolist()
     counts = [0] * len(pa)
     cap_list = None if caps is None else caps.tolist()
-    for _ in range(int(budget)):
+    for _ in range(budget):
         if not heap:
             break
         negative_gain, i = heap[0]
@@ -79,11 +89,9 @@ def uniform_allocation(
         >>> uniform_allocation(3, 7).tolist()
         [3, 2, 2]
     """
-    if n_queries < 1:
-        raise ValueError(f"`n_queries` must be a positive integer; got {n_queries!r}")
-    if budget < 0:
-        raise ValueError(f"`budget` must be a non-negative integer; got {budget!r}")
-    base, remainder = divmod(int(budget), int(n_queries))
+    n_queries = check_positive_int("n_queries", n_queries)
+    budget = check_int_at_least("budget", budget, 0)
+    base, remainder = divmod(budget, n_queries)
     allocation = np.full(n_queries, base, dtype=np.int64)
     allocation[:remainder] += 1
     caps = _caps(max_per_query, n_queries)
