@@ -97,10 +97,15 @@ def check_non_negative_number(name: str, value: float) -> float:
 
 def check_unit_interval(name: str, value: float, *, open_ends: bool = False) -> float:
     """A number in [0, 1] (in (0, 1) with ``open_ends``), as a plain ``float``."""
+    return check_number_in(name, value, 0.0, 1.0, open_ends=open_ends)
+
+
+def check_number_in(name: str, value: float, low: float, high: float, *, open_ends: bool = False) -> float:
+    """A number in [low, high] (in (low, high) with ``open_ends``), as a plain ``float``."""
     ok = isinstance(value, int | float | np.number) and not isinstance(value, bool)
-    inside = ok and ((0.0 < value < 1.0) if open_ends else (0.0 <= value <= 1.0))
+    inside = ok and ((low < value < high) if open_ends else (low <= value <= high))
     if not inside:
-        interval = "(0, 1)" if open_ends else "[0, 1]"
+        interval = f"({low:g}, {high:g})" if open_ends else f"[{low:g}, {high:g}]"
         raise ValueError(f"`{name}` must be a number in {interval}; got {value!r}")
     return float(value)
 

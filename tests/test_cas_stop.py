@@ -97,7 +97,7 @@ def test_repr_shows_settings() -> None:
         (lambda: stop_after_samples(0), "`n` must be a positive integer; got 0"),
         (lambda: stop_after_tokens(-3), "`n` must be a positive integer; got -3"),
         (lambda: stop_after_delay(0), "`seconds` must be a positive number; got 0"),
-        (lambda: beta_consensus(0.4), "`threshold` must be in (0.5, 1); got 0.4"),
+        (lambda: beta_consensus(0.4), "`threshold` must be a number in (0.5, 1); got 0.4"),
         (lambda: cas_confidence_gap(scale=0), "`scale` must be a positive number; got 0"),
         (lambda: cas_confidence_gap(mode="always"), "`mode` must be 'threshold' or 'stochastic'"),  # type: ignore[arg-type]
         (lambda: cas_confidence_gap(level=1.0), "`level` must be a number in (0, 1); got 1.0"),
@@ -277,7 +277,7 @@ def test_beta_futility_fires_exactly_when_a_majority_is_unlikely(
 def test_beta_futility_settings_and_composition() -> None:
     from capgate.cas import SamplingState, beta_consensus, beta_futility, replay
 
-    with pytest.raises(ValueError, match="`threshold` must be in"):
+    with pytest.raises(ValueError, match=r"`threshold` must be a number in \(0, 0.5\); got 0.5"):
         beta_futility(0.5)
     assert repr(beta_futility()) == "beta_futility(threshold=0.05)"
     assert not beta_futility()(SamplingState.build(votes={}))

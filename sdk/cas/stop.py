@@ -27,7 +27,7 @@ from typing import TypeAlias
 import numpy as np
 
 from capgate._types import CASMode
-from capgate._validate import check_positive_int, check_positive_number, check_unit_interval
+from capgate._validate import check_number_in, check_positive_int, check_positive_number, check_unit_interval
 from capgate.cas._state import SamplingState
 
 # The public names are listed once, in ``capgate.cas.__all__`` (this module's list had drifted from it).
@@ -256,9 +256,7 @@ class beta_consensus(StopRule):  # noqa: N801
     """
 
     def __init__(self, threshold: float = 0.95) -> None:
-        if not (isinstance(threshold, int | float) and 0.5 < threshold < 1.0):
-            raise ValueError(f"`threshold` must be in (0.5, 1); got {threshold!r}")
-        self.threshold = float(threshold)
+        self.threshold = check_number_in("threshold", threshold, 0.5, 1.0, open_ends=True)
 
     def posterior(self, state: SamplingState) -> float | None:
         """P(X > 1/2) for the current votes, or ``None`` before any answer was extracted."""
@@ -294,9 +292,7 @@ class beta_futility(StopRule):  # noqa: N801
     """
 
     def __init__(self, threshold: float = 0.05) -> None:
-        if not (isinstance(threshold, int | float) and 0.0 < threshold < 0.5):
-            raise ValueError(f"`threshold` must be in (0, 0.5); got {threshold!r}")
-        self.threshold = float(threshold)
+        self.threshold = check_number_in("threshold", threshold, 0.0, 0.5, open_ends=True)
 
     def posterior(self, state: SamplingState) -> float | None:
         """P(S > 1/2) for the leader's share of all responses, or ``None`` before any response."""
@@ -373,12 +369,10 @@ class cas_confidence_gap(StopRule):  # noqa: N801
         mode: CASMode = "threshold",
         level: float = 0.5,
     ) -> None:
-        if not (isinstance(margin, int | float) and -1.0 <= margin <= 1.0):
-            raise ValueError(f"`margin` must be in [-1, 1]; got {margin!r}")
         if mode not in ("threshold", "stochastic"):
             raise ValueError(f"`mode` must be 'threshold' or 'stochastic'; got {mode!r}")
         self.scale = check_positive_number("scale", scale)
-        self.margin = float(margin)
+        self.margin = check_number_in("margin", margin, -1.0, 1.0)
         self.mode: CASMode = mode
         self.level = check_unit_interval("level", level, open_ends=True)
 
