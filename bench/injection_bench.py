@@ -37,12 +37,14 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cache import check_jsonl
 from injection_families import FAMILIES, Family
 
 from capgate import Estimate
 from capgate.backend import Prompt
 from capgate.datasets import DatasetItem
 from capgate.estimators import CapabilityEstimator, LinearProbe, ProbeEstimator
+from capgate.estimators.fingerprint import estimator_fingerprint
 from capgate.estimators.guarded import InjectionGuard
 from capgate.labels import read_labelled
 
@@ -122,10 +124,12 @@ class Pooled:
 
 
 class Cached(CapabilityEstimator):
-    """Caches an estimator's estimates by exact prompt in a JSON-lines file (resumable)."""
+    """Caches an estimator's estimates by exact prompt in a JSON-lines file (resumable), keyed by
+    the estimator's fingerprint (``bench/_cache.py``: a cache from other settings is refused)."""
 
     def __init__(self, inner: CapabilityEstimator, path: Path) -> None:
         self.inner, self.path, self.method = inner, path, inner.method
+        check_jsonl(path, estimator_fingerprint(inner), description={"estimator": repr(inner)})
         self.cache: dict[str, Estimate] = {}
         if path.exists():
             for line in path.read_text().splitlines():

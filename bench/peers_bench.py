@@ -68,6 +68,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cache import check_jsonl, installed_probe, probe_description
 from estimators_smollm2 import CONSISTENCY_K, Record, forward_passes, read_records, read_split
 from peers_table import Cost, Labels, MethodScores, format_table, headline, score_methods
 
@@ -293,8 +294,11 @@ def run_polygraph(
 def run_probe(
     args: argparse.Namespace, records: dict[str, Record], test: list[str]
 ) -> dict[str, dict[str, Any]]:
-    """The shipped probe, live on CPU, on the held-out prompts (batches of 8), cached."""
+    """The shipped probe, live on CPU, on the held-out prompts (batches of 8), cached with the
+    installed probe's fingerprint (``bench/_cache.py``: a cache from another probe is refused)."""
     path: Path = args.results / "probe-live.jsonl"
+    folder, fingerprint = installed_probe()
+    check_jsonl(path, fingerprint, description=probe_description(folder))
     cached = read_jsonl(path)
     todo = [i for i in test if i not in cached]
     if todo:
@@ -453,6 +457,8 @@ def build_methods(
         cost=Cost(0, 0, 0, 0),
         calibrate=False,
     )
+    if (res / "probe-live.jsonl").exists():  # written by the installed probe, or refused
+        check_jsonl(res / "probe-live.jsonl", installed_probe()[1])
     probe = read_jsonl(res / "probe-live.jsonl")
     add(
         "Probe",
