@@ -9,14 +9,23 @@ estimator sees them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from capgate.backend import ChatMessage, Prompt
+from capgate.backend import ChatMessage, Prompt, as_messages
 from capgate.errors import MessageError
 
-__all__ = ["ROLES", "TOOL_CALL_TEXT", "as_query", "chat_messages", "content_text", "tool_call_text"]
+__all__ = [
+    "ROLES",
+    "TOOL_CALL_TEXT",
+    "as_query",
+    "chat_messages",
+    "content_text",
+    "query_hash",
+    "tool_call_text",
+]
 
 TOOL_CALL_TEXT = "Proposed tool call: {name}({args})"
 """How a proposed tool call reads in the query given to the capability estimator."""
@@ -120,3 +129,17 @@ def chat_messages(value: object, *, where: str = "messages") -> list[ChatMessage
     raise MessageError(
         f"{where}: expected a prompt string or a list of chat messages; got {type(value).__name__}"
     )
+
+
+def query_hash(query: Prompt) -> str:
+    """SHA-256 (hex) of a query, as the decision log stores it.
+
+    The query is normalized to chat messages first, so a bare string and the same text as a single
+    user turn hash alike; the hash covers the whole transcript.
+
+    Example:
+        >>> query_hash("hi") == query_hash([{"role": "user", "content": "hi"}])
+        True
+    """
+    canonical = json.dumps(as_messages(query), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

@@ -22,7 +22,12 @@ from typer.testing import CliRunner
 from capgate import Cost, DataError, Estimate
 from capgate.cli import app
 from capgate.decision import Decision, Outcome
-from capgate.decision.log import DecisionLog, query_hash
+from capgate.decision._schema import POSTGRES, SQLITE, UPSERT_OUTCOME
+from capgate.decision._sqlite import SQLiteStore
+from capgate.decision._store import Store
+from capgate.decision.log import DecisionLog, PostgresDecisionLog
+from capgate.decision.postgres import PostgresStore
+from capgate.messages import query_hash
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -374,3 +379,50 @@ def test_a_sampled_resample_updates_its_first_record(db: str | Path) -> None:
     assert row.samples_used == 4
     assert row.decision.stopped_by == "beta_consensus(threshold=0.95)"
     assert row.decision.id == "r-1"
+
+
+# --------------------------------------------------------------------------- the store protocol
+
+
+def test_the_schema_is_declared_once_and_rendered_for_each_store() -> None:
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "sdk" / "decision").glob("*.py"))
+    for table in ("decisions", "outcomes", "capgate_meta", "capgate_migrations"):
+        assert source.count(f"CREATE TABLE IF NOT EXISTS {table} (") == 1, table
+    sqlite, postgres = SQLITE.migrations, POSTGRES.migrations
+    assert [(v, d, len(s)) for v, d, s in sqlite] == [(v, d, len(s)) for v, d, s in postgres]
+    assert "p               REAL," in sqlite[0][2][0]
+    assert "p               DOUBLE PRECISION," in postgres[0][2][0]
+    assert "seq BIGINT" in postgres[0][2][0]
+    assert "seq" not in sqlite[0][2][0]  # SQLite orders by its rowid
+
+
+def test_each_store_implements_the_store_protocol(db: str | Path) -> None:
+    log = DecisionLog(db)
+    store = log.store
+    assert type(log) is DecisionLog  # one log over either store, not a subclass per store
+    assert isinstance(store, Store)
+    assert isinstance(store, SQLiteStore) == is_sqlite(db)
+    assert isinstance(store, PostgresStore) == (not is_sqlite(db))
+    d = make()
+    log.record(d)
+    assert store.read("SELECT id, method FROM decisions WHERE id = ?", (d.id,)) == [(d.id, "probe")]
+    outcome = store.dialect.render(UPSERT_OUTCOME)
+    now = "2026-01-01T00:00:00+00:00"
+    assert store.write(outcome, (1, None, 0, None, now, d.id)) == 1
+    assert store.write(outcome, (1, None, 0, None, now, "missing")) == 0  # no decision: no row
+    assert log.get(d.id).outcome is not None
+    assert store.location == str(db)
+    store.close()
+    assert len(log) == 1  # reopens on next use
+
+
+def test_a_postgres_log_is_not_a_sqlite_store(postgres_url: str, tmp_path: Path) -> None:
+    pg, file = DecisionLog(postgres_url, timeout_s=3), DecisionLog(tmp_path / "d.sqlite3")
+    assert not isinstance(pg.store, SQLiteStore)
+    assert not isinstance(file.store, PostgresStore)
+    assert isinstance(PostgresDecisionLog(postgres_url).store, PostgresStore)
+    assert repr(pg) == f"DecisionLog({postgres_url!r}, store_text=False)"
+    with pytest.raises(ValueError, match=r"`url` must be a postgresql:// URL; got 'd\.sqlite3'"):
+        PostgresDecisionLog("d.sqlite3")
+    with pytest.raises(TypeError, match="`timeout_s` is for a postgresql:// log"):
+        DecisionLog(tmp_path / "d.sqlite3", timeout_s=3)

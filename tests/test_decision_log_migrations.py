@@ -15,8 +15,7 @@ from _postgres import execute, fetch
 
 from capgate import Estimate
 from capgate.decision import Decision, DecisionLog
-from capgate.decision.log import SCHEMA_VERSION, SQLITE_MIGRATIONS
-from capgate.decision.postgres import POSTGRES_MIGRATIONS
+from capgate.decision._schema import POSTGRES, SCHEMA_VERSION, SQLITE
 
 V1_FILE = Path(__file__).parent / "data" / "decision_log_v1.sqlite3"
 
@@ -27,7 +26,7 @@ def test_a_fresh_log_is_at_the_current_version_with_its_history(log_location: st
         history = log.migrations()
         log.record(Decision(action="answer", estimate=Estimate(p=0.5, method="m"), reason="r"))
         (row,) = log.decisions()
-    assert [(v, d) for v, d, _ in history] == [(v, d) for v, d, _ in SQLITE_MIGRATIONS]
+    assert [(v, d) for v, d, _ in history] == [(v, d) for v, d, _ in SQLITE.migrations]
     assert all(applied != "before the history" for _, _, applied in history)
     assert row.writer is not None
     host, pid = row.writer.rsplit(":", 1)
@@ -73,7 +72,7 @@ def test_a_version_1_postgres_schema_migrates_forward(postgres_url: str) -> None
     from _postgres import fresh_url
 
     url = fresh_url(postgres_url)
-    for statement in POSTGRES_MIGRATIONS[0][2]:  # the schema as version 1 left it
+    for statement in POSTGRES.migrations[0][2]:  # the schema as version 1 left it
         execute(url, statement)
     execute(url, "CREATE TABLE capgate_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
     execute(url, "INSERT INTO capgate_meta VALUES ('schema_version', '1')")

@@ -5,11 +5,11 @@ thresholds (:mod:`capgate.decision.risk`) are pure functions on arrays of confid
 """
 
 from capgate._types import Action, Decision, Outcome
-from capgate.decision.log import DecisionLog, LoggedDecision, default_log_path, query_hash
+from capgate.decision.log import DecisionLog, LoggedDecision, PostgresDecisionLog, default_log_path
 from capgate.decision.monitor import MethodReport, WindowStats, calibration_report
-from capgate.decision.postgres import PostgresDecisionLog  # registers postgresql:// URLs
 from capgate.decision.risk import RiskControl, calibrate_threshold
 from capgate.decision.simulate import ReplaySummary, replay_policy, threshold_frontier
+from capgate.messages import query_hash
 
 __all__ = [
     "Action",

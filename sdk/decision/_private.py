@@ -15,8 +15,6 @@ from pathlib import Path
 
 from capgate.errors import DataError
 
-__all__ = ["ensure_private_file"]
-
 PRIVATE_FILE_MODE = 0o600
 PRIVATE_DIR_MODE = 0o700
 

@@ -1,25 +1,20 @@
-"""The decision log's schema: its version, the SQLite store's forward migrations, shared SQL."""
+"""The decision log's schema and SQL, written once for both stores, and its forward migration.
+
+Statements use ``?`` placeholders; the few words where SQLite and PostgreSQL differ (a float or a
+timestamp column, the insertion-order column) are fields of a :class:`Dialect`, rendered into the
+templates below for each store.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 from capgate.errors import DataError
-
-__all__ = [
-    "COLUMNS",
-    "META_TABLE",
-    "MIGRATIONS_TABLE",
-    "SCHEMA_VERSION",
-    "SQLITE_MIGRATIONS",
-    "Migration",
-    "check_not_newer",
-    "is_database_url",
-    "parse_version",
-    "writer_id",
-]
 
 SCHEMA_VERSION = 2
 """The schema version this capgate writes; older logs are migrated forward to it when opened."""
@@ -27,42 +22,42 @@ SCHEMA_VERSION = 2
 Migration = tuple[int, str, tuple[str, ...]]
 """A forward migration: (version it brings the log to, what it does, its SQL statements)."""
 
+
+@dataclass(frozen=True)
+class Dialect:
+    """Where the stores' SQL differs: the words rendered into this module's templates."""
+
+    real: str  # a double-precision float column
+    time: str  # a timestamp column (SQLite keeps ISO-8601 text)
+    seq: str  # the insertion-order column of `decisions` (SQLite has its rowid)
+    if_not_exists: str  # the ADD COLUMN guard, where the database has one
+    order: str  # newest first: time, then insertion
+    integrity: str  # a statement whose one row says "ok" for a sound store
+
+    def render(self, template: str) -> str:
+        """A template with this dialect's words filled in."""
+        return template.format(**asdict(self))
+
+    @property
+    def migrations(self) -> tuple[Migration, ...]:
+        """The forward migrations, oldest first (version 1 is the original schema)."""
+        return tuple((v, what, tuple(self.render(s) for s in sql)) for v, what, sql in _MIGRATIONS)
+
+
+SQLITE = Dialect("REAL", "TEXT", "", "", "d.created_at DESC, d.rowid DESC", "PRAGMA integrity_check")
+POSTGRES = Dialect(
+    "DOUBLE PRECISION",
+    "TIMESTAMPTZ",
+    "seq BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,\n    ",
+    "IF NOT EXISTS ",
+    "d.created_at DESC, d.seq DESC",
+    "SELECT 'ok'",
+)
+
 META_TABLE = """CREATE TABLE IF NOT EXISTS capgate_meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
 )"""
-
-_V1 = """
-CREATE TABLE IF NOT EXISTS decisions (
-    id              TEXT PRIMARY KEY,
-    created_at      TEXT NOT NULL,
-    step            TEXT,
-    tool            TEXT,
-    query_sha256    TEXT,
-    query_text      TEXT,
-    method          TEXT NOT NULL,
-    p               REAL,
-    degraded        INTEGER NOT NULL,
-    degraded_reason TEXT,
-    action          TEXT NOT NULL,
-    reason          TEXT NOT NULL,
-    budget          INTEGER,
-    samples_used    INTEGER,
-    latency_s       REAL,
-    policy          TEXT,
-    decision_json   TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS decisions_by_time ON decisions (created_at);
-CREATE INDEX IF NOT EXISTS decisions_by_method ON decisions (method, created_at);
-CREATE TABLE IF NOT EXISTS outcomes (
-    decision_id  TEXT PRIMARY KEY REFERENCES decisions (id),
-    correct      INTEGER,
-    mu_hat       REAL,
-    samples_used INTEGER NOT NULL,
-    latency_s    REAL,
-    recorded_at  TEXT NOT NULL
-);
-"""
 
 MIGRATIONS_TABLE = """CREATE TABLE IF NOT EXISTS capgate_migrations (
     version     INTEGER PRIMARY KEY,
@@ -71,15 +66,68 @@ MIGRATIONS_TABLE = """CREATE TABLE IF NOT EXISTS capgate_migrations (
     applied_by  TEXT NOT NULL
 )"""
 
-SQLITE_MIGRATIONS: tuple[Migration, ...] = (
-    (1, "decisions and outcomes", tuple(s.strip() for s in _V1.split(";") if s.strip())),
+_V1 = (
+    """CREATE TABLE IF NOT EXISTS decisions (
+    {seq}id              TEXT PRIMARY KEY,
+    created_at      {time} NOT NULL,
+    step            TEXT,
+    tool            TEXT,
+    query_sha256    TEXT,
+    query_text      TEXT,
+    method          TEXT NOT NULL,
+    p               {real},
+    degraded        INTEGER NOT NULL,
+    degraded_reason TEXT,
+    action          TEXT NOT NULL,
+    reason          TEXT NOT NULL,
+    budget          INTEGER,
+    samples_used    INTEGER,
+    latency_s       {real},
+    policy          TEXT,
+    decision_json   TEXT NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS decisions_by_time ON decisions (created_at)",
+    "CREATE INDEX IF NOT EXISTS decisions_by_method ON decisions (method, created_at)",
+    """CREATE TABLE IF NOT EXISTS outcomes (
+    decision_id  TEXT PRIMARY KEY REFERENCES decisions (id),
+    correct      INTEGER,
+    mu_hat       {real},
+    samples_used INTEGER NOT NULL,
+    latency_s    {real},
+    recorded_at  {time} NOT NULL
+)""",
+)
+
+_MIGRATIONS: tuple[Migration, ...] = (
+    (1, "decisions and outcomes", _V1),
     (
         2,
         "migration history; the writer (host:pid) of each decision",
-        (MIGRATIONS_TABLE, "ALTER TABLE decisions ADD COLUMN writer TEXT"),
+        (MIGRATIONS_TABLE, "ALTER TABLE decisions ADD COLUMN {if_not_exists}writer TEXT"),
     ),
 )
-"""The SQLite store's forward migrations, oldest first (version 1 is the original schema)."""
+
+VERSION = "SELECT value FROM capgate_meta WHERE key = 'schema_version'"
+
+_DECISION = (
+    "INSERT INTO decisions (id, created_at, step, tool, query_sha256, query_text, method, p, degraded,"
+    " degraded_reason, action, reason, budget, samples_used, latency_s, policy, decision_json, writer)"
+    f" VALUES ({', '.join('?' * 18)}) ON CONFLICT (id) DO "
+)
+INSERT = _DECISION + "NOTHING"
+"""A decision row (:meth:`DecisionLog._decision_row`); logging it again keeps the first."""
+INSERT_SAMPLED = _DECISION + (
+    "UPDATE SET samples_used = excluded.samples_used, decision_json = excluded.decision_json"
+)
+"""A sampled resample's row, which supersedes its first record."""
+UPSERT_OUTCOME = (
+    "INSERT INTO outcomes (decision_id, correct, mu_hat, samples_used, latency_s, recorded_at)"
+    " SELECT id, CAST(? AS INTEGER), CAST(? AS {real}), CAST(? AS INTEGER), CAST(? AS {real}),"
+    " CAST(? AS {time}) FROM decisions WHERE id = ? ON CONFLICT (decision_id) DO UPDATE SET"
+    " correct = excluded.correct, mu_hat = excluded.mu_hat, samples_used = excluded.samples_used,"
+    " latency_s = excluded.latency_s, recorded_at = excluded.recorded_at"
+)
+"""An outcome (template): one row written if its decision is in the log, none otherwise."""
 
 COLUMNS = (
     "d.id, d.created_at, d.step, d.tool, d.query_sha256, d.query_text, d.method, d.p, d.degraded, "
@@ -87,6 +135,34 @@ COLUMNS = (
     "d.decision_json, o.correct, o.mu_hat, o.samples_used, o.latency_s, o.recorded_at, "
     "o.decision_id IS NOT NULL, d.writer"
 )
+
+
+def migrate(run: Callable[[str, Sequence[Any]], Any], dialect: Dialect, location: str) -> None:
+    """Bring a store to :data:`SCHEMA_VERSION`, inside the caller's write transaction (which holds
+    the store's migration lock). ``run(sql, params)`` executes a statement and returns a cursor."""
+    run(META_TABLE, ())
+    row = run(VERSION, ()).fetchone()
+    found = 0 if row is None else parse_version(row[0], location)
+    check_not_newer(found, location)
+    if found == SCHEMA_VERSION:
+        return
+    for version, _, statements in dialect.migrations:
+        if version > found:
+            for statement in statements:
+                run(statement, ())
+    # A log that was at version 1 says so in the history, without the date (nobody recorded it).
+    now = datetime.now(UTC).isoformat()
+    for version, description, _ in _MIGRATIONS:
+        applied = (now, writer_id()) if version > found else ("before the history", "unknown")
+        run(
+            "INSERT INTO capgate_migrations VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (version, description, *applied),
+        )
+    run(
+        "INSERT INTO capgate_meta (key, value) VALUES ('schema_version', ?)"
+        " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (str(SCHEMA_VERSION),),
+    )
 
 
 def is_database_url(location: object) -> bool:
@@ -104,7 +180,7 @@ def writer_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def check_not_newer(found: int, location: str | Path) -> None:
+def check_not_newer(found: int, location: str) -> None:
     """Refuse a log whose schema a newer capgate wrote (a :class:`DataError` naming the log)."""
     if found > SCHEMA_VERSION:
         raise DataError(

@@ -1,21 +1,15 @@
-"""The decision log: every :class:`~capgate.decision.Decision` in an embedded SQLite store, or in a
-shared PostgreSQL database (``DecisionLog("postgresql://user@host/db")``, see
-:mod:`capgate.decision.postgres`), with one API.
+"""The decision log: every :class:`~capgate.decision.Decision` in an embedded SQLite file, or in a
+shared PostgreSQL database (``DecisionLog("postgresql://user@host/db")``), with one API.
 
-One file on disk, in WAL mode so readers never block the writer, with a busy timeout so concurrent
-writers (threads or processes on one host) wait their turn instead of failing, one connection per
-thread and per process (a forked child opens its own). Every write is one ``BEGIN IMMEDIATE``
-transaction, so a process killed mid-write leaves either the whole row or none of it; committed
-rows survive the kill (``synchronous=NORMAL`` in WAL mode loses nothing on a process crash, only,
-possibly, the last transactions on a power cut).
+The log (records, outcomes, reads, the schema and its migrations) is written once, on a small store
+protocol (:mod:`capgate.decision._store`) with two implementations: a SQLite file for concurrent
+writers on one host (:mod:`capgate.decision._sqlite`), PostgreSQL for many writers on many hosts
+(:mod:`capgate.decision.postgres`). Both carry a schema version (``capgate_meta``) and the history
+of its migrations (``capgate_migrations``): opening an older log migrates it forward in one
+transaction; a log written by a newer capgate is refused.
 
-Both stores carry a schema version (``capgate_meta``) and the history of the migrations applied
-to them (``capgate_migrations``); opening an older log migrates it forward in one transaction, and
-a log written by a newer capgate is refused.
-
-Queries are stored as a SHA-256 hash; the text is kept only with ``store_text=True``. The file is
-created user-only (0600) and its folder checked (:mod:`capgate.decision._private`).
-Outcomes attach later by decision id (:meth:`DecisionLog.record_outcome`, or
+Queries are stored as a SHA-256 hash (:func:`~capgate.messages.query_hash`); the text only with
+``store_text=True``. Outcomes attach later by decision id (:meth:`DecisionLog.record_outcome`, or
 ``capgate log outcome DECISION_ID --correct yes``).
 
 Example:
@@ -33,46 +27,45 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import sqlite3
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from capgate._types import Decision, Outcome
+from capgate._validate import check_positive_int
 from capgate.backend import Prompt, as_messages
-from capgate.decision._private import ensure_private_file
 from capgate.decision._schema import (
     COLUMNS,
-    META_TABLE,
+    INSERT,
+    INSERT_SAMPLED,
     SCHEMA_VERSION,
-    SQLITE_MIGRATIONS,
+    UPSERT_OUTCOME,
+    VERSION,
     Migration,
-    check_not_newer,
     is_database_url,
     parse_version,
     writer_id,
 )
-from capgate.errors import DataError, LogUnavailableError
+from capgate.decision._sqlite import SQLiteStore
+from capgate.decision._store import Store
+from capgate.decision.postgres import PostgresStore
+from capgate.errors import DataError
+from capgate.messages import query_hash
 
 __all__ = [
     "SCHEMA_VERSION",
     "DecisionLog",
     "LoggedDecision",
     "Migration",
+    "PostgresDecisionLog",
     "default_log_path",
     "is_database_url",
     "query_hash",
-    "register_url_store",
 ]
 
 
@@ -84,20 +77,6 @@ def default_log_path() -> Path:
     from platformdirs import user_data_path  # only needed for the default location
 
     return user_data_path("capgate") / "decisions.sqlite3"
-
-
-def query_hash(query: Prompt) -> str:
-    """SHA-256 (hex) of a query, as stored in the log.
-
-    The query is normalized to chat messages first, so a bare string and the same text as a single
-    user turn hash alike; the hash covers the whole transcript.
-
-    Example:
-        >>> query_hash("hi") == query_hash([{"role": "user", "content": "hi"}])
-        True
-    """
-    canonical = json.dumps(as_messages(query), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 class LoggedDecision(BaseModel):
@@ -139,51 +118,34 @@ class LoggedDecision(BaseModel):
         return self.decision.estimate.p
 
 
-def _iso(moment: datetime) -> str:
-    return moment.isoformat()
-
-
-_URL_STORES: dict[str, type[DecisionLog]] = {}
-"""Stores for database URLs, by scheme; :mod:`capgate.decision.postgres` registers itself here
-(``capgate.decision`` imports it, so it is registered before any log is opened)."""
-
-
-def register_url_store(schemes: tuple[str, ...], store: type[DecisionLog]) -> None:
-    """Make ``DecisionLog("<scheme>://...")`` open ``store`` (a subclass of :class:`DecisionLog`)."""
-    for scheme in schemes:
-        _URL_STORES[scheme] = store
+_FROM = "FROM decisions d LEFT JOIN outcomes o ON o.decision_id = d.id"
 
 
 class DecisionLog:
     """A store of decisions and their outcomes, safe for concurrent writers: an embedded SQLite
-    file, or a PostgreSQL database when given a ``postgresql://`` URL (a
-    :class:`~capgate.decision.postgres.PostgresDecisionLog`, with the same API).
+    file, or a PostgreSQL database when given a ``postgresql://`` URL, with the same API.
 
     Args:
-        path: The database file (created, with its folder, on first use), or a database URL.
+        path: The database file (created, with its folder, on first use), or a database URL
+            (``postgresql://user[:password]@host[:port]/dbname[?options]``; the tables go into
+            the first schema of the connection's ``search_path``).
         store_text: Also store the query text (off by default: only its SHA-256 is kept).
-        busy_timeout_s: How long a writer waits for another writer's lock before giving up.
+        busy_timeout_s: How long a write waits for another writer's lock before giving up.
+        timeout_s: PostgreSQL only (default 10 s): the most any one call, connecting included,
+            may take.
         fail_closed: When a :class:`~capgate.Gate` cannot write a decision here, make the gated
             call raise :class:`~capgate.LogUnavailableError` instead of returning the decision (the
             default counts the failure in ``gate.stats.log_failures`` and logs a warning).
 
-    The constructor only stores settings; the file is opened on first use, once per thread and per
-    process. Use it as a context manager, or call :meth:`close`, to close this thread's connection.
-    A write that fails for want of the store (locked beyond ``busy_timeout_s``, disk or I/O
-    errors) raises :class:`~capgate.LogUnavailableError`.
+    The constructor only stores settings; each thread and process opens its own connection on
+    first use. Use it as a context manager, or call :meth:`close`, to close this thread's
+    connection. A call that fails for want of the store (locked beyond ``busy_timeout_s``, a
+    database down or past ``timeout_s``, disk or I/O errors) raises
+    :class:`~capgate.LogUnavailableError`.
+
+    Raises:
+        TypeError: ``timeout_s`` given for a SQLite file.
     """
-
-    _ORDER: ClassVar[str] = "d.created_at DESC, d.rowid DESC"
-
-    def __new__(cls, path: str | Path, **settings: Any) -> DecisionLog:
-        """A database URL opens the store registered for its scheme; anything else, a SQLite file."""
-        if cls is DecisionLog and is_database_url(path):
-            assert isinstance(path, str)
-            scheme = path.split("://", 1)[0]
-            if scheme not in _URL_STORES:  # pragma: no cover - capgate.decision registers postgres
-                raise ValueError(f"no decision-log store for {scheme}:// URLs")
-            return super().__new__(_URL_STORES[scheme])
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -191,138 +153,29 @@ class DecisionLog:
         *,
         store_text: bool = False,
         busy_timeout_s: float = 30.0,
+        timeout_s: float | None = None,
         fail_closed: bool = False,
     ) -> None:
-        self.path = Path(path)
+        self.path: str | Path = path if is_database_url(path) else Path(path)
         self.store_text = store_text
-        self.busy_timeout_s = busy_timeout_s
         self.fail_closed = fail_closed
-        self._local = threading.local()
+        self.store: Store
+        if isinstance(self.path, str):
+            timeout_s = 10.0 if timeout_s is None else timeout_s
+            self.store = PostgresStore(self.path, busy_timeout_s=busy_timeout_s, timeout_s=timeout_s)
+        elif timeout_s is None:
+            self.store = SQLiteStore(self.path, busy_timeout_s=busy_timeout_s)
+        else:
+            raise TypeError(f"`timeout_s` is for a postgresql:// log; {path} is a SQLite file")
 
     @property
     def location(self) -> str:
         """Where the log is, for messages: the file path (a database URL without its password)."""
-        return str(self.path)
-
-    # ------------------------------------------------------------------ connections
-
-    def _connection(self) -> Any:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and getattr(self._local, "pid", None) == os.getpid():
-            return conn
-        # A connection inherited across fork() must not be used (nor closed) in the child; keep a
-        # reference so garbage collection does not close it under the parent.
-        if conn is not None:
-            self._local.inherited = [*getattr(self._local, "inherited", []), conn]
-        conn = self._open()
-        self._local.conn = conn
-        self._local.pid = os.getpid()
-        return conn
-
-    def _open(self) -> Any:
-        if not (isinstance(self.busy_timeout_s, int | float) and self.busy_timeout_s > 0):
-            raise ValueError(f"`busy_timeout_s` must be a positive number; got {self.busy_timeout_s!r}")
-        ensure_private_file(self.path)  # user-only: 0600 file, 0700 new folder
-        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            self._enable_wal(conn)
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute("PRAGMA foreign_keys = ON")
-            if self._stored_version(conn) != str(SCHEMA_VERSION):  # else nothing to write: no lock
-                with self._transaction(conn):
-                    self._migrate(conn)
-        except sqlite3.OperationalError as exc:
-            conn.close()
-            if "locked" in str(exc) or "busy" in str(exc):  # other writers: a bounded wait ran out
-                raise LogUnavailableError(str(exc), location=self.location) from exc
-            raise DataError(f"not a usable capgate decision log: {exc}", path=self.path) from exc
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise DataError(f"not a usable capgate decision log: {exc}", path=self.path) from exc
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    @staticmethod
-    def _stored_version(conn: sqlite3.Connection) -> str | None:
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'capgate_meta'").fetchone() is None:
-            return None
-        row = conn.execute("SELECT value FROM capgate_meta WHERE key = 'schema_version'").fetchone()
-        return None if row is None else str(row[0])
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        """Bring the log to :data:`SCHEMA_VERSION` (inside the caller's write transaction)."""
-        conn.execute(META_TABLE)
-        row = conn.execute("SELECT value FROM capgate_meta WHERE key = 'schema_version'").fetchone()
-        found = 0 if row is None else parse_version(row[0], self.location)
-        check_not_newer(found, self.path)
-        for version, _, statements in SQLITE_MIGRATIONS:
-            if version > found:
-                for statement in statements:
-                    conn.execute(statement)
-        if found < SCHEMA_VERSION:
-            # The history table exists from version 2 on; a log that was at version 1 already
-            # says so, without the date (nobody recorded it).
-            now = _iso(datetime.now(UTC))
-            for version, description, _ in SQLITE_MIGRATIONS:
-                applied = (now, writer_id()) if version > found else ("before the history", "unknown")
-                conn.execute(
-                    "INSERT OR IGNORE INTO capgate_migrations VALUES (?, ?, ?, ?)",
-                    (version, description, *applied),
-                )
-        if found != SCHEMA_VERSION:
-            conn.execute(
-                "INSERT OR REPLACE INTO capgate_meta (key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
-            )
-
-    def _enable_wal(self, conn: sqlite3.Connection) -> None:
-        # Switching to WAL needs a moment of exclusive access and SQLite does not always call the
-        # busy handler for it, so several processes opening a fresh file at once retry here.
-        deadline = time.monotonic() + self.busy_timeout_s
-        while True:
-            try:
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-                continue
-            if str(mode).lower() != "wal":
-                raise DataError(
-                    f"could not switch the decision log to WAL mode (got {mode!r})", path=self.path
-                )
-            return
-
-    @staticmethod
-    @contextmanager
-    def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-
-    @contextmanager
-    def _writing(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; a store that fails under it raises :class:`LogUnavailableError`."""
-        conn = self._connection()
-        try:
-            with self._transaction(conn):
-                yield conn
-        except sqlite3.OperationalError as exc:
-            raise LogUnavailableError(str(exc), location=self.location) from exc
+        return self.store.location
 
     def close(self) -> None:
         """Close this thread's connection (others close when their threads end)."""
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and getattr(self._local, "pid", None) == os.getpid():
-            conn.close()
-        self._local.conn = None
+        self.store.close()
 
     def __enter__(self) -> DecisionLog:
         return self
@@ -333,7 +186,7 @@ class DecisionLog:
         self.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.location!r}, store_text={self.store_text})"
+        return f"DecisionLog({self.location!r}, store_text={self.store_text})"
 
     # ------------------------------------------------------------------ writes
 
@@ -363,13 +216,13 @@ class DecisionLog:
             LogUnavailableError: The store could not be written.
         """
         row = self._decision_row(decision, query, samples_used, latency_s)
-        self._insert(row, sampled=decision.stopped_by is not None)
+        self.store.write(INSERT if decision.stopped_by is None else INSERT_SAMPLED, row)
         return decision.id
 
     def _decision_row(
         self, decision: Decision, query: Prompt | None, samples_used: int | None, latency_s: float | None
     ) -> tuple[Any, ...]:
-        """The decisions row of a decision (checked); ``decision_json`` is second to last."""
+        """The decisions row of a decision (checked), in the order of :data:`._schema.INSERT`."""
         if not isinstance(decision, Decision):
             raise TypeError(f"record() takes a capgate Decision; got {type(decision).__name__}")
         if samples_used is not None and samples_used < 0:
@@ -382,7 +235,7 @@ class DecisionLog:
             text = query if isinstance(query, str) else json.dumps(as_messages(query), ensure_ascii=False)
         return (
             decision.id,
-            _iso(decision.created_at),
+            decision.created_at.isoformat(),
             decision.step,
             decision.tool,
             None if query is None else query_hash(query),
@@ -400,20 +253,6 @@ class DecisionLog:
             decision.model_dump_json(),
             writer_id(),
         )
-
-    def _insert(self, row: tuple[Any, ...], *, sampled: bool) -> None:
-        with self._writing() as conn:
-            conn.execute(
-                "INSERT OR IGNORE INTO decisions (id, created_at, step, tool, query_sha256, query_text,"
-                " method, p, degraded, degraded_reason, action, reason, budget, samples_used, latency_s,"
-                " policy, decision_json, writer) VALUES (" + ", ".join("?" * 18) + ")",
-                row,
-            )
-            if sampled:  # the sampled decision supersedes its first record
-                conn.execute(
-                    "UPDATE decisions SET samples_used = ?, decision_json = ? WHERE id = ?",
-                    (row[13], row[16], row[0]),
-                )
 
     def record_outcome(
         self,
@@ -447,14 +286,14 @@ class DecisionLog:
         if outcome.correct is None and outcome.mu_hat is None:
             raise DataError("an outcome needs `correct` or `mu_hat`", path=self.location, field="correct")
         values = (
-            outcome.decision_id,
             None if outcome.correct is None else int(outcome.correct),
             outcome.mu_hat,
             outcome.samples_used,
             outcome.latency_s,
-            _iso(outcome.recorded_at),
+            outcome.recorded_at.isoformat(),
+            outcome.decision_id,
         )
-        if not self._upsert_outcome(values):
+        if not self.store.write(self.store.dialect.render(UPSERT_OUTCOME), values):
             raise DataError(
                 f"no decision with id {outcome.decision_id!r} in the log",
                 path=self.location,
@@ -462,26 +301,7 @@ class DecisionLog:
             )
         return outcome
 
-    def _upsert_outcome(self, values: tuple[Any, ...]) -> bool:
-        """Store an outcome row; ``False`` (nothing written) if its decision is not in the log."""
-        with self._writing() as conn:
-            if conn.execute("SELECT 1 FROM decisions WHERE id = ?", (values[0],)).fetchone() is None:
-                return False
-            conn.execute(
-                "INSERT OR REPLACE INTO outcomes (decision_id, correct, mu_hat, samples_used, latency_s,"
-                " recorded_at) VALUES (?, ?, ?, ?, ?, ?)",
-                values,
-            )
-        return True
-
     # ------------------------------------------------------------------ reads
-
-    def _fetchall(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """Rows of one read (``?`` placeholders)."""
-        try:
-            return list(self._connection().execute(sql, params).fetchall())
-        except sqlite3.OperationalError as exc:
-            raise LogUnavailableError(str(exc), location=self.location) from exc
 
     @staticmethod
     def _row(row: tuple[Any, ...]) -> LoggedDecision:
@@ -512,10 +332,7 @@ class DecisionLog:
         Raises:
             DataError: No decision with that id is in the log.
         """
-        rows = self._fetchall(
-            f"SELECT {COLUMNS} FROM decisions d LEFT JOIN outcomes o ON o.decision_id = d.id WHERE d.id = ?",
-            (decision_id,),
-        )
+        rows = self.store.read(f"SELECT {COLUMNS} {_FROM} WHERE d.id = ?", (decision_id,))
         if not rows:
             raise DataError(
                 f"no decision with id {decision_id!r} in the log", path=self.location, field="decision_id"
@@ -552,13 +369,10 @@ class DecisionLog:
             last: Only the most recent ``last`` of them (still returned oldest first).
         """
         where, params = self._filters(method, with_outcome, usable)
-        sql = f"SELECT {COLUMNS} FROM decisions d LEFT JOIN outcomes o ON o.decision_id = d.id{where}"
-        sql += f" ORDER BY {self._ORDER}"
+        sql = f"SELECT {COLUMNS} {_FROM}{where} ORDER BY {self.store.dialect.order}"
         if last is not None:
-            if isinstance(last, bool) or not isinstance(last, int) or last < 1:
-                raise ValueError(f"`last` must be a positive integer; got {last!r}")
-            sql += f" LIMIT {last}"
-        rows = self._fetchall(sql, params)
+            sql += f" LIMIT {check_positive_int('last', last)}"
+        rows = self.store.read(sql, params)
         return [self._row(r) for r in reversed(rows)]
 
     def count(
@@ -566,23 +380,22 @@ class DecisionLog:
     ) -> int:
         """How many logged decisions match the filters (same meaning as in :meth:`decisions`)."""
         where, params = self._filters(method, with_outcome, usable)
-        sql = f"SELECT COUNT(*) FROM decisions d LEFT JOIN outcomes o ON o.decision_id = d.id{where}"
-        return int(self._fetchall(sql, params)[0][0])
+        return int(self.store.read(f"SELECT COUNT(*) {_FROM}{where}", params)[0][0])
 
     def methods(self) -> list[str]:
         """The estimator methods that appear in the log, sorted."""
-        return [r[0] for r in self._fetchall("SELECT DISTINCT method FROM decisions ORDER BY method")]
+        return [r[0] for r in self.store.read("SELECT DISTINCT method FROM decisions ORDER BY method")]
 
     def schema_version(self) -> int:
         """The schema version of the log (after opening, which migrates it: :data:`SCHEMA_VERSION`)."""
-        (row,) = self._fetchall("SELECT value FROM capgate_meta WHERE key = 'schema_version'")
+        (row,) = self.store.read(VERSION)
         return parse_version(row[0], self.location)
 
     def migrations(self) -> list[tuple[int, str, str]]:
         """The migrations applied to the log: (version, description, when applied), oldest first."""
         return [
             (int(v), str(d), str(a))
-            for v, d, a in self._fetchall(
+            for v, d, a in self.store.read(
                 "SELECT version, description, applied_at FROM capgate_migrations ORDER BY version"
             )
         ]
@@ -591,5 +404,43 @@ class DecisionLog:
         return self.count()
 
     def integrity_check(self) -> str:
-        """SQLite's ``PRAGMA integrity_check`` verdict (``"ok"`` for a sound file)."""
-        return str(self._fetchall("PRAGMA integrity_check")[0][0])
+        """``"ok"``, or what is wrong: the store's own check (SQLite's ``PRAGMA integrity_check``),
+        the schema version, outcomes without their decision."""
+        problems = [str(r[0]) for r in self.store.read(self.store.dialect.integrity) if r[0] != "ok"]
+        ((version, orphans),) = self.store.read(
+            f"SELECT ({VERSION}), (SELECT COUNT(*) FROM outcomes o LEFT JOIN decisions d"
+            " ON d.id = o.decision_id WHERE d.id IS NULL)"
+        )
+        if version != str(SCHEMA_VERSION):
+            problems.append(f"schema version {version!r}, expected {SCHEMA_VERSION}")
+        if orphans:
+            problems.append(f"{orphans} outcomes without their decision")
+        return "; ".join(problems) or "ok"
+
+
+class PostgresDecisionLog(DecisionLog):
+    """A :class:`~capgate.decision.DecisionLog` that must be in PostgreSQL: ``DecisionLog(url)``
+    with a default ``timeout_s`` of 10 s, and an error for anything but a ``postgresql://`` URL.
+
+    Raises:
+        ValueError: ``url`` is not a ``postgresql://`` (or ``postgres://``) URL.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        store_text: bool = False,
+        busy_timeout_s: float = 30.0,
+        timeout_s: float = 10.0,
+        fail_closed: bool = False,
+    ) -> None:
+        if not is_database_url(url):
+            raise ValueError(f"`url` must be a postgresql:// URL; got {url!r}")
+        super().__init__(
+            url,
+            store_text=store_text,
+            busy_timeout_s=busy_timeout_s,
+            timeout_s=timeout_s,
+            fail_closed=fail_closed,
+        )

@@ -1,0 +1,120 @@
+"""The decision log's embedded store: one SQLite file, safe for concurrent writers on one host.
+
+WAL mode, so readers never block the writer; a busy timeout, so concurrent writers (threads or
+processes) wait their turn instead of failing. Every write is one ``BEGIN IMMEDIATE`` transaction,
+so a process killed mid-write leaves either the whole row or none of it; committed rows survive
+the kill (``synchronous=NORMAL`` in WAL mode loses nothing on a process crash, only, possibly, the
+last transactions on a power cut). The file is created user-only (:mod:`._private`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from capgate._validate import check_positive_number
+from capgate.decision._private import ensure_private_file
+from capgate.decision._schema import SCHEMA_VERSION, SQLITE, VERSION, migrate
+from capgate.decision._store import Connections
+from capgate.errors import DataError, LogUnavailableError
+
+
+class SQLiteStore:
+    """A :class:`~capgate.decision._store.Store` in a SQLite file.
+
+    Args:
+        path: The database file (created, with its folder, on first use).
+        busy_timeout_s: How long a writer waits for another writer's lock before giving up.
+    """
+
+    dialect = SQLITE
+
+    def __init__(self, path: Path, *, busy_timeout_s: float = 30.0) -> None:
+        self.path = path
+        self.busy_timeout_s = busy_timeout_s
+        self._connections: Connections[sqlite3.Connection] = Connections(sqlite3.Connection.close)
+
+    @property
+    def location(self) -> str:
+        """The file's path."""
+        return str(self.path)
+
+    def _open(self) -> sqlite3.Connection:
+        timeout_s = check_positive_number("busy_timeout_s", self.busy_timeout_s)
+        ensure_private_file(self.path)  # user-only: 0600 file, 0700 new folder
+        conn = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+            _enable_wal(conn, timeout_s, self.location)
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            known = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'capgate_meta'").fetchone()
+            row = conn.execute(VERSION).fetchone() if known else None
+            if row is None or row[0] != str(SCHEMA_VERSION):  # else nothing to write: no lock
+                with _transaction(conn):
+                    migrate(conn.execute, SQLITE, self.location)
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if "locked" in str(exc) or "busy" in str(exc):  # other writers: a bounded wait ran out
+                raise LogUnavailableError(str(exc), location=self.location) from exc
+            raise DataError(f"not a usable capgate decision log: {exc}", path=self.location) from exc
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise DataError(f"not a usable capgate decision log: {exc}", path=self.location) from exc
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def write(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement in one ``BEGIN IMMEDIATE`` transaction; the rows it wrote."""
+        conn = self._connections.get(self._open)
+        try:
+            with _transaction(conn):
+                return conn.execute(sql, params).rowcount
+        except sqlite3.OperationalError as exc:
+            raise LogUnavailableError(str(exc), location=self.location) from exc
+
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """The rows of one query."""
+        conn = self._connections.get(self._open)
+        try:
+            return list(conn.execute(sql, params).fetchall())
+        except sqlite3.OperationalError as exc:
+            raise LogUnavailableError(str(exc), location=self.location) from exc
+
+    def close(self) -> None:
+        """Close this thread's connection."""
+        self._connections.drop()
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _enable_wal(conn: sqlite3.Connection, timeout_s: float, location: str) -> None:
+    # Switching to WAL needs a moment of exclusive access and SQLite does not always call the
+    # busy handler for it, so several processes opening a fresh file at once retry here.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+            continue
+        if str(mode).lower() != "wal":
+            raise DataError(f"could not switch the decision log to WAL mode (got {mode!r})", path=location)
+        return
