@@ -215,7 +215,7 @@ def test_divergence_is_reported_and_a_finite_checkpoint_kept() -> None:
         ({"lr": "fast"}, "`lr` must be"),
         ({"lr": []}, "`lr` must be"),
         ({"batch_size": 0}, "`batch_size` must be a positive integer; got 0"),
-        ({"validation_fraction": 1.0}, "`validation_fraction` must be in"),
+        ({"validation_fraction": 1.0}, r"`validation_fraction` must be a number in \(0, 1\); got 1.0"),
         ({"weight_decay": -1.0}, "`weight_decay` must be a non-negative"),
     ],
 )

@@ -211,7 +211,15 @@ def fit_logistic_link(
     return theta, n_iter, converged
 
 
-def settings_repr(name: str, params: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
-    """``Name(k=v, ...)`` with only the settings that differ from their defaults."""
-    changed = {k: v for k, v in params.items() if v != defaults.get(k)}
-    return f"{name}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+def check_non_negative(name: str, value: float) -> float:
+    """A finite number >= 0 (a penalty, a momentum), as a plain ``float``."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.number) or not 0 <= value < math.inf:
+        raise ValueError(f"`{name}` must be a non-negative number; got {value!r}")
+    return float(value)
+
+
+def brier_and_bce(p: FloatArray, y: FloatArray) -> dict[str, float]:
+    """The Brier score and the cross-entropy of predictions ``p`` against soft targets ``y``."""
+    q = np.clip(p, 1e-12, 1 - 1e-12)
+    bce = -np.mean(y * np.log(q) + (1 - y) * np.log1p(-q))
+    return {"brier": float(np.mean((p - y) ** 2)), "bce": float(bce)}

@@ -156,9 +156,9 @@ def fit_logistic(
     result is deterministic. ``init`` warm-starts from ``(w, b)``; the default start is
     ``w = 0, b = logit(mean y)`` (the constant prior).
     """
-    from capgate.estimators._probe_training import _require_torch
+    from capgate.estimators._probe_training import require_torch
 
-    torch = _require_torch()
+    torch = require_torch()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,19 +1,17 @@
 """The linear capability probe: logistic regression on hidden states, trained on soft targets µ̂.
 
-Public name: :class:`capgate.estimators.probe.LinearProbe`. Training needs torch (extra ``local``)
-and lives in :mod:`capgate.estimators._probe_training`; prediction, saving and loading are numpy +
-safetensors only.
+Public name: :class:`capgate.estimators.probe.LinearProbe`, the fitted artefact of every probe
+trainer. Training needs torch (extra ``local``) and lives in :mod:`capgate.estimators._probe_training`;
+prediction, saving and loading are numpy + safetensors only.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,26 +22,19 @@ from capgate.estimators._common import (
     FloatArray,
     as_matrix,
     as_vector,
+    brier_and_bce,
     check_fitted,
     get_field,
     read_json,
-    settings_repr,
     sigmoid,
     spec_as_dict,
     write_json,
 )
-from capgate.estimators._probe_training import TrainingSplit, train_probe
+from capgate.estimators._probe_training import LR_GRID, LearningRate, fit_sgd
 from capgate.estimators._target import ProbeTarget
+from capgate.estimators.base import Params
 
 __all__ = ["LR_GRID", "LinearProbe"]
-
-LearningRate: TypeAlias = float | Sequence[float] | Literal["sweep"]
-
-LR_GRID: tuple[float, ...] = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
-"""The learning rates ``lr="sweep"`` tries: the paper's grid (arXiv 2602.13540, for raw and z-scored
-hidden states alike). ``bench/probe_lr.py`` finds the best rate inside it for z-scored features
-too (1e-4 to 5e-4 at 1024 to 2880 dimensions, lower when the features are more correlated);
-larger rates (1e-3 to 1e-2) give a worse probe, not a better one."""
 
 FORMAT = "capgate.linear_probe"
 FORMAT_VERSION = 1
@@ -73,7 +64,7 @@ def spec_fingerprint(spec: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-class LinearProbe:
+class LinearProbe(Params):
     """A linear probe predicting capability µ(x) from a feature vector (a hidden state).
 
     The model is ``p = sigmoid(w · z + b)`` with ``z`` the z-scored features, fitted with
@@ -164,59 +155,6 @@ class LinearProbe:
         self.mean_ = None
         self.scale_ = None
 
-    def get_params(self) -> dict[str, Any]:
-        """The constructor settings, JSON-able (a sequence of rates becomes a list)."""
-        lr: Any = self.lr if isinstance(self.lr, str | float | int) else [float(v) for v in self.lr]
-        return {
-            "standardize": self.standardize,
-            "lr": lr,
-            "momentum": self.momentum,
-            "weight_decay": self.weight_decay,
-            "batch_size": self.batch_size,
-            "max_epochs": self.max_epochs,
-            "patience": self.patience,
-            "validation_fraction": self.validation_fraction,
-            "random_state": self.random_state,
-            "device": self.device,
-        }
-
-    def __repr__(self) -> str:
-        return settings_repr("LinearProbe", self.get_params(), LinearProbe().get_params())
-
-    # ------------------------------------------------------------------ fitting
-
-    def _learning_rates(self) -> tuple[float, ...]:
-        if isinstance(self.lr, str):
-            if self.lr != "sweep":
-                raise ValueError(
-                    f"`lr` must be a positive number, a sequence of them or 'sweep'; got {self.lr!r}"
-                )
-            return LR_GRID
-        rates = (self.lr,) if isinstance(self.lr, int | float) else tuple(self.lr)
-        if not rates or not all(
-            isinstance(r, int | float) and not isinstance(r, bool) and math.isfinite(r) and r > 0
-            for r in rates
-        ):
-            raise ValueError(
-                f"`lr` must be a positive number, a sequence of them or 'sweep'; got {self.lr!r}"
-            )
-        return tuple(float(r) for r in rates)
-
-    def _check_settings(self) -> None:
-        for name in ("batch_size", "max_epochs", "patience"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
-        for name in ("momentum", "weight_decay"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"`{name}` must be a non-negative number; got {value!r}")
-        vf = self.validation_fraction
-        if vf is not None and not (isinstance(vf, int | float) and 0.0 < vf < 1.0):
-            raise ValueError(f"`validation_fraction` must be in (0, 1) or None; got {vf!r}")
-        if not isinstance(self.random_state, int) or isinstance(self.random_state, bool):
-            raise ValueError(f"`random_state` must be an integer; got {self.random_state!r}")
-
     def fit(
         self,
         X: npt.ArrayLike,
@@ -250,92 +188,69 @@ class LinearProbe:
                 ``dim`` disagrees with ``X``).
             ImportError: torch is not installed.
         """
-        self._check_settings()
-        rates = self._learning_rates()
         X_all = as_matrix(X, name="X")
         y_all = as_vector(y, name="y", n=X_all.shape[0], unit=True)
         spec = None if feature_spec is None else spec_as_dict(feature_spec)
         dim = X_all.shape[1]
         if spec is not None and isinstance(spec.get("dim"), int) and spec["dim"] != dim:
             raise ValueError(f"feature_spec says dim={spec['dim']} but X has {dim} features")
-
         if (X_val is None) != (y_val is None):
             raise ValueError("give both `X_val` and `y_val`, or neither")
+        validation = None
         if X_val is not None:
-            X_tr, y_tr = X_all, y_all
             X_va = as_matrix(X_val, name="X_val")
-            y_va = as_vector(y_val, name="y_val", n=X_va.shape[0], unit=True)
+            validation = (X_va, as_vector(y_val, name="y_val", n=X_va.shape[0], unit=True))
             if X_va.shape[1] != dim:
                 raise ValueError(f"`X_val` has {X_va.shape[1]} features but `X` has {dim}")
-        elif self.validation_fraction is not None:
-            n = X_all.shape[0]
-            n_val = round(n * self.validation_fraction)
-            if n_val < 1 or n - n_val < 1:
-                raise ValueError(
-                    f"validation_fraction={self.validation_fraction} of {n} queries leaves an empty "
-                    "training or validation split; give more data, X_val/y_val, or validation_fraction=None"
-                )
-            order = np.random.default_rng(self.random_state).permutation(n)
-            val_idx, tr_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
-            X_tr, y_tr, X_va, y_va = X_all[tr_idx], y_all[tr_idx], X_all[val_idx], y_all[val_idx]
-        else:
-            X_tr, y_tr, X_va, y_va = X_all, y_all, None, None
-
-        if X_va is None and len(rates) > 1:
-            raise ValueError(
-                f"a learning-rate sweep ({len(rates)} rates) needs validation data to choose; "
-                "give X_val/y_val, set validation_fraction, or pass a single lr"
-            )
-        if self.standardize:
-            mean = X_tr.mean(axis=0)
-            scale = X_tr.std(axis=0)
-            tiny = 10 * np.finfo(np.float64).eps * np.maximum(np.abs(mean), 1.0)
-            scale[scale <= tiny] = 1.0
-        else:
-            mean = scale = None
-
-        split = TrainingSplit(X_tr, y_tr, X_va, y_va, mean, scale)
-        runs = {lr: train_probe(self, split, lr) for lr in rates}
-        best_lr = min(rates, key=lambda r: runs[r].val_loss)
-        best = runs[best_lr]
-        if best.diverged:
-            warnings.warn(
-                f"LinearProbe training diverged at lr={best_lr}; kept the last finite checkpoint "
-                f"(epoch {best.best_epoch}). Use a smaller lr.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        elif X_va is not None and best.best_epoch == self.max_epochs:
-            warnings.warn(
-                f"LinearProbe stopped at max_epochs={self.max_epochs} while the validation loss was still "
-                f"falling (lr={best_lr}); raise max_epochs or lr",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-
-        self.mean_, self.scale_ = mean, scale
-        self.coef_ = best.weight
-        self.intercept_ = best.bias
-        self.n_features_in_ = dim
-        self.lr_ = best_lr
-        self.lr_sweep_ = {lr: run.val_loss for lr, run in runs.items()} if X_va is not None else {}
-        self.best_epoch_ = best.best_epoch
-        self.n_epochs_ = best.epochs_run
-        self.feature_spec_ = spec
-        self.target_ = as_target(target)
-        self.training_: dict[str, Any] = {
-            "n": int(y_tr.shape[0]),
-            "mean_mu_hat": float(y_tr.mean()),
-            "source": source,
-        }
-        self.validation_ = {} if X_va is None or y_va is None else self._validation_metrics(X_va, y_va)
+        fitted = fit_sgd(self, X_all, y_all, validation)
+        self._set_state(
+            weight=fitted.weight,
+            bias=fitted.bias,
+            mean=fitted.mean,
+            scale=fitted.scale,
+            lr=fitted.lr,
+            lr_sweep=fitted.lr_sweep,
+            best_epoch=fitted.best_epoch,
+            n_epochs=fitted.n_epochs,
+            feature_spec=spec,
+            target=target,
+            training={
+                "n": int(fitted.y_tr.shape[0]),
+                "mean_mu_hat": float(fitted.y_tr.mean()),
+                "source": source,
+            },
+        )
+        if fitted.validation is not None:
+            X_va, y_va = fitted.validation
+            self.validation_ = {"n": int(y_va.shape[0]), **brier_and_bce(self.predict(X_va), y_va)}
         return self
 
-    def _validation_metrics(self, X_va: FloatArray, y_va: FloatArray) -> dict[str, float | int]:
-        p = self.predict(X_va)
-        q = np.clip(p, 1e-12, 1 - 1e-12)
-        bce = -np.mean(y_va * np.log(q) + (1 - y_va) * np.log1p(-q))
-        return {"n": int(y_va.shape[0]), "bce": float(bce), "brier": float(np.mean((p - y_va) ** 2))}
+    def _set_state(
+        self,
+        *,
+        weight: npt.NDArray[np.float32],
+        bias: float,
+        mean: FloatArray | None,
+        scale: FloatArray | None,
+        lr: float,
+        lr_sweep: Mapping[float, float],
+        best_epoch: int,
+        n_epochs: int,
+        feature_spec: dict[str, Any] | None,
+        target: object,
+        training: dict[str, Any],
+        validation: dict[str, Any] | None = None,
+    ) -> None:
+        """Set the learned state (every trainer's, and a loaded probe's, through this one place)."""
+        self.coef_, self.intercept_ = weight, float(bias)
+        self.mean_, self.scale_ = mean, scale
+        self.n_features_in_ = int(weight.shape[0])
+        self.lr_, self.lr_sweep_ = float(lr), dict(lr_sweep)
+        self.best_epoch_, self.n_epochs_ = best_epoch, n_epochs
+        self.feature_spec_ = feature_spec
+        self.target_ = as_target(target)
+        self.training_ = training
+        self.validation_ = validation or {}
 
     # --------------------------------------------------------------- prediction
 
@@ -382,7 +297,7 @@ class LinearProbe:
             "weights_fingerprint": spec_fingerprint(spec),
             "dim": self.n_features_in_,
             "feature_spec": spec,
-            "settings": self.get_params(),
+            "settings": self.get_params(deep=False),
             "lr": self.lr_,
             "lr_sweep": [[lr, loss] for lr, loss in self.lr_sweep_.items()],
             "best_epoch": self.best_epoch_,
@@ -461,46 +376,42 @@ class LinearProbe:
         except TypeError as exc:
             raise DataError(f"unknown settings: {exc}", path=meta_path, field="settings") from None
 
-        weight = tensors.get("weight")
-        bias = tensors.get("bias")
+        weight, bias = tensors.get("weight"), tensors.get("bias")
         if weight is None or weight.shape != (dim,) or bias is None or bias.shape != (1,):
             raise DataError(f"expected tensors weight ({dim},) and bias (1,)", path=weights_path)
-        probe.coef_ = weight.astype(np.float32, copy=False)
-        probe.intercept_ = float(bias[0])
-        if ("mean" in tensors) != bool(settings.get("standardize")) or ("scale" in tensors) != (
-            "mean" in tensors
-        ):
+        mean, scale = tensors.get("mean"), tensors.get("scale")
+        if (mean is not None) != bool(settings.get("standardize")) or (scale is None) != (mean is None):
             raise DataError("z-score tensors do not match the 'standardize' setting", path=weights_path)
-        if "mean" in tensors:
-            if tensors["mean"].shape != (dim,) or tensors["scale"].shape != (dim,):
-                raise DataError(f"expected mean and scale of shape ({dim},)", path=weights_path)
-            probe.mean_ = tensors["mean"].astype(np.float64, copy=False)
-            probe.scale_ = tensors["scale"].astype(np.float64, copy=False)
-        probe.n_features_in_ = dim
-        probe.lr_ = float(get_field(meta, "lr", (int, float), meta_path))
+        if mean is not None and (mean.shape != (dim,) or scale.shape != (dim,)):
+            raise DataError(f"expected mean and scale of shape ({dim},)", path=weights_path)
         sweep = get_field(meta, "lr_sweep", list, meta_path)
         try:
-            probe.lr_sweep_ = {float(lr): float(loss) for lr, loss in sweep}
+            lr_sweep = {float(lr): float(loss) for lr, loss in sweep}
         except (TypeError, ValueError, OverflowError):
             msg = f"expected a list of [learning rate, validation loss] pairs; got {sweep!r:.200}"
             raise DataError(msg, path=meta_path, field="lr_sweep") from None
-        probe.best_epoch_ = get_field(meta, "best_epoch", int, meta_path)
-        probe.n_epochs_ = get_field(meta, "n_epochs", int, meta_path)
         spec = meta.get("feature_spec")
         if spec is not None and not isinstance(spec, dict):
             raise DataError(f"expected an object or null; got {spec!r}", path=meta_path, field="feature_spec")
-        probe.feature_spec_ = spec
         try:
-            probe.target_ = as_target(meta.get("target"))
+            target = as_target(meta.get("target"))
         except (TypeError, ValueError) as exc:
             raise DataError(f"not a probe target: {exc}", path=meta_path, field="target") from None
-        probe.training_ = dict(get_field(meta, "training", dict, meta_path))
-        probe.validation_ = dict(get_field(meta, "validation", dict, meta_path))
+        probe._set_state(
+            weight=weight.astype(np.float32, copy=False),
+            bias=float(bias[0]),
+            mean=None if mean is None else mean.astype(np.float64, copy=False),
+            scale=None if scale is None else scale.astype(np.float64, copy=False),
+            lr=float(get_field(meta, "lr", (int, float), meta_path)),
+            lr_sweep=lr_sweep,
+            best_epoch=get_field(meta, "best_epoch", int, meta_path),
+            n_epochs=get_field(meta, "n_epochs", int, meta_path),
+            feature_spec=spec,
+            target=target,
+            training=dict(get_field(meta, "training", dict, meta_path)),
+            validation=dict(get_field(meta, "validation", dict, meta_path)),
+        )
         return probe
-
-
-def _target_json(target: ProbeTarget | None) -> dict[str, Any] | None:
-    return None if target is None else target.model_dump(mode="json")
 
 
 def as_target(value: object) -> ProbeTarget | None:

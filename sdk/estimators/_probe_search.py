@@ -16,29 +16,23 @@ from typing import Any, Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from capgate._validate import check_int_at_least, check_positive_int, check_positive_number
 from capgate.estimators._common import (
     FloatArray,
     as_vector,
+    brier_and_bce,
     check_fitted,
     get_field,
     read_json,
-    settings_repr,
     sigmoid,
     spec_as_dict,
     write_json,
 )
-from capgate.estimators._convex import (
-    fit_link,
-    fit_logistic,
-    kfold,
-    layer_candidates,
-    pool_layers,
-    ridge_loo,
-    ridge_path,
-    zscore,
-)
-from capgate.estimators._linear_probe import LinearProbe, as_target
+from capgate.estimators._convex import fit_link, kfold, layer_candidates, pool_layers, ridge_loo, zscore
+from capgate.estimators._linear_probe import LinearProbe
+from capgate.estimators._probe_training import fit_weights
 from capgate.estimators._target import ProbeTarget
+from capgate.estimators.base import Params
 
 __all__ = ["DEFAULT_ALPHAS", "ProbeSearch", "Solver"]
 
@@ -76,13 +70,7 @@ def _as_features(X: object, *, name: str = "X") -> np.ndarray:
     return array
 
 
-def _scores(p: FloatArray, y: FloatArray) -> dict[str, float]:
-    q = np.clip(p, 1e-12, 1 - 1e-12)
-    bce = -np.mean(y * np.log(q) + (1 - y) * np.log1p(-q))
-    return {"brier": float(np.mean((p - y) ** 2)), "bce": float(bce)}
-
-
-class ProbeSearch:
+class ProbeSearch(Params):
     """Fit a linear capability probe, choosing its recipe by K-fold CV inside the training data.
 
     Every candidate recipe is scored on out-of-fold predictions of ``n_splits`` inner folds of
@@ -161,54 +149,26 @@ class ProbeSearch:
         self.random_state = random_state
         self.best_estimator_ = None
 
-    def get_params(self) -> dict[str, Any]:
-        """The constructor settings, JSON-able (sequences become lists)."""
-        layers: Any = self.layers if isinstance(self.layers, str) else [list(s) for s in self.layers]
-        return {
-            "solvers": list(self.solvers),
-            "alphas": [float(a) for a in self.alphas],
-            "layers": layers,
-            "standardize": [bool(s) for s in self.standardize],
-            "n_splits": self.n_splits,
-            "screen": self.screen,
-            "ensemble": self.ensemble,
-            "scoring": self.scoring,
-            "random_state": self.random_state,
-        }
-
-    def __repr__(self) -> str:
-        return settings_repr("ProbeSearch", self.get_params(), ProbeSearch().get_params())
-
     # ------------------------------------------------------------------ checks
 
     def _check_settings(self) -> None:
         if isinstance(self.solvers, str) or not self.solvers or any(s not in _SOLVERS for s in self.solvers):
             raise ValueError(f"`solvers` must be a non-empty list of {list(_SOLVERS)}; got {self.solvers!r}")
-        if (
-            isinstance(self.alphas, str)
-            or not self.alphas
-            or not all(
-                isinstance(a, int | float) and not isinstance(a, bool) and math.isfinite(a) and a > 0
-                for a in self.alphas
-            )
-        ):
-            raise ValueError(f"`alphas` must be a non-empty list of positive numbers; got {self.alphas!r}")
+        try:
+            if isinstance(self.alphas, str) or not self.alphas:
+                raise ValueError
+            for alpha in self.alphas:
+                check_positive_number("alphas", alpha)
+        except (TypeError, ValueError):
+            msg = f"`alphas` must be a non-empty list of positive numbers; got {self.alphas!r}"
+            raise ValueError(msg) from None
         if isinstance(self.standardize, bool | str) or not self.standardize:
             raise ValueError(f"`standardize` must be a non-empty list of booleans; got {self.standardize!r}")
-        for name in ("n_splits", "screen"):
-            value = getattr(self, name)
-            if (
-                not isinstance(value, int)
-                or isinstance(value, bool)
-                or value < (2 if name == "n_splits" else 1)
-            ):
-                raise ValueError(
-                    f"`{name}` must be an integer >= {2 if name == 'n_splits' else 1}; got {value!r}"
-                )
+        check_int_at_least("n_splits", self.n_splits, 2)
+        check_positive_int("screen", self.screen)
         if self.scoring not in ("brier", "bce"):
             raise ValueError(f"`scoring` must be 'brier' or 'bce'; got {self.scoring!r}")
-        if not isinstance(self.random_state, int) or isinstance(self.random_state, bool):
-            raise ValueError(f"`random_state` must be an integer; got {self.random_state!r}")
+        check_int_at_least("random_state", self.random_state, 0)
 
     def _candidates(self, n_layers: int | None) -> list[tuple[int, ...] | None]:
         if n_layers is None:
@@ -304,9 +264,8 @@ class ProbeSearch:
         self.n_features_in_ = int(features.shape[-1])
         self.layers_ = None if config[0] is None or hidden is None else [hidden[i] for i in config[0]]
         self.best_estimator_ = self._final_probe(
-            features, mu, folds, config, links[config], spec, source, chosen
+            features, mu, folds, config, links[config], spec, source, target, chosen
         )
-        self.best_estimator_.target_ = as_target(target)
         return self
 
     def _hidden_indices(self, spec: dict[str, Any] | None, features: np.ndarray) -> list[int] | None:
@@ -326,28 +285,10 @@ class ProbeSearch:
             )
         return [int(i) for i in layers]
 
-    def _fold_scores(
-        self, z_tr: FloatArray, y_tr: FloatArray, z_te: FloatArray, solver: str, std: bool
-    ) -> list[tuple[FloatArray, FloatArray, FloatArray]]:
-        """Per alpha (one entry for sgd): ``(w, b, test scores)`` in the (standardized) space."""
-        if solver == "ridge":
-            w_all, b = ridge_path(z_tr, y_tr, self.alphas)
-            return [(w_all[i], np.array(b[i]), z_te @ w_all[i] + b[i]) for i in range(len(self.alphas))]
-        if solver == "logistic":
-            out: list[tuple[FloatArray, FloatArray, FloatArray]] = [
-                (np.empty(0), np.empty(0), np.empty(0))
-            ] * len(self.alphas)
-            init: tuple[FloatArray, float] | None = None
-            for i in sorted(range(len(self.alphas)), key=lambda j: -self.alphas[j]):  # strong to weak
-                w, c = fit_logistic(z_tr, y_tr, float(self.alphas[i]), init=init)
-                init = (w, c)
-                out[i] = (w, np.array(c), z_te @ w + c)
-            return out
-        probe = LinearProbe(standardize=False, random_state=self.random_state).fit(z_tr, y_tr)
-        assert probe.coef_ is not None
-        assert probe.intercept_ is not None
-        w = probe.coef_.astype(np.float64)
-        return [(w, np.array(probe.intercept_), z_te @ w + probe.intercept_)]
+    def _fit(self, z_tr: FloatArray, y_tr: FloatArray, solver: str) -> list[tuple[FloatArray, float]]:
+        """``(w, b)`` per alpha (one pair for sgd) fitted by the probe trainer (LinearProbe's for sgd)."""
+        sgd = LinearProbe(standardize=False, random_state=self.random_state)
+        return fit_weights(solver, z_tr, y_tr, [float(a) for a in self.alphas], sgd)
 
     def _split(
         self, X: FloatArray, train: np.ndarray, test: np.ndarray, std: bool
@@ -378,7 +319,7 @@ class ProbeSearch:
                     "solver": "ridge",
                     "alpha": float(alpha),
                     "standardize": std,
-                    **_scores(sigmoid(a * loo + c), mu),
+                    **brier_and_bce(sigmoid(a * loo + c), mu),
                     "stage": 1,
                 }
             )
@@ -400,8 +341,8 @@ class ProbeSearch:
         oof = np.zeros((len(alphas), len(mu)))
         for train, test in folds:
             z_tr, z_te, _, _ = self._split(pooled, train, test, std)
-            for i, (_, _, score) in enumerate(self._fold_scores(z_tr, mu[train], z_te, solver, std)):
-                oof[i, test] = score
+            for i, (w, b) in enumerate(self._fit(z_tr, mu[train], solver)):
+                oof[i, test] = z_te @ w + b
         for i, alpha in enumerate(alphas):
             a, c = fit_link(oof[i], mu)
             config: Config = (layers, solver, alpha, std)
@@ -412,7 +353,7 @@ class ProbeSearch:
                     "solver": solver,
                     "alpha": alpha,
                     "standardize": std,
-                    **_scores(sigmoid(a * oof[i] + c), mu),
+                    **brier_and_bce(sigmoid(a * oof[i] + c), mu),
                     "stage": stage,
                 }
             )
@@ -426,6 +367,7 @@ class ProbeSearch:
         link: tuple[float, float],
         spec: dict[str, Any] | None,
         source: str | None,
+        target: object,
         chosen: Mapping[str, Any],
     ) -> LinearProbe:
         layers, solver, alpha, std = config
@@ -439,7 +381,7 @@ class ProbeSearch:
         raw_w, raw_b = np.zeros(pooled.shape[1]), 0.0
         for train, _ in parts:
             z_tr, _, m, s = self._split(pooled, train, train[:1], std)
-            w, b, _ = self._fold_scores(z_tr, mu[train], z_tr[:1], solver, std)[alpha_index]
+            w, b = self._fit(z_tr, mu[train], solver)[alpha_index]
             w, b0 = a * w, a * float(b) + c
             if m is not None and s is not None:
                 raw_w += w / s
@@ -451,36 +393,33 @@ class ProbeSearch:
         raw_b /= len(parts)
         probe = LinearProbe(standardize=std, random_state=self.random_state)
         if mean is not None and scale is not None:
-            probe.mean_, probe.scale_ = mean, scale
-            probe.coef_ = (raw_w * scale).astype(np.float32)
-            probe.intercept_ = float(raw_b + np.sum(raw_w * mean))
-        else:
-            probe.coef_ = raw_w.astype(np.float32)
-            probe.intercept_ = float(raw_b)
-        probe.n_features_in_ = int(pooled.shape[1])
-        probe.lr_ = _CONVEX_LR
-        probe.lr_sweep_ = {}
-        probe.best_epoch_ = 0
-        probe.n_epochs_ = 0
-        probe.feature_spec_ = self._chosen_spec(spec)
-        probe.training_ = {
-            "n": len(mu),
-            "mean_mu_hat": float(mu.mean()),
-            "source": source,
-            "trainer": {
-                "name": "ProbeSearch",
-                **{k: chosen[k] for k in ("layers", "solver", "alpha", "standardize")},
-                "hidden_states": self.layers_,
-                "link": [a, c],
-                "ensemble": self.ensemble,
-                "inner_cv": {
-                    "n_splits": self.n_splits,
-                    "scoring": self.scoring,
-                    "random_state": self.random_state,
+            raw_w, raw_b = raw_w * scale, raw_b + float(np.sum(raw_w * mean))
+        probe._set_state(
+            weight=raw_w.astype(np.float32),
+            bias=float(raw_b),
+            mean=mean,
+            scale=scale,
+            lr=_CONVEX_LR,
+            lr_sweep={},
+            best_epoch=0,
+            n_epochs=0,
+            feature_spec=self._chosen_spec(spec),
+            target=target,
+            training={
+                "n": len(mu),
+                "mean_mu_hat": float(mu.mean()),
+                "source": source,
+                "trainer": {
+                    "name": "ProbeSearch",
+                    **{k: chosen[k] for k in ("layers", "solver", "alpha", "standardize")},
+                    "hidden_states": self.layers_,
+                    "link": [a, c],
+                    "ensemble": self.ensemble,
+                    "inner_cv": {k: getattr(self, k) for k in ("n_splits", "scoring", "random_state")},
                 },
             },
-        }
-        probe.validation_ = {"n": len(mu), "brier": float(chosen["brier"]), "bce": float(chosen["bce"])}
+            validation={"n": len(mu), "brier": float(chosen["brier"]), "bce": float(chosen["bce"])},
+        )
         return probe
 
     def _chosen_spec(self, spec: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -527,7 +466,7 @@ class ProbeSearch:
             folder / SEARCH_FILE,
             {
                 "format": SEARCH_FORMAT,
-                "settings": self.get_params(),
+                "settings": self.get_params(deep=False),
                 "best_params": self.best_params_,
                 "best_score": self.best_score_,
                 "cv_results": self.cv_results_,

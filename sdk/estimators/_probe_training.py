@@ -1,43 +1,64 @@
-"""Training a :class:`~capgate.estimators.probe.LinearProbe`: minibatch SGD with early stopping.
+"""The one linear-probe trainer: every probe's weights are fitted here.
 
-The probe keeps its settings and its learned state; this module holds the torch training loop
-(the only part that needs torch, extra ``local``). One call trains one learning rate.
+:class:`~capgate.estimators.probe.LinearProbe` keeps its settings and the fitted artefact; its
+``fit`` is :func:`fit_sgd` (the paper's recipe: minibatch SGD with early stopping, over a sweep of
+learning rates). :class:`~capgate.estimators.ProbeSearch` searches solvers and strengths over
+:func:`fit_weights`, whose ``"sgd"`` solver is the same :func:`fit_sgd`. Torch (extra ``local``)
+is needed for SGD and logistic regression only.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
-from capgate.estimators._common import FloatArray
+from capgate._validate import (
+    check_int_at_least,
+    check_positive_int,
+    check_positive_number,
+    check_unit_interval,
+)
+from capgate.estimators._common import FloatArray, check_non_negative
+from capgate.estimators._convex import fit_logistic, ridge_path, zscore
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ProbeSettings", "TrainingRun", "TrainingSplit", "train_probe"]
+__all__ = ["LR_GRID", "LearningRate", "ProbeSettings", "SgdFit", "fit_sgd", "fit_weights"]
+
+LearningRate: TypeAlias = float | Sequence[float] | Literal["sweep"]
+
+LR_GRID: tuple[float, ...] = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
+"""The learning rates ``lr="sweep"`` tries: the paper's grid (arXiv 2602.13540, for raw and z-scored
+hidden states alike). ``bench/probe_lr.py`` finds the best rate inside it for z-scored features
+too (1e-4 to 5e-4 at 1024 to 2880 dimensions, lower when the features are more correlated);
+larger rates (1e-3 to 1e-2) give a worse probe, not a better one."""
 
 _PRIOR_EPS = 1e-6
 
 
 class ProbeSettings(Protocol):
-    """The training settings a probe carries (see :class:`~capgate.estimators.probe.LinearProbe`)."""
+    """The SGD settings of a probe (see :class:`~capgate.estimators.probe.LinearProbe`)."""
 
+    standardize: bool
+    lr: LearningRate
     momentum: float
     weight_decay: float
     batch_size: int
     max_epochs: int
     patience: int
+    validation_fraction: float | None
     random_state: int
     device: str
 
 
-class TrainingSplit(NamedTuple):
-    """The data of one fit: training rows, optional validation rows, and the z-score statistics."""
-
+class _Split(NamedTuple):
     X_tr: FloatArray
     y_tr: FloatArray
     X_va: FloatArray | None
@@ -47,7 +68,7 @@ class TrainingSplit(NamedTuple):
 
 
 @dataclass(frozen=True)
-class TrainingRun:
+class _Run:
     """The best checkpoint of one training run (one learning rate)."""
 
     weight: npt.NDArray[np.float32]
@@ -58,7 +79,148 @@ class TrainingRun:
     diverged: bool
 
 
-def _require_torch() -> Any:
+@dataclass(frozen=True)
+class SgdFit:
+    """What :func:`fit_sgd` learned: the kept checkpoint, its z-scoring and how it was chosen."""
+
+    weight: npt.NDArray[np.float32]
+    bias: float
+    mean: FloatArray | None
+    scale: FloatArray | None
+    lr: float
+    lr_sweep: dict[float, float]
+    best_epoch: int
+    n_epochs: int
+    y_tr: FloatArray
+    validation: tuple[FloatArray, FloatArray] | None
+
+
+def learning_rates(lr: LearningRate) -> tuple[float, ...]:
+    """The rates to train at: :data:`LR_GRID` for ``"sweep"``, else the checked rate(s)."""
+    if isinstance(lr, str) and lr == "sweep":
+        return LR_GRID
+    try:
+        rates = (lr,) if isinstance(lr, int | float) else tuple(lr)
+        if isinstance(lr, str) or not rates:
+            raise ValueError
+        return tuple(check_positive_number("lr", r) for r in rates)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"`lr` must be a positive number, a sequence of them or 'sweep'; got {lr!r}"
+        ) from None
+
+
+def check_settings(settings: ProbeSettings) -> tuple[float, ...]:
+    """Check the SGD settings (as ``fit`` does, not the constructor); the learning rates to try."""
+    for name in ("batch_size", "max_epochs", "patience"):
+        check_positive_int(name, getattr(settings, name))
+    for name in ("momentum", "weight_decay"):
+        check_non_negative(name, getattr(settings, name))
+    if settings.validation_fraction is not None:
+        check_unit_interval("validation_fraction", settings.validation_fraction, open_ends=True)
+    check_int_at_least("random_state", settings.random_state, 0)
+    return learning_rates(settings.lr)
+
+
+def _split(
+    settings: ProbeSettings,
+    X: FloatArray,
+    y: FloatArray,
+    validation: tuple[FloatArray, FloatArray] | None,
+) -> _Split:
+    if validation is not None:
+        (X_tr, y_tr), (X_va, y_va) = (X, y), validation
+    elif settings.validation_fraction is not None:
+        n = X.shape[0]
+        n_val = round(n * settings.validation_fraction)
+        if n_val < 1 or n - n_val < 1:
+            raise ValueError(
+                f"validation_fraction={settings.validation_fraction} of {n} queries leaves an empty "
+                "training or validation split; give more data, X_val/y_val, or validation_fraction=None"
+            )
+        order = np.random.default_rng(settings.random_state).permutation(n)
+        val_idx, tr_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
+        X_tr, y_tr, X_va, y_va = X[tr_idx], y[tr_idx], X[val_idx], y[val_idx]
+    else:
+        return _Split(X, y, None, None, *(zscore(X) if settings.standardize else (None, None)))
+    mean, scale = zscore(X_tr) if settings.standardize else (None, None)
+    return _Split(X_tr, y_tr, X_va, y_va, mean, scale)
+
+
+def fit_sgd(
+    settings: ProbeSettings,
+    X: FloatArray,
+    y: FloatArray,
+    validation: tuple[FloatArray, FloatArray] | None = None,
+) -> SgdFit:
+    """Train at each learning rate of ``settings``; keep the run with the lowest validation loss.
+
+    The validation rows are ``validation`` when given, else ``validation_fraction`` of ``X``
+    (seeded by ``random_state``), else none (``max_epochs`` are trained and the last kept).
+    """
+    rates = check_settings(settings)
+    split = _split(settings, X, y, validation)
+    if split.X_va is None and len(rates) > 1:
+        raise ValueError(
+            f"a learning-rate sweep ({len(rates)} rates) needs validation data to choose; "
+            "give X_val/y_val, set validation_fraction, or pass a single lr"
+        )
+    runs = {lr: _train(settings, split, lr) for lr in rates}
+    best_lr = min(rates, key=lambda r: runs[r].val_loss)
+    best = runs[best_lr]
+    if best.diverged:
+        warnings.warn(
+            f"LinearProbe training diverged at lr={best_lr}; kept the last finite checkpoint "
+            f"(epoch {best.best_epoch}). Use a smaller lr.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    elif split.X_va is not None and best.best_epoch == settings.max_epochs:
+        warnings.warn(
+            f"LinearProbe stopped at max_epochs={settings.max_epochs} while the validation loss was still "
+            f"falling (lr={best_lr}); raise max_epochs or lr",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    validation = None if split.X_va is None or split.y_va is None else (split.X_va, split.y_va)
+    return SgdFit(
+        weight=best.weight,
+        bias=best.bias,
+        mean=split.mean,
+        scale=split.scale,
+        lr=best_lr,
+        lr_sweep={lr: run.val_loss for lr, run in runs.items()} if validation is not None else {},
+        best_epoch=best.best_epoch,
+        n_epochs=best.epochs_run,
+        y_tr=split.y_tr,
+        validation=validation,
+    )
+
+
+def fit_weights(
+    solver: str, z: FloatArray, y: FloatArray, alphas: Sequence[float], sgd: ProbeSettings
+) -> list[tuple[FloatArray, float]]:
+    """``(w, b)`` fitted on features ``z`` as given, per alpha (one pair for ``"sgd"``, by ``sgd``).
+
+    ``"ridge"``: ridge regression of µ̂ for every alpha from one decomposition; ``"logistic"``: L2
+    logistic regression on the soft targets, strong to weak alpha, each warm-started from the last.
+    """
+    if solver == "ridge":
+        w_all, b = ridge_path(z, y, alphas)
+        return [(w_all[i], float(b[i])) for i in range(len(alphas))]
+    if solver == "logistic":
+        out: list[tuple[FloatArray, float]] = [(np.empty(0), 0.0)] * len(alphas)
+        init: tuple[FloatArray, float] | None = None
+        for i in sorted(range(len(alphas)), key=lambda j: -alphas[j]):
+            init = fit_logistic(z, y, float(alphas[i]), init=init)
+            out[i] = init
+        return out
+    fitted = fit_sgd(sgd, z, y)
+    return [(fitted.weight.astype(np.float64), fitted.bias)]
+
+
+def require_torch() -> Any:
+    """The torch module, or an ImportError saying which extra to install."""
     try:
         import torch
     except ImportError:
@@ -68,9 +230,9 @@ def _require_torch() -> Any:
     return torch
 
 
-def train_probe(settings: ProbeSettings, split: TrainingSplit, lr: float) -> TrainingRun:
+def _train(settings: ProbeSettings, split: _Split, lr: float) -> _Run:
     """Train one probe at learning rate ``lr``; the checkpoint with the lowest validation loss."""
-    torch = _require_torch()
+    torch = require_torch()
     device = torch.device(settings.device)
     if device.type != "cpu":
         return _train_loop(torch, device, settings, split, lr)
@@ -84,9 +246,7 @@ def train_probe(settings: ProbeSettings, split: TrainingSplit, lr: float) -> Tra
         torch.set_num_threads(threads)
 
 
-def _train_loop(
-    torch: Any, device: torch.device, settings: ProbeSettings, split: TrainingSplit, lr: float
-) -> TrainingRun:
+def _train_loop(torch: Any, device: torch.device, settings: ProbeSettings, split: _Split, lr: float) -> _Run:
     functional = torch.nn.functional
     X_tr, y_tr, X_va, y_va, mean, scale = split
 
@@ -151,4 +311,4 @@ def _train_loop(
             best_w, best_b = snapshot()
         elif epoch - best_epoch >= settings.patience:
             break
-    return TrainingRun(best_w, best_b, best_loss, best_epoch, epochs_run, diverged)
+    return _Run(best_w, best_b, best_loss, best_epoch, epochs_run, diverged)

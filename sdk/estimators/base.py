@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Any
 
 from capgate._types import Estimate
 from capgate.backend import ChatMessage, Prompt, as_messages
 
-__all__ = ["CapabilityEstimator", "query_text"]
+__all__ = ["CapabilityEstimator", "Params", "query_text"]
 
 
 def query_text(query: Prompt) -> str:
@@ -21,7 +23,82 @@ def query_text(query: Prompt) -> str:
     return messages[-1]["content"] if messages else ""
 
 
-class CapabilityEstimator(ABC):
+class Params:
+    """``get_params``, ``set_params`` and ``repr`` derived from the constructor (scikit-learn's way).
+
+    A setting is a constructor argument stored under its own name, so that
+    ``type(e)(**e.get_params(deep=False))`` builds an unfitted copy of ``e``; the repr shows the
+    arguments that differ from their defaults.
+
+    Example:
+        >>> from capgate.estimators import LinearProbe
+        >>> probe = LinearProbe(lr=0.1)
+        >>> probe, probe.get_params()["lr"]
+        (LinearProbe(lr=0.1), 0.1)
+    """
+
+    @classmethod
+    def _param_defaults(cls) -> dict[str, Any]:
+        """Each constructor argument and its default (``inspect.Parameter.empty`` when required)."""
+        if cls.__init__ is object.__init__:
+            return {}
+        parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+            raise TypeError(f"{cls.__name__}.__init__ must name its settings; *args/**kwargs are not allowed")
+        return {p.name: p.default for p in parameters}
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor settings; with ``deep``, also ``part__setting`` of nested estimators."""
+        params: dict[str, Any] = {}
+        for name in self._param_defaults():
+            value = getattr(self, name)
+            params[name] = value
+            if deep and isinstance(value, Params):
+                params.update((f"{name}__{k}", v) for k, v in value.get_params().items())
+        return params
+
+    def set_params(self, **params: Any) -> Any:
+        """Change settings (``part__setting`` reaches a nested estimator); checked as the
+        constructor checks them. Returns ``self``."""
+        own: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {}
+        valid = self._param_defaults()
+        for key, value in params.items():
+            name, _, sub = key.partition("__")
+            if name not in valid:
+                raise ValueError(
+                    f"`{name}` is not a setting of {type(self).__name__}; it has {sorted(valid)}"
+                )
+            if sub:
+                nested.setdefault(name, {})[sub] = value
+            else:
+                own[name] = value
+        checked = type(self)(**{**self.get_params(deep=False), **own})
+        for name in own:
+            setattr(self, name, getattr(checked, name))
+        for name, sub_params in nested.items():
+            getattr(self, name).set_params(**sub_params)
+        return self
+
+    def __repr__(self) -> str:
+        shown = []
+        for name, default in self._param_defaults().items():
+            value = getattr(self, name)
+            if default is inspect.Parameter.empty or _differs(value, default):
+                shown.append(f"{name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+def _differs(value: Any, default: Any) -> bool:
+    if value is default:
+        return False
+    try:
+        return not bool(value == default)
+    except (TypeError, ValueError):  # an array compared element-wise
+        return True
+
+
+class CapabilityEstimator(Params, ABC):
     """Predicts the capability µ(x) for queries.
 
     Subclasses implement :meth:`estimate` (batched). :meth:`aestimate` runs it in a worker
