@@ -47,7 +47,6 @@ from capgate.policies._bands import (
     ResampleBand,
     RouteBand,
 )
-from capgate.policies._base import expand_shorthand
 from capgate.policies._policy import Match, Override, Policy, Rule
 from capgate.policies._yaml import PolicyError
 
@@ -75,7 +74,6 @@ __all__ = [
     "Rule",
     "StopSettings",
     "choose_route",
-    "expand_shorthand",
     "load_policy",
     "policy_json_schema",
     "preset_path",

@@ -25,12 +25,12 @@ from capgate.policies import (
     ResampleAction,
     ResampleBand,
     StopSettings,
-    expand_shorthand,
     load_policy,
     policy_json_schema,
     preset_path,
 )
 from capgate.policies import _templates as tpl
+from capgate.policies._base import expand_shorthand
 
 
 def est(p: float | None, **kw: object) -> Estimate:

