@@ -51,16 +51,8 @@ from capgate.errors import DataError
 from capgate.grading import Grader, GraderLike, as_grader, grader_for
 from capgate.labels import iter_labelled
 
-__all__ = [
-    "HarvestReport",
-    "HarvestRun",
-    "Target",
-    "aharvest",
-    "harvest",
-    "meta_path",
-    "prompt_with_confidence_tag",
-    "target_of",
-]
+__all__ = ["HarvestReport", "HarvestRun", "HarvestTarget", "aharvest", "harvest", "meta_path",
+           "prompt_with_confidence_tag"]  # fmt: skip
 
 FORMAT_VERSION = 1
 _CHECKED_SETTINGS = (
@@ -134,18 +126,18 @@ def _callable_name(obj: object) -> str:
     return f"{module}.{name}" if module else str(name)
 
 
-class Target(NamedTuple):
-    """Whose labels a harvest makes: the model, and how it is reached (recorded in the settings)."""
+class HarvestTarget(NamedTuple):
+    """Whose labels a harvest makes: the model, and how it is reached (recorded in the settings,
+    read back by :meth:`capgate.estimators.ProbeTarget.from_harvest`)."""
 
     model_id: str
     endpoint: str  # a capgate.backend.EndpointKind
     base_url: str | None
 
-
-def target_of(backend: object) -> Target:
-    """The :class:`Target` a backend samples: its ``model_id`` and its
-    :func:`~capgate.backend.backend_endpoint`."""
-    return Target(str(getattr(backend, "model_id", "")), *backend_endpoint(backend))
+    @classmethod
+    def of(cls, backend: object) -> HarvestTarget:
+        """A backend's ``model_id`` and :func:`~capgate.backend.backend_endpoint`."""
+        return cls(str(getattr(backend, "model_id", "")), *backend_endpoint(backend))
 
 
 class HarvestRun:
@@ -163,7 +155,7 @@ class HarvestRun:
         >>> items = [DatasetItem(id="q1", question="2+2?", references=["4"], kind="numeric")]
         >>> out = pathlib.Path(tempfile.mkdtemp()) / "labels.jsonl"
         >>> with HarvestRun(items, out, k=2, progress=False) as run:
-        ...     for batch in run.open(Target("echo", "other", None)):
+        ...     for batch in run.open(HarvestTarget("echo", "other", None)):
         ...         prompts, params = run.request(batch)
         ...         run.write(batch, prompts, [[Generation(text="\\\\boxed{4}", n_tokens=1)] * params.n])
         ...     run.close().n_correct
@@ -296,7 +288,7 @@ class HarvestRun:
             done.add(record.id)
         return done
 
-    def open(self, target: Target) -> list[list[DatasetItem]]:
+    def open(self, target: HarvestTarget) -> list[list[DatasetItem]]:
         """Lock and scan the output, write or check the settings; return the batches that remain.
 
         The settings record the target (its model and how it is reached: endpoint kind, base
@@ -385,7 +377,7 @@ class HarvestRun:
             elapsed = max(time.perf_counter() - self.started, 1e-9)
             self._progress.update(self._task, advance=len(batch), rate=f"{self.n_samples / elapsed:.1f}")
 
-    def requests(self, target: Target) -> Plan[HarvestReport]:
+    def requests(self, target: HarvestTarget) -> Plan[HarvestReport]:
         """The run as its model requests: yields each remaining batch's ``(prompts, params)``,
         writes the answer sent back, and returns the report."""
         with self:
@@ -484,12 +476,12 @@ def harvest(backend: Backend, *args: Any, **kwargs: Any) -> HarvestReport:
         ValueError: A ``custom`` item and no grader, or a bad ``k`` / ``batch_size``.
         RuntimeError: The backend returned the wrong number of responses.
     """
-    requests = HarvestRun(*args, **kwargs).requests(target_of(backend))
+    requests = HarvestRun(*args, **kwargs).requests(HarvestTarget.of(backend))
     return drive(requests, lambda request: backend.generate(*request))
 
 
 @twin_of(HarvestRun)
 async def aharvest(backend: AsyncBackend, *args: Any, **kwargs: Any) -> HarvestReport:
     """Async twin of :func:`harvest` for an :class:`~capgate.AsyncBackend` (same arguments and log)."""
-    requests = HarvestRun(*args, **kwargs).requests(target_of(backend))
+    requests = HarvestRun(*args, **kwargs).requests(HarvestTarget.of(backend))
     return await adrive(requests, lambda request: backend.agenerate(*request))

@@ -31,7 +31,7 @@ from typing import Any
 from capgate._validate import check_positive_int
 from capgate.backend import Backend, Generation, Prompt, SamplingParams
 from capgate.datasets import DatasetItem
-from capgate.harvest import HarvestReport, HarvestRun, Target, target_of
+from capgate.harvest import HarvestReport, HarvestRun, HarvestTarget
 
 __all__ = ["RayHarvestReport", "ray_harvest"]
 
@@ -61,8 +61,8 @@ class _Sampler:
                 f"make_backend({index}) made a {type(self.backend).__name__}, not a capgate.Backend"
             )
 
-    def target(self) -> Target:
-        return target_of(self.backend)
+    def target(self) -> HarvestTarget:
+        return HarvestTarget.of(self.backend)
 
     def pid(self) -> int:
         return os.getpid()

@@ -30,7 +30,7 @@ from capgate.backend import AsyncBackend, Backend, Generation, Prompt, as_messag
 from capgate.cli import harvest_cmd
 from capgate.datasets import DatasetItem, build_prompt, write_dataset
 from capgate.errors import DataError
-from capgate.harvest import HarvestRun, Target, aharvest, harvest, meta_path, target_of
+from capgate.harvest import HarvestRun, HarvestTarget, aharvest, harvest, meta_path
 
 TESTS = Path(__file__).resolve().parent
 
@@ -343,9 +343,9 @@ def test_the_public_pieces_drive_a_harvest_in_any_batch_order(tmp_path: Path) ->
     batch first), close; the file holds the labels of a local run and resumes like one."""
     out = tmp_path / "labels.jsonl"
     backend = ScriptedBackend()
-    assert target_of(backend) == Target("scripted-v1", "other", None)
+    assert HarvestTarget.of(backend) == HarvestTarget("scripted-v1", "other", None)
     with HarvestRun(make_items(6), out, k=4, batch_size=2, seed=7, progress=False) as run:
-        batches = run.open(target_of(backend))
+        batches = run.open(HarvestTarget.of(backend))
         assert [[item.id for item in batch] for batch in batches] == [["q000", "q001"], ["q002", "q003"],
                                                                       ["q004", "q005"]]  # fmt: skip
         for batch in reversed(batches[1:]):
