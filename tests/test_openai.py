@@ -16,9 +16,10 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from capgate import AsyncBackend, Backend, BackendError, SamplingParams
+from capgate.adapters.backends._openai_retry import retry_after_s as _retry_after_s
 from capgate.adapters.backends._usage import apportion as _apportion
 from capgate.adapters.backends._usage import split_tokens as _split_tokens
-from capgate.adapters.backends.openai import OpenAIBackend, _retry_after_s, is_retryable
+from capgate.adapters.backends.openai import OpenAIBackend, is_retryable
 
 
 def _http() -> Any:
