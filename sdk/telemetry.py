@@ -14,13 +14,10 @@ Attributes follow the OpenTelemetry GenAI semantic conventions where one applies
 gate's decision log keeps text (``DecisionLog(..., store_text=True)``).
 
 Example:
-    >>> from capgate import Estimate, Gate
-    >>> from capgate.estimators import CapabilityEstimator
-    >>> class Fixed(CapabilityEstimator):
-    ...     method = "fixed"
-    ...     def estimate(self, queries):
-    ...         return [Estimate(p=0.9, method=self.method) for _ in queries]
-    >>> Gate(policy="balanced", estimator=Fixed()).assess("2 + 2?").action  # traced if a provider is set
+    >>> from capgate import Gate
+    >>> from capgate.estimators import ConstantPrior
+    >>> likely = ConstantPrior.from_mean(0.9, n_train=1)  # predicts 0.9 for every query
+    >>> Gate(policy="balanced", estimator=likely).assess("2 + 2?").action  # traced if a provider is set
     'answer'
 """
 

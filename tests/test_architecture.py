@@ -273,12 +273,15 @@ def test_the_public_surface_check_catches_private_and_unexported_names() -> None
 
 
 def _capgate_path(frame: object) -> list[str]:
-    """The capgate modules on the stack below ``frame``, outermost first, repeats in a row merged."""
+    """The capgate modules on the stack below ``frame``, outermost first, repeats in a row merged;
+    ``capgate._twins``, the one plan driver every flow of the house runs on, is plumbing, not a stop."""
     path: list[str] = []
     current = frame
     while current is not None:
         module = current.f_globals.get("__name__", "")  # type: ignore[attr-defined]
-        if module.startswith("capgate") and (not path or path[-1] != module):
+        if module == "capgate._twins":
+            pass
+        elif module.startswith("capgate") and (not path or path[-1] != module):
             path.append(module)
         current = current.f_back  # type: ignore[attr-defined]
     return path[::-1]

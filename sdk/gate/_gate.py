@@ -85,13 +85,8 @@ class Gate:
             estimator predicts another model's capability than ``target``.
 
     Example:
-        >>> from capgate import Estimate
-        >>> from capgate.estimators import CapabilityEstimator
-        >>> class Fixed(CapabilityEstimator):
-        ...     method = "fixed"
-        ...     def estimate(self, queries):
-        ...         return [Estimate(p=0.2, method=self.method) for _ in queries]
-        >>> gate = Gate(policy="balanced", estimator=Fixed())
+        >>> from capgate.estimators import ConstantPrior
+        >>> gate = Gate(policy="balanced", estimator=ConstantPrior.from_mean(0.2, n_train=1))
         >>> verdict = gate.assess("Prove the Riemann hypothesis.")
         >>> verdict.action, gate.stats.calls
         ('abstain', 1)

@@ -24,13 +24,10 @@ is a ``capgate.gate`` span open until the flow ends, its estimator calls and res
 under it, and the user's own calls run under the caller's span.
 
 Example:
-    >>> from capgate import Estimate, Gate
-    >>> from capgate.estimators import CapabilityEstimator
-    >>> class Fixed(CapabilityEstimator):
-    ...     method = "fixed"
-    ...     def estimate(self, queries):
-    ...         return [Estimate(p=0.9, method=self.method) for _ in queries]
-    >>> gate = Gate(policy="balanced", estimator=Fixed())
+    >>> from capgate import Gate
+    >>> from capgate.estimators import ConstantPrior
+    >>> likely = ConstantPrior.from_mean(0.9, n_train=1)  # predicts 0.9 for every query
+    >>> gate = Gate(policy="balanced", estimator=likely)
     >>> def ask(question: str) -> Flow[str]:
     ...     verdict = yield Assess(gate, question)
     ...     yield Record(gate, verdict, samples_used=1)
@@ -47,11 +44,13 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
+from capgate import _twins as twins
 from capgate import telemetry
 from capgate._types import Estimate, RoutePlan
 from capgate.backend import Generation, Prompt
@@ -437,38 +436,12 @@ class _Driver:
 
 def drive(flow: Flow[R]) -> R:
     """Run a flow, doing each effect's sync I/O; an effect's error is thrown into the flow."""
-    steps = _Driver().leaves(flow)
-    with contextlib.closing(steps):
-        try:
-            leaf = next(steps)
-            while True:
-                try:
-                    reply = leaf.run()
-                except BaseException as exc:
-                    leaf = steps.throw(exc)
-                else:
-                    leaf = steps.send(reply)
-        except StopIteration as done:
-            result: R = done.value
-            return result
+    return twins.drive(_Driver().leaves(flow), operator.methodcaller("run"))
 
 
 async def adrive(flow: Flow[R]) -> R:
     """Run a flow, doing each effect's async I/O; an effect's error is thrown into the flow."""
-    steps = _Driver().leaves(flow)
-    with contextlib.closing(steps):
-        try:
-            leaf = next(steps)
-            while True:
-                try:
-                    reply = await leaf.arun()
-                except BaseException as exc:
-                    leaf = steps.throw(exc)
-                else:
-                    leaf = steps.send(reply)
-        except StopIteration as done:
-            result: R = done.value
-            return result
+    return await twins.adrive(_Driver().leaves(flow), operator.methodcaller("arun"))
 
 
 def _alone(effect: Effect) -> Flow[Any]:
