@@ -227,6 +227,10 @@ def harvest_command(
         "prompt": prompt_with_confidence_tag if confidence_tag else None,
         "confidence": verbalized_confidence if confidence_tag else None,
     }  # fmt: skip
+    target: dict[str, Any] = {
+        "model": model, "backend": backend, "device": device, "dtype": dtype, "base_url": base_url,
+        "served_model": served_model, "api_key_env": api_key_env,
+    }  # fmt: skip
     try:
         items = load_dataset(dataset, split=split, limit=limit)
         chosen_grader = _make_grader(grader)
@@ -234,23 +238,12 @@ def harvest_command(
             raise typer.BadParameter("--ray-address needs --ray", param_hint="--ray-address")
         if ray:
             report: Any = _ray_harvest(
-                ray_address, workers, cpus_per_worker, items, out, chosen_grader, settings,
-                model=model, backend=backend, device=device, dtype=dtype, base_url=base_url,
-                served_model=served_model, api_key_env=api_key_env,
-            )  # fmt: skip
+                ray_address, workers, cpus_per_worker, items, out, chosen_grader, settings, **target
+            )
         else:
             if base_url is not None and "," in base_url:
                 raise typer.BadParameter("several --base-url replicas need --ray", param_hint="--base-url")
-            model_backend = _make_backend(
-                model,
-                backend,
-                device=device,
-                dtype=dtype,
-                base_url=base_url,
-                served_model=served_model,
-                api_key_env=api_key_env,
-            )
-            report = harvest(model_backend, items, out, grader=chosen_grader, **settings)
+            report = harvest(_make_backend(**target), items, out, grader=chosen_grader, **settings)
     except DataError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
