@@ -143,6 +143,23 @@ def test_constructor_checks_settings() -> None:
     assert "balanced" in repr(Gate())
 
 
+def test_the_gate_settings_are_declared_once() -> None:
+    """GateSettings declares them; GateOptions (the keyword arguments every integration types its
+    ``**settings`` with) names the same ones, and the constructor's signature is derived from them."""
+    import dataclasses
+    import inspect
+
+    from capgate.gate import GateOptions, GateSettings
+
+    fields = {f.name: f.default for f in dataclasses.fields(GateSettings)}
+    assert GateOptions.__required_keys__ | GateOptions.__optional_keys__ == set(fields)
+    signature = inspect.signature(Gate)
+    assert {name: p.default for name, p in signature.parameters.items()} == fields
+    assert all(p.kind is p.KEYWORD_ONLY for p in signature.parameters.values())
+    with pytest.raises(SettingsError, match="unknown gate setting"):
+        Gate(colour="red")  # type: ignore[call-arg]
+
+
 def test_policy_files_load_once() -> None:
     gate = Gate(policy="conservative", estimator=KeywordEstimator({}))
     assert gate.resolve_policy() is gate.resolve_policy()
