@@ -143,7 +143,13 @@ def migrate(run: Callable[[str, Sequence[Any]], Any], dialect: Dialect, location
     run(META_TABLE, ())
     row = run(VERSION, ()).fetchone()
     found = 0 if row is None else parse_version(row[0], location)
-    check_not_newer(found, location)
+    if found > SCHEMA_VERSION:
+        raise DataError(
+            f"decision log schema version {found} is not the supported {SCHEMA_VERSION} "
+            "(a newer capgate wrote it: upgrade capgate)",
+            path=location,
+            field="schema_version",
+        )
     if found == SCHEMA_VERSION:
         return
     for version, _, statements in dialect.migrations:
@@ -178,17 +184,6 @@ def is_database_url(location: object) -> bool:
 def writer_id() -> str:
     """Who writes a decision: ``host:pid`` of this process (stored with each decision)."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def check_not_newer(found: int, location: str) -> None:
-    """Refuse a log whose schema a newer capgate wrote (a :class:`DataError` naming the log)."""
-    if found > SCHEMA_VERSION:
-        raise DataError(
-            f"decision log schema version {found} is not the supported {SCHEMA_VERSION} "
-            "(a newer capgate wrote it: upgrade capgate)",
-            path=location,
-            field="schema_version",
-        )
 
 
 def parse_version(value: object, location: str) -> int:

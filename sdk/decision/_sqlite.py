@@ -4,12 +4,14 @@ WAL mode, so readers never block the writer; a busy timeout, so concurrent write
 processes) wait their turn instead of failing. Every write is one ``BEGIN IMMEDIATE`` transaction,
 so a process killed mid-write leaves either the whole row or none of it; committed rows survive
 the kill (``synchronous=NORMAL`` in WAL mode loses nothing on a process crash, only, possibly, the
-last transactions on a power cut). The file is created user-only (:mod:`._private`).
+last transactions on a power cut). The file is created user-only (:func:`ensure_private_file`).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from capgate._validate import check_positive_number
-from capgate.decision._private import ensure_private_file
 from capgate.decision._schema import SCHEMA_VERSION, SQLITE, VERSION, migrate
 from capgate.decision._store import Connections
 from capgate.errors import DataError, LogUnavailableError
@@ -57,16 +58,12 @@ class SQLiteStore:
             if row is None or row[0] != str(SCHEMA_VERSION):  # else nothing to write: no lock
                 with _transaction(conn):
                     migrate(conn.execute, SQLITE, self.location)
-        except sqlite3.OperationalError as exc:
+        except BaseException as exc:
             conn.close()
-            if "locked" in str(exc) or "busy" in str(exc):  # other writers: a bounded wait ran out
-                raise LogUnavailableError(str(exc), location=self.location) from exc
-            raise DataError(f"not a usable capgate decision log: {exc}", path=self.location) from exc
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise DataError(f"not a usable capgate decision log: {exc}", path=self.location) from exc
-        except BaseException:
-            conn.close()
+            if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
+                raise LogUnavailableError(str(exc), location=self.location) from exc  # a bounded wait ran out
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise DataError(f"not a usable capgate decision log: {exc}", path=self.location) from exc
             raise
         return conn
 
@@ -118,3 +115,45 @@ def _enable_wal(conn: sqlite3.Connection, timeout_s: float, location: str) -> No
         if str(mode).lower() != "wal":
             raise DataError(f"could not switch the decision log to WAL mode (got {mode!r})", path=location)
         return
+
+
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
+
+
+def ensure_private_file(path: Path) -> None:
+    """Create ``path`` (and its folder) readable and writable by its owner only: the log holds what
+    an agent was asked and decided.
+
+    The folder is created user-only (0700); a folder every user may write to is refused unless it
+    has the sticky bit (as ``/tmp`` has: there, others cannot replace a file they do not own); a
+    file owned by another user is refused; the file is created, or tightened to, 0600. SQLite
+    creates its ``-wal`` and ``-shm`` files with the database file's permissions.
+
+    Raises:
+        DataError: The folder is writable by every user without the sticky bit, or the file
+            belongs to another user (the message names the path and its mode).
+    """
+    folder = path.parent
+    folder.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    if os.name != "posix":  # no POSIX modes to check (Windows ACLs are the user's own)
+        return
+    mode = folder.stat().st_mode
+    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+        raise DataError(
+            f"the decision log's folder is writable by every user (mode {stat.S_IMODE(mode):o}, no "
+            "sticky bit), so another user could replace the log: chmod o-w it or choose another folder",
+            path=folder,
+        )
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE_MODE)
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise DataError(
+                f"the decision log belongs to another user (uid {info.st_uid}); refusing to use it",
+                path=path,
+            )
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+    finally:
+        os.close(fd)

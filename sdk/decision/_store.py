@@ -30,19 +30,15 @@ class Store(Protocol):
     @property
     def location(self) -> str:
         """Where the store is, for messages (never a password)."""
-        ...
 
     def write(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement in its own transaction; the number of rows it wrote."""
-        ...
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """The rows of one query."""
-        ...
 
     def close(self) -> None:
         """Close this thread's connection (others close when their threads end)."""
-        ...
 
 
 class Connections(Generic[C]):

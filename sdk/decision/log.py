@@ -215,14 +215,6 @@ class DecisionLog:
         Raises:
             LogUnavailableError: The store could not be written.
         """
-        row = self._decision_row(decision, query, samples_used, latency_s)
-        self.store.write(INSERT if decision.stopped_by is None else INSERT_SAMPLED, row)
-        return decision.id
-
-    def _decision_row(
-        self, decision: Decision, query: Prompt | None, samples_used: int | None, latency_s: float | None
-    ) -> tuple[Any, ...]:
-        """The decisions row of a decision (checked), in the order of :data:`._schema.INSERT`."""
         if not isinstance(decision, Decision):
             raise TypeError(f"record() takes a capgate Decision; got {type(decision).__name__}")
         if samples_used is not None and samples_used < 0:
@@ -233,7 +225,7 @@ class DecisionLog:
         text: str | None = None
         if query is not None and self.store_text:
             text = query if isinstance(query, str) else json.dumps(as_messages(query), ensure_ascii=False)
-        return (
+        row = (  # in the order of _schema.INSERT
             decision.id,
             decision.created_at.isoformat(),
             decision.step,
@@ -253,6 +245,8 @@ class DecisionLog:
             decision.model_dump_json(),
             writer_id(),
         )
+        self.store.write(INSERT if decision.stopped_by is None else INSERT_SAMPLED, row)
+        return decision.id
 
     def record_outcome(
         self,
@@ -419,28 +413,9 @@ class DecisionLog:
 
 
 class PostgresDecisionLog(DecisionLog):
-    """A :class:`~capgate.decision.DecisionLog` that must be in PostgreSQL: ``DecisionLog(url)``
-    with a default ``timeout_s`` of 10 s, and an error for anything but a ``postgresql://`` URL.
+    """``DecisionLog(url, **settings)`` for a ``postgresql://`` URL; anything else is a ``ValueError``."""
 
-    Raises:
-        ValueError: ``url`` is not a ``postgresql://`` (or ``postgres://``) URL.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        store_text: bool = False,
-        busy_timeout_s: float = 30.0,
-        timeout_s: float = 10.0,
-        fail_closed: bool = False,
-    ) -> None:
+    def __init__(self, url: str, **settings: Any) -> None:
         if not is_database_url(url):
             raise ValueError(f"`url` must be a postgresql:// URL; got {url!r}")
-        super().__init__(
-            url,
-            store_text=store_text,
-            busy_timeout_s=busy_timeout_s,
-            timeout_s=timeout_s,
-            fail_closed=fail_closed,
-        )
+        super().__init__(url, **settings)

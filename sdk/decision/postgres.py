@@ -124,12 +124,8 @@ def _cut(conn: Any) -> None:
         sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
     except Exception:  # already closed: nothing to cut
         return
-    try:
+    with sock, contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        sock.close()
 
 
 _WATCHDOG = _Watchdog()
