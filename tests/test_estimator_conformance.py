@@ -16,19 +16,27 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _fakes import ScriptedBackend, gen
 from _probe_helpers import CharCountFeaturizer, linear_capability, random_queries, sampled_mu_hat
 
 from capgate import CapabilityEstimator, Estimate, NotFittedError
 from capgate.estimators import (
+    Consistency,
     ConstantPrior,
+    FallbackChain,
     IsotonicCalibrator,
     LinearProbe,
+    NuisanceProjection,
     PlattCalibrator,
     ProbeEstimator,
     ProbeSearch,
+    PTrue,
     Recalibrated,
     UniformRandom,
+    VerbalizedConfidence,
 )
+from capgate.estimators._claims import ClaimDetector
+from capgate.estimators.guarded import InjectionGuard
 
 Data = tuple[Any, np.ndarray, Any]  # (X_train, y_train, X_test)
 
@@ -281,3 +289,66 @@ def test_targets_outside_unit_interval_are_rejected(case: Case) -> None:
     bad[3] = 1.5
     with pytest.raises(ValueError, match=r"\[3\].*\[0, 1\]"):
         case.make().fit(X, bad)
+
+
+# ------------------------------------------------------------------ settings (get_params / repr)
+
+
+def _backend() -> ScriptedBackend:
+    return ScriptedBackend(lambda text, params: [gen("\\boxed{0.5}")])
+
+
+SETTINGS_ONLY: list[Callable[[], Any]] = [
+    lambda: Consistency(_backend(), k_c=3),
+    lambda: PTrue(_backend(), top_logprobs=5),
+    lambda: VerbalizedConfidence(_backend(), max_tries=2),
+    lambda: FallbackChain([UniformRandom(random_state=4), ConstantPrior()]),
+    lambda: InjectionGuard(UniformRandom(), lift_tolerance=0.1, on_claim="strip"),
+    lambda: NuisanceProjection(energy=0.5),
+    lambda: ClaimDetector(l2=1e-3),
+]
+MAKERS = [c.make for c in CASES] + SETTINGS_ONLY
+MAKER_IDS = [c.id for c in CASES] + [f"settings-{i}" for i in range(len(SETTINGS_ONLY))]
+
+
+@pytest.mark.parametrize("make", MAKERS, ids=MAKER_IDS)
+def test_get_params_round_trips_through_the_constructor(make: Callable[[], Any]) -> None:
+    estimator = make()
+    params = estimator.get_params(deep=False)
+    copy = type(estimator)(**params)
+    again = copy.get_params(deep=False)
+    assert again.keys() == params.keys()
+    assert all(again[k] is params[k] or again[k] == params[k] for k in params)
+    # the repr is derived from those settings: the changed ones, in constructor order
+    text = repr(estimator)
+    assert repr(copy) == text
+    shown = [f"{k}={v!r}" for k, v in params.items() if f"{k}={v!r}" in text]
+    assert text == f"{type(estimator).__name__}({', '.join(shown)})"
+    # deep params reach into nested estimators (``part__setting``)
+    deep = estimator.get_params()
+    for key, value in deep.items():
+        owner: Any = estimator
+        *path, name = key.split("__")
+        for part in path:
+            owner = getattr(owner, part)
+        assert getattr(owner, name) is value
+
+
+def test_repr_shows_settings_that_differ_from_their_defaults() -> None:
+    assert repr(LinearProbe()) == "LinearProbe()"
+    assert repr(ProbeSearch(n_splits=3, ensemble=True)) == "ProbeSearch(n_splits=3, ensemble=True)"
+    assert repr(Recalibrated(UniformRandom(random_state=2), PlattCalibrator(l2=0.5))) == (
+        "Recalibrated(estimator=UniformRandom(random_state=2), calibrator=PlattCalibrator(l2=0.5))"
+    )
+    assert repr(ConstantPrior()) == "ConstantPrior()"
+
+
+def test_set_params_checks_like_the_constructor_and_reaches_nested_settings() -> None:
+    recal = Recalibrated(UniformRandom(), PlattCalibrator())
+    assert recal.set_params(calibrator__l2=2.0, estimator__random_state=5) is recal
+    assert recal.calibrator.l2 == 2.0
+    assert recal.estimator.random_state == 5
+    with pytest.raises(ValueError, match="`k_c` must be an integer >= 2; got 1"):
+        Consistency(_backend()).set_params(k_c=1)
+    with pytest.raises(ValueError, match="`foo` is not a setting of PlattCalibrator"):
+        PlattCalibrator().set_params(foo=1)

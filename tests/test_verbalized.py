@@ -206,11 +206,12 @@ def test_structured_is_asked_of_openai_compatible_servers_by_default() -> None:
     from capgate.adapters.backends.openai import OpenAIBackend
 
     server = OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", api_key="x")
-    assert VerbalizedConfidence(server).structured is True
+    assert VerbalizedConfidence(server).structured_ is True
     local = ScriptedBackend(lambda text, params: [gen("\\boxed{0.5}")])
-    assert VerbalizedConfidence(local).structured is False
-    assert VerbalizedConfidence(local, structured=True).structured is True
-    assert VerbalizedConfidence(server, structured=False).structured is False
+    assert VerbalizedConfidence(local).structured_ is False
+    assert VerbalizedConfidence(local, structured=True).structured_ is True
+    assert VerbalizedConfidence(server, structured=False).structured_ is False
+    assert VerbalizedConfidence(server).structured == "auto"  # the setting stays as given (scikit-learn)
 
 
 def test_a_server_refusing_structured_output_is_re_asked_in_free_text() -> None:
@@ -228,7 +229,8 @@ def test_a_server_refusing_structured_output_is_re_asked_in_free_text() -> None:
     assert first.details["note"] == "structured output refused by the server; asked in free text"
     assert first.cost.calls == 2  # the refused call is counted
     assert estimator.structured_refused is True
-    assert estimator.structured is False
+    assert estimator.structured_ is False
+    assert estimator.structured is True  # the setting as given
     calls_before = len(backend.calls)
     assert estimator.estimate_one("3+3?").p == 0.4
     assert len(backend.calls) == calls_before + 1  # free text straight away from now on

@@ -131,7 +131,7 @@ def test_verbalized_structured_by_default_parses_every_reply_on_the_first_try(ba
     import json
 
     est = VerbalizedConfidence(backend, params=SamplingParams(temperature=0.7, max_tokens=24, seed=1))
-    assert est.structured is True  # an OpenAI-compatible server: structured output by default
+    assert est.structured_ is True  # an OpenAI-compatible server: structured output by default
     for e in est.estimate(QUESTIONS):
         assert e.usable, e.reason
         assert (e.cost.calls, e.details["tries"]) == (1, 1)

@@ -112,8 +112,7 @@ def _features_for(
     batch_size: int,
 ) -> tuple[npt.NDArray[np.float32], dict[str, Any]]:
     """Feature rows for the labelled queries (file order) and the spec that made them."""
-    from capgate.estimators._common import spec_as_dict
-    from capgate.estimators.feature_store import load_features
+    from capgate.estimators.feature_store import load_features, spec_as_dict
 
     if features is not None:
         stored = load_features(features)
@@ -186,7 +185,7 @@ def fit_command(
     The target (the model the labels were sampled from, with the sampling settings) is read from
     the harvest's ``<labels>.meta.json``; the features come from the reader (``--model``).
     """
-    from capgate.estimators._target import ProbeTarget, check_target_match
+    from capgate.estimators import ProbeTarget, check_target_match
     from capgate.estimators.probe import LinearProbe
 
     _one_source(features, model, featurizer)
@@ -274,7 +273,7 @@ def eval_command(
     X, spec = run_reporting_errors(lambda: _features_for(labelled, features, model, featurizer, batch_size))
     run_reporting_errors(lambda: check_spec_match(probe.feature_spec_, spec, ignore=ignore_spec_field or ()))
     if not ignore_target:
-        from capgate.estimators._target import ProbeTarget, check_target_match
+        from capgate.estimators import ProbeTarget, check_target_match
 
         labels_target = run_reporting_errors(lambda: ProbeTarget.from_harvest(labels))
         run_reporting_errors(lambda: check_target_match(probe.target_, labels_target))

@@ -2,8 +2,8 @@
 
 :class:`BackendEstimator` gives them :meth:`~BackendEstimator.estimate` and its async twin, both
 driving the subclass's plan (see :mod:`capgate.estimators._sampling`); :func:`one_round_plan` is the
-plan of an estimator that asks once per query; :func:`at_least` and :func:`check_template` check
-constructor settings with the same messages everywhere.
+plan of an estimator that asks once per query; :func:`check_template` checks a prompt
+template with the same message everywhere.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from capgate.estimators._sampling import (
 )
 from capgate.estimators.base import CapabilityEstimator
 
-__all__ = ["BackendEstimator", "at_least", "check_template", "one_round_plan"]
+__all__ = ["BackendEstimator", "check_template", "one_round_plan"]
 
 
 def one_round_plan(
@@ -48,13 +48,6 @@ def one_round_plan(
         state.add(outcome, result.latency_s)
         estimates.append(read(outcome, state))
     return estimates
-
-
-def at_least(minimum: int, name: str, value: int) -> int:
-    """``value`` itself, once it is known to be at least ``minimum`` (``name`` is the setting's name)."""
-    if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}; got {value!r}")
-    return value
 
 
 def check_template(template: str) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate.errors import DataError, NotFittedError
+from capgate.estimators.base import Params
 
 __all__ = ["DEFAULT_CLAIM_DETECTOR", "ClaimDetector"]
 
@@ -69,7 +70,7 @@ def _matrix(
     return np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64), np.asarray(vals)
 
 
-class ClaimDetector:
+class ClaimDetector(Params):
     """Scores text by how much it reads like a capability or confidence claim.
 
     Args:
@@ -102,9 +103,6 @@ class ClaimDetector:
         self.max_iter = max_iter
         self.learning_rate = learning_rate
         self.threshold = threshold
-
-    def __repr__(self) -> str:
-        return f"ClaimDetector(n_features={self.n_features}, l2={self.l2}, threshold={self.threshold_!r})"
 
     @property
     def threshold_(self) -> float:

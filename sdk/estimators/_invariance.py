@@ -20,14 +20,16 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+from capgate._validate import check_positive_int
 from capgate.estimators._common import FloatArray, as_matrix, check_fitted
 from capgate.estimators._convex import zscore
 from capgate.estimators._linear_probe import LinearProbe
+from capgate.estimators.base import Params
 
 __all__ = ["NuisanceProjection"]
 
 
-class NuisanceProjection:
+class NuisanceProjection(Params):
     """Removes from features the directions that label-irrelevant edits move them along.
 
     Features are z-scored with the statistics of the training features given to :meth:`fit`;
@@ -66,9 +68,6 @@ class NuisanceProjection:
         self.scale_ = None
         self.components_ = None
 
-    def __repr__(self) -> str:
-        return f"NuisanceProjection(energy={self.energy}, max_directions={self.max_directions})"
-
     def fit(self, X: npt.ArrayLike, clean: npt.ArrayLike, edited: npt.ArrayLike) -> NuisanceProjection:
         """Learn the directions from paired features; ``X`` (training features) sets the z-scoring.
 
@@ -86,12 +85,7 @@ class NuisanceProjection:
         """
         if not (isinstance(self.energy, int | float) and math.isfinite(self.energy) and 0 < self.energy <= 1):
             raise ValueError(f"`energy` must be in (0, 1]; got {self.energy!r}")
-        if (
-            not isinstance(self.max_directions, int)
-            or isinstance(self.max_directions, bool)
-            or self.max_directions < 1
-        ):
-            raise ValueError(f"`max_directions` must be a positive int; got {self.max_directions!r}")
+        check_positive_int("max_directions", self.max_directions)
         train = as_matrix(X, name="X")
         before = as_matrix(clean, name="clean")
         after = as_matrix(edited, name="edited")

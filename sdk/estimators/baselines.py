@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate._types import Estimate
+from capgate._validate import check_positive_int
 from capgate.backend import Prompt, as_messages
 from capgate.errors import DataError
 from capgate.estimators._common import (
@@ -75,9 +76,6 @@ class UniformRandom(CapabilityEstimator):
     def __init__(self, *, random_state: int = 0) -> None:
         self.random_state = random_state
 
-    def __repr__(self) -> str:
-        return f"UniformRandom(random_state={self.random_state!r})"
-
     def fit(self, X: Sequence[Prompt] | npt.ArrayLike, y: npt.ArrayLike) -> UniformRandom:
         """Check ``X`` and ``y`` line up; there is nothing to learn. Returns ``self``."""
         as_vector(y, name="y", n=n_rows(X), unit=True)
@@ -132,9 +130,6 @@ class ConstantPrior(CapabilityEstimator):
     def __init__(self) -> None:
         self.prior_ = None
 
-    def __repr__(self) -> str:
-        return "ConstantPrior()"
-
     def fit(
         self,
         X: Sequence[Prompt] | npt.ArrayLike,
@@ -153,8 +148,7 @@ class ConstantPrior(CapabilityEstimator):
     def from_mean(cls, prior: float, *, n_train: int) -> ConstantPrior:
         """A fitted prior from a recorded training mean (as a saved probe's training summary holds)."""
         value = as_vector([prior], name="prior", unit=True)[0]
-        if not isinstance(n_train, int) or n_train < 1:
-            raise ValueError(f"`n_train` must be a positive integer; got {n_train!r}")
+        check_positive_int("n_train", n_train)
         estimator = cls()
         estimator.prior_ = float(value)
         estimator.n_train_ = n_train

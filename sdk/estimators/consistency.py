@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from capgate._types import Estimate
+from capgate._validate import check_int_at_least
 from capgate.backend import Generation, Prompt, SamplingParams
 from capgate.estimators._backed import BackendEstimator, one_round_plan
 from capgate.estimators._parsing import normalize_answer
@@ -52,14 +53,9 @@ class Consistency(BackendEstimator):
         params: SamplingParams | None = None,
     ) -> None:
         super().__init__(backend)
-        if k_c < 2:
-            raise ValueError(f"`k_c` must be >= 2 (agreement needs several samples); got {k_c!r}")
-        self.k_c = k_c
+        self.k_c = check_int_at_least("k_c", k_c, 2)  # agreement needs several samples
         self.extract = extract
         self.params = params
-
-    def __repr__(self) -> str:
-        return f"Consistency(backend={self.backend!r}, k_c={self.k_c})"
 
     def _params(self) -> SamplingParams:
         base = self.params or SamplingParams(temperature=1.0, max_tokens=512)

@@ -56,9 +56,6 @@ class FallbackChain(CapabilityEstimator):
                 raise TypeError(f"every link must be a CapabilityEstimator; got {type(est).__name__}")
         self.estimators = estimators
 
-    def __repr__(self) -> str:
-        return f"FallbackChain({self.estimators!r})"
-
     @staticmethod
     def _checked(est: CapabilityEstimator, got: Any, n: int) -> list[Estimate]:
         if not isinstance(got, list) or len(got) != n or not all(isinstance(e, Estimate) for e in got):

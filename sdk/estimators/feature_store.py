@@ -23,12 +23,14 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate._atomic import atomic_open
+from capgate._validate import check_positive_int
 from capgate.backend import Prompt
 from capgate.errors import DataError, ProbeMismatchError
 from capgate.estimators._common import read_json, spec_as_dict, write_json
 from capgate.estimators.probe import Featurizer, check_spec_match
 
-__all__ = ["StoredFeatures", "featurize_to", "load_features", "save_features", "spec_path"]
+# spec_as_dict: how a featurizer's spec is recorded, for the CLI that stores features.
+__all__ = ["StoredFeatures", "featurize_to", "load_features", "save_features", "spec_as_dict", "spec_path"]
 
 _SPEC_FORMAT = "capgate.features"
 _PART_PREFIX = "part-"
@@ -218,8 +220,7 @@ def featurize_to(
         raise ValueError(f"got {len(id_list)} ids for {len(queries)} queries")
     if len(set(id_list)) != len(id_list):
         raise ValueError("ids must be unique")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"`batch_size` must be a positive integer; got {batch_size!r}")
+    check_positive_int("batch_size", batch_size)
     spec = spec_as_dict(featurizer.spec)
 
     done: dict[str, npt.NDArray[np.float32]] = {}

@@ -104,16 +104,13 @@ class InjectionGuard(CapabilityEstimator):
         """The guarded estimator's target."""
         return self.estimator.target_model
 
-    def __repr__(self) -> str:
-        return (
-            f"InjectionGuard({self.estimator!r}, ablate_context={self.ablate_context}, "
-            f"lift_tolerance={self.lift_tolerance}, on_claim={self.on_claim!r})"
-        )
-
     def _detector(self) -> ClaimDetector:
-        if self.detector is None:
-            self.detector = ClaimDetector.load()
-        return self.detector
+        """``detector``, or the shipped one (loaded once into ``detector_``; the setting stays ``None``)."""
+        if self.detector is not None:
+            return self.detector
+        if getattr(self, "detector_", None) is None:
+            self.detector_ = ClaimDetector.load()
+        return self.detector_
 
     def _plan(self, query: Prompt) -> tuple[list[Segment], Prompt, list[tuple[Segment, Prompt]]]:
         """Claims found, the query without them, and (context segment, query without it too)."""

@@ -147,9 +147,6 @@ class ProbeEstimator(CapabilityEstimator):
         target = getattr(self.probe, "target_", None)
         return None if target is None else str(target.model)
 
-    def __repr__(self) -> str:
-        return f"ProbeEstimator(featurizer={self.featurizer!r}, probe={self.probe!r})"
-
     def fit(
         self,
         queries: Sequence[Prompt],

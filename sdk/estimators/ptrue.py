@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from capgate._types import Estimate
+from capgate._validate import check_positive_int
 from capgate.backend import Generation, Prompt, SamplingParams, TokenLogprob
-from capgate.estimators._backed import BackendEstimator, at_least, check_template, one_round_plan
+from capgate.estimators._backed import BackendEstimator, check_template, one_round_plan
 from capgate.estimators._parsing import THINK_CLOSE, THINK_OPEN
 from capgate.estimators._sampling import AnyBackend, Plan, QueryState, Round, wrap_last_user_turn
 from capgate.estimators.verbalized import delimit_question
@@ -130,16 +131,11 @@ class PTrue(BackendEstimator):
         template: str = PTRUE_TEMPLATE,
     ) -> None:
         super().__init__(backend)
-        if not 1 <= top_logprobs <= 20:
+        if check_positive_int("top_logprobs", top_logprobs) > 20:
             raise ValueError(f"`top_logprobs` must be in [1, 20]; got {top_logprobs!r}")
         self.top_logprobs = top_logprobs
-        self.max_tokens = at_least(1, "max_tokens", max_tokens)
+        self.max_tokens = check_positive_int("max_tokens", max_tokens)
         self.template = check_template(template)
-
-    def __repr__(self) -> str:
-        return (
-            f"PTrue(backend={self.backend!r}, top_logprobs={self.top_logprobs}, max_tokens={self.max_tokens})"
-        )
 
     @property
     def params(self) -> SamplingParams:

@@ -8,7 +8,6 @@ applied to new confidences. :class:`IsotonicCalibrator` learns any non-decreasin
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from collections.abc import Sequence
@@ -19,12 +18,14 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate._types import Estimate
+from capgate._validate import check_positive_int, check_positive_number
 from capgate.backend import Prompt
 from capgate.errors import DataError
 from capgate.estimators._common import (
     FloatArray,
     as_vector,
     check_fitted,
+    check_non_negative,
     check_weights,
     fit_logistic_link,
     get_field,
@@ -32,7 +33,7 @@ from capgate.estimators._common import (
     sigmoid,
     write_json,
 )
-from capgate.estimators.base import CapabilityEstimator
+from capgate.estimators.base import CapabilityEstimator, Params
 
 __all__ = ["Calibrator", "IsotonicCalibrator", "PlattCalibrator", "Recalibrated", "load_calibrator"]
 
@@ -87,7 +88,7 @@ def pool_adjacent_violators(y: FloatArray, w: FloatArray) -> FloatArray:
     return np.repeat(np.asarray(means, dtype=np.float64), sizes)
 
 
-class IsotonicCalibrator:
+class IsotonicCalibrator(Params):
     """Non-decreasing recalibration by weighted isotonic regression (pool-adjacent-violators).
 
     Equal confidences are pooled first (their µ̂ averaged, weighted), so they map to one value.
@@ -118,9 +119,6 @@ class IsotonicCalibrator:
         self.out_of_bounds = out_of_bounds
         self.X_thresholds_ = None
         self.y_thresholds_ = None
-
-    def __repr__(self) -> str:
-        return f"IsotonicCalibrator(out_of_bounds={self.out_of_bounds!r})"
 
     def fit(
         self, confidence: npt.ArrayLike, mu: npt.ArrayLike, *, sample_weight: npt.ArrayLike | None = None
@@ -235,7 +233,7 @@ def _logit(c: FloatArray, eps: float) -> FloatArray:
     return out
 
 
-class PlattCalibrator:
+class PlattCalibrator(Params):
     """Platt scaling: ``p = sigmoid(a · logit(c) + b)``, fitted by Newton's method on soft targets.
 
     The fit minimizes the (weighted) cross-entropy between ``p`` and µ̂ plus ``l2 / 2 · a²``, starting
@@ -279,20 +277,12 @@ class PlattCalibrator:
         self.coef_ = None
         self.intercept_ = None
 
-    def __repr__(self) -> str:
-        return (
-            f"PlattCalibrator(eps={self.eps!r}, l2={self.l2!r}, max_iter={self.max_iter!r}, tol={self.tol!r})"
-        )
-
     def _check_settings(self) -> None:
         if not (isinstance(self.eps, float) and 0.0 < self.eps < 0.5):
             raise ValueError(f"`eps` must be a float in (0, 0.5); got {self.eps!r}")
-        if not (isinstance(self.l2, int | float) and math.isfinite(self.l2) and self.l2 >= 0):
-            raise ValueError(f"`l2` must be a non-negative number; got {self.l2!r}")
-        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
-            raise ValueError(f"`max_iter` must be a positive integer; got {self.max_iter!r}")
-        if not (isinstance(self.tol, int | float) and self.tol > 0):
-            raise ValueError(f"`tol` must be a positive number; got {self.tol!r}")
+        check_non_negative("l2", self.l2)
+        check_positive_int("max_iter", self.max_iter)
+        check_positive_number("tol", self.tol)
 
     def fit(
         self, confidence: npt.ArrayLike, mu: npt.ArrayLike, *, sample_weight: npt.ArrayLike | None = None
@@ -330,7 +320,7 @@ class PlattCalibrator:
         check_fitted(self, "coef_")
         return {
             "format": _PLATT_FORMAT,
-            "settings": {"eps": self.eps, "l2": self.l2, "max_iter": self.max_iter, "tol": self.tol},
+            "settings": self.get_params(deep=False),
             "coef": self.coef_,
             "intercept": self.intercept_,
             "n_iter": self.n_iter_,
@@ -410,9 +400,6 @@ class Recalibrated(CapabilityEstimator):
         self.estimator = estimator
         self.calibrator = calibrator
         self.method = f"{estimator.method}+{calibrator.name}"
-
-    def __repr__(self) -> str:
-        return f"Recalibrated({self.estimator!r}, {self.calibrator!r})"
 
     def fit(
         self, queries: Sequence[Prompt], y: npt.ArrayLike, *, sample_weight: npt.ArrayLike | None = None

@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from typing import Literal
 
 from capgate._types import Estimate
+from capgate._validate import check_positive_int
 from capgate.backend import Prompt, SamplingParams, backend_endpoint
 from capgate.errors import BackendError
-from capgate.estimators._backed import BackendEstimator, at_least, check_template
+from capgate.estimators._backed import BackendEstimator, check_template
 from capgate.estimators._parsing import parse_probability
 from capgate.estimators._sampling import (
     AnyBackend,
@@ -128,6 +129,10 @@ class VerbalizedConfidence(BackendEstimator):
             in free text at once, and this estimator stops asking it for structured output
             (``structured_refused`` records it; the estimate's details say so).
 
+    Attributes:
+        structured_: Whether structured output is asked for now (``structured`` resolved).
+        structured_refused: Whether the server refused structured output.
+
     Example:
         >>> from capgate import Generation
         >>> class Fixed:
@@ -151,34 +156,27 @@ class VerbalizedConfidence(BackendEstimator):
     ) -> None:
         super().__init__(backend)
         self.params = params
-        self.max_tries = at_least(1, "max_tries", max_tries)
+        self.max_tries = check_positive_int("max_tries", max_tries)
         self.template = check_template(template)
-        if structured == "auto":
-            structured = backend_endpoint(backend)[0] == "openai"
-        if not isinstance(structured, bool):
+        if not (isinstance(structured, bool) or structured == "auto"):
             raise ValueError(f"`structured` must be True, False or 'auto'; got {structured!r}")
         self.structured = structured
+        self.structured_ = backend_endpoint(backend)[0] == "openai" if structured == "auto" else structured
         self.structured_refused = False
-
-    def __repr__(self) -> str:
-        return (
-            f"VerbalizedConfidence(backend={self.backend!r}, max_tries={self.max_tries}, "
-            f"structured={self.structured})"
-        )
 
     def _params(self, attempt: int) -> SamplingParams:
         base = self.params or SamplingParams(temperature=0.7, max_tokens=512)
         update: dict[str, object] = {"n": 1, "logprobs": False, "top_logprobs": 0}
         if base.seed is not None:
             update["seed"] = base.seed + attempt
-        if self.structured:
+        if self.structured_:
             update["json_schema"] = PROBABILITY_SCHEMA
         return base.model_copy(update=update)
 
     def build_prompt(self, query: Prompt) -> Prompt:
         """The prompt sent for ``query`` (earlier chat turns kept as context)."""
         template = self.template
-        if self.structured:
+        if self.structured_:
             template = template.replace(
                 "in the format of \\boxed{{P}}.", "as JSON. " + STRUCTURED_INSTRUCTION
             )
@@ -192,10 +190,10 @@ class VerbalizedConfidence(BackendEstimator):
         for attempt in range(self.max_tries):
             if not pending:
                 break
-            asked_structured = self.structured
+            asked_structured = self.structured_
             result = yield Round([self.build_prompt(queries[i]) for i in pending], self._params(attempt))
             if asked_structured and any(_refuses_structured(o) for o in result.outcomes):
-                self.structured, self.structured_refused = False, True  # this server: free text from now on
+                self.structured_, self.structured_refused = False, True  # this server: free text from now on
                 for i in pending:
                     states[i].add_failed_call(result.latency_s)
                     states[i].note = "structured output refused by the server; asked in free text"
@@ -210,7 +208,7 @@ class VerbalizedConfidence(BackendEstimator):
                     continue
                 state.add(outcome, result.latency_s)
                 text = outcome[0].text if outcome else ""
-                p, why = _structured_probability(text) if self.structured else (None, "")
+                p, why = _structured_probability(text) if self.structured_ else (None, "")
                 if p is None:
                     p, why = parse_probability(text, question=query_text(queries[i]))
                 if p is None:
