@@ -111,23 +111,16 @@ def cut_torn_tail(fd: int) -> int:
     so it is truncated (and the truncation fsynced). Only the last line is looked at: a bad line
     before it is damage, for :func:`iter_json_objects` to report.
     """
-    size = os.fstat(fd).st_size
     with open(fd, "rb", closefd=False) as handle:
-        start, tail = size, b""
-        while start > 0:  # read back, a block at a time, to the newline that ends the line before
-            step = min(1 << 16, start)
-            start -= step
-            handle.seek(start)
-            tail = handle.read(step) + tail
-            before = tail.rfind(b"\n", 0, len(tail) - 1)
-            if before >= 0:
-                start, tail = start + before + 1, tail[before + 1 :]
-                break
-    if not tail or (tail.endswith(b"\n") and (not tail.strip() or _is_json(tail))):
+        handle.seek(0)
+        start, last = 0, b""
+        for line in handle:
+            start, last = start + len(last), line
+    if not last or (last.endswith(b"\n") and (not last.strip() or _is_json(last))):
         return 0
     os.ftruncate(fd, start)
     os.fsync(fd)
-    return size - start
+    return len(last)
 
 
 def _is_json(raw: bytes) -> bool:

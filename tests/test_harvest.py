@@ -317,13 +317,13 @@ def test_damage_before_the_last_line_is_an_error(tmp_path: Path) -> None:
         harvest(ScriptedBackend(), items, out, k=4, progress=False, seed=7, batch_size=1)
 
 
-def test_cut_torn_tail_reads_back_over_long_lines(tmp_path: Path) -> None:
+def test_cut_torn_tail_cuts_only_what_a_killed_write_left(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     whole = [json.dumps({"id": str(i), "text": "x" * 100_000}).encode() + b"\n" for i in range(3)]
     cases = [
         (b"".join(whole), 0),
         (b"".join(whole) + b"\n", 0),  # a blank last line is no torn write
-        (b"".join(whole) + whole[0][:70_000], 70_000),  # a torn line longer than a read-back block
+        (b"".join(whole) + whole[0][:70_000], 70_000),  # a long line, torn
         (whole[0][:70_000], 70_000),  # the only line, torn
         (b"".join(whole) + b"{not json\n", 10),
         (b"", 0),
