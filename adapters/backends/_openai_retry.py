@@ -18,16 +18,6 @@ from tenacity import RetryCallState, retry_if_exception, stop_after_attempt
 from capgate.adapters.backends._breaker import CircuitOpenError
 from capgate.errors import BackendError
 
-__all__ = [
-    "RETRYABLE_STATUS",
-    "as_backend_error",
-    "is_retryable",
-    "outage",
-    "retry_after_s",
-    "retry_settings",
-    "worth_retrying",
-]
-
 #: Status codes worth retrying besides 5xx: request time-out and rate limit.
 RETRYABLE_STATUS = frozenset({408, 429})
 

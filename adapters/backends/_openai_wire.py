@@ -17,8 +17,6 @@ from capgate.adapters.backends._usage import split_tokens as _split_tokens
 from capgate.backend import ChatMessage, Generation, SamplingParams, TokenLogprob
 from capgate.errors import BackendError
 
-__all__ = ["ApiKind", "Job", "assemble", "make_request", "raise_first", "read_response"]
-
 ApiKind: TypeAlias = Literal["chat", "responses"]
 """Which OpenAI API to call: chat completions (primary) or Responses."""
 

@@ -20,18 +20,6 @@ import numpy as np
 
 from capgate.errors import BackendError
 
-__all__ = [
-    "HiddenStateLayers",
-    "Pooling",
-    "check_layers",
-    "discard_request_files",
-    "feature_spec_fields",
-    "folder_fingerprint",
-    "load_saved_hidden_states",
-    "pool_hidden_states",
-    "rms_norm",
-]
-
 Pooling: TypeAlias = Literal["last", "mean"]
 """``"last"``: the last prompt token's state; ``"mean"``: the mean over the prompt's tokens."""
 
