@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from capgate._validate import check_unit_interval
 from capgate.errors import DataError, NotFittedError
 from capgate.estimators.base import Params
 
@@ -140,9 +141,7 @@ class ClaimDetector(Params):
 
     def set_threshold(self, threshold: float) -> ClaimDetector:
         """Use ``threshold`` from now on; returns ``self``."""
-        if not 0.0 < threshold < 1.0:
-            raise ValueError(f"threshold must be in (0, 1); got {threshold!r}")
-        self.threshold = float(threshold)
+        self.threshold = check_unit_interval("threshold", threshold, open_ends=True)
         return self
 
     def score(self, texts: Sequence[str]) -> npt.NDArray[np.float64]:

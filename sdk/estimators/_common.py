@@ -29,19 +29,23 @@ def check_fitted(estimator: object, *attributes: str) -> None:
             raise NotFittedError(estimator)
 
 
-def as_matrix(X: object, *, name: str = "X") -> FloatArray:
-    """``X`` as a finite 2-D float64 array (one row per query)."""
+def as_matrix(X: object, *, name: str = "X", layered: bool = False) -> FloatArray:
+    """``X`` as a finite float64 2-D array (one row per query); with ``layered``, per-layer features
+    ``(n_queries, n_layers, n_features)`` are accepted too, and float32 stays float32 (half the memory).
+    """
     try:
-        array = np.asarray(X, dtype=np.float64)
+        array = np.asarray(X)
+        if not (layered and array.dtype.kind == "f"):
+            array = array.astype(np.float64, copy=False)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"`{name}` must be a 2-D array of numbers; got {type(X).__name__}: {exc}") from None
-    if array.ndim != 2:
-        raise ValueError(f"`{name}` must be a 2-D array (n_queries, n_features); got shape {array.shape}")
-    if array.shape[0] == 0:
-        raise ValueError(f"`{name}` must have at least one row; got shape {array.shape}")
-    if not np.all(np.isfinite(array)):
-        rows = np.flatnonzero(~np.all(np.isfinite(array), axis=1))
-        raise ValueError(f"`{name}` has non-finite values in rows {rows[:10].tolist()}")
+        raise ValueError(f"`{name}` must be an array of numbers; got {type(X).__name__}: {exc}") from None
+    if array.ndim not in ((2, 3) if layered else (2,)) or array.shape[0] == 0:
+        what = "an array of shape" if layered else "a 2-D array"
+        shapes = "(n_queries, n_features)" + (" or (n_queries, n_layers, n_features)" if layered else "")
+        raise ValueError(f"`{name}` must be {what} {shapes} with at least one row; got shape {array.shape}")
+    finite = np.isfinite(array.reshape(array.shape[0], -1)).all(axis=1)
+    if not finite.all():
+        raise ValueError(f"`{name}` has non-finite values in rows {np.flatnonzero(~finite)[:10].tolist()}")
     return array
 
 

@@ -203,26 +203,22 @@ class LinearProbe(Params):
             if X_va.shape[1] != dim:
                 raise ValueError(f"`X_val` has {X_va.shape[1]} features but `X` has {dim}")
         fitted = fit_sgd(self, X_all, y_all, validation)
+        run, split = fitted.run, fitted.split
         self._set_state(
-            weight=fitted.weight,
-            bias=fitted.bias,
-            mean=fitted.mean,
-            scale=fitted.scale,
+            weight=run.weight,
+            bias=run.bias,
+            mean=split.mean,
+            scale=split.scale,
             lr=fitted.lr,
             lr_sweep=fitted.lr_sweep,
-            best_epoch=fitted.best_epoch,
-            n_epochs=fitted.n_epochs,
+            best_epoch=run.best_epoch,
+            n_epochs=run.epochs_run,
             feature_spec=spec,
             target=target,
-            training={
-                "n": int(fitted.y_tr.shape[0]),
-                "mean_mu_hat": float(fitted.y_tr.mean()),
-                "source": source,
-            },
+            training={"n": len(split.y_tr), "mean_mu_hat": float(split.y_tr.mean()), "source": source},
         )
-        if fitted.validation is not None:
-            X_va, y_va = fitted.validation
-            self.validation_ = {"n": int(y_va.shape[0]), **brier_and_bce(self.predict(X_va), y_va)}
+        if split.X_va is not None and split.y_va is not None:
+            self.validation_ = {"n": len(split.y_va), **brier_and_bce(self.predict(split.X_va), split.y_va)}
         return self
 
     def _set_state(

@@ -35,7 +35,7 @@ class NestedCV:
 
 
 def _clone(estimator: Any) -> Any:
-    return type(estimator)(**estimator.get_params())
+    return type(estimator)(**estimator.get_params(deep=False))
 
 
 def nested_cross_val_predict(
@@ -43,7 +43,7 @@ def nested_cross_val_predict(
 ) -> NestedCV:
     """Outer K-fold predictions of ``estimator``, each fold fitted on the other folds only.
 
-    For each outer fold a fresh copy of ``estimator`` (``type(e)(**e.get_params())``) is fitted on
+    For each outer fold a fresh copy of ``estimator`` (``type(e)(**e.get_params(deep=False))``) is fitted on
     the training rows alone: whatever it selects inside ``fit`` (a :class:`ProbeSearch` chooses
     layers, solver and strength by its own inner CV) is chosen without the fold's rows, which
     are only predicted. So the predictions are honest held-out estimates of the whole recipe.

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from capgate._validate import check_int_at_least, check_positive_int, check_positive_number
 from capgate.estimators._common import (
     FloatArray,
+    as_matrix,
     as_vector,
     brier_and_bce,
     check_fitted,
@@ -49,25 +50,6 @@ _SOLVERS = ("ridge", "logistic", "sgd")
 _CONVEX_LR = 0.0  # what a convex fit records as LinearProbe.lr_: no SGD learning rate was used
 
 Config: TypeAlias = tuple[tuple[int, ...] | None, str, float | None, bool]
-
-
-def _as_features(X: object, *, name: str = "X") -> np.ndarray:
-    """``X`` as a finite float array of shape (n, dim) or (n, n_layers, dim)."""
-    try:
-        array = np.asarray(X)
-        if array.dtype.kind != "f":  # float32 per-layer features stay float32 (half the memory)
-            array = array.astype(np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"`{name}` must be an array of numbers; got {type(X).__name__}: {exc}") from None
-    if array.ndim not in (2, 3) or array.shape[0] == 0:
-        raise ValueError(
-            f"`{name}` must have shape (n_queries, n_features) or (n_queries, n_layers, n_features) "
-            f"with at least one row; got shape {array.shape}"
-        )
-    finite = np.isfinite(array.reshape(array.shape[0], -1)).all(axis=1)
-    if not finite.all():
-        raise ValueError(f"`{name}` has non-finite values in rows {np.flatnonzero(~finite)[:10].tolist()}")
-    return array
 
 
 class ProbeSearch(Params):
@@ -221,7 +203,7 @@ class ProbeSearch(Params):
                 of another length or outside [0, 1] (entry named), a spec that disagrees with ``X``.
         """
         self._check_settings()
-        features = _as_features(X)
+        features = as_matrix(X, layered=True)
         mu = as_vector(y, name="y", n=features.shape[0], unit=True)
         n_layers = features.shape[1] if features.ndim == 3 else None
         spec = None if feature_spec is None else spec_as_dict(feature_spec)
@@ -433,7 +415,7 @@ class ProbeSearch(Params):
 
     def _pooled(self, X: npt.ArrayLike) -> FloatArray:
         check_fitted(self, "best_estimator_")
-        features = _as_features(X)
+        features = as_matrix(X, layered=True)
         expected = (
             (self.n_features_in_,) if self.n_layers_in_ is None else (self.n_layers_in_, self.n_features_in_)
         )

@@ -30,7 +30,16 @@ from capgate.estimators._convex import fit_logistic, ridge_path, zscore
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LR_GRID", "LearningRate", "ProbeSettings", "SgdFit", "fit_sgd", "fit_weights"]
+__all__ = [
+    "LR_GRID",
+    "LearningRate",
+    "ProbeSettings",
+    "SgdFit",
+    "TrainingRun",
+    "TrainingSplit",
+    "fit_sgd",
+    "fit_weights",
+]
 
 LearningRate: TypeAlias = float | Sequence[float] | Literal["sweep"]
 
@@ -58,7 +67,9 @@ class ProbeSettings(Protocol):
     device: str
 
 
-class _Split(NamedTuple):
+class TrainingSplit(NamedTuple):
+    """The rows of one fit: training, validation (or none), and the z-scoring of the training rows."""
+
     X_tr: FloatArray
     y_tr: FloatArray
     X_va: FloatArray | None
@@ -68,7 +79,7 @@ class _Split(NamedTuple):
 
 
 @dataclass(frozen=True)
-class _Run:
+class TrainingRun:
     """The best checkpoint of one training run (one learning rate)."""
 
     weight: npt.NDArray[np.float32]
@@ -81,18 +92,12 @@ class _Run:
 
 @dataclass(frozen=True)
 class SgdFit:
-    """What :func:`fit_sgd` learned: the kept checkpoint, its z-scoring and how it was chosen."""
+    """What :func:`fit_sgd` learned: the kept run, its learning rate, the sweep, the rows used."""
 
-    weight: npt.NDArray[np.float32]
-    bias: float
-    mean: FloatArray | None
-    scale: FloatArray | None
+    run: TrainingRun
     lr: float
     lr_sweep: dict[float, float]
-    best_epoch: int
-    n_epochs: int
-    y_tr: FloatArray
-    validation: tuple[FloatArray, FloatArray] | None
+    split: TrainingSplit
 
 
 def learning_rates(lr: LearningRate) -> tuple[float, ...]:
@@ -127,7 +132,7 @@ def _split(
     X: FloatArray,
     y: FloatArray,
     validation: tuple[FloatArray, FloatArray] | None,
-) -> _Split:
+) -> TrainingSplit:
     if validation is not None:
         (X_tr, y_tr), (X_va, y_va) = (X, y), validation
     elif settings.validation_fraction is not None:
@@ -142,9 +147,9 @@ def _split(
         val_idx, tr_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
         X_tr, y_tr, X_va, y_va = X[tr_idx], y[tr_idx], X[val_idx], y[val_idx]
     else:
-        return _Split(X, y, None, None, *(zscore(X) if settings.standardize else (None, None)))
+        return TrainingSplit(X, y, None, None, *(zscore(X) if settings.standardize else (None, None)))
     mean, scale = zscore(X_tr) if settings.standardize else (None, None)
-    return _Split(X_tr, y_tr, X_va, y_va, mean, scale)
+    return TrainingSplit(X_tr, y_tr, X_va, y_va, mean, scale)
 
 
 def fit_sgd(
@@ -182,19 +187,8 @@ def fit_sgd(
             RuntimeWarning,
             stacklevel=3,
         )
-    validation = None if split.X_va is None or split.y_va is None else (split.X_va, split.y_va)
-    return SgdFit(
-        weight=best.weight,
-        bias=best.bias,
-        mean=split.mean,
-        scale=split.scale,
-        lr=best_lr,
-        lr_sweep={lr: run.val_loss for lr, run in runs.items()} if validation is not None else {},
-        best_epoch=best.best_epoch,
-        n_epochs=best.epochs_run,
-        y_tr=split.y_tr,
-        validation=validation,
-    )
+    swept = split.X_va is not None
+    return SgdFit(best, best_lr, {lr: run.val_loss for lr, run in runs.items()} if swept else {}, split)
 
 
 def fit_weights(
@@ -215,8 +209,8 @@ def fit_weights(
             init = fit_logistic(z, y, float(alphas[i]), init=init)
             out[i] = init
         return out
-    fitted = fit_sgd(sgd, z, y)
-    return [(fitted.weight.astype(np.float64), fitted.bias)]
+    run = fit_sgd(sgd, z, y).run
+    return [(run.weight.astype(np.float64), run.bias)]
 
 
 def require_torch() -> Any:
@@ -230,7 +224,7 @@ def require_torch() -> Any:
     return torch
 
 
-def _train(settings: ProbeSettings, split: _Split, lr: float) -> _Run:
+def _train(settings: ProbeSettings, split: TrainingSplit, lr: float) -> TrainingRun:
     """Train one probe at learning rate ``lr``; the checkpoint with the lowest validation loss."""
     torch = require_torch()
     device = torch.device(settings.device)
@@ -246,7 +240,9 @@ def _train(settings: ProbeSettings, split: _Split, lr: float) -> _Run:
         torch.set_num_threads(threads)
 
 
-def _train_loop(torch: Any, device: torch.device, settings: ProbeSettings, split: _Split, lr: float) -> _Run:
+def _train_loop(
+    torch: Any, device: torch.device, settings: ProbeSettings, split: TrainingSplit, lr: float
+) -> TrainingRun:
     functional = torch.nn.functional
     X_tr, y_tr, X_va, y_va, mean, scale = split
 
@@ -311,4 +307,4 @@ def _train_loop(torch: Any, device: torch.device, settings: ProbeSettings, split
             best_w, best_b = snapshot()
         elif epoch - best_epoch >= settings.patience:
             break
-    return _Run(best_w, best_b, best_loss, best_epoch, epochs_run, diverged)
+    return TrainingRun(best_w, best_b, best_loss, best_epoch, epochs_run, diverged)
