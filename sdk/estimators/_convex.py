@@ -26,6 +26,7 @@ __all__ = [
     "kfold",
     "layer_candidates",
     "pool_layers",
+    "require_torch",
     "ridge_loo",
     "ridge_path",
     "zscore",
@@ -142,6 +143,17 @@ def ridge_loo(z: FloatArray, y: FloatArray, alphas: Sequence[float]) -> FloatArr
     return loo
 
 
+def require_torch() -> Any:
+    """The torch module, or an ImportError saying which extra to install."""
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(
+            "fitting a LinearProbe needs torch; install the extra: pip install 'capgate[local]'"
+        ) from None
+    return torch
+
+
 def fit_logistic(
     z: FloatArray,
     y: FloatArray,
@@ -156,8 +168,6 @@ def fit_logistic(
     result is deterministic. ``init`` warm-starts from ``(w, b)``; the default start is
     ``w = 0, b = logit(mean y)`` (the constant prior).
     """
-    from capgate.estimators._probe_training import require_torch
-
     torch = require_torch()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

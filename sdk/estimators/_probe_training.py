@@ -25,7 +25,7 @@ from capgate._validate import (
     check_unit_interval,
 )
 from capgate.estimators._common import FloatArray, check_non_negative
-from capgate.estimators._convex import fit_logistic, ridge_path, zscore
+from capgate.estimators._convex import fit_logistic, require_torch, ridge_path, zscore
 
 if TYPE_CHECKING:
     import torch
@@ -211,17 +211,6 @@ def fit_weights(
         return out
     run = fit_sgd(sgd, z, y).run
     return [(run.weight.astype(np.float64), run.bias)]
-
-
-def require_torch() -> Any:
-    """The torch module, or an ImportError saying which extra to install."""
-    try:
-        import torch
-    except ImportError:
-        raise ImportError(
-            "fitting a LinearProbe needs torch; install the extra: pip install 'capgate[local]'"
-        ) from None
-    return torch
 
 
 def _train(settings: ProbeSettings, split: TrainingSplit, lr: float) -> TrainingRun:
