@@ -10,7 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, model_validator
 
-from capgate._types import Decision, Estimate
+from capgate._types import Decision, Estimate, Mode
 from capgate._validate import check_unit_interval
 from capgate.policies import _templates as tpl
 from capgate.policies._actions import (
@@ -137,6 +137,8 @@ class Policy(Strict):
         on_degraded: Mandatory fail-safe for estimates that are unavailable or degraded.
         steps: Overrides by agent step (graph node) name.
         tools: Overrides by gated tool name; a tool override wins over a step override.
+        mode: ``"enforce"`` (the gate acts on each decision) or ``"shadow"`` (it decides and logs
+            beside the call, which proceeds as if answered; a gate's own ``mode`` overrides it).
 
     Example:
         >>> from capgate import Estimate
@@ -159,6 +161,7 @@ class Policy(Strict):
     on_degraded: DegradedAction
     steps: dict[str, Override] = Field(default_factory=dict)
     tools: dict[str, Override] = Field(default_factory=dict)
+    mode: Mode = "enforce"
 
     @model_validator(mode="after")
     def _route_edges(self) -> Policy:

@@ -37,6 +37,7 @@ __all__ = [
     "Estimate",
     "Extractor",
     "LabelledQuery",
+    "Mode",
     "Outcome",
     "PaperConfidenceGap",
     "RoutePlan",
@@ -231,6 +232,10 @@ Action: TypeAlias = Literal["answer", "abstain", "clarify", "escalate", "resampl
 """What a policy can do with a query: answer it, abstain, ask the user, hand to a human,
 spend more samples (CAS), or send it to another model (the cheapest predicted to be capable)."""
 
+Mode: TypeAlias = Literal["enforce", "shadow"]
+"""How a gate uses its decisions: act on them, or (shadow) make and log them beside the call, which
+proceeds as if answered, so a team sees what the gate would have done before it lets it act."""
+
 Extractor: TypeAlias = Callable[[str], str | None]
 """Maps a response text to its normalized answer (``None``: no answer); CAS votes by it. A
 grader's ``extract`` method is one."""
@@ -398,6 +403,8 @@ class Decision(BaseModel):
         target: The model whose capability was estimated (the model the gated call goes to).
         target_override: True when the estimator predicts another model's capability than the
             one the call goes to, and the gate was told to allow it (``allow_other_target``).
+        shadow: A shadow decision: made and logged beside the call, not acted on (``action`` is
+            what the gate would have done; the call proceeded as if answered).
         step: Agent step (graph node) the query came from, if any.
         tool: Tool whose call is being gated, if any.
         stopped_by: For ``resample``, once sampled: the stop rule (or cap) that ended sampling
@@ -422,6 +429,7 @@ class Decision(BaseModel):
     policy_version: int | None = None
     target: str | None = None
     target_override: bool = False
+    shadow: bool = False
     step: str | None = None
     tool: str | None = None
     stopped_by: str | None = None

@@ -88,8 +88,8 @@ def test_the_import_graph_is_read_from_the_source() -> None:
     # a lazy import inside a function body counts
     assert "capgate.decision.log" in GRAPH["capgate.gate._settings"]
     # a TYPE_CHECKING import counts only for the type-level graph
-    assert "capgate.decision.log" not in GRAPH["capgate.gate.flow"]
-    assert "capgate.decision.log" in TYPED_GRAPH["capgate.gate.flow"]
+    assert "capgate.decision.log" not in GRAPH["capgate.gate._effects"]
+    assert "capgate.decision.log" in TYPED_GRAPH["capgate.gate._effects"]
     assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
 
 
@@ -288,8 +288,8 @@ def _capgate_path(frame: object) -> list[str]:
 
 
 def test_a_guarded_call_walks_down_once_and_calls_up_only_to_run_the_function() -> None:
-    """decorator -> flow -> gate limits -> estimator: each module entered once on the way down, the
-    query normalized once, and the one call back up is the one that runs the user's function."""
+    """decorator -> flow driver -> effect -> gate limits -> estimator: each module entered once on
+    the way down, the query normalized once, and the one call back up runs the user's function."""
     import inspect
     import sys
 
@@ -335,5 +335,9 @@ def test_a_guarded_call_walks_down_once_and_calls_up_only_to_run_the_function() 
 
     assert ask_plain("What is 2 + 2?") == "4"
     walk = seen["estimator"]
-    assert walk == ["capgate.guard", "capgate.gate.flow", "capgate.gate._limits"], walk
-    assert seen["function"] == ["capgate.guard", "capgate.gate.flow", "capgate.guard"], seen["function"]
+    assert walk == ["capgate.guard", "capgate.gate.flow", "capgate.gate._effects", "capgate.gate._limits"], (
+        walk
+    )
+    assert len(set(walk)) == len(walk)
+    up = seen["function"]
+    assert up == ["capgate.guard", "capgate.gate.flow", "capgate.gate._effects", "capgate.guard"], up

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
+
 from capgate import Estimate, Gate
 from capgate.backend import Prompt
 from capgate.estimators import CapabilityEstimator
-from capgate.gate.flow import AssessEach
+from capgate.gate.flow import AssessEach, aperform, perform
 
 
 class Counting(CapabilityEstimator):
@@ -31,10 +33,15 @@ def test_one_batched_estimate_per_estimator_and_verdicts_in_order() -> None:
         (gate.with_options(tool="b"), "hard two"),
         (gate, "easy three"),
     ]
-    for verdicts in (AssessEach(items).run(), asyncio.run(AssessEach(items).arun())):
+    for verdicts in (perform(AssessEach(items)), asyncio.run(aperform(AssessEach(items)))):
         assert [v.action for v in verdicts] == ["answer", "abstain", "abstain", "answer"]
         assert [v.query for v in verdicts] == [q for _, q in items]
         assert verdicts[0].decision.tool == "a"
     assert shared.batches == [3, 3]
     assert other.batches == [1, 1]
     assert gate.stats.calls == 6
+
+
+def test_a_compound_effect_is_run_by_a_driver_not_by_itself() -> None:
+    with pytest.raises(TypeError, match="run by a flow driver"):
+        AssessEach([]).run()

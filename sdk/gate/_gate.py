@@ -2,28 +2,33 @@
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import itertools
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar, Unpack
+from typing import TYPE_CHECKING, TypeVar, Unpack
 
-from capgate import _twins as twins
 from capgate._types import Estimate, Extractor, RoutePlan
 from capgate.backend import Prompt
-from capgate.cas.drawn import DrawnValues
-from capgate.cas.loop import CASResult, sampling_plan
-from capgate.cas.settings import stop_rule
+from capgate.cas.loop import CASResult
 from capgate.errors import LogUnavailableError, SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._defaults import default_estimator, default_extract
-from capgate.gate._limits import Limits, Slots
+from capgate.gate._limits import Limits, Slots, log_writer
 from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
 from capgate.gate._settings import GateOptions, GateSettings, OnBlock, given_settings
+from capgate.gate._shadow import Shadows, astart_shadow, start_shadow
 from capgate.gate._stats import GateStats
-from capgate.gate.flow import Assess, Draw, EstimateCall, Flow, Invoke, Sample, aperform, perform
+from capgate.gate.flow import (
+    Assess,
+    EstimateCall,
+    Flow,
+    Invoke,
+    Sample,
+    Shadow,
+    aperform,
+    perform,
+)
 from capgate.messages import as_query
 from capgate.policies import Policy, choose_route, load_policy
 
@@ -49,12 +54,7 @@ class _Shared:
         self.policies: dict[str, Policy] = {}
         self.logs: dict[str, DecisionLog] = {}
         self.slots = Slots()
-
-
-def decision_seed(decision_id: str) -> int:
-    """The seed of a decision's stochastic stop rules: fixed by its id, so a replayed decision
-    stops where it stopped the first time."""
-    return int.from_bytes(hashlib.sha256(decision_id.encode("utf-8")).digest()[:8], "big")
+        self.shadows = Shadows()
 
 
 class Gate:
@@ -228,7 +228,7 @@ class Gate:
         return EstimateCall(estimator, queries, self.limits)
 
     @staticmethod
-    def _one(estimates: object, estimator: CapabilityEstimator) -> Estimate:
+    def _one(estimates: object, estimator: CapabilityEstimator | None) -> Estimate:
         if not (isinstance(estimates, list) and len(estimates) == 1 and isinstance(estimates[0], Estimate)):
             raise TypeError(
                 f"{type(estimator).__name__}.estimate([query]) must return a list of one Estimate; "
@@ -236,31 +236,56 @@ class Gate:
             )
         return estimates[0]
 
-    def decide_on(self, query: Prompt, estimates: object, estimator: CapabilityEstimator) -> Verdict:
-        """The policy's verdict on ``estimator``'s one estimate of ``query`` (counted in :attr:`stats`).
+    def decide_on(
+        self,
+        query: Prompt,
+        estimates: object,
+        estimator: CapabilityEstimator | None,
+        *,
+        shadow_of: str | None = None,
+    ) -> Verdict:
+        """The policy's verdict on ``estimator``'s one estimate of ``query`` (counted in :attr:`stats`);
+        ``shadow_of``: a shadow decision, with that id (its stand-in's).
 
         Raises:
             TypeError: ``estimates`` is not a list of one :class:`~capgate.Estimate`.
             SettingsError: The estimator predicts another model than the gate's ``target``.
         """
         estimate = self._one(estimates, estimator)
-        target, override = self.settings.target_check(estimator)
+        target, override = (
+            (self.settings.target, False) if estimator is None else self.settings.target_check(estimator)
+        )
         decision = self.resolve_policy().decide(estimate, step=self.settings.step, tool=self.settings.tool)
+        extra: dict[str, object] = {} if shadow_of is None else {"id": shadow_of, "shadow": True}
         if target is not None:
-            extra: dict[str, object] = {"target": target, "target_override": override}
-            if override:
+            extra |= {"target": target, "target_override": override}
+            if override and estimator is not None:
                 note = _OVERRIDE_NOTE.format(predicts=estimator.target_model)
                 extra["reason"] = f"{decision.reason}; {note}"
-            decision = decision.model_copy(update=extra)
+        decision = decision.model_copy(update=extra) if extra else decision
         self.stats.decided(decision)
         return Verdict(decision=decision, query=query)
 
+    def in_shadow(self) -> bool:
+        """Whether this gate decides in shadow mode (its ``mode``, else its policy's)."""
+        return (self.settings.mode or self.resolve_policy().mode) == "shadow"
+
     def assess_flow(self, query: object, *, where: str | None = None) -> Flow[Verdict]:
         """Estimate (within :attr:`limits`), decide, and route when the policy says: the flow of
-        :meth:`assess`, for integrations that compose it (:class:`~capgate.gate.flow.Assess`)."""
+        :meth:`assess`, for integrations that compose it (:class:`~capgate.gate.flow.Assess`).
+        In shadow mode: the stand-in ``answer`` verdict, the decision made beside the call."""
         q = as_query(query, where=where or "query")
+        if self.in_shadow():
+            shadowed: Verdict = yield Shadow(self, q)
+            return shadowed
+        return (yield from self.decide_flow(q))
+
+    def decide_flow(self, query: Prompt, *, shadow_of: str | None = None) -> Flow[Verdict]:
+        """Estimate, decide and route in enforce mode (:class:`~capgate.gate.flow.Decide`)."""
+        q = query
         estimator = self.resolve_estimator()
-        verdict = self.decide_on(q, (yield self.estimate_call(estimator, [q])), estimator)
+        estimates = yield self.estimate_call(estimator, [q])
+        verdict = self.decide_on(q, estimates, estimator, shadow_of=shadow_of)
         plan = verdict.decision.route_plan
         if plan is not None:
             route, filled, why = yield from self.route_flow(q, plan)
@@ -287,6 +312,27 @@ class Gate:
         """Async twin of :meth:`assess` (uses the estimator's ``aestimate``)."""
         verdict: Verdict = await aperform(Assess(self, query))
         return verdict
+
+    # ------------------------------------------------------------------ shadow mode
+
+    def shadow(self, query: Prompt) -> Verdict:
+        """Start a shadow decision on ``query`` in a worker thread; return the stand-in ``answer``."""
+        return start_shadow(self, query, self._shared.shadows)
+
+    async def ashadow(self, query: Prompt) -> Verdict:
+        """Async twin of :meth:`shadow`: the decision is made by a task of the running loop."""
+        return astart_shadow(self, query, self._shared.shadows)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the shadow decisions made in threads are made and logged (``False``: time-out).
+
+        Shadow decisions of async calls are tasks of their event loop: ``await`` :meth:`aflush`.
+        """
+        return self._shared.shadows.wait(timeout)
+
+    async def aflush(self) -> None:
+        """Wait until every shadow decision of this gate is made and logged."""
+        await self._shared.shadows.await_all()
 
     # ------------------------------------------------------------------ routing
 
@@ -336,6 +382,16 @@ class Gate:
         Raises:
             LogUnavailableError: The log could not store the decision and is ``fail_closed``.
         """
+        if verdict.pending is not None:  # a shadow decision: logged once made, from the log's thread
+            verdict.pending.then(
+                lambda made: self._shared.shadows.track(
+                    log_writer().submit(self._write, made, samples_used, cas)
+                )
+            )
+            return
+        self._write(verdict, samples_used, cas)
+
+    def _write(self, verdict: Verdict, samples_used: int | None, cas: CASResult | None) -> None:
         log = self.log
         if log is None:
             return
@@ -373,43 +429,6 @@ class Gate:
         return gated
 
     # ------------------------------------------------------------------ resampling
-
-    def sample_flow(
-        self,
-        verdict: Verdict,
-        draw: Invoke,
-        *,
-        to_text: Callable[[Any], str] | None = None,
-        count_tokens: Callable[[Any], int] | None = None,
-        concurrent: bool = True,
-    ) -> Flow[Sampled[Any]]:
-        """The flow of :meth:`sample`: CAS's loop (:func:`capgate.cas.loop.sampling_plan`), each
-        round a :class:`~capgate.gate.flow.Draw` of ``draw`` (:class:`~capgate.gate.flow.Sample`).
-
-        Raises:
-            ValueError: The verdict is not a resample.
-        """
-        plan = verdict.decision.plan
-        if plan is None:
-            raise ValueError(f"only a resample decision can be sampled; this one is {verdict.action!r}")
-        drawn: DrawnValues[Any] = DrawnValues(to_text=to_text, count_tokens=count_tokens)
-        rounds = itertools.count()
-        loop = sampling_plan(
-            verdict.query,
-            extract=self.extract,
-            stop=stop_rule(plan.stop),
-            batch_size=plan.batch_size,
-            max_samples=plan.max_samples,
-            seed=decision_seed(verdict.decision.id),
-        )
-        target = verdict.decision.target
-        cas: CASResult = yield from twins.relay(
-            loop,
-            lambda ask: Draw(draw, ask[1].n, drawn, concurrent, next(rounds), target),
-            lambda generations: [generations],
-        )
-        self.stats.sampled(cas)
-        return Sampled(value=drawn.winner(cas), cas=cas)
 
     def sample(
         self,

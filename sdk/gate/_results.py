@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from capgate._types import Action, Decision, Estimate, SamplingPlan
 from capgate.backend import Prompt
@@ -18,6 +22,7 @@ __all__ = [
     "Gated",
     "ResampleFailed",
     "Sampled",
+    "ShadowDecision",
     "Verdict",
     "blocked_error",
 ]
@@ -47,6 +52,32 @@ class _DecisionFacts:
         return self.decision.estimate
 
 
+class ShadowDecision:
+    """A shadow decision being made: :meth:`then` runs a callback with its verdict once it exists."""
+
+    def __init__(self, future: concurrent.futures.Future[Verdict] | asyncio.Future[Verdict]) -> None:
+        self.future = future
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[Verdict], None]] = []
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Any) -> None:
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, []
+        if not future.cancelled() and future.exception() is None:  # cancelled: its loop closed
+            for callback in callbacks:
+                callback(future.result())
+
+    def then(self, callback: Callable[[Verdict], None]) -> None:
+        """Call ``callback(verdict)`` once the decision is made (now, if it is)."""
+        with self._lock:
+            if not self.future.done():
+                self._callbacks.append(callback)
+                return
+        if not self.future.cancelled() and self.future.exception() is None:
+            callback(self.future.result())
+
+
 @dataclass(frozen=True)
 class Verdict(_DecisionFacts):
     """A decision on a query, and the query it was made on: all an integration needs to act.
@@ -55,10 +86,13 @@ class Verdict(_DecisionFacts):
         decision: The policy's decision (self-contained: it carries its sampling plan, its
             hand-off target and its texts).
         query: The query (normalized: a string or chat messages).
+        pending: In shadow mode, the decision being made beside the call (``decision`` is then
+            its stand-in: ``answer``, with the same id the logged decision will have).
     """
 
     decision: Decision
     query: Prompt
+    pending: ShadowDecision | None = field(default=None, compare=False, repr=False)
 
     @property
     def plan(self) -> SamplingPlan | None:

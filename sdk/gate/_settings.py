@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict
 
-from capgate._types import Extractor
+from capgate._types import Extractor, Mode
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.policies import Policy
@@ -49,6 +49,7 @@ OnBlock: TypeAlias = Literal["return", "raise"]
 an interrupt), or a :class:`~capgate.GateBlocked` exception."""
 
 ON_BLOCK: tuple[OnBlock, ...] = ("return", "raise")
+MODES: tuple[Mode, ...] = ("enforce", "shadow")
 
 PolicyLike: TypeAlias = str | Path | Policy
 """A policy, a preset name (``"balanced"``) or a policy file path."""
@@ -68,6 +69,7 @@ class SharedOptions(TypedDict, total=False):
     max_concurrency: int | None
     estimate_timeout_s: float | None
     routes: Mapping[str, CapabilityEstimator] | None
+    mode: Mode | None
 
 
 class GateOptions(SharedOptions, total=False):
@@ -108,6 +110,9 @@ class GateSettings:
         routes: One capability estimator per model choice (by name), for the policy's ``route``
             actions: the query goes to the cheapest choice (first in the action's ``choices``)
             whose predicted capability clears the edge, else to the strongest (the last).
+        mode: ``"shadow"``: decide and log beside each call, which proceeds as if answered (the
+            estimate never delays or fails it); ``"enforce"``: act on each decision; ``None``: the
+            policy's ``mode`` (enforce unless the policy file says shadow).
 
     Raises:
         SettingsError: A setting has a wrong value or type (the message names it), or the
@@ -126,6 +131,7 @@ class GateSettings:
     max_concurrency: int | None = None
     estimate_timeout_s: float | None = None
     routes: Mapping[str, CapabilityEstimator] | None = None
+    mode: Mode | None = None
 
     def __post_init__(self) -> None:
         from capgate.decision.log import DecisionLog
@@ -163,6 +169,8 @@ class GateSettings:
             isinstance(deadline, bool) or not isinstance(deadline, int | float) or not 0 < deadline < 1e9
         ):
             raise SettingsError(f"`estimate_timeout_s` must be a positive number or None; got {deadline!r}")
+        if self.mode not in (None, *MODES):
+            raise SettingsError(f"`mode` must be one of {MODES} or None; got {self.mode!r}")
         if self.estimator is not None:
             self.target_check(self.estimator)
         if self.routes is not None:

@@ -17,9 +17,11 @@ class GateStats:
     """What a gate has done so far (shared by every call through it; updates are thread-safe).
 
     Attributes:
-        calls: Decisions made.
-        actions: Decisions per action.
-        degraded: Decisions made on a degraded estimate (the policy's fail-safe).
+        calls: Gated calls (in shadow mode, counted when the call proceeds).
+        actions: Actions taken, per action (a shadow call's is ``answer``).
+        shadow_actions: What the gate would have done on its shadow calls, per action (counted
+            when each shadow decision is made, beside the call).
+        degraded: Decisions made on a degraded estimate (the policy's fail-safe), shadow ones too.
         samples: Responses drawn by ``resample``.
         last_decision: The most recent decision.
         last_cas: The most recent resample run.
@@ -30,6 +32,7 @@ class GateStats:
 
     calls: int = 0
     actions: Counter[str] = field(default_factory=Counter)
+    shadow_actions: Counter[str] = field(default_factory=Counter)
     degraded: int = 0
     samples: int = 0
     last_decision: Decision | None = None
@@ -39,12 +42,21 @@ class GateStats:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def decided(self, decision: Decision) -> None:
-        """Count a decision."""
+        """Count a decision (a shadow one as a would-be action)."""
         with self._lock:
-            self.calls += 1
-            self.actions[decision.action] += 1
+            if decision.shadow:
+                self.shadow_actions[decision.action] += 1
+            else:
+                self.calls += 1
+                self.actions[decision.action] += 1
             self.degraded += int(decision.degraded)
             self.last_decision = decision
+
+    def proceeded(self) -> None:
+        """Count a shadow call, which proceeds as if answered."""
+        with self._lock:
+            self.calls += 1
+            self.actions["answer"] += 1
 
     def routed(self, decision: Decision) -> None:
         """Record the route chosen for the last decision (already counted)."""
@@ -69,5 +81,6 @@ class GateStats:
             self.calls = self.degraded = self.samples = self.log_failures = 0
             self.last_log_error = None
             self.actions.clear()
+            self.shadow_actions.clear()
             self.last_decision = None
             self.last_cas = None

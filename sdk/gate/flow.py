@@ -38,37 +38,37 @@ Example:
     '4'
 """
 
-from __future__ import annotations
-
-import asyncio
 import contextlib
 import functools
-import inspect
 import operator
-from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, TypeVar
 
 from capgate import _twins as twins
 from capgate import telemetry
-from capgate._types import Estimate, RoutePlan
-from capgate.backend import Generation, Prompt
-from capgate.cas.drawn import DrawnValues
-from capgate.cas.loop import CASResult
-from capgate.estimators.base import CapabilityEstimator
-from capgate.gate._limits import Limits, limited_aestimate, limited_estimate, log_writer
-from capgate.gate._results import GateBlocked, Sampled, Verdict
-from capgate.gate._settings import GateSettings
-from capgate.messages import as_query
-
-if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
+from capgate.gate._effects import (
+    Assess,
+    AssessEach,
+    Compound,
+    Decide,
+    Draw,
+    Effect,
+    EstimateCall,
+    Flow,
+    FlowGate,
+    Invoke,
+    Record,
+    Route,
+    Sample,
+    Shadow,
+)
+from capgate.gate._results import GateBlocked, Verdict
 
 __all__ = [
     "Assess",
     "AssessEach",
     "Compound",
+    "Decide",
     "Draw",
     "Effect",
     "EstimateCall",
@@ -78,239 +78,13 @@ __all__ = [
     "Record",
     "Route",
     "Sample",
+    "Shadow",
     "adrive",
     "aperform",
     "drive",
     "perform",
 ]
-
 R = TypeVar("R")
-
-
-class Effect(ABC):
-    """One piece of I/O a flow asks for; :meth:`run` does it sync, :meth:`arun` async."""
-
-    @abstractmethod
-    def run(self) -> Any:
-        """Do it synchronously."""
-
-    @abstractmethod
-    async def arun(self) -> Any:
-        """Do it asynchronously."""
-
-
-Flow: TypeAlias = Generator[Effect, Any, R]
-"""A flow yields effects, receives their results, and returns its own."""
-
-
-class Compound(Effect):
-    """An effect that is itself a flow of effects; a driver runs its :meth:`flow` with itself."""
-
-    @abstractmethod
-    def flow(self) -> Flow[Any]:
-        """The effects it is made of."""
-
-    def run(self) -> Any:
-        return perform(self)
-
-    async def arun(self) -> Any:
-        return await aperform(self)
-
-
-class FlowGate(Protocol):
-    """What the gate's effects ask of a gate (:class:`~capgate.Gate` is the implementation)."""
-
-    @property
-    def settings(self) -> GateSettings: ...
-
-    @property
-    def log(self) -> DecisionLog | None: ...
-
-    def assess_flow(self, query: object, *, where: str | None = None) -> Flow[Verdict]: ...
-
-    def route_flow(self, query: Prompt, plan: RoutePlan) -> Flow[tuple[str, RoutePlan, str]]: ...
-
-    def sample_flow(
-        self,
-        verdict: Verdict,
-        draw: Invoke,
-        *,
-        to_text: Callable[[Any], str] | None,
-        count_tokens: Callable[[Any], int] | None,
-        concurrent: bool,
-    ) -> Flow[Sampled[Any]]: ...
-
-    def resolve_estimator(self) -> CapabilityEstimator: ...
-
-    def estimate_call(self, estimator: CapabilityEstimator, queries: list[Prompt]) -> EstimateCall: ...
-
-    def decide_on(self, query: Prompt, estimates: object, estimator: CapabilityEstimator) -> Verdict: ...
-
-    def record(
-        self, verdict: Verdict, *, samples_used: int | None = None, cas: CASResult | None = None
-    ) -> None: ...
-
-
-# --------------------------------------------------------------------------- leaf effects
-
-
-@dataclass(frozen=True)
-class EstimateCall(Effect):
-    """One call of an estimator, within the gate's concurrency cap and deadline (a late estimate
-    is degraded, naming the deadline; an async one is cancelled)."""
-
-    estimator: CapabilityEstimator
-    queries: list[Prompt]
-    limits: Limits
-
-    def run(self) -> list[Estimate]:
-        return limited_estimate(self.estimator, self.queries, self.limits)
-
-    async def arun(self) -> list[Estimate]:
-        return await limited_aestimate(self.estimator, self.queries, self.limits)
-
-
-@dataclass(frozen=True)
-class Record(Effect):
-    """Write a decision to the gate's log (:meth:`capgate.Gate.record`); async, from the log's thread."""
-
-    gate: FlowGate
-    verdict: Verdict
-    samples_used: int | None = None
-    cas: CASResult | None = None
-
-    def run(self) -> None:
-        self.gate.record(self.verdict, samples_used=self.samples_used, cas=self.cas)
-
-    async def arun(self) -> None:
-        if self.gate.settings.log is not None:
-            await asyncio.get_running_loop().run_in_executor(log_writer(), self.run)
-
-
-async def _awaited(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
-@dataclass(frozen=True)
-class Invoke(Effect):
-    """Call the user's code: ``call()`` on the sync path, ``acall()`` (awaited) on the async one.
-
-    Without ``acall``, the async path awaits what ``call()`` returns when it is awaitable (a
-    coroutine function's call).
-    """
-
-    call: Callable[[], Any]
-    acall: Callable[[], Awaitable[Any]] | None = None
-
-    def run(self) -> Any:
-        return self.call()
-
-    async def arun(self) -> Any:
-        return await (self.acall() if self.acall is not None else _awaited(self.call()))
-
-
-@dataclass(frozen=True)
-class Draw(Effect):
-    """One resample round: ``n`` calls of the user's code, kept in ``drawn`` (async: concurrent
-    unless ``concurrent`` is off); the generations they read as, in call order."""
-
-    invoke: Invoke
-    n: int
-    drawn: DrawnValues[Any]
-    concurrent: bool = True
-    index: int = 0
-    model: str | None = None
-
-    def run(self) -> list[Generation]:
-        return [self.drawn.generation(self.invoke.run()) for _ in range(self.n)]
-
-    async def arun(self) -> list[Generation]:
-        if self.concurrent:
-            values = list(await asyncio.gather(*(self.invoke.arun() for _ in range(self.n))))
-        else:
-            values = [await self.invoke.arun() for _ in range(self.n)]
-        return [self.drawn.generation(v) for v in values]
-
-
-# --------------------------------------------------------------------------- the gate's own flows
-
-
-@dataclass(frozen=True)
-class Assess(Compound):
-    """Estimate a query and decide (:meth:`capgate.Gate.assess`): a :class:`~capgate.gate.Verdict`.
-
-    ``where`` names where the query came from, for the error of a query that is not one.
-    """
-
-    gate: FlowGate
-    query: object
-    where: str | None = None
-
-    def flow(self) -> Flow[Verdict]:
-        return self.gate.assess_flow(self.query, where=self.where)
-
-
-@dataclass(frozen=True)
-class AssessEach(Compound):
-    """Several assessments, each by its own gate (view): a list of verdicts, in order.
-
-    The queries that share an estimator are estimated in one call (one batched forward pass for a
-    probe), within the first asking gate's limits; then each gate decides on its own estimate.
-    """
-
-    items: Sequence[tuple[FlowGate, object]]
-
-    def flow(self) -> Flow[list[Verdict]]:
-        asked = [(gate, as_query(query), gate.resolve_estimator()) for gate, query in self.items]
-        groups: dict[int, list[int]] = {}
-        for index, (_, _, estimator) in enumerate(asked):
-            groups.setdefault(id(estimator), []).append(index)
-        verdicts: dict[int, Verdict] = {}
-        for indices in groups.values():
-            gate, _, estimator = asked[indices[0]]
-            estimates = yield gate.estimate_call(estimator, [asked[i][1] for i in indices])
-            if not isinstance(estimates, list) or len(estimates) != len(indices):
-                raise TypeError(
-                    f"{type(estimator).__name__}.estimate(queries) must return one Estimate per query; "
-                    f"got {estimates!r} for {len(indices)} queries"
-                )
-            for i, estimate in zip(indices, estimates, strict=True):
-                verdicts[i] = asked[i][0].decide_on(asked[i][1], [estimate], estimator)
-        return [verdicts[i] for i in range(len(asked))]
-
-
-@dataclass(frozen=True)
-class Route(Compound):
-    """Choose a model for a query by the gate's ``routes``: the chosen name, the plan with each
-    estimated choice's p, and the reason (:func:`capgate.policies.choose_route`)."""
-
-    gate: FlowGate
-    query: object
-    plan: RoutePlan
-
-    def flow(self) -> Flow[tuple[str, RoutePlan, str]]:
-        return self.gate.route_flow(as_query(self.query), self.plan)
-
-
-@dataclass(frozen=True)
-class Sample(Compound):
-    """Carry out a resample verdict under CAS, each sample one ``draw`` (:meth:`capgate.Gate.sample`)."""
-
-    gate: FlowGate
-    verdict: Verdict
-    draw: Invoke
-    to_text: Callable[[Any], str] | None = None
-    count_tokens: Callable[[Any], int] | None = None
-    concurrent: bool = True
-
-    def flow(self) -> Flow[Sampled[Any]]:
-        return self.gate.sample_flow(
-            self.verdict,
-            self.draw,
-            to_text=self.to_text,
-            count_tokens=self.count_tokens,
-            concurrent=self.concurrent,
-        )
 
 
 # --------------------------------------------------------------------------- tracing observer
@@ -324,10 +98,12 @@ class _Spans:
 
     def enter(self, effect: Effect) -> Any:
         """The span(s) ``effect`` opens (``None``: it runs under the current one)."""
-        if isinstance(effect, Assess):
+        if isinstance(effect, Assess):  # a shadow decision's span is its Decide's, beside the call
+            return None if effect.gate.in_shadow() else telemetry.start(telemetry.SPAN_GATE)
+        if isinstance(effect, Decide):
             return telemetry.start(telemetry.SPAN_GATE)
         if isinstance(effect, AssessEach):
-            return [telemetry.start(telemetry.SPAN_GATE) for _ in effect.items]
+            return [None if g.in_shadow() else telemetry.start(telemetry.SPAN_GATE) for g, _ in effect.items]
         if isinstance(effect, EstimateCall):
             return telemetry.start(telemetry.SPAN_ESTIMATE)
         if isinstance(effect, Draw):
@@ -349,7 +125,7 @@ class _Spans:
         telemetry.record_decision(span, verdict.decision, verdict.query if keeps_text else None)
 
     def done(self, effect: Effect, span: Any, result: Any) -> None:
-        if isinstance(effect, Assess):
+        if isinstance(effect, Assess | Decide):
             self._keep(effect.gate, result, span)
         elif isinstance(effect, AssessEach):
             for one, verdict, (gate, _) in zip(span, result, effect.items, strict=True):
@@ -377,7 +153,7 @@ class _Spans:
         for one in span if isinstance(span, list) else [span]:
             if not isinstance(error, GateBlocked):
                 telemetry.fail(one, error)
-            if isinstance(effect, Assess | AssessEach | EstimateCall | Draw):
+            if isinstance(effect, Assess | Decide | AssessEach | EstimateCall | Draw):
                 telemetry.end(one)
 
     def close(self) -> None:
