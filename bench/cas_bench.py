@@ -507,16 +507,22 @@ def batch_part(
     }
     sources = np.array([source_of(i) for i in pools.ids])
     groups.update({s: sources == s for s in sorted(set(sources))})
+    groups = {g: m for g, m in groups.items() if m.any()}
     print(
-        "\n### Where the samples go: mean samples per query by group (µ̂ from all 40 samples: read "
-        "after the fact, never used by any allocator)\n"
+        "\n### Where the samples go: per group, mean samples per query / accuracy % (groups by µ̂ "
+        "from all 40 samples, read after the fact, never used by any allocator)\n"
     )
     rows = []
-    for b in (2, 3, 5, 10, 20):
+    for b in (3, 5, 8, 10, 12, 20):
         for k in keys:
-            if k == "uniform":
-                continue
-            rows.append((str(b), k, *(f"{results[b][k].samples[m].mean():.2f}" for m in groups.values())))
+            r = results[b][k]
+            rows.append(
+                (
+                    str(b),
+                    k,
+                    *(f"{r.samples[m].mean():.1f} / {r.acc[m].mean() * 100:.1f}" for m in groups.values()),
+                )
+            )
     table(rows, ("B", "allocator", *(f"{g} ({int(m.sum())})" for g, m in groups.items())))
     for base in ("uniform", flat):
         print(
