@@ -131,3 +131,22 @@ def test_the_committed_cas_caches_match_the_probes_that_wrote_them() -> None:
     installed = probe_fingerprint(default_probe_path())
     assert len(read_estimates(cas_bench.PROBE_CACHE, installed)) == 330
     assert len(read_estimates(cas_bench.PROBE_V1_CACHE, probe_fingerprint(V1))) == 330
+
+
+def test_the_injection_bench_refuses_black_box_estimates_from_other_settings(tmp_path: Path) -> None:
+    from injection_bench import Cached
+
+    from capgate.estimators import VerbalizedConfidence
+
+    class Backend:
+        model = "m"
+
+        def generate(self, prompts: object, params: object) -> list[object]:
+            raise AssertionError("a cached estimate must not generate")
+
+    path = tmp_path / "verbalized.jsonl"
+    Cached(VerbalizedConfidence(Backend()), path)  # starts the cache with this estimator's fingerprint
+    path.write_text('{"key": "q", "estimate": {"p": 0.5, "method": "verbalized"}}\n')
+    Backend.model = "another"
+    with pytest.raises(StaleCacheError, match=r"verbalized\.jsonl"):
+        Cached(VerbalizedConfidence(Backend()), path)
