@@ -95,6 +95,7 @@ from capgate.estimators import (
     UniformRandom,
     VerbalizedConfidence,
 )
+from capgate.estimators.fingerprint import probe_fingerprint
 from capgate.estimators.verbalized import render_verbalized_prompt
 from capgate.labels import read_labelled
 from capgate.metrics import capability_brier, spearman
@@ -655,7 +656,12 @@ def run_probe(
 
     probe_dir = args.probe or default_probe_path()
     prompts = [records[i].prompt for i in test]
-    cache = EstimateCache(args.results, "probe-live", {"probe": str(probe_dir), "query": "prompt"})
+    # keyed by the probe's content (files + reader spec), not its path: a new probe installed at the
+    # same path starts a new cache instead of reading the old probe's estimates
+    fingerprint = probe_fingerprint(probe_dir)
+    cache = EstimateCache(
+        args.results, "probe-live", {"probe": str(probe_dir), "fingerprint": fingerprint, "query": "prompt"}
+    )
     live_missing = [i for i in test if i not in cache.entries]
     estimator = None
     if live_missing:
