@@ -343,6 +343,19 @@ def test_repr_shows_settings_that_differ_from_their_defaults() -> None:
     assert repr(ConstantPrior()) == "ConstantPrior()"
 
 
+def test_a_subclass_that_hides_its_settings_is_told_so_and_keeps_the_default_repr() -> None:
+    class Hidden(CapabilityEstimator):
+        def __init__(self, p: float) -> None:
+            self._p = p
+
+        def estimate(self, queries: Sequence[Any]) -> list[Estimate]:
+            return [Estimate(p=self._p, method=self.method) for _ in queries]
+
+    assert repr(Hidden(0.5)).startswith("<")  # the default repr, never an error
+    with pytest.raises(AttributeError, match=r"Hidden takes `p` but does not store it as self\.p"):
+        Hidden(0.5).get_params()
+
+
 def test_set_params_checks_like_the_constructor_and_reaches_nested_settings() -> None:
     recal = Recalibrated(UniformRandom(), PlattCalibrator())
     assert recal.set_params(calibrator__l2=2.0, estimator__random_state=5) is recal

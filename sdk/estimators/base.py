@@ -51,6 +51,9 @@ class Params:
         """The constructor settings; with ``deep``, also ``part__setting`` of nested estimators."""
         params: dict[str, Any] = {}
         for name in self._param_defaults():
+            if not hasattr(self, name):
+                msg = f"{type(self).__name__} takes `{name}` but does not store it as self.{name}"
+                raise AttributeError(msg)
             value = getattr(self, name)
             params[name] = value
             if deep and isinstance(value, Params):
@@ -81,11 +84,15 @@ class Params:
         return self
 
     def __repr__(self) -> str:
-        shown = []
-        for name, default in self._param_defaults().items():
-            value = getattr(self, name)
-            if default is inspect.Parameter.empty or _differs(value, default):
-                shown.append(f"{name}={value!r}")
+        try:  # a subclass that does not store its settings by name keeps the default repr
+            params, defaults = self.get_params(deep=False), self._param_defaults()
+        except (AttributeError, TypeError):
+            return object.__repr__(self)
+        shown = [
+            f"{name}={value!r}"
+            for name, value in params.items()
+            if defaults[name] is inspect.Parameter.empty or _differs(value, defaults[name])
+        ]
         return f"{type(self).__name__}({', '.join(shown)})"
 
 
