@@ -330,7 +330,7 @@ class LinearProbe(Params):
         with atomic_path(folder / WEIGHTS_FILE, suffix="") as tmp:
             st.save_file(tensors, str(tmp), metadata={"format": FORMAT})
         meta = self.metadata()
-        meta["weights_sha256"] = _sha256(folder / WEIGHTS_FILE)
+        meta["weights_sha256"] = sha256_file(folder / WEIGHTS_FILE)
         write_json(folder / META_FILE, meta)
         return folder
 
@@ -354,7 +354,7 @@ class LinearProbe(Params):
         if not weights_path.is_file():
             raise DataError("weights file not found", path=weights_path)
         digest = get_field(meta, "weights_sha256", str, meta_path)
-        if _sha256(weights_path) != digest:
+        if sha256_file(weights_path) != digest:
             raise DataError(
                 "weights file does not match the SHA-256 recorded in probe.json", path=weights_path
             )
@@ -419,7 +419,8 @@ def as_target(value: object) -> ProbeTarget | None:
     raise TypeError(f"`target` must be a ProbeTarget, a mapping or None; got {value!r}")
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of a file, read in blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

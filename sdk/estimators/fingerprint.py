@@ -27,13 +27,12 @@ from typing import Any
 
 from capgate.errors import DataError
 from capgate.estimators._common import spec_as_dict
+from capgate.estimators._linear_probe import META_FILE, WEIGHTS_FILE, sha256_file
 from capgate.estimators.probe import ProbeEstimator
 
 __all__ = ["estimator_fingerprint", "probe_fingerprint"]
 
 _VERSION = "capgate.estimator-fingerprint/1"
-_WEIGHTS_FILE = "probe.safetensors"
-_META_FILE = "probe.json"
 
 
 def _canonical(value: Any) -> str:
@@ -50,7 +49,7 @@ def _digest(*parts: str | bytes) -> str:
 
 
 def _probe_digest(folder: Path, reader_spec: object | None) -> str:
-    weights, meta_path = folder / _WEIGHTS_FILE, folder / _META_FILE
+    weights, meta_path = folder / WEIGHTS_FILE, folder / META_FILE
     for path in (weights, meta_path):
         if not path.is_file():
             raise DataError("not a saved probe: file missing", path=path)
@@ -61,7 +60,7 @@ def _probe_digest(folder: Path, reader_spec: object | None) -> str:
     if not isinstance(meta, dict):
         raise DataError("probe metadata is not a JSON object", path=meta_path)
     spec = meta.get("feature_spec") if reader_spec is None else spec_as_dict(reader_spec)
-    weights_sha = hashlib.sha256(weights.read_bytes()).hexdigest()
+    weights_sha = sha256_file(weights)
     return "probe-sha256:" + _digest(_VERSION, "probe", weights_sha, _canonical(meta), _canonical(spec))
 
 
