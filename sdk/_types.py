@@ -1,4 +1,4 @@
-"""Core value types shared by every layer of capgate (this module imports only pydantic).
+"""Core value types shared by every layer of capgate (pydantic, and the plans of :mod:`capgate._plans`).
 
 ``Estimate`` is what every capability estimator returns; ``LabelledQuery`` is one query with the
 outcome of sampling the model k times on it (µ̂ = correct / k), the training and evaluation target.
@@ -20,12 +20,20 @@ from pydantic import (
     AliasChoices,
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
-    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
+)
+
+from capgate._plans import (
+    CASMode,
+    ConfidenceGap,
+    PaperConfidenceGap,
+    Probability,
+    RoutePlan,
+    SamplingPlan,
+    StopSettings,
 )
 
 __all__ = [
@@ -43,10 +51,9 @@ __all__ = [
     "RoutePlan",
     "Sample",
     "SamplingPlan",
+    "Speculation",
     "StopSettings",
 ]
-
-Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 
 
 class Cost(BaseModel):
@@ -240,134 +247,22 @@ Extractor: TypeAlias = Callable[[str], str | None]
 """Maps a response text to its normalized answer (``None``: no answer); CAS votes by it. A
 grader's ``extract`` method is one."""
 
-CASMode: TypeAlias = Literal["threshold", "stochastic"]
-"""How CAS's confidence-gap rule uses P_stop: stop once it reaches a level, or stop with that
-probability."""
 
-
-class ConfidenceGap(BaseModel):
-    """Settings of capgate's confidence-gap stop rule (:class:`capgate.cas.cas_confidence_gap`).
-
-    Stop when σ(scale · (c1 − c2 − margin)) reaches ``level`` (``mode: threshold``), or with that
-    probability (``mode: stochastic``); c1, c2 are the mean confidences of the two answers leading
-    the confidence-weighted vote. ``rule: capgate`` names it (the default when ``rule`` is absent).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    rule: Literal["capgate"] = "capgate"
-
-    scale: float = Field(default=10.0, gt=0.0, allow_inf_nan=False)
-    margin: float = Field(default=0.5, ge=-1.0, le=1.0)
-    mode: CASMode = "threshold"
-    level: float = Field(default=0.5, gt=0.0, lt=1.0)
-
-
-class PaperConfidenceGap(BaseModel):
-    """Settings of the CAS paper's stop rule (:class:`capgate.cas.cas_frequency_gap`), ``rule: paper``.
-
-    Stop with probability σ(c1 − c2 − epsilon), c1, c2 the mean confidences of the two most
-    frequent answers; the draw is seeded, so a decision's sampling is reproducible.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    rule: Literal["paper"]
-    epsilon: float = Field(default=0.0, allow_inf_nan=False)
-
-
-DEFAULT_EPSILON = -1.0
-"""ε of the default stop rule (the paper's, σ(c1 − c2 − ε)), chosen on the tuning pools of
-``bench/cas_bench.py``: the fewest samples within 0.5 points of weighted fixed-N = 40 there, in
-batches of 4 (the policies' default batch)."""
-
-
-def _gap_rule(value: Any) -> str:
-    rule = value.get("rule", "capgate") if isinstance(value, dict) else getattr(value, "rule", "capgate")
-    return str(rule)
-
-
-GapSettings: TypeAlias = Annotated[
-    Annotated[ConfidenceGap, Tag("capgate")] | Annotated[PaperConfidenceGap, Tag("paper")],
-    Discriminator(_gap_rule),
-]
-"""A confidence-gap rule's settings, chosen by ``rule`` (``capgate``, the default, or ``paper``)."""
-
-
-class StopSettings(BaseModel):
-    """When confidence-based adaptive sampling (CAS) may stop before ``max_samples``.
-
-    Sampling stops as soon as any enabled rule fires (and never after ``max_samples``); the
-    defaults are CAS's own :data:`capgate.cas.DEFAULT_STOP`. :func:`capgate.cas.stop_rule` turns
-    the settings into a composed stop rule.
+class Speculation(BaseModel):
+    """What a speculatively gated call did: it was started together with its estimate.
 
     Attributes:
-        confidence_gap: The CAS confidence-gap rule, or ``null`` to disable it. The default is
-            the paper's rule with ε = −1 (``{rule: paper, epsilon: -1}``: it won on the tuning
-            pools of ``bench/cas_bench.py``; see ``bench/RESULTS.md``); ``{rule: capgate, ...}``
-            is capgate's deterministic variant.
-        consensus: Stop once P(the leading answer is the majority) >= this under a Beta posterior
-            on the two top vote counts (:class:`capgate.cas.beta_consensus`), or ``null``.
-        futility: Give up once P(the leading answer holds a majority of all responses) < this
-            (:class:`capgate.cas.beta_futility`; 0.05 mirrors a 0.95 consensus), or ``null``
-            (the default) to keep sampling queries on which no majority forms.
-        min_samples: Never stop before this many samples.
-        max_tokens: Stop once the responses drawn hold this many tokens in all
-            (:class:`capgate.cas.stop_after_tokens`), or ``null`` (the default). A cost cap:
-            it ends sampling even before ``min_samples``.
-        max_seconds: Stop once sampling has run this long (:class:`capgate.cas.stop_after_delay`),
-            or ``null`` (the default). A latency cap, like ``max_tokens``.
+        discarded: The decision blocked, so the call's result was thrown away.
+        cancelled: The call was cancelled before it finished (async calls only; a thread runs on).
+        call_s: Seconds the call ran (until it finished, or was cancelled); ``None`` while a
+            discarded sync call was still running.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    confidence_gap: GapSettings | None = Field(
-        default_factory=lambda: PaperConfidenceGap(rule="paper", epsilon=DEFAULT_EPSILON)
-    )
-    consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
-    futility: float | None = Field(default=None, gt=0.0, lt=0.5)
-    min_samples: int = Field(default=1, ge=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_seconds: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
-
-
-class SamplingPlan(BaseModel):
-    """How a ``resample`` decision samples: budget, batch size and early-stop settings.
-
-    Attributes:
-        max_samples: The budget: responses drawn at most.
-        batch_size: Responses drawn per round before the stop rule is consulted.
-        stop: When sampling may stop early (:func:`capgate.cas.stop_rule` builds the rule).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_samples: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
-    stop: StopSettings = Field(default_factory=StopSettings)
-
-    @model_validator(mode="after")
-    def _batch_within_budget(self) -> SamplingPlan:
-        if self.batch_size > self.max_samples:
-            raise ValueError(f"batch_size must be <= max_samples ({self.max_samples}); got {self.batch_size}")
-        return self
-
-
-class RoutePlan(BaseModel):
-    """How a ``route`` decision picks a model: the cheapest choice predicted to clear ``edge``.
-
-    Attributes:
-        choices: The model choices, cheapest first; the last is the strongest (the fallback).
-        edge: The predicted capability a choice must reach to be picked.
-        p: Each estimated choice's predicted capability (``None``: no estimate could be had),
-            filled in when the route is chosen.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    choices: tuple[str, ...] = Field(min_length=1)
-    edge: Probability
-    p: dict[str, Probability | None] = Field(default_factory=dict)
+    discarded: bool
+    cancelled: bool = False
+    call_s: float | None = Field(default=None, ge=0.0)
 
 
 def _new_id() -> str:
@@ -405,6 +300,8 @@ class Decision(BaseModel):
             one the call goes to, and the gate was told to allow it (``allow_other_target``).
         shadow: A shadow decision: made and logged beside the call, not acted on (``action`` is
             what the gate would have done; the call proceeded as if answered).
+        speculation: For a speculatively gated call, started with its estimate: whether its result
+            was discarded and what it cost.
         step: Agent step (graph node) the query came from, if any.
         tool: Tool whose call is being gated, if any.
         stopped_by: For ``resample``, once sampled: the stop rule (or cap) that ended sampling
@@ -430,6 +327,7 @@ class Decision(BaseModel):
     target: str | None = None
     target_override: bool = False
     shadow: bool = False
+    speculation: Speculation | None = None
     step: str | None = None
     tool: str | None = None
     stopped_by: str | None = None
@@ -461,13 +359,25 @@ class Decision(BaseModel):
         return self.message or self.reason
 
 
+OutcomeSource: TypeAlias = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")]
+"""Who or what judged an answer: ``"user"`` (feedback), ``"grader"``, ``"test"``, ``"tool"`` (a tool
+call's result), or any short label of your own (``"grader:math-verify"``); no surrounding spaces."""
+
+
 class Outcome(BaseModel):
-    """What happened after a decision: attaches to it by ``decision_id``.
+    """What happened after a decision: attaches to it by ``decision_id``, one per ``source``.
+
+    An outcome says at least one of: ``correct`` (binary), ``mu_hat`` (a measured rate, with the
+    ``k`` responses it was measured on), ``score`` (a graded score in [0, 1]).
 
     Attributes:
         decision_id: The decision this outcome belongs to.
         correct: Whether the final answer was right (``None`` if unknown or not answered).
         mu_hat: A measured capability for the query (correct / k), when one was sampled.
+        k: Responses ``mu_hat`` was measured on (then ``mu_hat * k`` is a whole number).
+        score: A graded score in [0, 1] (a partial-credit grader, a rating).
+        source: Who or what judged it (:data:`OutcomeSource`); ``"unspecified"`` by default.
+        note: Free text (a user's comment, a test's name, a tool's error).
         samples_used: Responses actually drawn.
         latency_s: Seconds from decision to outcome.
         recorded_at: When the outcome was recorded (UTC).
@@ -478,6 +388,29 @@ class Outcome(BaseModel):
     decision_id: str = Field(min_length=1)
     correct: bool | None = None
     mu_hat: float | None = Field(default=None, ge=0.0, le=1.0)
+    k: int | None = Field(default=None, ge=1)
+    score: float | None = Field(default=None, ge=0.0, le=1.0)
+    source: OutcomeSource = "unspecified"
+    note: str | None = None
     samples_used: int = Field(default=0, ge=0)
     latency_s: float | None = Field(default=None, ge=0.0)
     recorded_at: datetime = Field(default_factory=_now)
+
+    @model_validator(mode="after")
+    def _rate_has_its_count(self) -> Outcome:
+        if self.k is not None:
+            if self.mu_hat is None:
+                raise ValueError("`k` is the count `mu_hat` was measured on: give `mu_hat` with it")
+            if abs(self.mu_hat * self.k - round(self.mu_hat * self.k)) > 1e-6:
+                raise ValueError(
+                    f"`mu_hat` * `k` must be a whole number of correct answers; got {self.mu_hat} * {self.k}"
+                )
+        return self
+
+    @property
+    def value(self) -> float | None:
+        """The outcome as one number in [0, 1]: ``correct`` (1 or 0) when known, else ``mu_hat``
+        (the chance one answer is right), else ``score``; ``None`` if it says none of them."""
+        if self.correct is not None:
+            return float(self.correct)
+        return self.mu_hat if self.mu_hat is not None else self.score

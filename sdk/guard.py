@@ -50,7 +50,7 @@ from typing import Any, Literal, ParamSpec, Protocol, Required, TypedDict, TypeV
 
 from capgate.errors import SettingsError
 from capgate.gate import UNSET, Gate, Gated, GateOptions, GateStats, SharedOptions, Unset
-from capgate.gate.flow import Assess, Flow, Invoke, Record, Sample, adrive, drive
+from capgate.gate.flow import Assess, Flow, Invoke, Record, Sample, Speculate, adrive, drive
 
 __all__ = ["Guarded", "QueryArg", "guard"]
 
@@ -208,11 +208,17 @@ def _call_flow(
 ) -> Flow[Any]:
     """One guarded call, I/O-free: decide, then run, resample or block (sync and async alike)."""
     raw, where = binder.query(args, kwargs)
-    verdict = yield Assess(gate, raw, where)
     call = Invoke(lambda: fn(*args, **kwargs))
-    if verdict.action == "answer":
-        yield Record(gate, verdict, samples_used=1)
-        return (yield call)
+    if gate.settings.speculative and not gate.in_shadow():  # the call starts with its estimate
+        verdict, value = yield Speculate(Assess(gate, raw, where), call)
+        if verdict.action == "answer":
+            yield Record(gate, verdict, samples_used=1)
+            return value
+    else:
+        verdict = yield Assess(gate, raw, where)
+        if verdict.action == "answer":
+            yield Record(gate, verdict, samples_used=1)
+            return (yield call)
     if verdict.action == "route":
         route = verdict.decision.route
         yield Record(gate, verdict, samples_used=1)

@@ -143,7 +143,8 @@ def test_layers() -> None:
             assert not any(t.startswith("capgate.adapters.agents") for t in targets), (name, targets)
         if not name.startswith("capgate.adapters"):
             assert not any(t.startswith("capgate.adapters.agents") for t in targets), (name, targets)
-    assert GRAPH["capgate._types"] == set()
+    assert GRAPH["capgate._types"] == {"capgate._plans"}
+    assert GRAPH["capgate._plans"] == set()
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

@@ -243,3 +243,76 @@ def test_the_langchain_middleware_in_shadow_lets_the_real_agent_answer(
     logged = log.get(out["capgate_decision"]["id"]).decision
     assert (logged.action, logged.shadow) == ("abstain", True)
     assert middleware.gate.stats.shadow_actions == {"abstain": 1}
+
+
+# --------------------------------------------------------------------------- speculative gating
+
+
+def test_speculative_gating_returns_the_calls_own_result_on_answer_and_discards_it_on_a_block(
+    tmp_path: Path,
+) -> None:
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    calls: list[str] = []
+    call_started = threading.Event()
+
+    class WaitsForTheCall(CapabilityEstimator):
+        """Answers only once the call is running: proves the two were started together."""
+
+        method = "waits"
+
+        def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
+            assert call_started.wait(WAIT_S)
+            return [Estimate(p=0.05 if "hard" in str(queries[0]) else 0.95, method=self.method)]
+
+    @capgate.guard(policy="balanced", estimator=WaitsForTheCall(), speculative=True, log=log)
+    def ask(prompt: str) -> str:
+        calls.append(prompt)
+        call_started.set()
+        return f"reply to {prompt}"
+
+    assert ask("easy") == "reply to easy"
+    blocked = ask("hard")
+    assert isinstance(blocked, capgate.Gated)  # the call ran, but its result never leaks
+    assert blocked.action == "abstain"
+    assert "reply to hard" not in str(blocked)
+    assert calls == ["easy", "hard"]
+    by_action = {d.decision.action: d.decision.speculation for d in log.decisions()}
+    assert by_action["answer"] is not None
+    assert by_action["answer"].discarded is False
+    assert by_action["abstain"] is not None
+    assert by_action["abstain"].discarded is True
+
+    @capgate.guard(policy="balanced", estimator=WaitsForTheCall(), speculative=True)
+    def broken(prompt: str) -> str:
+        call_started.set()
+        raise ValueError("the call's own error")
+
+    with pytest.raises(ValueError, match="the call's own error"):
+        broken("easy")
+    assert isinstance(broken("hard"), capgate.Gated)  # a blocked call's error is dropped with it
+    with pytest.raises(SettingsError, match="`speculative`"):
+        Gate(speculative="yes")  # type: ignore[arg-type]
+
+
+def test_an_async_speculative_call_is_cancelled_when_the_gate_blocks() -> None:
+    cancelled: list[str] = []
+
+    @capgate.guard(policy="balanced", estimator=KeywordEstimator({"hard": 0.05}), speculative=True)
+    async def ask(prompt: str) -> str:
+        try:
+            await asyncio.sleep(0 if "easy" in prompt else WAIT_S)
+        except asyncio.CancelledError:
+            cancelled.append(prompt)
+            raise
+        return f"reply to {prompt}"
+
+    async def main() -> tuple[Any, Any]:
+        return await ask("easy"), await ask("hard")
+
+    easy, hard = asyncio.run(main())
+    assert easy == "reply to easy"
+    assert isinstance(hard, capgate.Gated)
+    assert cancelled == ["hard"]
+    speculation = hard.decision.speculation
+    assert speculation is not None
+    assert (speculation.discarded, speculation.cancelled) == (True, True)

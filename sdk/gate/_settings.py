@@ -70,6 +70,7 @@ class SharedOptions(TypedDict, total=False):
     estimate_timeout_s: float | None
     routes: Mapping[str, CapabilityEstimator] | None
     mode: Mode | None
+    speculative: bool
 
 
 class GateOptions(SharedOptions, total=False):
@@ -113,6 +114,10 @@ class GateSettings:
         mode: ``"shadow"``: decide and log beside each call, which proceeds as if answered (the
             estimate never delays or fails it); ``"enforce"``: act on each decision; ``None``: the
             policy's ``mode`` (enforce unless the policy file says shadow).
+        speculative: In enforce mode, start the gated call together with its estimate (for a
+            remote call whose estimate is a call of its own): an ``answer`` returns the call's
+            result without waiting twice; a block discards it (an async call is cancelled). The
+            decision records it (``speculation``). Only for calls that are safe to start and drop.
 
     Raises:
         SettingsError: A setting has a wrong value or type (the message names it), or the
@@ -132,6 +137,7 @@ class GateSettings:
     estimate_timeout_s: float | None = None
     routes: Mapping[str, CapabilityEstimator] | None = None
     mode: Mode | None = None
+    speculative: bool = False
 
     def __post_init__(self) -> None:
         from capgate.decision.log import DecisionLog
@@ -157,6 +163,8 @@ class GateSettings:
             raise SettingsError(f"`log` must be a DecisionLog, a path or None; got {self.log!r}")
         if self.target is not None and not (isinstance(self.target, str) and self.target):
             raise SettingsError(f"`target` must be a non-empty model name or None; got {self.target!r}")
+        if not isinstance(self.speculative, bool):
+            raise SettingsError(f"`speculative` must be True or False; got {self.speculative!r}")
         if not isinstance(self.allow_other_target, bool):
             raise SettingsError(
                 f"`allow_other_target` must be True or False; got {self.allow_other_target!r}"

@@ -38,14 +38,21 @@ Example:
     '4'
 """
 
+import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
 import functools
 import operator
+import threading
+import time
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from capgate import _twins as twins
 from capgate import telemetry
+from capgate._types import Speculation
 from capgate.gate._effects import (
     Assess,
     AssessEach,
@@ -79,6 +86,7 @@ __all__ = [
     "Route",
     "Sample",
     "Shadow",
+    "Speculate",
     "adrive",
     "aperform",
     "drive",
@@ -208,6 +216,66 @@ class _Driver:
             finally:
                 if outer and self.spans is not None:  # a decision's span ends with the whole flow
                     self.spans.close()
+
+
+@dataclass(frozen=True)
+class Speculate(Effect):
+    """Start the gated call together with its assessment (enforce mode's speculative gating): the
+    verdict (its decision records the :class:`~capgate.Speculation`) and the call's value, or
+    ``None`` when the verdict blocks and the value is discarded (an async call is cancelled).
+
+    On ``answer`` the call's own error, if it raised, is raised here.
+    """
+
+    assess: Assess
+    call: Invoke
+
+    def run(self) -> tuple[Verdict, Any]:
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        timing: list[float] = []
+        context = contextvars.copy_context()
+
+        def call() -> None:
+            started = time.monotonic()
+            try:
+                done.set_result(context.run(self.call.run))
+            except BaseException as exc:  # handed to the caller on answer, dropped on a block
+                done.set_exception(exc)
+            finally:
+                timing.append(time.monotonic() - started)
+
+        threading.Thread(target=call, name="capgate-speculative", daemon=True).start()
+        verdict: Verdict = perform(self.assess)
+        if verdict.action == "answer":
+            value = done.result()
+            return _speculated(verdict, Speculation(discarded=False, call_s=timing[0])), value
+        return _speculated(verdict, Speculation(discarded=True, call_s=timing[0] if timing else None)), None
+
+    async def arun(self) -> tuple[Verdict, Any]:
+        started = time.monotonic()
+        task = asyncio.ensure_future(self.call.arun())
+        ended: list[float] = []
+        task.add_done_callback(lambda _: ended.append(time.monotonic()))
+        try:
+            verdict: Verdict = await aperform(self.assess)
+        except BaseException:
+            task.cancel()
+            raise
+        if verdict.action == "answer":
+            value = await task
+            call_s = (ended[0] if ended else time.monotonic()) - started
+            return _speculated(verdict, Speculation(discarded=False, call_s=call_s)), value
+        cancelled = not task.done()
+        task.cancel()
+        if not cancelled and not task.cancelled():
+            task.exception()  # retrieved, so a discarded call's error is not reported as unhandled
+        call_s = (ended[0] if ended else time.monotonic()) - started
+        return _speculated(verdict, Speculation(discarded=True, cancelled=cancelled, call_s=call_s)), None
+
+
+def _speculated(verdict: Verdict, speculation: Speculation) -> Verdict:
+    decision = verdict.decision.model_copy(update={"speculation": speculation})
+    return Verdict(decision=decision, query=verdict.query, pending=verdict.pending)
 
 
 def drive(flow: Flow[R]) -> R:

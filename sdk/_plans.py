@@ -1,0 +1,141 @@
+"""The plans a decision carries: how a ``resample`` samples and stops, how a ``route`` picks a model.
+
+Value types only (pydantic, nothing of capgate), re-exported by :mod:`capgate._types` and ``capgate``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+CASMode: TypeAlias = Literal["threshold", "stochastic"]
+"""How CAS's confidence-gap rule uses P_stop: stop once it reaches a level, or stop with that
+probability."""
+
+
+class ConfidenceGap(BaseModel):
+    """Settings of capgate's confidence-gap stop rule (:class:`capgate.cas.cas_confidence_gap`).
+
+    Stop when σ(scale · (c1 − c2 − margin)) reaches ``level`` (``mode: threshold``), or with that
+    probability (``mode: stochastic``); c1, c2 are the mean confidences of the two answers leading
+    the confidence-weighted vote. ``rule: capgate`` names it (the default when ``rule`` is absent).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rule: Literal["capgate"] = "capgate"
+
+    scale: float = Field(default=10.0, gt=0.0, allow_inf_nan=False)
+    margin: float = Field(default=0.5, ge=-1.0, le=1.0)
+    mode: CASMode = "threshold"
+    level: float = Field(default=0.5, gt=0.0, lt=1.0)
+
+
+class PaperConfidenceGap(BaseModel):
+    """Settings of the CAS paper's stop rule (:class:`capgate.cas.cas_frequency_gap`), ``rule: paper``.
+
+    Stop with probability σ(c1 − c2 − epsilon), c1, c2 the mean confidences of the two most
+    frequent answers; the draw is seeded, so a decision's sampling is reproducible.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rule: Literal["paper"]
+    epsilon: float = Field(default=0.0, allow_inf_nan=False)
+
+
+DEFAULT_EPSILON = -1.0
+"""ε of the default stop rule (the paper's, σ(c1 − c2 − ε)), chosen on the tuning pools of
+``bench/cas_bench.py``: the fewest samples within 0.5 points of weighted fixed-N = 40 there, in
+batches of 4 (the policies' default batch)."""
+
+
+def _gap_rule(value: Any) -> str:
+    rule = value.get("rule", "capgate") if isinstance(value, dict) else getattr(value, "rule", "capgate")
+    return str(rule)
+
+
+GapSettings: TypeAlias = Annotated[
+    Annotated[ConfidenceGap, Tag("capgate")] | Annotated[PaperConfidenceGap, Tag("paper")],
+    Discriminator(_gap_rule),
+]
+"""A confidence-gap rule's settings, chosen by ``rule`` (``capgate``, the default, or ``paper``)."""
+
+
+class StopSettings(BaseModel):
+    """When confidence-based adaptive sampling (CAS) may stop before ``max_samples``.
+
+    Sampling stops as soon as any enabled rule fires (and never after ``max_samples``); the
+    defaults are CAS's own :data:`capgate.cas.DEFAULT_STOP`. :func:`capgate.cas.stop_rule` turns
+    the settings into a composed stop rule.
+
+    Attributes:
+        confidence_gap: The CAS confidence-gap rule, or ``null`` to disable it. The default is
+            the paper's rule with ε = −1 (``{rule: paper, epsilon: -1}``: it won on the tuning
+            pools of ``bench/cas_bench.py``; see ``bench/RESULTS.md``); ``{rule: capgate, ...}``
+            is capgate's deterministic variant.
+        consensus: Stop once P(the leading answer is the majority) >= this under a Beta posterior
+            on the two top vote counts (:class:`capgate.cas.beta_consensus`), or ``null``.
+        futility: Give up once P(the leading answer holds a majority of all responses) < this
+            (:class:`capgate.cas.beta_futility`; 0.05 mirrors a 0.95 consensus), or ``null``
+            (the default) to keep sampling queries on which no majority forms.
+        min_samples: Never stop before this many samples.
+        max_tokens: Stop once the responses drawn hold this many tokens in all
+            (:class:`capgate.cas.stop_after_tokens`), or ``null`` (the default). A cost cap:
+            it ends sampling even before ``min_samples``.
+        max_seconds: Stop once sampling has run this long (:class:`capgate.cas.stop_after_delay`),
+            or ``null`` (the default). A latency cap, like ``max_tokens``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    confidence_gap: GapSettings | None = Field(
+        default_factory=lambda: PaperConfidenceGap(rule="paper", epsilon=DEFAULT_EPSILON)
+    )
+    consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
+    futility: float | None = Field(default=None, gt=0.0, lt=0.5)
+    min_samples: int = Field(default=1, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_seconds: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+
+
+class SamplingPlan(BaseModel):
+    """How a ``resample`` decision samples: budget, batch size and early-stop settings.
+
+    Attributes:
+        max_samples: The budget: responses drawn at most.
+        batch_size: Responses drawn per round before the stop rule is consulted.
+        stop: When sampling may stop early (:func:`capgate.cas.stop_rule` builds the rule).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_samples: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    stop: StopSettings = Field(default_factory=StopSettings)
+
+    @model_validator(mode="after")
+    def _batch_within_budget(self) -> SamplingPlan:
+        if self.batch_size > self.max_samples:
+            raise ValueError(f"batch_size must be <= max_samples ({self.max_samples}); got {self.batch_size}")
+        return self
+
+
+class RoutePlan(BaseModel):
+    """How a ``route`` decision picks a model: the cheapest choice predicted to clear ``edge``.
+
+    Attributes:
+        choices: The model choices, cheapest first; the last is the strongest (the fallback).
+        edge: The predicted capability a choice must reach to be picked.
+        p: Each estimated choice's predicted capability (``None``: no estimate could be had),
+            filled in when the route is chosen.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    choices: tuple[str, ...] = Field(min_length=1)
+    edge: Probability
+    p: dict[str, Probability | None] = Field(default_factory=dict)
