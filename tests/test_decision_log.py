@@ -22,10 +22,11 @@ from typer.testing import CliRunner
 from capgate import Cost, DataError, Estimate
 from capgate.cli import app
 from capgate.decision import Decision, Outcome
-from capgate.decision._schema import POSTGRES, SQLITE, UPSERT_OUTCOME
+from capgate.decision._schema import INSERT_OUTCOME, POSTGRES, SQLITE
 from capgate.decision._sqlite import SQLiteStore
 from capgate.decision._store import Store
 from capgate.decision.log import DecisionLog, PostgresDecisionLog
+from capgate.decision.outcomes import OutcomeConflictError
 from capgate.decision.postgres import PostgresStore
 from capgate.messages import query_hash
 
@@ -118,7 +119,11 @@ def test_outcomes_attach_replace_and_validate(db: str | Path) -> None:
         log.record(d)
         first = log.record_outcome(d.id, correct=False, samples_used=3, latency_s=2.0)
         assert log.get(d.id).outcome == first
-        second = log.record_outcome(Outcome(decision_id=d.id, correct=True, mu_hat=0.75))
+        assert log.record_outcome(d.id, correct=False) == first  # the same again: kept as it was
+        with pytest.raises(OutcomeConflictError, match="already has an outcome from source 'unspecified'"):
+            log.record_outcome(Outcome(decision_id=d.id, correct=True, mu_hat=0.75))
+        assert log.get(d.id).outcome == first
+        second = log.record_outcome(Outcome(decision_id=d.id, correct=True, mu_hat=0.75), replace=True)
         stored = log.get(d.id).outcome
         assert stored == second
         assert stored is not None
@@ -127,7 +132,7 @@ def test_outcomes_attach_replace_and_validate(db: str | Path) -> None:
             log.record_outcome("missing", correct=True)
         assert info.value.field == "decision_id"
         assert info.value.path == str(db)
-        with pytest.raises(DataError, match="needs `correct` or `mu_hat`"):
+        with pytest.raises(DataError, match="needs `correct`, `mu_hat` or `score`"):
             log.record_outcome(d.id)
         with pytest.raises(DataError, match="no decision with id"):
             log.get("missing")
@@ -178,7 +183,7 @@ def test_rejects_a_log_from_a_newer_capgate(db: str | Path) -> None:
     with DecisionLog(db) as log:
         log.record(make())
     execute(db, "UPDATE capgate_meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(DataError, match="schema version 99 is not the supported 2") as info:
+    with pytest.raises(DataError, match="schema version 99 is not the supported 3") as info:
         DecisionLog(db).record(make())
     assert info.value.field == "schema_version"
 
@@ -250,7 +255,7 @@ def test_several_processes_write_at_once(db: str | Path) -> None:
         ids = {r.id for r in log.decisions()}
     assert ids == {f"w{k}-{i}" for k in range(n_proc) for i in range(per_proc)}
     with DecisionLog(db) as log:  # the writers opened a fresh log at once: it migrated once
-        assert [v for v, _, _ in log.migrations()] == [1, 2]
+        assert [v for v, _, _ in log.migrations()] == [1, 2, 3]
 
 
 def test_writer_killed_mid_write_loses_nothing_committed(db: str | Path) -> None:
@@ -406,10 +411,10 @@ def test_each_store_implements_the_store_protocol(db: str | Path) -> None:
     d = make()
     log.record(d)
     assert store.read("SELECT id, method FROM decisions WHERE id = ?", (d.id,)) == [(d.id, "probe")]
-    outcome = store.dialect.render(UPSERT_OUTCOME)
+    outcome = store.dialect.render(INSERT_OUTCOME)
     now = "2026-01-01T00:00:00+00:00"
-    assert store.write(outcome, (1, None, 0, None, now, d.id)) == 1
-    assert store.write(outcome, (1, None, 0, None, now, "missing")) == 0  # no decision: no row
+    assert store.write(outcome, ("user", 1, None, None, None, None, 0, None, now, d.id)) == 1
+    assert store.write(outcome, ("user", 1, None, None, None, None, 0, None, now, "missing")) == 0  # no row
     assert log.get(d.id).outcome is not None
     assert store.location == str(db)
     store.close()

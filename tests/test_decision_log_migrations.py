@@ -8,6 +8,7 @@ outcomes. Opening it must migrate it forward in place and keep every row readabl
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ V1_FILE = Path(__file__).parent / "data" / "decision_log_v1.sqlite3"
 
 def test_a_fresh_log_is_at_the_current_version_with_its_history(log_location: str | Path) -> None:
     with DecisionLog(log_location) as log:
-        assert log.schema_version() == SCHEMA_VERSION == 2
+        assert log.schema_version() == SCHEMA_VERSION == 3
         history = log.migrations()
         log.record(Decision(action="answer", estimate=Estimate(p=0.5, method="m"), reason="r"))
         (row,) = log.decisions()
@@ -40,7 +41,7 @@ def test_a_version_1_sqlite_file_migrates_forward_in_place(tmp_path: Path) -> No
     assert fetch(path, "SELECT value FROM capgate_meta WHERE key = 'schema_version'") == [("1",)]
     assert "writer" not in {r[1] for r in fetch(path, "PRAGMA table_info(decisions)")}
     with DecisionLog(path) as log:
-        assert log.schema_version() == 2
+        assert log.schema_version() == 3
         old = log.decisions()
         assert [r.id for r in old] == [f"v1-{i}" for i in range(6)]
         assert [r.outcome is not None for r in old] == [True] * 3 + [False] * 3
@@ -84,20 +85,65 @@ def test_a_version_1_postgres_schema_migrates_forward(postgres_url: str) -> None
         (old.id, old.created_at.isoformat(), old.model_dump_json()),
     )
     with DecisionLog(url) as log:
-        assert log.schema_version() == 2
+        assert log.schema_version() == 3
         (row,) = log.decisions()
         assert row.decision == old
         assert row.writer is None
         log.record_outcome(old.id, correct=True)
-        assert [(v, a == "before the history") for v, _, a in log.migrations()] == [(1, True), (2, False)]
+        assert [(v, a == "before the history") for v, _, a in log.migrations()] == [
+            (1, True),
+            (2, False),
+            (3, False),
+        ]
         assert log.integrity_check() == "ok"
 
 
 def test_a_newer_schema_is_refused_without_touching_it(log_location: str | Path) -> None:
     with DecisionLog(log_location) as log:
         log.record(Decision(action="answer", estimate=Estimate(p=0.5, method="m"), reason="r"))
-    execute(log_location, "UPDATE capgate_meta SET value = '3' WHERE key = 'schema_version'")
-    with pytest.raises(Exception, match="schema version 3 is not the supported 2") as info:
+    execute(log_location, "UPDATE capgate_meta SET value = '4' WHERE key = 'schema_version'")
+    with pytest.raises(Exception, match="schema version 4 is not the supported 3") as info:
         DecisionLog(log_location).decisions()
     assert "upgrade capgate" in str(info.value)
-    assert fetch(log_location, "SELECT value FROM capgate_meta WHERE key = 'schema_version'") == [("3",)]
+    assert fetch(log_location, "SELECT value FROM capgate_meta WHERE key = 'schema_version'") == [("4",)]
+
+
+def test_a_version_2_log_migrates_to_outcomes_per_source(new_log_location: Callable[[], str | Path]) -> None:
+    """Version 3 keys outcomes by (decision, source) and adds the shadow and target columns: a
+    version 2 log's outcomes come forward as source 'unspecified', its shadow decisions (known
+    only from their JSON) are marked shadow, and their targets are filled in."""
+    location = new_log_location()
+    dialect = SQLITE if isinstance(location, Path) else POSTGRES
+    if isinstance(location, Path):
+        location.parent.mkdir(parents=True, exist_ok=True)
+    for _, _, statements in dialect.migrations[:2]:  # the schema as version 2 left it
+        for statement in statements:
+            execute(location, statement)
+    execute(location, "CREATE TABLE capgate_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    execute(location, "INSERT INTO capgate_meta VALUES ('schema_version', '2')")
+    estimate = Estimate(p=0.3, method="probe")
+    shadow = Decision(action="abstain", estimate=estimate, reason="v2", shadow=True, target="m1")
+    plain = Decision(action="answer", estimate=estimate, reason="v2")
+    for d in (shadow, plain):
+        execute(
+            location,
+            "INSERT INTO decisions (id, created_at, method, p, degraded, action, reason, decision_json)"
+            " VALUES (?, ?, 'probe', 0.3, 0, ?, 'v2', ?)",
+            (d.id, d.created_at.isoformat(), d.action, d.model_dump_json()),
+        )
+    execute(
+        location,
+        "INSERT INTO outcomes (decision_id, correct, mu_hat, samples_used, latency_s, recorded_at)"
+        " VALUES (?, 1, NULL, 1, NULL, ?)",
+        (shadow.id, shadow.created_at.isoformat()),
+    )
+    with DecisionLog(location) as log:
+        assert log.schema_version() == 3
+        old = log.get(shadow.id)
+        assert [(o.source, o.correct) for o in old.outcomes] == [("unspecified", True)]
+        log.record_outcome(shadow.id, score=0.5, source="grader")
+        assert sorted(o.source for o in log.get(shadow.id).outcomes) == ["grader", "unspecified"]
+        assert log.integrity_check() == "ok"
+    assert sorted(fetch(location, "SELECT id, shadow, target FROM decisions")) == sorted(
+        [(shadow.id, 1, "m1"), (plain.id, 0, None)]
+    )

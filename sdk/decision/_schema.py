@@ -16,7 +16,7 @@ from typing import Any
 
 from capgate.errors import DataError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema version this capgate writes; older logs are migrated forward to it when opened."""
 
 Migration = tuple[int, str, tuple[str, ...]]
@@ -33,6 +33,8 @@ class Dialect:
     if_not_exists: str  # the ADD COLUMN guard, where the database has one
     order: str  # newest first: time, then insertion
     integrity: str  # a statement whose one row says "ok" for a sound store
+    json_shadow: str  # 1 if decision_json says shadow: true, else 0
+    json_target: str  # decision_json's target (NULL if none)
 
     def render(self, template: str) -> str:
         """A template with this dialect's words filled in."""
@@ -44,7 +46,16 @@ class Dialect:
         return tuple((v, what, tuple(self.render(s) for s in sql)) for v, what, sql in _MIGRATIONS)
 
 
-SQLITE = Dialect("REAL", "TEXT", "", "", "d.created_at DESC, d.rowid DESC", "PRAGMA integrity_check")
+SQLITE = Dialect(
+    "REAL",
+    "TEXT",
+    "",
+    "",
+    "d.created_at DESC, d.rowid DESC",
+    "PRAGMA integrity_check",
+    "CASE WHEN json_extract(decision_json, '$.shadow') = 1 THEN 1 ELSE 0 END",
+    "json_extract(decision_json, '$.target')",
+)
 POSTGRES = Dialect(
     "DOUBLE PRECISION",
     "TIMESTAMPTZ",
@@ -52,6 +63,8 @@ POSTGRES = Dialect(
     "IF NOT EXISTS ",
     "d.created_at DESC, d.seq DESC",
     "SELECT 'ok'",
+    "CASE WHEN decision_json::jsonb ->> 'shadow' = 'true' THEN 1 ELSE 0 END",
+    "decision_json::jsonb ->> 'target'",
 )
 
 META_TABLE = """CREATE TABLE IF NOT EXISTS capgate_meta (
@@ -98,6 +111,29 @@ _V1 = (
 )""",
 )
 
+_V3 = (
+    "ALTER TABLE decisions ADD COLUMN {if_not_exists}shadow INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE decisions ADD COLUMN {if_not_exists}target TEXT",
+    "UPDATE decisions SET shadow = {json_shadow}, target = {json_target}",
+    """CREATE TABLE outcomes_v3 (
+    decision_id  TEXT NOT NULL REFERENCES decisions (id),
+    source       TEXT NOT NULL,
+    correct      INTEGER,
+    mu_hat       {real},
+    k            INTEGER,
+    score        {real},
+    note         TEXT,
+    samples_used INTEGER NOT NULL,
+    latency_s    {real},
+    recorded_at  {time} NOT NULL,
+    PRIMARY KEY (decision_id, source)
+)""",
+    "INSERT INTO outcomes_v3 (decision_id, source, correct, mu_hat, samples_used, latency_s, recorded_at)"
+    " SELECT decision_id, 'unspecified', correct, mu_hat, samples_used, latency_s, recorded_at FROM outcomes",
+    "DROP TABLE outcomes",
+    "ALTER TABLE outcomes_v3 RENAME TO outcomes",
+)
+
 _MIGRATIONS: tuple[Migration, ...] = (
     (1, "decisions and outcomes", _V1),
     (
@@ -105,14 +141,19 @@ _MIGRATIONS: tuple[Migration, ...] = (
         "migration history; the writer (host:pid) of each decision",
         (MIGRATIONS_TABLE, "ALTER TABLE decisions ADD COLUMN {if_not_exists}writer TEXT"),
     ),
+    (
+        3,
+        "outcomes per source (binary, rate with k, or score; a note); shadow and target columns",
+        _V3,
+    ),
 )
 
 VERSION = "SELECT value FROM capgate_meta WHERE key = 'schema_version'"
 
 _DECISION = (
     "INSERT INTO decisions (id, created_at, step, tool, query_sha256, query_text, method, p, degraded,"
-    " degraded_reason, action, reason, budget, samples_used, latency_s, policy, decision_json, writer)"
-    f" VALUES ({', '.join('?' * 18)}) ON CONFLICT (id) DO "
+    " degraded_reason, action, reason, budget, samples_used, latency_s, policy, decision_json, writer,"
+    f" shadow, target) VALUES ({', '.join('?' * 20)}) ON CONFLICT (id) DO "
 )
 INSERT = _DECISION + "NOTHING"
 """A decision row (:meth:`DecisionLog._decision_row`); logging it again keeps the first."""
@@ -120,21 +161,33 @@ INSERT_SAMPLED = _DECISION + (
     "UPDATE SET samples_used = excluded.samples_used, decision_json = excluded.decision_json"
 )
 """A sampled resample's row, which supersedes its first record."""
-UPSERT_OUTCOME = (
-    "INSERT INTO outcomes (decision_id, correct, mu_hat, samples_used, latency_s, recorded_at)"
-    " SELECT id, CAST(? AS INTEGER), CAST(? AS {real}), CAST(? AS INTEGER), CAST(? AS {real}),"
-    " CAST(? AS {time}) FROM decisions WHERE id = ? ON CONFLICT (decision_id) DO UPDATE SET"
-    " correct = excluded.correct, mu_hat = excluded.mu_hat, samples_used = excluded.samples_used,"
-    " latency_s = excluded.latency_s, recorded_at = excluded.recorded_at"
+_OUTCOME = (
+    "INSERT INTO outcomes (decision_id, source, correct, mu_hat, k, score, note, samples_used, latency_s,"
+    " recorded_at) SELECT id, CAST(? AS TEXT), CAST(? AS INTEGER), CAST(? AS {real}), CAST(? AS INTEGER),"
+    " CAST(? AS {real}), CAST(? AS TEXT), CAST(? AS INTEGER), CAST(? AS {real}), CAST(? AS {time})"
+    " FROM decisions WHERE id = ? ON CONFLICT (decision_id, source) DO "
 )
-"""An outcome (template): one row written if its decision is in the log, none otherwise."""
+INSERT_OUTCOME = _OUTCOME + "NOTHING"
+"""An outcome (template; parameters: source, correct, mu_hat, k, score, note, samples_used, latency_s,
+recorded_at, decision_id): written if its decision is in the log and has none from that source yet."""
+REPLACE_OUTCOME = _OUTCOME + (
+    "UPDATE SET correct = excluded.correct, mu_hat = excluded.mu_hat, k = excluded.k, score = excluded.score,"
+    " note = excluded.note, samples_used = excluded.samples_used, latency_s = excluded.latency_s,"
+    " recorded_at = excluded.recorded_at"
+)
+"""An outcome that replaces the one from the same source (template, parameters as :data:`INSERT_OUTCOME`)."""
 
 COLUMNS = (
     "d.id, d.created_at, d.step, d.tool, d.query_sha256, d.query_text, d.method, d.p, d.degraded, "
     "d.degraded_reason, d.action, d.reason, d.budget, d.samples_used, d.latency_s, d.policy, "
-    "d.decision_json, o.correct, o.mu_hat, o.samples_used, o.latency_s, o.recorded_at, "
-    "o.decision_id IS NOT NULL, d.writer"
+    "d.decision_json, d.writer"
 )
+"""A decision row's columns, as :meth:`DecisionLog._row` reads them."""
+OUTCOME_COLUMNS = (
+    "o.decision_id, o.source, o.correct, o.mu_hat, o.k, o.score, o.note, o.samples_used, o.latency_s,"
+    " o.recorded_at"
+)
+"""An outcome row's columns, as :func:`capgate.decision._outcomes.outcome_of_row` reads them."""
 
 
 def migrate(run: Callable[[str, Sequence[Any]], Any], dialect: Dialect, location: str) -> None:

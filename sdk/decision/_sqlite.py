@@ -76,6 +76,15 @@ class SQLiteStore:
         except sqlite3.OperationalError as exc:
             raise LogUnavailableError(str(exc), location=self.location) from exc
 
+    def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """Run one statement per row of parameters in one ``BEGIN IMMEDIATE`` transaction."""
+        conn = self._connections.get(self._open)
+        try:
+            with _transaction(conn):
+                return conn.executemany(sql, rows).rowcount
+        except sqlite3.OperationalError as exc:
+            raise LogUnavailableError(str(exc), location=self.location) from exc
+
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """The rows of one query."""
         conn = self._connections.get(self._open)

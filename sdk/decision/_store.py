@@ -34,6 +34,9 @@ class Store(Protocol):
     def write(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement in its own transaction; the number of rows it wrote."""
 
+    def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """Run one statement once per row of parameters, all in one transaction; the rows written."""
+
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """The rows of one query."""
 

@@ -9,8 +9,10 @@ of its migrations (``capgate_migrations``): opening an older log migrates it for
 transaction; a log written by a newer capgate is refused.
 
 Queries are stored as a SHA-256 hash (:func:`~capgate.messages.query_hash`); the text only with
-``store_text=True``. Outcomes attach later by decision id (:meth:`DecisionLog.record_outcome`, or
-``capgate log outcome DECISION_ID --correct yes``).
+``store_text=True``. Outcomes attach later by decision id, one per source
+(:meth:`DecisionLog.record_outcome`, ``capgate log outcome DECISION_ID --correct yes``, or in bulk:
+:meth:`DecisionLog.import_outcomes`, ``capgate log outcome --file OUTCOMES.jsonl``; see
+:mod:`capgate.decision.outcomes`).
 
 Example:
     >>> import tempfile, os
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -39,12 +41,13 @@ from pydantic import BaseModel, ConfigDict
 from capgate._types import Decision, Outcome
 from capgate._validate import check_positive_int
 from capgate.backend import Prompt, as_messages
+from capgate.decision import outcomes as _outcomes
 from capgate.decision._schema import (
     COLUMNS,
     INSERT,
     INSERT_SAMPLED,
+    OUTCOME_COLUMNS,
     SCHEMA_VERSION,
-    UPSERT_OUTCOME,
     VERSION,
     Migration,
     is_database_url,
@@ -54,7 +57,6 @@ from capgate.decision._schema import (
 from capgate.decision._sqlite import SQLiteStore
 from capgate.decision._store import Store
 from capgate.decision.postgres import PostgresStore
-from capgate.errors import DataError
 from capgate.messages import query_hash
 
 __all__ = [
@@ -88,7 +90,8 @@ class LoggedDecision(BaseModel):
         query_text: The query text, only if the log stores text.
         samples_used: Responses drawn for the decision, if recorded.
         latency_s: Seconds the decision took, if recorded.
-        outcome: The outcome, once one was recorded.
+        outcome: The most recently recorded of its outcomes (``None`` until one is).
+        outcomes: Its outcomes, one per source, oldest first.
         writer: ``host:pid`` of the process that recorded it (``None`` for logs older than schema 2).
     """
 
@@ -100,6 +103,7 @@ class LoggedDecision(BaseModel):
     samples_used: int | None = None
     latency_s: float | None = None
     outcome: Outcome | None = None
+    outcomes: tuple[Outcome, ...] = ()
     writer: str | None = None
 
     @property
@@ -117,8 +121,16 @@ class LoggedDecision(BaseModel):
         """The predicted capability (``None`` if the estimate was unavailable)."""
         return self.decision.estimate.p
 
+    @property
+    def value(self) -> float | None:
+        """The outcome as one number in [0, 1]: the mean over its sources of each outcome's
+        :attr:`~capgate.Outcome.value` (``None`` without an outcome)."""
+        values = [v for v in (o.value for o in self.outcomes) if v is not None]
+        return sum(values) / len(values) if values else None
 
-_FROM = "FROM decisions d LEFT JOIN outcomes o ON o.decision_id = d.id"
+
+_FROM = "FROM decisions d"
+_HAS_OUTCOME = "EXISTS (SELECT 1 FROM outcomes o WHERE o.decision_id = d.id)"
 
 
 class DecisionLog:
@@ -244,6 +256,8 @@ class DecisionLog:
             decision.policy,
             decision.model_dump_json(),
             writer_id(),
+            int(decision.shadow),
+            decision.target,
         )
         self.store.write(INSERT if decision.stopped_by is None else INSERT_SAMPLED, row)
         return decision.id
@@ -254,17 +268,29 @@ class DecisionLog:
         *,
         correct: bool | None = None,
         mu_hat: float | None = None,
+        k: int | None = None,
+        score: float | None = None,
+        source: str = "unspecified",
+        note: str | None = None,
         samples_used: int = 0,
         latency_s: float | None = None,
+        replace: bool = False,
     ) -> Outcome:
         """Attach what happened to a logged decision; returns the stored :class:`Outcome`.
 
-        Pass an :class:`Outcome`, or a decision id with the outcome's fields. At least one of
-        ``correct`` and ``mu_hat`` must be known. Recording again for the same decision replaces
-        the earlier outcome (a correction).
+        Pass an :class:`Outcome`, or a decision id with the outcome's fields: ``correct``
+        (binary), ``mu_hat`` (a measured rate, with the ``k`` responses it was measured on), or
+        ``score`` (graded, in [0, 1]), at least one of them; ``source`` says who judged it
+        (``"user"``, ``"grader"``, ``"test"``, ``"tool"`` or a label of your own) and ``note``
+        adds free text. A decision keeps one outcome per source. Recording the same judgement
+        again from the same source is a no-op that returns the first record; a different one is
+        an error unless ``replace=True`` (a correction).
 
         Raises:
-            DataError: No decision with that id is in the log, or the outcome says nothing.
+            DataError: No decision with that id is in the log (the message names it), or the
+                outcome says nothing.
+            OutcomeConflictError: The decision has a different outcome from this source and
+                ``replace`` is false.
             LogUnavailableError: The store could not be written.
         """
         if isinstance(decision_id, Outcome):
@@ -274,51 +300,49 @@ class DecisionLog:
                 decision_id=decision_id,
                 correct=correct,
                 mu_hat=mu_hat,
+                k=k,
+                score=score,
+                source=source,
+                note=note,
                 samples_used=samples_used,
                 latency_s=latency_s,
             )
-        if outcome.correct is None and outcome.mu_hat is None:
-            raise DataError("an outcome needs `correct` or `mu_hat`", path=self.location, field="correct")
-        values = (
-            None if outcome.correct is None else int(outcome.correct),
-            outcome.mu_hat,
-            outcome.samples_used,
-            outcome.latency_s,
-            outcome.recorded_at.isoformat(),
-            outcome.decision_id,
-        )
-        if not self.store.write(self.store.dialect.render(UPSERT_OUTCOME), values):
-            raise DataError(
-                f"no decision with id {outcome.decision_id!r} in the log",
-                path=self.location,
-                field="decision_id",
-            )
-        return outcome
+        return _outcomes.attach(self, outcome, replace=replace)
+
+    def import_outcomes(
+        self, path: str | Path, *, skip_bad: bool = False, replace: bool = False
+    ) -> _outcomes.ImportSummary:
+        """Attach the outcomes of a JSONL file: :func:`capgate.decision.outcomes.import_outcomes`."""
+        return _outcomes.import_outcomes(self, path, skip_bad=skip_bad, replace=replace)
 
     # ------------------------------------------------------------------ reads
 
     @staticmethod
-    def _row(row: tuple[Any, ...]) -> LoggedDecision:
-        outcome = None
-        if row[22]:
-            recorded = row[21]
-            outcome = Outcome(
-                decision_id=row[0],
-                correct=None if row[17] is None else bool(row[17]),
-                mu_hat=row[18],
-                samples_used=row[19],
-                latency_s=row[20],
-                recorded_at=recorded if isinstance(recorded, datetime) else datetime.fromisoformat(recorded),
-            )
+    def _row(row: tuple[Any, ...], outcomes: dict[str, list[Outcome]]) -> LoggedDecision:
+        attached = tuple(sorted(outcomes.get(row[0], ()), key=lambda o: o.recorded_at))
         return LoggedDecision(
             decision=Decision.model_validate_json(row[16]),
             query_sha256=row[4],
             query_text=row[5],
             samples_used=row[13],
             latency_s=row[14],
-            outcome=outcome,
-            writer=row[23],
+            outcome=attached[-1] if attached else None,
+            outcomes=attached,
+            writer=row[17],
         )
+
+    def _read(self, where: str, params: Sequence[Any], limit: str = "") -> list[LoggedDecision]:
+        """Decisions matching ``where``, newest first, each with its outcomes."""
+        selected = f"{_FROM}{where} ORDER BY {self.store.dialect.order}{limit}"
+        rows = self.store.read(f"SELECT {COLUMNS} {selected}", params)
+        outcomes: dict[str, list[Outcome]] = {}
+        if rows:
+            ids = f"SELECT d.id {selected}"
+            sql = f"SELECT {OUTCOME_COLUMNS} FROM outcomes o WHERE o.decision_id IN ({ids})"
+            for found in self.store.read(sql, params):
+                outcome = _outcomes.outcome_of_row(found)
+                outcomes.setdefault(outcome.decision_id, []).append(outcome)
+        return [self._row(r, outcomes) for r in rows]
 
     def get(self, decision_id: str) -> LoggedDecision:
         """The logged decision with this id.
@@ -326,12 +350,10 @@ class DecisionLog:
         Raises:
             DataError: No decision with that id is in the log.
         """
-        rows = self.store.read(f"SELECT {COLUMNS} {_FROM} WHERE d.id = ?", (decision_id,))
+        rows = self._read(" WHERE d.id = ?", (decision_id,))
         if not rows:
-            raise DataError(
-                f"no decision with id {decision_id!r} in the log", path=self.location, field="decision_id"
-            )
-        return self._row(rows[0])
+            raise _outcomes.unknown(decision_id, self.location)
+        return rows[0]
 
     @staticmethod
     def _filters(method: str | None, with_outcome: bool | None, usable: bool | None) -> tuple[str, list[Any]]:
@@ -341,7 +363,7 @@ class DecisionLog:
             where.append("d.method = ?")
             params.append(method)
         if with_outcome is not None:
-            where.append("o.decision_id IS " + ("NOT NULL" if with_outcome else "NULL"))
+            where.append(_HAS_OUTCOME if with_outcome else f"NOT {_HAS_OUTCOME}")
         if usable is not None:
             where.append("d.p IS " + ("NOT NULL" if usable else "NULL"))
         return (" WHERE " + " AND ".join(where) if where else ""), params
@@ -363,11 +385,8 @@ class DecisionLog:
             last: Only the most recent ``last`` of them (still returned oldest first).
         """
         where, params = self._filters(method, with_outcome, usable)
-        sql = f"SELECT {COLUMNS} {_FROM}{where} ORDER BY {self.store.dialect.order}"
-        if last is not None:
-            sql += f" LIMIT {check_positive_int('last', last)}"
-        rows = self.store.read(sql, params)
-        return [self._row(r) for r in reversed(rows)]
+        limit = "" if last is None else f" LIMIT {check_positive_int('last', last)}"
+        return self._read(where, params, limit)[::-1]
 
     def count(
         self, *, method: str | None = None, with_outcome: bool | None = None, usable: bool | None = None

@@ -232,6 +232,16 @@ class PostgresStore:
         """Run one statement (its own transaction: the connection autocommits); the rows it wrote."""
         return int(self._run(lambda conn: conn.execute(_pg(sql), params).rowcount))
 
+    def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """Run one statement per row of parameters, in one transaction; the rows written."""
+
+        def work(conn: Any) -> int:
+            with conn.transaction(), conn.cursor() as cursor:
+                cursor.executemany(_pg(sql), rows)
+                return int(cursor.rowcount)
+
+        return self._run(work)
+
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """The rows of one query."""
         return self._run(lambda conn: list(conn.execute(_pg(sql), params).fetchall()))

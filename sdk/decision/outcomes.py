@@ -1,0 +1,294 @@
+"""Outcomes attached to logged decisions: one at a time (:meth:`DecisionLog.record_outcome`) or in
+bulk from a JSONL file (:func:`import_outcomes`, ``capgate log outcome --file FILE``).
+
+An outcome is keyed by its decision and its ``source`` (who judged the answer: ``"user"``,
+``"grader"``, ``"test"``, ``"tool"``, or a label of your own), so a decision can carry a user's
+thumbs and a grader's verdict side by side. Attaching the same judgement again is a no-op (the
+first record, with its time and note, is kept); a different judgement from the same source is a
+:class:`OutcomeConflictError` unless ``replace=True``; an id the log does not hold is a
+:class:`~capgate.DataError` naming it.
+
+A bulk file has one JSON object a line: ``decision_id`` and the :class:`~capgate.Outcome` fields
+(``correct``, ``mu_hat`` with ``k``, ``score``, ``source``, ``note``, ``samples_used``,
+``latency_s``, ``recorded_at``). Every bad line is reported as ``file:line: field 'x': what`` and,
+unless told to skip them, nothing of a file with a bad line is imported.
+
+Example:
+    >>> import json, os, tempfile
+    >>> from capgate import Estimate
+    >>> from capgate.decision import Decision, DecisionLog
+    >>> folder = tempfile.mkdtemp()
+    >>> log = DecisionLog(os.path.join(folder, "d.sqlite3"))
+    >>> d = Decision(action="answer", estimate=Estimate(p=0.9, method="probe"), reason="p >= 0.8")
+    >>> _ = log.record(d)
+    >>> path = os.path.join(folder, "outcomes.jsonl")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write(json.dumps({"decision_id": d.id, "correct": True, "source": "user"}) + "\\n")
+    ...     _ = f.write(json.dumps({"decision_id": d.id, "score": 0.8, "source": "grader"}) + "\\n")
+    >>> import_outcomes(log, path).imported
+    2
+    >>> sorted(o.source for o in log.get(d.id).outcomes)
+    ['grader', 'user']
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from capgate._types import Outcome
+from capgate.decision._schema import INSERT_OUTCOME, OUTCOME_COLUMNS, REPLACE_OUTCOME
+from capgate.errors import DataError
+
+if TYPE_CHECKING:
+    from capgate.decision.log import DecisionLog
+
+__all__ = ["ImportSummary", "OutcomeConflictError", "OutcomeImportError", "import_outcomes"]
+
+_CHUNK = 500  # ids per IN (...) lookup
+
+
+class OutcomeConflictError(DataError):
+    """A decision already has a different outcome from the same source (pass ``replace=True``)."""
+
+
+class OutcomeImportError(DataError):
+    """A bulk file has bad lines; ``errors`` holds one :class:`~capgate.DataError` per line."""
+
+    def __init__(self, path: str | Path, errors: Sequence[DataError]) -> None:
+        self.errors = list(errors)
+        lines = "\n".join(str(e) for e in self.errors)
+        super().__init__(
+            f"{len(self.errors)} bad line(s); nothing imported (skip them with --skip-bad / skip_bad=True):"
+            f"\n{lines}",
+            path=path,
+        )
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    """What a bulk import did.
+
+    Attributes:
+        imported: Outcomes written (new, or replacing with ``replace=True``).
+        unchanged: Outcomes already in the log with the same judgement (left as they were).
+        skipped: Bad lines left out (only with ``skip_bad=True``).
+        errors: The bad lines' errors (``file:line: field: what``).
+    """
+
+    imported: int
+    unchanged: int
+    skipped: int
+    errors: list[DataError] = field(default_factory=list)
+
+
+def params(outcome: Outcome) -> tuple[Any, ...]:
+    """The parameters of :data:`~capgate.decision._schema.INSERT_OUTCOME` for ``outcome``."""
+    return (
+        outcome.source,
+        None if outcome.correct is None else int(outcome.correct),
+        outcome.mu_hat,
+        outcome.k,
+        outcome.score,
+        outcome.note,
+        outcome.samples_used,
+        outcome.latency_s,
+        outcome.recorded_at.isoformat(),
+        outcome.decision_id,
+    )
+
+
+def outcome_of_row(row: Sequence[Any]) -> Outcome:
+    """An :class:`Outcome` from a row of :data:`~capgate.decision._schema.OUTCOME_COLUMNS`."""
+    recorded = row[9]
+    return Outcome(
+        decision_id=row[0],
+        source=row[1],
+        correct=None if row[2] is None else bool(row[2]),
+        mu_hat=row[3],
+        k=row[4],
+        score=row[5],
+        note=row[6],
+        samples_used=row[7],
+        latency_s=row[8],
+        recorded_at=recorded if isinstance(recorded, datetime) else datetime.fromisoformat(recorded),
+    )
+
+
+def same_judgement(a: Outcome, b: Outcome) -> bool:
+    """Whether two outcomes say the same about the answer (``correct``, ``mu_hat``, ``k``, ``score``)."""
+    return (a.correct, a.mu_hat, a.k, a.score) == (b.correct, b.mu_hat, b.k, b.score)
+
+
+def _describe(o: Outcome) -> str:
+    said = {"correct": o.correct, "mu_hat": o.mu_hat, "k": o.k, "score": o.score}
+    return ", ".join(f"{k}={v}" for k, v in said.items() if v is not None)
+
+
+def conflict(existing: Outcome, new: Outcome, location: str) -> OutcomeConflictError:
+    """The error for a second, different outcome from the same source."""
+    return OutcomeConflictError(
+        f"decision {new.decision_id!r} already has an outcome from source {new.source!r} "
+        f"({_describe(existing)}, recorded {existing.recorded_at.isoformat()}); this one says "
+        f"{_describe(new)}: pass replace=True (--replace) to replace it",
+        path=location,
+        field="source",
+    )
+
+
+def unknown(decision_id: str, location: str, *, line: int | None = None) -> DataError:
+    """The error for an outcome whose decision the log does not hold."""
+    return DataError(
+        f"no decision with id {decision_id!r} in the log", path=location, line=line, field="decision_id"
+    )
+
+
+def check_says_something(outcome: Outcome, location: str, line: int | None = None) -> None:
+    """A :class:`DataError` unless the outcome gives ``correct``, ``mu_hat`` or ``score``."""
+    if outcome.value is None:
+        raise DataError(
+            "an outcome needs `correct`, `mu_hat` or `score`", path=location, line=line, field="correct"
+        )
+
+
+def attach(log: DecisionLog, outcome: Outcome, *, replace: bool) -> Outcome:
+    """Write one outcome (see :meth:`DecisionLog.record_outcome`); returns the stored one."""
+    check_says_something(outcome, log.location)
+    store = log.store
+    sql = store.dialect.render(REPLACE_OUTCOME if replace else INSERT_OUTCOME)
+    if store.write(sql, params(outcome)):
+        return outcome
+    existing = stored(log, [outcome.decision_id]).get((outcome.decision_id, outcome.source))
+    if existing is None:  # nothing written and nothing there: the decision is not in the log
+        raise unknown(outcome.decision_id, log.location)
+    if same_judgement(existing, outcome):
+        return existing
+    raise conflict(existing, outcome, log.location)
+
+
+def _chunks(ids: Sequence[str]) -> Iterable[list[str]]:
+    unique = list(dict.fromkeys(ids))
+    for start in range(0, len(unique), _CHUNK):
+        yield unique[start : start + _CHUNK]
+
+
+def stored(log: DecisionLog, ids: Sequence[str]) -> dict[tuple[str, str], Outcome]:
+    """The outcomes the log holds for these decisions, by (decision id, source)."""
+    found: dict[tuple[str, str], Outcome] = {}
+    for chunk in _chunks(ids):
+        marks = ", ".join("?" * len(chunk))
+        sql = f"SELECT {OUTCOME_COLUMNS} FROM outcomes o WHERE o.decision_id IN ({marks})"
+        for row in log.store.read(sql, chunk):
+            o = outcome_of_row(row)
+            found[(o.decision_id, o.source)] = o
+    return found
+
+
+def _known(log: DecisionLog, ids: Sequence[str]) -> set[str]:
+    known: set[str] = set()
+    for chunk in _chunks(ids):
+        marks = ", ".join("?" * len(chunk))
+        known.update(r[0] for r in log.store.read(f"SELECT id FROM decisions WHERE id IN ({marks})", chunk))
+    return known
+
+
+def _parse(path: Path, errors: list[DataError]) -> list[tuple[int, Outcome]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read the outcomes file: {exc}", path=path) from exc
+    parsed: list[tuple[int, Outcome]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            errors.append(DataError(f"not JSON: {exc.msg} (column {exc.colno})", path=path, line=number))
+            continue
+        if not isinstance(record, dict):
+            errors.append(
+                DataError(f"expected a JSON object; got {type(record).__name__}", path=path, line=number)
+            )
+            continue
+        try:
+            outcome = Outcome.model_validate(record)
+            check_says_something(outcome, str(path), number)
+        except ValidationError as exc:
+            for problem in exc.errors():
+                where = ".".join(str(part) for part in problem["loc"]) or None
+                what = problem["msg"] if problem["type"] != "extra_forbidden" else "not an outcome field"
+                errors.append(DataError(what, path=path, line=number, field=where))
+            continue
+        except DataError as exc:
+            errors.append(exc)
+            continue
+        parsed.append((number, outcome))
+    return parsed
+
+
+def import_outcomes(
+    log: DecisionLog, path: str | Path, *, skip_bad: bool = False, replace: bool = False
+) -> ImportSummary:
+    """Attach the outcomes of a JSONL file (one object a line; see the module docstring).
+
+    Every line is checked before anything is written: JSON, the outcome's fields, that its
+    decision is in the log, and that it does not contradict an outcome from the same source (in
+    the log or earlier in the file) unless ``replace``. The good lines are then written in one
+    transaction.
+
+    Args:
+        log: The decision log.
+        path: The JSONL file.
+        skip_bad: Import the good lines of a file that has bad ones (they are counted in
+            ``skipped`` and listed in ``errors``).
+        replace: A line replaces the outcome from the same source already recorded.
+
+    Raises:
+        OutcomeImportError: A bad line and not ``skip_bad``; it lists every bad line (file:line,
+            field, what) and nothing was imported.
+        DataError: The file cannot be read.
+        LogUnavailableError: The store could not be written.
+    """
+    path = Path(path)
+    errors: list[DataError] = []
+    parsed = _parse(path, errors)
+    ids = [o.decision_id for _, o in parsed]
+    known = _known(log, ids)
+    existing = stored(log, ids)
+    writes: dict[tuple[str, str], Outcome] = {}
+    unchanged = 0
+    for number, outcome in parsed:
+        key = (outcome.decision_id, outcome.source)
+        if outcome.decision_id not in known:
+            errors.append(unknown(outcome.decision_id, str(path), line=number))
+            continue
+        earlier = writes.get(key)
+        if earlier is not None:
+            if not same_judgement(earlier, outcome):
+                clash = f"contradicts an earlier line's outcome from source {outcome.source!r}"
+                errors.append(DataError(clash, path=path, line=number, field="source"))
+            continue
+        before = existing.get(key)
+        if before is not None and same_judgement(before, outcome):
+            unchanged += 1
+            continue
+        if before is not None and not replace:
+            message = conflict(before, outcome, str(path)).message
+            errors.append(DataError(message, path=path, line=number, field="source"))
+            continue
+        writes[key] = outcome
+    errors.sort(key=lambda e: e.line or 0)
+    if errors and not skip_bad:
+        raise OutcomeImportError(path, errors)
+    if writes:
+        sql = log.store.dialect.render(REPLACE_OUTCOME if replace else INSERT_OUTCOME)
+        log.store.write_many(sql, [params(o) for o in writes.values()])
+    bad_lines = len({e.line for e in errors})
+    return ImportSummary(imported=len(writes), unchanged=unchanged, skipped=bad_lines, errors=errors)
