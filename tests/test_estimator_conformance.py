@@ -361,6 +361,8 @@ def test_set_params_checks_like_the_constructor_and_reaches_nested_settings() ->
     assert recal.set_params(calibrator__l2=2.0, estimator__random_state=5) is recal
     assert recal.calibrator.l2 == 2.0
     assert recal.estimator.random_state == 5
+    recal.set_params(calibrator=IsotonicCalibrator())
+    assert recal.method == "uniform-random+isotonic"  # what the constructor derives follows
     with pytest.raises(ValueError, match="`k_c` must be an integer >= 2; got 1"):
         Consistency(_backend()).set_params(k_c=1)
     with pytest.raises(ValueError, match="`foo` is not a setting of PlattCalibrator"):

@@ -61,8 +61,8 @@ class Params:
         return params
 
     def set_params(self, **params: Any) -> Any:
-        """Change settings (``part__setting`` reaches a nested estimator); checked as the
-        constructor checks them. Returns ``self``."""
+        """Change settings (``part__setting`` reaches a nested estimator), checked as the
+        constructor checks them; what it derives from them (a ``method`` name) follows. Returns ``self``."""
         own: dict[str, Any] = {}
         nested: dict[str, dict[str, Any]] = {}
         valid = self._param_defaults()
@@ -76,9 +76,11 @@ class Params:
                 nested.setdefault(name, {})[sub] = value
             else:
                 own[name] = value
-        checked = type(self)(**{**self.get_params(deep=False), **own})
-        for name in own:
-            setattr(self, name, getattr(checked, name))
+        if own:  # the constructor checks the new settings and derives what follows from them
+            checked = type(self)(**{**self.get_params(deep=False), **own})
+            for name, value in vars(checked).items():  # learned state it leaves unset (None) is kept
+                if name in own or value is not None:
+                    setattr(self, name, value)
         for name, sub_params in nested.items():
             getattr(self, name).set_params(**sub_params)
         return self
