@@ -14,21 +14,37 @@ torch and transformers are imported only when features are computed.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from capgate._coalesce import Coalescer
 from capgate._prefill import keep_prefill, prefill_cache, reusable
+from capgate._reader import Reader
 from capgate.backend import Prompt
 from capgate.models import LoadedModel
 
-__all__ = ["FeatureSpec", "HiddenStateFeaturizer", "Pooling"]
+__all__ = ["FeatureDType", "FeatureSpec", "HiddenStateFeaturizer", "Pooling", "ReadDType"]
 
 Pooling: TypeAlias = Literal["last", "mean"]
 """``"last"``: the last prompt token's state; ``"mean"``: the mean over the prompt's tokens."""
+
+ReadDType: TypeAlias = Literal["float32", "bfloat16", "float16"]
+"""The number format of the reader's forward pass that made the features."""
+
+FeatureDType: TypeAlias = Literal["auto", "float32", "bfloat16", "float16"]
+"""A featurizer's pass dtype: ``"auto"`` is the loaded model's own."""
 
 
 class FeatureSpec(BaseModel):
@@ -43,11 +59,18 @@ class FeatureSpec(BaseModel):
         chat_template: Whether the query went through the chat template (with the generation prompt).
         dim: Width of the feature vector.
         source: What computed the hidden states.
+        dtype: The number format of the forward pass (a probe's spec: the one it was fitted on).
+            A float32 spec is written without it, as before the field existed, so the specs of
+            probes saved then read the same; a probe fitted in one dtype refuses features of
+            another unless ``dtype`` is among the ignored fields (``load_estimator`` does that
+            only for a fast path the probe records as checked, or on request).
 
     Example:
         >>> spec = FeatureSpec(model_id="m", weights_fingerprint="sha256:0", dim=576)
-        >>> spec.layers, spec.pooling, spec.chat_template
-        ('all', 'last', True)
+        >>> spec.layers, spec.pooling, spec.chat_template, spec.dtype
+        ('all', 'last', True, 'float32')
+        >>> "dtype" in spec.model_dump(), spec.model_copy(update={"dtype": "bfloat16"}).model_dump()["dtype"]
+        (False, 'bfloat16')
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -59,6 +82,14 @@ class FeatureSpec(BaseModel):
     chat_template: bool = True
     dim: int = Field(ge=1)
     source: Literal["transformers", "vllm"] = "transformers"
+    dtype: ReadDType = "float32"
+
+    @model_serializer(mode="wrap")
+    def _drop_float32(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("dtype") == "float32":
+            del data["dtype"]
+        return data
 
     @field_validator("layers")
     @classmethod
@@ -79,6 +110,14 @@ class FeatureSpec(BaseModel):
 class HiddenStateFeaturizer:
     """Turns queries into hidden-state feature vectors of a loaded model.
 
+    The pass runs the model only up to the deepest hidden state read (the final norm and the LM
+    head only when the last state is read), keeps only the states and, for ``"last"`` pooling,
+    the position it pools, and batches queries of similar lengths together (left padding with
+    positions that count real tokens, so a padded row reads what the query alone reads). When
+    the model's shared prefill is on (a sampling backend of the same model exists, see
+    :mod:`capgate._prefill`), the pass is the model's full one in its own dtype instead, so that
+    the answer's generation continues from it.
+
     Args:
         loaded: The model, from :func:`capgate.models.load_model`.
         layers: ``"all"`` or hidden-state indices to average (0 = embeddings, ``i`` = layer ``i``;
@@ -86,7 +125,11 @@ class HiddenStateFeaturizer:
         pooling: ``"last"`` (the last prompt token) or ``"mean"`` (masked mean over the prompt).
         chat_template: Apply the chat template with the generation prompt (the default, and what
             the sampling backend does); without it the message texts are read as plain text.
-        batch_size: Queries per forward pass.
+        batch_size: Most queries per forward pass.
+        dtype: The number format of the pass: ``"auto"`` (the model's own), or ``"float32"``,
+            ``"bfloat16"``, ``"float16"`` (another than the model's runs a copy of the layers
+            read in that format; bfloat16 is fast on CPUs that compute it natively, see
+            :func:`capgate.models.native_bf16_cpu`). The spec records it.
 
     Example:
         >>> from capgate.models import load_model
@@ -103,6 +146,7 @@ class HiddenStateFeaturizer:
         pooling: Pooling = "last",
         chat_template: bool = True,
         batch_size: int = 8,
+        dtype: FeatureDType = "auto",
     ) -> None:
         if not isinstance(loaded, LoadedModel):
             raise TypeError(f"loaded must be a capgate.models.LoadedModel; got {type(loaded).__name__}")
@@ -110,13 +154,25 @@ class HiddenStateFeaturizer:
             raise ValueError(f"pooling must be 'last' or 'mean'; got {pooling!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+        if dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16'; got {dtype!r}")
         self.loaded = loaded
         self.layers = layers
         self.pooling = pooling
         self.chat_template = chat_template
         self.batch_size = batch_size
+        self.dtype: ReadDType = loaded.dtype if dtype == "auto" else dtype  # type: ignore[assignment]
         self.layer_indices: tuple[int, ...] = self._resolve_layers(layers)
-        self._coalescer: Coalescer[list[int], np.ndarray] = Coalescer(self._features)
+        self._readers: dict[tuple[int, ...], Reader] = {}
+        self._readers_lock = threading.Lock()
+        self._coalescer: Coalescer[list[int], tuple[np.ndarray, str]] = Coalescer(self._features)
+
+    def __repr__(self) -> str:
+        return (
+            f"HiddenStateFeaturizer(model={self.loaded.model_id!r}, layers={self.layers!r}, "
+            f"pooling={self.pooling!r}, chat_template={self.chat_template!r}, "
+            f"batch_size={self.batch_size!r}, dtype={self.dtype!r})"
+        )
 
     def _resolve_layers(self, layers: Literal["all"] | Sequence[int]) -> tuple[int, ...]:
         n_states = self.loaded.num_hidden_layers + 1
@@ -152,6 +208,7 @@ class HiddenStateFeaturizer:
             chat_template=self.chat_template,
             dim=self.loaded.hidden_size,
             source="transformers",
+            dtype=self.dtype,
         )
 
     def transform(self, queries: Sequence[Prompt]) -> np.ndarray:
@@ -162,11 +219,20 @@ class HiddenStateFeaturizer:
         Raises:
             ValueError: A query encodes to no tokens, or ``queries`` is a bare string.
         """
+        return self.transform_with_details(queries)[0]
+
+    def transform_with_details(self, queries: Sequence[Prompt]) -> tuple[np.ndarray, dict[str, Any]]:
+        """:meth:`transform`'s features and how they were made: ``{"dtype": ...}``, the pass's dtype.
+
+        That is :attr:`dtype`, or the model's own dtype when the pass was the shared prefill.
+        """
         encoded = self._encode(queries)
         if not encoded:
-            return np.empty((0, self.loaded.hidden_size), dtype=np.float32)
-        # Concurrent calls (a fan-out's threads) share batched forward passes.
-        return np.stack(self._coalescer(encoded))
+            return np.empty((0, self.loaded.hidden_size), dtype=np.float32), {"dtype": self.dtype}
+        # Concurrent calls (a fan-out's threads) share batched forward passes; a call's rows
+        # always come from one batch, so from one pass dtype.
+        rows = self._coalescer(encoded)
+        return np.stack([row for row, _ in rows]), {"dtype": rows[0][1]}
 
     def transform_layers(
         self, queries: Sequence[Prompt], *, poolings: Sequence[Pooling] | None = None
@@ -193,11 +259,11 @@ class HiddenStateFeaturizer:
             ValueError: A query encodes to no tokens, or ``queries`` is a bare string.
         """
         if poolings is None:
-            return self._run(self._encode(queries), (self.pooling,), stacked=True)[:, 0]
+            return self._run(self._encode(queries), (self.pooling,), stacked=True)[0][:, 0]
         for pooling in poolings:
             if pooling not in ("last", "mean"):
                 raise ValueError(f"poolings must hold 'last' or 'mean'; got {pooling!r}")
-        return self._run(self._encode(queries), tuple(poolings), stacked=True)
+        return self._run(self._encode(queries), tuple(poolings), stacked=True)[0]
 
     def _encode(self, queries: Sequence[Prompt]) -> list[list[int]]:
         if isinstance(queries, str):
@@ -208,21 +274,40 @@ class HiddenStateFeaturizer:
                 raise ValueError(f"queries[{index}] encodes to no tokens")
         return encoded
 
-    def _features(self, encoded: list[list[int]]) -> np.ndarray:
-        """The coalescer's batch function: one row per encoded query (the :meth:`transform` rows)."""
-        return self._run(encoded, (self.pooling,), stacked=False)
+    def _features(self, encoded: list[list[int]]) -> list[tuple[np.ndarray, str]]:
+        """The coalescer's batch function: per encoded query, its :meth:`transform` row and dtype."""
+        features, dtype = self._run(encoded, (self.pooling,), stacked=False)
+        return [(row, dtype) for row in features]
 
-    def _run(self, encoded: list[list[int]], poolings: tuple[Pooling, ...], *, stacked: bool) -> np.ndarray:
+    def _reader(self) -> Reader:
+        """The reader of :attr:`layer_indices` in :attr:`dtype`, built once (a copy of layers may be made)."""
+        import torch
+
+        key = self.layer_indices
+        with self._readers_lock:
+            reader = self._readers.get(key)
+            if reader is None:
+                reader = self._readers[key] = Reader(
+                    self.loaded.model, self.loaded.num_hidden_layers, key, getattr(torch, self.dtype)
+                )
+            return reader
+
+    def _run(
+        self, encoded: list[list[int]], poolings: tuple[Pooling, ...], *, stacked: bool
+    ) -> tuple[np.ndarray, str]:
         import torch
 
         width = (len(poolings), len(self.layer_indices)) if stacked else ()
         features = np.empty((len(encoded), *width, self.loaded.hidden_size), dtype=np.float32)
+        # The shared prefill needs the model's full pass in its own dtype (the answer continues it).
+        shared = prefill_cache(self.loaded)
+        dtype = self.loaded.dtype if shared.enabled else self.dtype
         # Similar lengths share a batch: less padding, same results.
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
-                pooled = self._batch([encoded[i] for i in chunk], poolings)
+                pooled = self._batch([encoded[i] for i in chunk], poolings, shared=shared.enabled)
                 if stacked:
                     n_layers = len(self.layer_indices)
                     per_pooling = [
@@ -235,9 +320,9 @@ class HiddenStateFeaturizer:
                     for state in pooled[1:]:
                         total += state
                     features[chunk] = (total / len(pooled)).cpu().numpy()
-        return features
+        return features, dtype
 
-    def _batch(self, batch: list[list[int]], poolings: tuple[Pooling, ...]) -> list[Any]:
+    def _batch(self, batch: list[list[int]], poolings: tuple[Pooling, ...], *, shared: bool) -> list[Any]:
         """The pooled float32 states ``(len(batch), dim)``: per pooling, each of ``layer_indices``."""
         import torch
 
@@ -251,29 +336,40 @@ class HiddenStateFeaturizer:
         # positions as the query alone.
         position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
         device = self.loaded.model.device
-        # The same pass fills the KV cache when the model may answer next (the shared prefill).
-        shared = prefill_cache(self.loaded)
-        outputs = self.loaded.model(
-            input_ids=input_ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=position_ids.to(device),
-            output_hidden_states=True,
-            use_cache=shared.enabled,
-            logits_to_keep=1,  # the last position's logits only: what an answer's first token needs
-        )
-        if shared.enabled and reusable(outputs.cache):
-            keep_prefill(shared, batch, outputs.cache, outputs.logits)
-        states = outputs.hidden_states
+        last_only = all(pooling == "last" for pooling in poolings)
+        if shared:
+            states = self._shared_pass(batch, input_ids.to(device), mask.to(device), position_ids.to(device))
+        else:
+            states = self._reader().states(
+                input_ids.to(device), mask.to(device), position_ids.to(device), last_only=last_only
+            )
         keep = mask.to(device=device, dtype=torch.bool).unsqueeze(-1)
         pooled: list[Any] = []
         for pooling in poolings:
             for index in self.layer_indices:
+                state = states[index]
                 if pooling == "last":
                     # Slice before casting: only the last position is cast (same values).
-                    pooled.append(states[index][:, -1, :].float())
+                    pooled.append((state if state.dim() == 2 else state[:, -1, :]).float())
                 else:
-                    state = states[index].float()
+                    full = state.float()
                     # where(), not a product: padded positions may hold non-finite values.
-                    summed = torch.where(keep, state, torch.zeros_like(state)).sum(dim=1)
+                    summed = torch.where(keep, full, torch.zeros_like(full)).sum(dim=1)
                     pooled.append(summed / keep.sum(dim=1).clamp(min=1))
         return pooled
+
+    def _shared_pass(
+        self, batch: list[list[int]], input_ids: Any, mask: Any, position_ids: Any
+    ) -> dict[int, Any]:
+        """The model's full pass, keeping its KV cache and last logits for the answer (the shared prefill)."""
+        outputs = self.loaded.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            output_hidden_states=True,
+            use_cache=True,
+            logits_to_keep=1,  # the last position's logits only: what an answer's first token needs
+        )
+        if reusable(outputs.cache):
+            keep_prefill(prefill_cache(self.loaded), batch, outputs.cache, outputs.logits)
+        return {index: outputs.hidden_states[index] for index in self.layer_indices}

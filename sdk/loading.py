@@ -5,15 +5,34 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capgate.errors import DataError, ProbeMismatchError
 
 if TYPE_CHECKING:
     from capgate.estimators.guarded import InjectionGuard
-    from capgate.estimators.probe import ProbeEstimator
+    from capgate.estimators.probe import LinearProbe, ProbeEstimator
 
-__all__ = ["DEFAULT_PROBE", "default_probe_path", "load_estimator"]
+__all__ = [
+    "DEFAULT_PROBE",
+    "FAST_PATH_MAX_ABS_DP",
+    "FAST_PATH_MAX_BRIER_DELTA",
+    "FastPathCheck",
+    "default_probe_path",
+    "load_estimator",
+    "recorded_fast_paths",
+]
+
+FAST_PATH_MAX_ABS_DP = 0.01
+"""Largest |p_fast - p_float32| over the checked queries for a fast path to be used."""
+
+FAST_PATH_MAX_BRIER_DELTA = 0.0005
+"""Largest change of the capability Brier score (fast vs float32) for a fast path to be used."""
+
+_FAST_PATH_KEY = "fast_path"
+"""Where a probe's saved ``validation`` metadata keeps its fast-path checks, by dtype."""
 
 DEFAULT_PROBE = "default_probe"
 """Folder (inside ``capgate.assets``) of the probe shipped for the embedded default model."""
@@ -29,6 +48,99 @@ def default_probe_path() -> Path:
     if not (path / "probe.json").is_file():
         raise DataError("the shipped default probe is missing from this installation", path=path)
     return path
+
+
+class FastPathCheck(BaseModel):
+    """A probe's estimates in a fast number format checked against float32 on labelled queries.
+
+    ``passed`` when the largest |Δp| is at most :data:`FAST_PATH_MAX_ABS_DP` and the capability
+    Brier moves by at most :data:`FAST_PATH_MAX_BRIER_DELTA`. Recorded in the probe's metadata
+    (``validation["fast_path"][dtype]``, see :meth:`record`), it lets ``load_estimator`` choose
+    that format by itself.
+
+    Example:
+        >>> check = FastPathCheck.of([0.2, 0.9], [0.204, 0.897], [0.0, 1.0], dtype="bfloat16", split="demo")
+        >>> check.passed, round(check.max_abs_dp, 3)
+        (True, 0.004)
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dtype: Literal["bfloat16", "float16"]
+    n: int = Field(ge=1)
+    max_abs_dp: float = Field(ge=0)
+    brier_float32: float = Field(ge=0, le=1)
+    brier_fast: float = Field(ge=0, le=1)
+    split: str = Field(min_length=1)
+
+    @property
+    def brier_delta(self) -> float:
+        """Capability Brier of the fast path minus float32's."""
+        return self.brier_fast - self.brier_float32
+
+    @property
+    def passed(self) -> bool:
+        """Within both tolerances."""
+        return self.max_abs_dp <= FAST_PATH_MAX_ABS_DP and abs(self.brier_delta) <= FAST_PATH_MAX_BRIER_DELTA
+
+    @classmethod
+    def of(cls, p_float32: Any, p_fast: Any, mu_hat: Any, *, dtype: str, split: str) -> FastPathCheck:
+        """The check of paired predictions ``p_float32``, ``p_fast`` against capability ``mu_hat``."""
+        from capgate._validate import as_probabilities, same_length
+        from capgate.metrics import capability_brier
+
+        ref = as_probabilities("p_float32", p_float32)
+        fast = as_probabilities("p_fast", p_fast)
+        mu = as_probabilities("mu_hat", mu_hat)
+        same_length(p_float32=ref, p_fast=fast, mu_hat=mu)
+        return cls(
+            dtype=dtype,
+            n=len(ref),
+            max_abs_dp=float(abs(fast - ref).max()),
+            brier_float32=float(capability_brier(ref, mu)),
+            brier_fast=float(capability_brier(fast, mu)),
+            split=split,
+        )
+
+    def record(self, probe: LinearProbe) -> None:
+        """Keep this check in ``probe``'s validation metadata (saved by ``probe.save``)."""
+        validation: dict[str, Any] = probe.validation_
+        checks = dict(validation.get(_FAST_PATH_KEY) or {})
+        checks[self.dtype] = self.model_dump(mode="json")
+        validation[_FAST_PATH_KEY] = checks
+
+
+def recorded_fast_paths(probe: LinearProbe) -> dict[str, FastPathCheck]:
+    """The fast-path checks saved with ``probe``, by dtype (none: ``{}``).
+
+    Raises:
+        DataError: The recorded checks are malformed.
+    """
+    recorded = (getattr(probe, "validation_", None) or {}).get(_FAST_PATH_KEY)
+    if recorded is None:
+        return {}
+    try:
+        if not isinstance(recorded, dict):
+            raise TypeError(f"expected an object by dtype; got {type(recorded).__name__}")
+        checks = {str(k): FastPathCheck.model_validate(v) for k, v in recorded.items()}
+    except (TypeError, ValidationError) as exc:
+        raise DataError(f"malformed fast-path check: {exc}", field="validation.fast_path") from None
+    for key, check in checks.items():
+        if key != check.dtype:
+            raise DataError(f"the check under {key!r} is of {check.dtype!r}", field="validation.fast_path")
+    return checks
+
+
+def _feature_dtype(dtype: str, device: str, probe: LinearProbe) -> str:
+    """The reader's pass dtype: on request, else bfloat16 where fast (native CPU) and checked."""
+    if dtype != "auto":
+        return dtype
+    if device != "cpu":
+        return "auto"  # the model's own (bfloat16 or float16 on CUDA)
+    from capgate import models
+
+    check = recorded_fast_paths(probe).get("bfloat16")
+    return "bfloat16" if check is not None and check.passed and models.native_bf16_cpu() else "float32"
 
 
 @overload
@@ -80,7 +192,14 @@ def load_estimator(
         model: ``"default"``, a local model folder, or a Hugging Face model id.
         probe: Folder of a saved probe; required unless ``model`` is ``"default"``.
         device: Where to run the model.
-        dtype: Model precision (``"auto"``: float32 on CPU, bfloat16 on CUDA).
+        dtype: Precision. ``"auto"``: on CUDA the model in bfloat16 (float16 where bf16 is
+            missing); on the CPU the model in float32 and the probe's reader pass in bfloat16
+            when the CPU computes bfloat16 natively (:func:`capgate.models.native_bf16_cpu`) and
+            the probe records a passed check of that fast path against float32
+            (:class:`FastPathCheck`: on its held-out split, |Δp| <= 0.01 and the capability Brier
+            within ±0.0005), else float32. An explicit dtype loads the model in it and runs the
+            pass in it. Each estimate's ``details["dtype"]`` says which dtype its pass used
+            (the model's own when the pass was a shared prefill).
         batch_size: Queries per forward pass when featurizing.
         guard: Wrap the probe in :class:`~capgate.estimators.guarded.InjectionGuard`, so
             capability claims and context in the query cannot lift the estimate: such estimates
@@ -92,6 +211,7 @@ def load_estimator(
     Raises:
         ValueError: No probe was given for a model other than the default one.
         ProbeMismatchError: The probe was trained on other features.
+        DataError: The probe's files, or its recorded fast-path checks, are malformed.
     """
     from capgate.estimators.probe import LinearProbe, ProbeEstimator, check_spec_match
     from capgate.features import FeatureSpec, HiddenStateFeaturizer
@@ -105,7 +225,9 @@ def load_estimator(
         probe = default_probe_path()
     saved = LinearProbe.load(probe)
     spec = FeatureSpec.model_validate(saved.feature_spec_) if saved.feature_spec_ else None
-    loaded = load_model(model, device=device, dtype=dtype)
+    recorded_fast_paths(saved)  # a malformed record fails here, whatever the machine
+    loaded = load_model(model, device=device, dtype="auto" if dtype == "auto" else dtype)
+    feature_dtype = _feature_dtype(dtype, loaded.device, saved)
     pooling = spec.pooling if spec is not None else "last"
     chat_template = spec.chat_template if spec is not None else True
     try:
@@ -115,13 +237,17 @@ def load_estimator(
             pooling=pooling,
             chat_template=chat_template,
             batch_size=batch_size,
+            dtype=feature_dtype,  # type: ignore[arg-type]
         )
     except ValueError as exc:  # the probe's layers do not exist in this model: another reader
         reader = HiddenStateFeaturizer(loaded, pooling=pooling, chat_template=chat_template)
         check_spec_match(saved.feature_spec_, reader.spec)  # names model, fingerprint, layers...
         raise ProbeMismatchError(f"the probe does not fit model {str(model)!r}: {exc}") from exc
-    check_spec_match(saved.feature_spec_, featurizer.spec)
-    estimator = ProbeEstimator(featurizer, saved)
+    # The pass's dtype may differ from the probe's fitting one only as chosen above: on request,
+    # or a fast path the probe records as checked; every other field must match.
+    ignore = ("dtype",)
+    check_spec_match(saved.feature_spec_, featurizer.spec, ignore=ignore)
+    estimator = ProbeEstimator(featurizer, saved, ignore_spec_fields=ignore)
     if not guard:
         return estimator
     from capgate.estimators.guarded import InjectionGuard

@@ -167,10 +167,25 @@ class ProbeEstimator(CapabilityEstimator):
         return self
 
     def _transform(self, queries: Sequence[Prompt]) -> npt.NDArray[np.float32]:
-        features = np.asarray(self.featurizer.transform(list(queries)))
-        if features.ndim != 2 or features.shape[0] != len(queries):
+        return self._checked(self.featurizer.transform(list(queries)), len(queries))
+
+    def _transform_with_details(
+        self, queries: Sequence[Prompt]
+    ) -> tuple[npt.NDArray[np.float32], dict[str, Any]]:
+        """Features and how the featurizer made them (its ``transform_with_details``, if it has one:
+        for :class:`~capgate.features.HiddenStateFeaturizer`, the pass's ``dtype``)."""
+        detailed = getattr(self.featurizer, "transform_with_details", None)
+        if not callable(detailed):
+            return self._transform(queries), {}
+        features, details = detailed(list(queries))
+        return self._checked(features, len(queries)), dict(details)
+
+    @staticmethod
+    def _checked(returned: Any, n_queries: int) -> npt.NDArray[np.float32]:
+        features: npt.NDArray[np.float32] = np.asarray(returned)
+        if features.ndim != 2 or features.shape[0] != n_queries:
             raise ValueError(
-                f"featurizer returned shape {features.shape} for {len(queries)} queries; "
+                f"featurizer returned shape {features.shape} for {n_queries} queries; "
                 "expected (n_queries, dim)"
             )
         return features
@@ -192,8 +207,10 @@ class ProbeEstimator(CapabilityEstimator):
         if not queries:
             return []
         start = time.perf_counter()
+        made: dict[str, Any] = {}  # how the features were made (say, the pass's dtype)
         try:
-            rows: list[npt.NDArray[np.float32] | str] = list(self._transform(queries))
+            features, made = self._transform_with_details(queries)
+            rows: list[npt.NDArray[np.float32] | str] = list(features)
         except Exception as batch_error:
             if len(queries) == 1:
                 rows = [f"featurizer failed: {type(batch_error).__name__}: {batch_error}"]
@@ -202,7 +219,7 @@ class ProbeEstimator(CapabilityEstimator):
         elapsed = time.perf_counter() - start
         dim = self.probe.n_features_in_
         cost = Cost(forward_passes=1, calls=1, latency_s=elapsed / len(queries))
-        details = {"batch_size": len(queries), "batch_latency_s": elapsed}
+        details = {"batch_size": len(queries), "batch_latency_s": elapsed, **made}
         estimates: list[Estimate] = []
         for row in rows:
             if isinstance(row, str):

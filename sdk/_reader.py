@@ -1,0 +1,187 @@
+"""The probe's reader pass: a causal LM's hidden states up to the deepest one a probe reads.
+
+A probe reads a few hidden states (the default one reads state 26 of SmolLM2's 31), yet a full
+forward pass computes every layer, the final norm and the LM head. :class:`Reader` runs the
+model's own decoder (its embeddings, mask and position code, and its layers, unchanged) and stops
+right after the deepest state asked for, so the states it returns are the ones a full pass with
+``output_hidden_states=True`` returns for those indices: state 0 is the first layer's input (the
+embeddings), state ``i`` the output of layer ``i``. The last state of a full pass is the output
+of the final norm; asking for it runs the whole decoder, norm included.
+
+The early stop is a forward hook on each decoder layer, installed once per layer list and active
+only in the thread (context) that runs a reader pass, so another thread using the same model (a
+sampling backend generating) never meets it.
+
+A reader in another dtype than the model's (bfloat16 on a CPU that computes it natively) runs a
+copy of the decoder in that dtype, holding only the layers it runs; buffers (rotary frequencies)
+keep their dtype.
+
+torch is imported when a reader is built, not at module import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Reader", "decoder_of"]
+
+
+class _StopReadingError(Exception):
+    """Raised by the hook of the deepest layer read: the rest of the pass is not needed."""
+
+
+@dataclass
+class _Capture:
+    layers: Any
+    wanted: frozenset[int]
+    stop: int
+    last_only: bool
+    states: dict[int, Any] = field(default_factory=dict)
+
+    def record(self, index: int, hidden: Any) -> None:
+        if index in self.wanted:
+            # Keep the last position only when that is all the pooling reads (a copy, so the
+            # full-width activation is freed as the pass goes on).
+            self.states[index] = hidden[:, -1, :].clone() if self.last_only else hidden
+        if index == self.stop:
+            raise _StopReadingError
+
+
+_ACTIVE: ContextVar[_Capture | None] = ContextVar("capgate_reader_capture", default=None)
+_HOOKED: weakref.WeakSet[Any] = weakref.WeakSet()
+_HOOK_LOCK = threading.Lock()
+
+
+def decoder_of(model: Any, num_hidden_layers: int) -> tuple[Any, Any] | None:
+    """The model's decoder and its list of ``num_hidden_layers`` layers, or ``None`` if not found."""
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    layers = getattr(decoder, "layers", None)
+    if decoder is None or layers is None or len(layers) != num_hidden_layers:
+        return None
+    return decoder, layers
+
+
+def _install_hooks(layers: Any) -> None:
+    """Hooks on every layer of ``layers`` that record and stop, for this list's captures only."""
+    with _HOOK_LOCK:
+        if layers in _HOOKED:
+            return
+        owner = weakref.ref(layers)
+
+        def first_input(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            capture = _ACTIVE.get()
+            if capture is not None and capture.layers is owner():
+                capture.record(0, args[0] if args else kwargs["hidden_states"])
+
+        def output_of(position: int) -> Any:
+            def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
+                capture = _ACTIVE.get()
+                if capture is not None and capture.layers is owner():
+                    capture.record(position + 1, output[0] if isinstance(output, tuple) else output)
+
+            return hook
+
+        layers[0].register_forward_pre_hook(first_input, with_kwargs=True)
+        for position, layer in enumerate(layers):
+            layer.register_forward_hook(output_of(position))
+        _HOOKED.add(layers)
+
+
+@contextlib.contextmanager
+def _capturing(capture: _Capture) -> Iterator[_Capture]:
+    token = _ACTIVE.set(capture)
+    try:
+        yield capture
+    finally:
+        _ACTIVE.reset(token)
+
+
+def _decoder_copy(decoder: Any, layers: Any, keep: int, dtype: Any) -> tuple[Any, Any]:
+    """``decoder`` in ``dtype`` with only its first ``keep`` layers (buffers keep their dtype)."""
+    import torch
+
+    dropped = {id(layer): layer for layer in list(layers)[keep:]}  # shared, not copied, then let go
+    clone = copy.deepcopy(decoder, memo=dict(dropped))
+    clone.layers = torch.nn.ModuleList(list(clone.layers)[:keep])
+    buffers = {name: buffer.dtype for name, buffer in clone.named_buffers()}
+    clone.to(dtype)
+    for name, buffer in list(clone.named_buffers()):
+        if buffer.dtype != buffers[name]:
+            owner_name, _, attr = name.rpartition(".")
+            owner = clone.get_submodule(owner_name) if owner_name else clone
+            setattr(owner, attr, buffer.to(buffers[name]))
+    clone.eval()
+    return clone, clone.layers
+
+
+class Reader:
+    """Hidden states ``indices`` of ``model``, computed up to the deepest one, in ``dtype``.
+
+    Args:
+        model: A transformers causal LM (float32, bfloat16...).
+        num_hidden_layers: Its decoder layers (the hidden states are ``0 .. num_hidden_layers``).
+        indices: The hidden-state indices read.
+        dtype: The torch dtype of the pass; another than the model's runs a copy of its decoder.
+
+    Raises:
+        ValueError: ``dtype`` differs from the model's but its decoder layers cannot be found.
+    """
+
+    def __init__(self, model: Any, num_hidden_layers: int, indices: Sequence[int], dtype: Any) -> None:
+        self.indices = tuple(sorted(set(indices)))
+        self.deepest = self.indices[-1]
+        self.dtype = dtype
+        self.truncated = False
+        found = decoder_of(model, num_hidden_layers)
+        model_dtype = next(model.parameters()).dtype
+        if found is None:
+            if dtype != model_dtype:
+                raise ValueError(
+                    f"cannot run {type(model).__name__} in {dtype} beside its {model_dtype} weights: "
+                    "its decoder layers were not found; load the model in that dtype instead"
+                )
+            self._module: Any = model
+            self._layers: Any = None
+            return
+        decoder, layers = found
+        # The last state is the final norm's output: that one needs the whole decoder.
+        self.truncated = self.deepest < num_hidden_layers
+        if dtype != model_dtype:
+            keep = self.deepest if self.truncated else num_hidden_layers
+            decoder, layers = _decoder_copy(decoder, layers, keep, dtype)
+        self._module = decoder
+        self._layers = layers
+        if self.truncated:
+            _install_hooks(layers)
+
+    def states(
+        self, input_ids: Any, attention_mask: Any, position_ids: Any, *, last_only: bool
+    ) -> dict[int, Any]:
+        """The hidden states ``indices`` of a left-padded batch: ``{index: (rows, [tokens,] dim)}``.
+
+        With ``last_only`` each state is the last position's only, ``(rows, dim)``.
+        """
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        if not self.truncated:
+            outputs = self._module(**inputs, output_hidden_states=True, use_cache=False)
+            states = outputs.hidden_states
+            return {i: states[i][:, -1, :] if last_only else states[i] for i in self.indices}
+        capture = _Capture(self._layers, frozenset(self.indices), self.deepest, last_only)
+        with _capturing(capture):
+            try:
+                self._module(**inputs, use_cache=False)
+            except _StopReadingError:
+                pass
+            else:  # fail closed: the hooks never fired (say, a decoder that skips its layer list)
+                raise RuntimeError(
+                    f"the reader pass of {type(self._module).__name__} ended before state {self.deepest}"
+                )
+        return capture.states

@@ -1,0 +1,245 @@
+"""The probe's fast paths (issue 21): a truncated reader pass, a bfloat16 pass checked against
+float32, and the automatic choice between them, which falls back to float32 on a CPU without
+native bfloat16. No timing here: the speed is measured by ``bench/probe_speed.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from capgate._prefill import prefill_cache
+from capgate.errors import DataError, ProbeMismatchError
+from capgate.estimators.probe import LinearProbe, ProbeEstimator, check_spec_match
+from capgate.features import FeatureSpec, HiddenStateFeaturizer
+from capgate.loading import FastPathCheck, _feature_dtype, recorded_fast_paths
+from capgate.models import LoadedModel
+
+QUERIES = [
+    "What is 2+3?",
+    "Hi",
+    "Name the largest planet of the solar system and say why it is so large.",
+    [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "7 * 6?"}],
+]
+
+
+def full_pass_states(loaded: LoadedModel, query: Any) -> torch.Tensor:
+    """Every hidden state of one unpadded query from the model's full pass: (layers + 1, tokens, dim)."""
+    ids = torch.tensor([loaded.prompt_ids(query)])
+    with torch.inference_mode():
+        out = loaded.model(input_ids=ids, output_hidden_states=True)
+    return torch.stack([h[0].float() for h in out.hidden_states])
+
+
+def count_calls(module: torch.nn.Module) -> list[int]:
+    calls: list[int] = []
+    module.register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_truncated_pass_gives_the_full_pass_features_and_skips_the_rest(
+    tiny_model: LoadedModel, pooling: str
+) -> None:
+    layers = tiny_model.model.model.layers
+    second, norm, head = (
+        count_calls(layers[1]),
+        count_calls(tiny_model.model.model.norm),
+        count_calls(tiny_model.model.lm_head),
+    )
+    reads = ([0], [1], [0, 1])
+    featurizers = [HiddenStateFeaturizer(tiny_model, layers=r, pooling=pooling, batch_size=3) for r in reads]  # type: ignore[arg-type]
+    got = [featurizer.transform(QUERIES) for featurizer in featurizers]
+    assert (second, norm, head) == ([], [], [])  # nothing past layer 1 ran
+    for read, featurizer, features in zip(reads, featurizers, got, strict=True):
+        assert featurizer._reader().truncated
+        for row, query in enumerate(QUERIES):
+            states = full_pass_states(tiny_model, query)[list(read)]
+            pooled = states[:, -1, :] if pooling == "last" else states.mean(dim=1)
+            np.testing.assert_allclose(features[row], pooled.mean(dim=0).numpy(), rtol=1e-5, atol=1e-6)
+    del second[:], head[:]
+    # Reading the last state (the final norm's output) runs the whole decoder, not the LM head.
+    last = HiddenStateFeaturizer(tiny_model, layers=[2], pooling=pooling)  # type: ignore[arg-type]
+    last_got = last.transform(QUERIES[:2])
+    assert not last._reader().truncated
+    assert len(second) > 0
+    assert head == []
+    for row, query in enumerate(QUERIES[:2]):
+        state = full_pass_states(tiny_model, query)[2]
+        want = state[-1] if pooling == "last" else state.mean(dim=0)
+        np.testing.assert_allclose(last_got[row], want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_truncated_layers_of_one_pass_match_separate_featurizers(tiny_model: LoadedModel) -> None:
+    both = HiddenStateFeaturizer(tiny_model, layers=[0, 1]).transform_layers(
+        QUERIES, poolings=["last", "mean"]
+    )
+    for j, pooling in enumerate(("last", "mean")):
+        for k, layer in enumerate((0, 1)):
+            alone = HiddenStateFeaturizer(tiny_model, layers=[layer], pooling=pooling).transform(QUERIES)  # type: ignore[arg-type]
+            np.testing.assert_allclose(both[:, j, k], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_the_hooks_stay_out_of_other_passes(tiny_model: LoadedModel) -> None:
+    HiddenStateFeaturizer(tiny_model, layers=[1]).transform(QUERIES[:1])  # installs the hooks
+    ids = torch.tensor([tiny_model.prompt_ids(QUERIES[0])])
+    with torch.inference_mode():
+        out = tiny_model.model(input_ids=ids, output_hidden_states=True)
+    assert len(out.hidden_states) == 3
+    assert out.logits.shape[1] == ids.shape[1]
+
+
+def test_a_bfloat16_pass_reads_a_copy_and_stays_close_to_float32(tiny_model: LoadedModel) -> None:
+    weights = {name: p.detach().clone() for name, p in tiny_model.model.named_parameters()}
+    f32 = HiddenStateFeaturizer(tiny_model, layers=[1])
+    bf16 = HiddenStateFeaturizer(tiny_model, layers=[1], dtype="bfloat16")
+    assert (f32.dtype, bf16.dtype) == ("float32", "bfloat16")
+    assert f32.spec.dtype == "float32"
+    assert bf16.spec.dtype == "bfloat16"
+    a, (b, made) = f32.transform(QUERIES), bf16.transform_with_details(QUERIES)
+    assert made == {"dtype": "bfloat16"}
+    assert b.dtype == np.float32
+    scale = np.abs(a).max()
+    assert np.abs(a - b).max() <= 0.05 * scale
+    assert not np.array_equal(a, b)  # really another number format
+    # The loaded model is untouched: same dtype, same weights; the copy holds only layer 0.
+    for name, p in tiny_model.model.named_parameters():
+        assert p.dtype == torch.float32, name
+        assert torch.equal(p, weights[name]), name
+    copy = bf16._reader()._module
+    assert len(copy.layers) == 1
+    assert copy.embed_tokens.weight.dtype == torch.bfloat16
+    assert all(buffer.dtype == torch.float32 for buffer in copy.buffers())  # rotary frequencies
+
+
+def test_the_shared_prefill_pass_runs_in_the_models_dtype(tiny_model_dir: Any) -> None:
+    from capgate.models import load_model
+
+    loaded = load_model(tiny_model_dir, device="cpu", dtype="float32")
+    cache = prefill_cache(loaded)
+    featurizer = HiddenStateFeaturizer(loaded, layers=[1], dtype="bfloat16")
+    assert featurizer.transform_with_details(QUERIES[:1])[1] == {"dtype": "bfloat16"}
+    cache.enable()
+    try:
+        features, made = featurizer.transform_with_details(QUERIES[:1])
+        assert made == {"dtype": "float32"}
+        assert len(cache) == 1
+        want = HiddenStateFeaturizer(loaded, layers=[1]).transform(QUERIES[:1])
+        np.testing.assert_allclose(features, want, rtol=1e-5, atol=1e-6)
+    finally:
+        cache.enabled = False
+        cache.clear()
+
+
+def test_the_spec_records_the_dtype_and_a_probe_refuses_another(tiny_model: LoadedModel) -> None:
+    f32 = HiddenStateFeaturizer(tiny_model).spec
+    bf16 = HiddenStateFeaturizer(tiny_model, dtype="bfloat16").spec
+    assert "dtype" not in f32.model_dump()  # as specs were saved before the field existed
+    assert bf16.model_dump()["dtype"] == "bfloat16"
+    assert FeatureSpec.model_validate(bf16.model_dump()) == bf16
+    assert FeatureSpec.model_validate(f32.model_dump()).dtype == "float32"
+    with pytest.raises(ProbeMismatchError, match="dtype"):
+        check_spec_match(f32.model_dump(), bf16)
+    check_spec_match(f32.model_dump(), bf16, ignore=["dtype"])
+    with pytest.raises(ValueError, match="dtype must be"):
+        HiddenStateFeaturizer(tiny_model, dtype="int8")  # type: ignore[arg-type]
+
+
+def passed_check(**changes: Any) -> dict[str, Any]:
+    fields = {"dtype": "bfloat16", "n": 356, "max_abs_dp": 0.004, "brier_float32": 0.02, "brier_fast": 0.0201,
+              "split": "held-out"}  # fmt: skip
+    return {**fields, **changes}
+
+
+def probe_with(validation: dict[str, Any]) -> LinearProbe:
+    probe = LinearProbe()
+    probe.validation_ = validation
+    return probe
+
+
+@pytest.mark.parametrize(
+    ("native", "record", "expected"),
+    [
+        (True, passed_check(), "bfloat16"),
+        (False, passed_check(), "float32"),  # no native bfloat16: float32
+        (True, None, "float32"),  # never checked: float32
+        (True, passed_check(max_abs_dp=0.02), "float32"),  # checked and failed
+        (True, passed_check(brier_fast=0.0207), "float32"),
+    ],
+)
+def test_auto_picks_bfloat16_only_where_native_and_checked(
+    monkeypatch: pytest.MonkeyPatch, native: bool, record: dict[str, Any] | None, expected: str
+) -> None:
+    monkeypatch.setattr("capgate.models.native_bf16_cpu", lambda: native)
+    probe = probe_with({} if record is None else {"fast_path": {"bfloat16": record}})
+    assert _feature_dtype("auto", "cpu", probe) == expected
+    assert _feature_dtype("float32", "cpu", probe) == "float32"  # an explicit dtype wins
+    assert _feature_dtype("auto", "cuda", probe) == "auto"  # the model's own on CUDA
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        ["bfloat16"],
+        {"bfloat16": {"dtype": "bfloat16"}},
+        {"float16": passed_check()},
+        {"bfloat16": passed_check(n=0)},
+    ],
+)
+def test_a_malformed_check_record_is_refused(record: Any) -> None:
+    with pytest.raises(DataError, match="fast_path"):
+        recorded_fast_paths(probe_with({"fast_path": record}))
+
+
+def test_a_check_is_computed_and_recorded() -> None:
+    check = FastPathCheck.of([0.1, 0.5, 0.9], [0.1, 0.52, 0.9], [0.0, 0.5, 1.0], dtype="bfloat16", split="s")
+    assert check.n == 3
+    assert check.max_abs_dp == pytest.approx(0.02)
+    assert not check.passed
+    probe = probe_with({"brier": 0.1})
+    check.record(probe)
+    assert recorded_fast_paths(probe) == {"bfloat16": check}
+    assert probe.validation_["brier"] == 0.1
+    with pytest.raises(ValueError, match="p_fast"):
+        FastPathCheck.of([0.1], [1.5], [0.0], dtype="bfloat16", split="s")
+
+
+# ---------------------------------------------------------------------- the embedded model
+
+
+@pytest.mark.slow
+def test_fast_path_estimates_match_float32_on_a_fixed_sample(default_model_dir: Any) -> None:
+    from capgate.demo import demo_questions
+    from capgate.loading import load_estimator
+
+    questions = demo_questions(12, seed=3)
+    prompts = [q.prompt for q in questions]
+    reference = load_estimator("default", device="cpu", dtype="float32", batch_size=12)
+    fast = ProbeEstimator(
+        HiddenStateFeaturizer(reference.featurizer.loaded, layers=[26], batch_size=12, dtype="bfloat16"),
+        reference.probe,
+        ignore_spec_fields=["dtype"],
+    )
+    a, b = reference.estimate(prompts), fast.estimate(prompts)
+    assert {e.details["dtype"] for e in a} == {"float32"}
+    assert {e.details["dtype"] for e in b} == {"bfloat16"}
+    check = FastPathCheck.of([e.p for e in a], [e.p for e in b], [q.mu_hat for q in questions],
+                             dtype="bfloat16", split="12 held-out")  # fmt: skip
+    assert check.passed, check
+
+
+@pytest.mark.slow
+def test_a_cpu_without_native_bfloat16_falls_back_to_float32(
+    default_model_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from capgate.loading import default_probe_path, load_estimator
+
+    shipped = recorded_fast_paths(LinearProbe.load(default_probe_path())).get("bfloat16")
+    for native in (False, True):
+        monkeypatch.setattr("capgate.models.native_bf16_cpu", lambda native=native: native)
+        estimator = load_estimator("default", device="cpu")
+        expected = "bfloat16" if native and shipped is not None and shipped.passed else "float32"
+        assert estimator.featurizer.dtype == expected
+        assert estimator.estimate_one("What is 2+3?").details["dtype"] == expected
