@@ -54,7 +54,7 @@ from capgate.gate import (
     default_extract,
     set_default_estimator,
 )
-from capgate.guard import guard
+from capgate.guard import guard, last_decision
 from capgate.loading import load_estimator
 from capgate.policies import Policy, load_policy
 
@@ -105,6 +105,7 @@ __all__ = [
     "default_estimator",
     "default_extract",
     "guard",
+    "last_decision",
     "load_estimator",
     "load_policy",
     "set_default_estimator",

@@ -22,6 +22,11 @@ gate's statistics and log (the one spelling, as :meth:`capgate.Gate.with_options
 The call's logic (which action runs the function, what is logged, when to block) is one I/O-free
 flow (:mod:`capgate.gate.flow`) driven by the sync or the async path.
 
+The decision of the latest guarded call is :func:`last_decision` (a context variable: per thread
+and per asyncio task), so the code that learns the outcome later can attach it to the logged
+decision by its id without the function's return type changing:
+``answer = ask(q); decision_id = capgate.last_decision().id``.
+
 Example:
     >>> import capgate
     >>> from capgate import Estimate
@@ -43,16 +48,18 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal, ParamSpec, Protocol, Required, TypedDict, TypeVar, Unpack, cast, overload
 
+from capgate._types import Decision
 from capgate.errors import SettingsError
 from capgate.gate import UNSET, Gate, Gated, GateOptions, GateStats, SharedOptions, Unset
 from capgate.gate.flow import Assess, Flow, Invoke, Record, Sample, Speculate, adrive, drive
 
-__all__ = ["Guarded", "QueryArg", "guard"]
+__all__ = ["Guarded", "QueryArg", "guard", "last_decision"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -63,6 +70,35 @@ QueryArg = str | int | Callable[..., object]
 arguments as the guarded function that returns the prompt."""
 
 _DEFAULT_QUERY_NAMES = ("prompt", "messages")
+
+_LAST_DECISION: contextvars.ContextVar[Decision | None] = contextvars.ContextVar(
+    "capgate_last_decision", default=None
+)
+
+
+def last_decision() -> Decision | None:
+    """The decision of the latest guarded call made in this thread or asyncio task.
+
+    Set as soon as a call's gate has decided (so the guarded function itself can read it too) and
+    kept after the call returns; a call that fails before its decision leaves ``None``. Its
+    ``id`` is the logged decision's, so an outcome learned later attaches to it:
+    ``log.record_outcome(capgate.last_decision().id, correct=True, source="user")``. In shadow
+    mode it is the stand-in ``answer`` decision, whose id the logged shadow decision takes.
+
+    It is a context variable: concurrent calls in other threads or tasks never overwrite it.
+    Calls run as separate tasks (``asyncio.gather(ask(a), ask(b))``) set it in their own tasks,
+    not in the caller's: read it inside the task that made the call. ``None`` before any call.
+
+    Example:
+        >>> import capgate
+        >>> from capgate.estimators import ConstantPrior
+        >>> @capgate.guard(policy="balanced", estimator=ConstantPrior.from_mean(0.95, n_train=1))
+        ... def ask(prompt: str) -> str:
+        ...     return "4"
+        >>> ask("What is 2 + 2?"), capgate.last_decision().action
+        ('4', 'answer')
+    """
+    return _LAST_DECISION.get()
 
 
 class Guarded(Protocol[P, R_co]):
@@ -207,15 +243,18 @@ def _call_flow(
     to_text: Callable[[Any], str] | None,
 ) -> Flow[Any]:
     """One guarded call, I/O-free: decide, then run, resample or block (sync and async alike)."""
+    _LAST_DECISION.set(None)
     raw, where = binder.query(args, kwargs)
     call = Invoke(lambda: fn(*args, **kwargs))
     if gate.settings.speculative and not gate.in_shadow():  # the call starts with its estimate
         verdict, value = yield Speculate(Assess(gate, raw, where), call)
+        _LAST_DECISION.set(verdict.decision)
         if verdict.action == "answer":
             yield Record(gate, verdict, samples_used=1)
             return value
     else:
         verdict = yield Assess(gate, raw, where)
+        _LAST_DECISION.set(verdict.decision)
         if verdict.action == "answer":
             yield Record(gate, verdict, samples_used=1)
             return (yield call)

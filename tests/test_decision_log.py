@@ -329,7 +329,7 @@ def test_cli_log_outcome_and_show(db: str | Path) -> None:
     [
         (["log", "outcome", "nope", "--correct", "no"], "no decision with id 'nope' in the log"),
         (["log", "outcome", "ID", "--correct", "maybe"], "--correct must be yes or no; got 'maybe'"),
-        (["log", "outcome", "ID"], "give --correct yes|no or --mu-hat X"),
+        (["log", "outcome", "ID"], "give --correct yes|no, --mu-hat X or --score X"),
         (["log", "outcome", "ID", "--mu-hat", "1.5"], "`--mu-hat` must be a number in [0, 1]; got 1.5"),
         (["log", "outcome", "ID", "--correct", "no", "--samples", "-1"], "`--samples` must be an integer"),
         (["log", "outcome", "ID", "--correct", "no", "--latency", "-1"], "`--latency` must be a non-neg"),

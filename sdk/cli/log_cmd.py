@@ -62,41 +62,126 @@ def _parse_correct(text: str) -> bool:
     fail(f"--correct must be yes or no; got {text!r}")
 
 
+def _import_file(path: Path, db: str | None, *, skip_bad: bool, replace: bool) -> None:
+    from capgate.decision.outcomes import OutcomeImportError
+
+    with open_existing_log(db) as log:
+        try:
+            summary = log.import_outcomes(path, skip_bad=skip_bad, replace=replace)
+        except OutcomeImportError as exc:
+            for error in exc.errors:
+                typer.echo(f"error: {error}", err=True)
+            fail(f"{path}: {len(exc.errors)} bad line(s); nothing imported (--skip-bad imports the others)")
+        except CapgateError as exc:
+            fail(str(exc))
+    for error in summary.errors:
+        typer.echo(f"skipped: {error}", err=True)
+    typer.echo(
+        f"imported {summary.imported} outcomes from {path} ({summary.unchanged} already recorded, "
+        f"{summary.skipped} bad lines skipped)"
+    )
+
+
 @log_app.command("outcome")
 def outcome(
-    decision_id: Annotated[str, typer.Argument(help="Id of the logged decision.")],
+    decision_id: Annotated[
+        str | None, typer.Argument(help="Id of the logged decision (or give --file).")
+    ] = None,
     correct: Annotated[
         str | None, typer.Option("--correct", help="Was the final answer right? yes|no")
     ] = None,
     mu_hat: Annotated[
         float | None, typer.Option("--mu-hat", help="Measured capability correct/k for the query, in [0, 1].")
     ] = None,
+    k: Annotated[int | None, typer.Option("--k", help="Responses --mu-hat was measured on.")] = None,
+    score: Annotated[float | None, typer.Option("--score", help="A graded score in [0, 1].")] = None,
+    source: Annotated[
+        str,
+        typer.Option("--source", help="Who judged it: user, grader, test, tool, or a label of your own."),
+    ] = "unspecified",
+    note: Annotated[str | None, typer.Option("--note", help="Free text kept with the outcome.")] = None,
     samples: Annotated[int, typer.Option("--samples", help="Responses actually drawn.")] = 0,
     latency: Annotated[
         float | None, typer.Option("--latency", help="Seconds from decision to outcome.")
     ] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Replace a different outcome already recorded from this source.")
+    ] = False,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            help="Import outcomes in bulk from a JSONL file (one object a line: decision_id and the "
+            "outcome fields correct, mu_hat, k, score, source, note, samples_used, latency_s).",
+        ),
+    ] = None,
+    skip_bad: Annotated[
+        bool, typer.Option("--skip-bad", help="With --file: import the good lines of a file with bad ones.")
+    ] = False,
     db: DbOption = None,
 ) -> None:
-    """Attach an outcome to a logged decision (recording again replaces it)."""
-    if correct is None and mu_hat is None:
-        fail("give --correct yes|no or --mu-hat X (or both)")
+    """Attach an outcome to a logged decision, or many from a JSONL file (--file).
+
+    A decision keeps one outcome per source; the same judgement again changes nothing, a
+    different one from the same source is an error unless --replace. A file with a bad line (each
+    is reported as file:line) imports nothing unless --skip-bad.
+    """
+    if file is not None:
+        given = [
+            name
+            for name, value in (
+                ("DECISION_ID", decision_id),
+                ("--correct", correct),
+                ("--mu-hat", mu_hat),
+                ("--k", k),
+                ("--score", score),
+                ("--note", note),
+            )
+            if value is not None
+        ]
+        if given:
+            fail(f"--file takes the outcomes from the file; drop {', '.join(given)}")
+        _import_file(file, db, skip_bad=skip_bad, replace=replace)
+        return
+    if skip_bad:
+        fail("--skip-bad goes with --file")
+    if decision_id is None:
+        fail("give a DECISION_ID (or --file OUTCOMES.jsonl)")
+    if correct is None and mu_hat is None and score is None:
+        fail("give --correct yes|no, --mu-hat X or --score X")
     flag = None if correct is None else _parse_correct(correct)
     if mu_hat is not None:
         check_option(check_unit_interval, "--mu-hat", mu_hat)
+    if score is not None:
+        check_option(check_unit_interval, "--score", score)
+    if k is not None:
+        check_option(check_int_at_least, "--k", k, 1)
     check_option(check_int_at_least, "--samples", samples, 0)
     if latency is not None:
         check_option(check_non_negative_number, "--latency", latency)
     with open_existing_log(db) as log:
         try:
             stored = log.record_outcome(
-                decision_id, correct=flag, mu_hat=mu_hat, samples_used=samples, latency_s=latency
+                decision_id,
+                correct=flag,
+                mu_hat=mu_hat,
+                k=k,
+                score=score,
+                source=source,
+                note=note,
+                samples_used=samples,
+                latency_s=latency,
+                replace=replace,
             )
-        except CapgateError as exc:
+        except (CapgateError, ValueError) as exc:
             fail(str(exc))
-    parts = [f"correct={stored.correct}" if stored.correct is not None else "", ""]
-    if stored.mu_hat is not None:
-        parts[1] = f"mu_hat={stored.mu_hat:g}"
-    typer.echo(f"recorded outcome for {decision_id}: {' '.join(p for p in parts if p)}")
+    said = {"correct": stored.correct, "mu_hat": stored.mu_hat, "k": stored.k, "score": stored.score}
+    parts = " ".join(
+        f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
+        for name, value in said.items()
+        if value is not None
+    )
+    typer.echo(f"recorded outcome for {decision_id}: {parts} (source {stored.source})")
 
 
 @log_app.command("show")
@@ -127,10 +212,14 @@ def show(
         o = row.outcome
         if o is None:
             outcome_text = "-"
+        elif o.correct is not None:
+            outcome_text = "correct" if o.correct else "wrong"
         elif o.mu_hat is not None:
             outcome_text = f"mu_hat={o.mu_hat:g}"
         else:
-            outcome_text = "correct" if o.correct else "wrong"
+            outcome_text = f"score={o.score:g}"
+        if len(row.outcomes) > 1:
+            outcome_text += f" (+{len(row.outcomes) - 1} more sources)"
         table.add_row(
             d.id,
             d.created_at.strftime("%Y-%m-%d %H:%M:%S"),
