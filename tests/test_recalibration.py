@@ -70,7 +70,9 @@ def test_isotonic_is_the_least_squares_monotone_fit(data: list[tuple[float, floa
     order = np.argsort(x, kind="stable")
     assert np.all(np.diff(fitted[order]) >= -1e-12)  # monotone
     assert np.sum(w * (fitted - y) ** 2) == pytest.approx(best_err, rel=1e-9, abs=1e-12)  # optimal
-    np.testing.assert_allclose(fitted, expected, atol=1e-9)  # and the optimum is unique
+    # and the optimum is unique, up to what float64 can tell apart: two fits whose squared errors
+    # differ by less than ~1e-16 of the error tie, and such fits can differ by ~1e-8 (its root)
+    np.testing.assert_allclose(fitted, expected, atol=1e-6)
     grid = np.linspace(0, 1, 101)
     assert np.all(np.diff(iso.predict(grid)) >= -1e-12)  # monotone between points too
 
