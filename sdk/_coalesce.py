@@ -1,9 +1,16 @@
-"""Concurrent calls coalesced into one batched call (no waiting window, so no added latency).
+"""Concurrent calls coalesced into batched calls, up to a maximum batch, with a short window under load.
 
-A caller that finds no batch running runs its own items at once; calls that arrive meanwhile
-queue up, and when the running batch ends one of them runs *all* queued items as the next batch.
-So eight threads of a LangGraph fan-out (or eight ``aestimate`` worker threads of a LangChain
-``abatch``) estimating one query each cost two batched forward passes, not eight.
+A caller that finds no batch running runs the queued calls (its own among them) as one batch;
+calls that arrive meanwhile queue up, and when the running batch ends one of them runs the
+queued calls, oldest first, up to ``max_batch`` items, as the next batch (a call is never split:
+one larger than ``max_batch`` runs alone). So eight threads of a LangGraph fan-out (or eight
+``aestimate`` worker threads of a LangChain ``abatch``) estimating one query each cost two
+batched forward passes, not eight.
+
+Under load (the last batch merged calls, or calls queued while it ran) the caller about to run a
+batch first waits up to ``window_s`` for more calls to join, so a burst's calls share the first
+pass instead of the first one running alone. A lone caller never waits: one call at a time costs
+no added latency.
 
 If a batch of several calls fails, each call is run again alone, so an error reaches only the
 call whose items caused it.
@@ -12,13 +19,23 @@ call whose items caused it.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["Coalescer"]
+from capgate._validate import check_positive_int
+
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW_S", "Coalescer"]
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+DEFAULT_MAX_BATCH = 32
+"""Most items per batch: past it, a batch's wall time (latency for all its calls) grows faster than
+its throughput (``bench/load_bench.py --coalesce-sweep``; bench/RELIABILITY.md)."""
+
+DEFAULT_WINDOW_S = 0.005
+"""How long, under load, the next batch waits for calls to join (``bench/load_bench.py``)."""
 
 
 class _Call(Generic[T, R]):
@@ -32,6 +49,11 @@ class _Call(Generic[T, R]):
 class Coalescer(Generic[T, R]):
     """Runs ``fn(items) -> results`` (one result per item, in order), merging concurrent calls.
 
+    Args:
+        fn: The batch function.
+        max_batch: Most items per batch (a call with more runs alone, whole).
+        window_s: Under load, how long the next batch waits for calls to join (0: never).
+
     Example:
         >>> sizes = []
         >>> def double(items):
@@ -42,31 +64,70 @@ class Coalescer(Generic[T, R]):
         ([2, 4], [2])
     """
 
-    def __init__(self, fn: Callable[[list[T]], Iterable[R]]) -> None:
+    def __init__(
+        self,
+        fn: Callable[[list[T]], Iterable[R]],
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        window_s: float = DEFAULT_WINDOW_S,
+    ) -> None:
+        check_positive_int("max_batch", max_batch)
+        if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not 0 <= window_s < 60:
+            raise ValueError(f"window_s must be a number of seconds in [0, 60); got {window_s!r}")
         self._fn = fn
+        self.max_batch = max_batch
+        self.window_s = float(window_s)
         self._cond = threading.Condition()
         self._queue: list[_Call[T, R]] = []
         self._busy = False
+        self._contended = False  # the last batch merged calls, or calls queued while it ran
 
     def __call__(self, items: Sequence[T]) -> list[R]:
         call: _Call[T, R] = _Call(items)
         with self._cond:
             self._queue.append(call)
-            while not call.done and self._busy:
-                self._cond.wait()
-            if call.done:
-                return self._outcome(call)
-            self._busy = True
-            batch, self._queue = self._queue, []
-        try:
-            self._run(batch)
-        finally:
+            self._cond.notify_all()  # a runner waiting in its window counts the newcomer
+        while True:
             with self._cond:
-                self._busy = False
-                for member in batch:
-                    member.done = True
-                self._cond.notify_all()
-        return self._outcome(call)
+                while not call.done and self._busy:
+                    self._cond.wait()
+                if call.done:
+                    return self._outcome(call)
+                self._busy = True
+                if self._contended and self.window_s > 0:
+                    self._gather()
+                batch = self._take()
+            try:
+                self._run(batch)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._contended = len(batch) > 1 or bool(self._queue)
+                    for member in batch:
+                        member.done = True
+                    self._cond.notify_all()
+
+    def _queued_items(self) -> int:
+        return sum(len(member.items) for member in self._queue)
+
+    def _gather(self) -> None:
+        """Wait (lock held, released while waiting) up to the window or until a batch is full."""
+        deadline = time.monotonic() + self.window_s
+        while self._queued_items() < self.max_batch:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._cond.wait(remaining)
+
+    def _take(self) -> list[_Call[T, R]]:
+        """The oldest queued calls, up to ``max_batch`` items (at least one call)."""
+        batch: list[_Call[T, R]] = []
+        count = 0
+        while self._queue and (not batch or count + len(self._queue[0].items) <= self.max_batch):
+            member = self._queue.pop(0)
+            batch.append(member)
+            count += len(member.items)
+        return batch
 
     @staticmethod
     def _outcome(call: _Call[T, R]) -> list[R]:

@@ -35,7 +35,7 @@ from capgate._reader import Reader
 from capgate.backend import Prompt
 from capgate.models import LoadedModel
 
-__all__ = ["FeatureDType", "FeatureSpec", "HiddenStateFeaturizer", "Pooling", "ReadDType"]
+__all__ = ["MAX_BATCH_TOKENS", "FeatureDType", "FeatureSpec", "HiddenStateFeaturizer", "Pooling", "ReadDType"]
 
 Pooling: TypeAlias = Literal["last", "mean"]
 """``"last"``: the last prompt token's state; ``"mean"``: the mean over the prompt's tokens."""
@@ -107,6 +107,11 @@ class FeatureSpec(BaseModel):
         return value
 
 
+MAX_BATCH_TOKENS = 8192
+"""Most padded tokens in one forward pass (rows × the longest row): short queries batch up to
+``batch_size``, long ones in smaller passes, so memory stays bounded."""
+
+
 class HiddenStateFeaturizer:
     """Turns queries into hidden-state feature vectors of a loaded model.
 
@@ -125,7 +130,8 @@ class HiddenStateFeaturizer:
         pooling: ``"last"`` (the last prompt token) or ``"mean"`` (masked mean over the prompt).
         chat_template: Apply the chat template with the generation prompt (the default, and what
             the sampling backend does); without it the message texts are read as plain text.
-        batch_size: Most queries per forward pass.
+        batch_size: Most queries per forward pass (see also :data:`MAX_BATCH_TOKENS`); concurrent
+            :meth:`transform` calls share passes (up to 32 queries, see :mod:`capgate._coalesce`).
         dtype: The number format of the pass: ``"auto"`` (the model's own), or ``"float32"``,
             ``"bfloat16"``, ``"float16"`` (another than the model's runs a copy of the layers
             read in that format; bfloat16 is fast on CPUs that compute it natively, see
@@ -145,7 +151,7 @@ class HiddenStateFeaturizer:
         layers: Literal["all"] | Sequence[int] = "all",
         pooling: Pooling = "last",
         chat_template: bool = True,
-        batch_size: int = 8,
+        batch_size: int = 32,
         dtype: FeatureDType = "auto",
     ) -> None:
         if not isinstance(loaded, LoadedModel):
@@ -302,11 +308,8 @@ class HiddenStateFeaturizer:
         # The shared prefill needs the model's full pass in its own dtype (the answer continues it).
         shared = prefill_cache(self.loaded)
         dtype = self.loaded.dtype if shared.enabled else self.dtype
-        # Similar lengths share a batch: less padding, same results.
-        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         with torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                chunk = order[start : start + self.batch_size]
+            for chunk in self._chunks(encoded):
                 pooled = self._batch([encoded[i] for i in chunk], poolings, shared=shared.enabled)
                 if stacked:
                     n_layers = len(self.layer_indices)
@@ -321,6 +324,24 @@ class HiddenStateFeaturizer:
                         total += state
                     features[chunk] = (total / len(pooled)).cpu().numpy()
         return features, dtype
+
+    def _chunks(self, encoded: list[list[int]]) -> list[list[int]]:
+        """Indices of ``encoded`` per forward pass: sorted by length (similar lengths share a pass:
+        less padding, same results), at most ``batch_size`` rows and :data:`MAX_BATCH_TOKENS`
+        padded tokens (one longer query runs alone)."""
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        chunks: list[list[int]] = []
+        for index in order:
+            width = len(encoded[index])  # the longest so far: the order is by length
+            if (
+                chunks
+                and len(chunks[-1]) < self.batch_size
+                and (len(chunks[-1]) + 1) * width <= MAX_BATCH_TOKENS
+            ):
+                chunks[-1].append(index)
+            else:
+                chunks.append([index])
+        return chunks
 
     def _batch(self, batch: list[list[int]], poolings: tuple[Pooling, ...], *, shared: bool) -> list[Any]:
         """The pooled float32 states ``(len(batch), dim)``: per pooling, each of ``layer_indices``."""

@@ -150,7 +150,7 @@ def load_estimator(
     probe: str | os.PathLike[str] | None = None,
     device: Literal["auto", "cpu", "cuda"] = "auto",
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
-    batch_size: int = 8,
+    batch_size: int = 32,
     guard: Literal[True],
 ) -> InjectionGuard: ...
 
@@ -162,7 +162,7 @@ def load_estimator(
     probe: str | os.PathLike[str] | None = None,
     device: Literal["auto", "cpu", "cuda"] = "auto",
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
-    batch_size: int = 8,
+    batch_size: int = 32,
     guard: Literal[False] = ...,
 ) -> ProbeEstimator: ...
 
@@ -173,7 +173,7 @@ def load_estimator(
     probe: str | os.PathLike[str] | None = None,
     device: Literal["auto", "cpu", "cuda"] = "auto",
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
-    batch_size: int = 8,
+    batch_size: int = 32,
     guard: bool = False,
 ) -> ProbeEstimator | InjectionGuard:
     """A saved capability estimator, ready to use: a probe and the reader model it reads.

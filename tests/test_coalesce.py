@@ -56,3 +56,75 @@ def test_a_failing_batch_is_rerun_call_by_call() -> None:
     assert good.results == [5]
     assert good.error is None
     assert isinstance(bad.error, ValueError)
+
+
+def _blocked_first(
+    max_batch: int, window_s: float = 0.0
+) -> tuple[Coalescer[int, int], list[int], threading.Event]:
+    """A coalescer whose first batch blocks until released; returns it, the batch sizes, the release."""
+    release = threading.Event()
+    sizes: list[int] = []
+
+    def echo(items: list[int]) -> list[int]:
+        sizes.append(len(items))
+        if len(sizes) == 1:
+            release.wait(10)
+        return list(items)
+
+    return Coalescer(echo, max_batch=max_batch, window_s=window_s), sizes, release
+
+
+def test_batches_stop_at_max_batch_and_never_split_a_call() -> None:
+    coalesce, sizes, release = _blocked_first(max_batch=4)
+    results: dict[int, list[int]] = {}
+    first = threading.Thread(target=lambda: results.setdefault(0, coalesce([0])))
+    first.start()
+    while not sizes:
+        time.sleep(0.001)
+    calls = {1: [1, 1, 1], 2: [2, 2], 3: [3], 4: [4] * 6}
+    threads = []
+    for key, items in calls.items():  # queued in this order
+        threads.append(threading.Thread(target=lambda k=key, i=items: results.setdefault(k, coalesce(i))))
+        threads[-1].start()
+        while len(coalesce._queue) < key:
+            time.sleep(0.001)
+    release.set()
+    for thread in [first, *threads]:
+        thread.join(10)
+    # Oldest first, at most 4 items: [1,1,1] alone (+[2,2] would make 5), then [2,2]+[3], then the
+    # 6-item call alone, whole.
+    assert sizes == [1, 3, 3, 6]
+    assert results == {0: [0], **calls}
+
+
+def test_under_load_the_next_batch_waits_for_calls_to_join() -> None:
+    coalesce, sizes, release = _blocked_first(max_batch=32, window_s=1.0)
+    release.set()
+    assert coalesce([1]) == [1]  # alone, no load: no window
+    assert coalesce([2]) == [2]
+    assert sizes == [1, 1]
+    coalesce._contended = True  # as after a batch that merged calls
+    results: dict[int, list[int]] = {}
+    threads = [threading.Thread(target=lambda i=i: results.setdefault(i, coalesce([i]))) for i in range(3)]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert sizes[2:] == [3]  # the window gathered the burst into one batch
+    assert results == {0: [0], 1: [1], 2: [2]}
+    assert time.monotonic() - start < 5
+
+
+def test_a_full_batch_does_not_wait_out_the_window() -> None:
+    coalesce: Coalescer[int, int] = Coalescer(lambda items: items, max_batch=2, window_s=30.0)
+    coalesce._contended = True
+    start = time.monotonic()
+    assert coalesce([1, 2]) == [1, 2]
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize(("field", "value"), [("max_batch", 0), ("window_s", -1.0), ("window_s", True)])
+def test_bad_settings_are_named(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        Coalescer(lambda items: items, **{field: value})  # type: ignore[arg-type]
