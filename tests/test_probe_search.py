@@ -197,3 +197,15 @@ def test_the_chosen_layers_featurize_correctly_at_load_time(tiny_model: Any, tmp
     chosen = HiddenStateFeaturizer(tiny_model, layers=spec.layers, pooling=spec.pooling, batch_size=8)
     estimator = ProbeEstimator.load(tmp_path / "probe", chosen)  # the spec matches: no ProbeMismatchError
     np.testing.assert_allclose(estimator.predict(queries), search.predict(X), rtol=1e-5, atol=1e-6)
+
+
+def test_settings_given_as_numpy_arrays_are_saved_as_json_lists(tmp_path: Path) -> None:
+    X, mu = layered(60)
+    search = quick(solvers=["ridge"], alphas=np.array([1e-2, 1.0])).fit(X[:, 0], mu)
+    search.save(tmp_path / "search")
+    loaded = ProbeSearch.load(tmp_path / "search")
+    assert loaded.alphas == [1e-2, 1.0]
+    np.testing.assert_array_equal(loaded.predict(X[:, 0]), search.predict(X[:, 0]))
+    probe = LinearProbe(lr=np.array([2e-2, 5e-2]), max_epochs=3).fit(X[:, 0], mu)
+    probe.save(tmp_path / "probe")
+    assert LinearProbe.load(tmp_path / "probe").lr == (2e-2, 5e-2)

@@ -110,6 +110,19 @@ def spec_as_dict(spec: object) -> dict[str, Any]:
     return normalized
 
 
+def json_settings(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings as JSON values: numpy numbers as Python ones, arrays and tuples as lists."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, np.ndarray | list | tuple):
+            return [plain(v) for v in value]
+        return value
+
+    return {name: plain(value) for name, value in params.items()}
+
+
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:
     """Write ``payload`` as JSON atomically (a killed save never leaves a half-written file)."""
     atomic_write_json(path, payload, allow_nan=False)

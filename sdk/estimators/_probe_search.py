@@ -24,6 +24,7 @@ from capgate.estimators._common import (
     brier_and_bce,
     check_fitted,
     get_field,
+    json_settings,
     read_json,
     sigmoid,
     spec_as_dict,
@@ -137,7 +138,7 @@ class ProbeSearch(Params):
         if isinstance(self.solvers, str) or not self.solvers or any(s not in _SOLVERS for s in self.solvers):
             raise ValueError(f"`solvers` must be a non-empty list of {list(_SOLVERS)}; got {self.solvers!r}")
         try:
-            if isinstance(self.alphas, str) or not self.alphas:
+            if isinstance(self.alphas, str) or len(self.alphas) == 0:
                 raise ValueError
             for alpha in self.alphas:
                 check_positive_number("alphas", alpha)
@@ -448,7 +449,7 @@ class ProbeSearch(Params):
             folder / SEARCH_FILE,
             {
                 "format": SEARCH_FORMAT,
-                "settings": self.get_params(deep=False),
+                "settings": json_settings(self.get_params(deep=False)),
                 "best_params": self.best_params_,
                 "best_score": self.best_score_,
                 "cv_results": self.cv_results_,
