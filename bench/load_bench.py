@@ -28,9 +28,10 @@ expectation holds.
 
 Run: ``python bench/load_bench.py [--vllm-url URL --served-model NAME | --vllm-state-dir DIR]
 [--levels 1,16,64,256] [--calls N] [--estimators probe,verbalized,ptrue] [--no-faults]
-[--no-restart] [--no-report]``. Prints its tables, rewrites the load and faults sections of
-bench/RELIABILITY.md, and ends with ``reliability: N calls, C concurrent max, p99 L s, degraded
-D%, lost 0; faults survived F/F``.
+[--no-restart] [--no-report] [--coalesce-sweep]``. Prints its tables, rewrites the load and faults
+sections of bench/RELIABILITY.md (and, with ``--coalesce-sweep``, the coalescer section: the probe at
+``--sweep-level`` calls in flight for each coalescer window and maximum batch), and ends with
+``reliability: N calls, C concurrent max, p99 L s, degraded D%, lost 0; faults survived F/F``.
 """
 
 from __future__ import annotations
@@ -237,6 +238,54 @@ def estimators(args: argparse.Namespace) -> dict[str, Callable[[], CapabilityEst
     elif {"verbalized", "ptrue"} & set(chosen):
         print("note: no --vllm-url/--vllm-state-dir: verbalized and P(True) are not measured")
     return found
+
+
+def coalesce_sweep(args: argparse.Namespace, folder: Path) -> list[tuple[float, int, Run]]:
+    """The probe at ``--sweep-level`` calls in flight for each coalescer window and maximum batch."""
+    import capgate
+
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+    estimator = capgate.load_estimator("default")
+    coalescer = estimator.featurizer._coalescer
+    level = args.sweep_level
+    print(
+        f"coalescer sweep: probe ({estimator.featurizer.dtype}), {level} calls in flight, {level * 2} calls"
+    )
+    print(ROW.format("window/max", "level", "calls", "calls/s", "p50 s", "p99 s", "degraded", "rows", "lost"))
+    results: list[tuple[float, int, Run]] = []
+    for window in args.sweep_windows:
+        for max_batch in args.sweep_max_batches:
+            coalescer.window_s, coalescer.max_batch = window, max_batch
+            run = asyncio.run(
+                gated_calls(f"{window * 1e3:g}ms/{max_batch}", estimator, prompts_for(level * 2), level=level,
+                            deadline=args.deadline, gate_concurrency=args.gate_concurrency, folder=folder)
+            )  # fmt: skip
+            print(run.line(), flush=True)
+            results.append((window, max_batch, run))
+    return results
+
+
+def sweep_report(args: argparse.Namespace, sweep: list[tuple[float, int, Run]], started: str) -> str:
+    lines = [
+        "## Coalescer",
+        "",
+        f'Method: `bench/load_bench.py --coalesce-sweep`: the probe (`load_estimator("default")`) behind the '
+        f"gate (`max_concurrency={args.gate_concurrency}`, `estimate_timeout_s={args.deadline:g}`), "
+        f"{args.sweep_level} calls in flight, {args.sweep_level * 2} calls per setting of the coalescer "
+        f"(`capgate._coalesce`: window under load, most items per batch). Machine: {started}.",
+        "",
+        "| window | max batch | calls/s | p50 s | p99 s | degraded |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for window, max_batch, r in sweep:
+        lines.append(
+            f"| {window * 1e3:g} ms | {max_batch} | {r.calls / r.wall_s:.1f} | {r.p50:.2f} | {r.p99:.2f} | "
+            f"{100 * r.degraded / max(r.calls, 1):.0f}% |"
+        )
+    return "\n".join(lines)
 
 
 def load_runs(args: argparse.Namespace, folder: Path) -> list[Run]:
@@ -498,6 +547,14 @@ def main() -> None:
     parser.add_argument("--no-faults", action="store_true")
     parser.add_argument("--no-restart", action="store_true", help="skip the vLLM kill + restart run")
     parser.add_argument("--no-report", action="store_true", help="do not rewrite bench/RELIABILITY.md")
+    parser.add_argument(
+        "--coalesce-sweep", action="store_true", help="also sweep the probe's coalescer window and max batch"
+    )
+    parser.add_argument("--sweep-level", type=int, default=16, help="calls in flight in the sweep")
+    parser.add_argument(
+        "--sweep-windows", default="0,0.005,0.02", type=lambda s: [float(x) for x in s.split(",")]
+    )
+    parser.add_argument("--sweep-max-batches", default="8,32", type=lambda s: [int(x) for x in s.split(",")])
     args = parser.parse_args()
     if args.vllm_state_dir and not args.vllm_url:
         state = Path(args.vllm_state_dir)
@@ -507,6 +564,7 @@ def main() -> None:
     print(f"machine: {started}")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
+        sweep = coalesce_sweep(args, folder) if args.coalesce_sweep else []
         runs = load_runs(args, folder)
         faults: list[Fault] = []
         if not args.no_faults:
@@ -535,6 +593,8 @@ def main() -> None:
         update_section("load", load_text)
         if faults:
             update_section("faults", fault_text)
+        if sweep:
+            update_section("coalescer", sweep_report(args, sweep, started))
     print(summary)
 
 
