@@ -29,6 +29,7 @@ def _register_commands() -> None:
         monitor_cmd,
         policy_cmd,
         probe_cmd,
+        report_cmd,
         simulate_cmd,
     )
 
@@ -42,6 +43,7 @@ def _register_commands() -> None:
         monitor_cmd,
         policy_cmd,
         probe_cmd,
+        report_cmd,
         simulate_cmd,
     )
     for module in modules:

@@ -1,5 +1,7 @@
 """Decision records, the decision log (SQLite, or PostgreSQL by URL), replay and monitoring.
 
+Outcomes attach to logged decisions one at a time or in bulk (:mod:`capgate.decision.outcomes`);
+:func:`gate_report` says what a gate bought over a window of the log (:mod:`capgate.decision.report`).
 Replay of policies on labelled data (:mod:`capgate.decision.simulate`) and risk-controlled
 thresholds (:mod:`capgate.decision.risk`) are pure functions on arrays of confidences and labels.
 """
@@ -7,6 +9,8 @@ thresholds (:mod:`capgate.decision.risk`) are pure functions on arrays of confid
 from capgate._types import Action, Decision, Outcome
 from capgate.decision.log import DecisionLog, LoggedDecision, PostgresDecisionLog, default_log_path
 from capgate.decision.monitor import MethodReport, WindowStats, calibration_report
+from capgate.decision.outcomes import ImportSummary, OutcomeConflictError, OutcomeImportError, import_outcomes
+from capgate.decision.report import GateReport, GroupReport, gate_report
 from capgate.decision.risk import RiskControl, calibrate_threshold
 from capgate.decision.simulate import ReplaySummary, replay_policy, threshold_frontier
 from capgate.messages import query_hash
@@ -15,9 +19,14 @@ __all__ = [
     "Action",
     "Decision",
     "DecisionLog",
+    "GateReport",
+    "GroupReport",
+    "ImportSummary",
     "LoggedDecision",
     "MethodReport",
     "Outcome",
+    "OutcomeConflictError",
+    "OutcomeImportError",
     "PostgresDecisionLog",
     "ReplaySummary",
     "RiskControl",
@@ -25,6 +34,8 @@ __all__ = [
     "calibrate_threshold",
     "calibration_report",
     "default_log_path",
+    "gate_report",
+    "import_outcomes",
     "query_hash",
     "replay_policy",
     "threshold_frontier",

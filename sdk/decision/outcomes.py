@@ -38,20 +38,28 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from capgate._types import Outcome
 from capgate.decision._schema import INSERT_OUTCOME, OUTCOME_COLUMNS, REPLACE_OUTCOME
+from capgate.decision._store import Store
 from capgate.errors import DataError
-
-if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
 
 __all__ = ["ImportSummary", "OutcomeConflictError", "OutcomeImportError", "import_outcomes"]
 
 _CHUNK = 500  # ids per IN (...) lookup
+
+
+class DecisionLog(Protocol):
+    """What outcomes need of a :class:`~capgate.decision.DecisionLog`: its store and location."""
+
+    store: Store
+
+    @property
+    def location(self) -> str:
+        """Where the log is, for messages."""
 
 
 class OutcomeConflictError(DataError):

@@ -1,0 +1,404 @@
+"""What the gate buys, from the decision log: ``capgate report`` and :func:`gate_report`.
+
+For a time window, the logged decisions are grouped by policy, step, tool, target and mode
+(``shadow`` or ``enforce``). Each group gives its decisions by action (for shadow decisions, the
+actions the gate *would* have taken) and, where outcomes exist:
+
+* **accuracy of everything** (the ungated agent: every decision with an outcome) against the
+  **accuracy of what the gate let through** (``answer`` and ``resample``) and the coverage (the
+  share let through). For shadow decisions that is "had we enforced this policy": every call
+  proceeded, so the outcomes of the ones it would have stopped are known.
+* **wrong answers stopped** and **right answers stopped** (``abstain``, ``clarify``, ``escalate``),
+  as outcome mass and as shares of all wrong / right answers; escalations and their outcomes;
+  ``route`` decisions are counted apart (another model answered).
+* samples spent, the gate's latency (p50/p95 of the recorded decision latencies: in shadow mode
+  what the gate would have added), and the calibration of the estimates: capability Brier, ECE
+  and AUROC (:mod:`capgate.metrics`).
+
+A decision's outcome is one number y in [0, 1]: the mean over its sources (or only ``source``)
+of each outcome's :attr:`~capgate.Outcome.value` (``correct`` as 1/0, else ``mu_hat``, else
+``score``). Decisions without an outcome are counted, never guessed. Every rate comes with a 95%
+interval: Wilson's for proportions (for a fractional y the Wilson interval of its mean, which is
+conservative: a variable in [0, 1] varies at most as a 0/1 one with the same mean), a bootstrap
+for the calibration metrics (resamples of at most 10,000 decisions, widths rescaled by
+sqrt(m / n) beyond that). A group with fewer than ``min_outcomes`` outcomes says how many it has
+and gives no outcome-based rate; a rate whose denominator is 0 is ``None``.
+
+The log is read once, only the columns needed (an outcome's y is averaged in SQL), so a window of
+a million decisions is reported in seconds (``bench/report_bench.py``). A candidate policy
+(``policy=``) is replayed on the logged estimates and outcomes by
+:func:`capgate.decision.simulate.replay_policy`, the replay ``capgate simulate`` uses.
+
+Example:
+    >>> import os, tempfile
+    >>> from capgate import Estimate
+    >>> from capgate.decision import Decision, DecisionLog
+    >>> log = DecisionLog(os.path.join(tempfile.mkdtemp(), "d.sqlite3"))
+    >>> for i in range(40):
+    ...     p = 0.9 if i % 2 else 0.1
+    ...     d = Decision(action="answer" if p > 0.5 else "abstain", estimate=Estimate(p=p, method="m"),
+    ...                  reason="r", policy="balanced", shadow=True)
+    ...     _ = log.record(d)
+    ...     _ = log.record_outcome(d.id, correct=i % 2 == 1 or i % 4 == 0, source="grader")
+    >>> (group,) = gate_report(log).groups
+    >>> group.mode, group.actions["abstain"], group.accuracy_all.value, group.accuracy_gated.value
+    ('shadow', 20, 0.75, 1.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from capgate._types import Action
+from capgate._validate import check_int_at_least
+from capgate.decision._report_stats import Calibration, Rate, bootstrap_calibration, wilson
+from capgate.decision.simulate import ACTIONS, ReplaySummary, replay_policy
+
+if TYPE_CHECKING:
+    from capgate.decision.log import DecisionLog
+    from capgate.policies import Policy
+
+__all__ = ["Calibration", "GateReport", "GroupReport", "Rate", "gate_report", "wilson"]
+
+LET_THROUGH: tuple[Action, ...] = ("answer", "resample")
+"""The actions that let a call through (an answer comes back from this model)."""
+STOPPED: tuple[Action, ...] = ("abstain", "clarify", "escalate")
+"""The actions that stop a call."""
+
+
+@dataclass(frozen=True)
+class GroupReport:
+    """One policy / step / tool / target / mode's figures (see the module docstring).
+
+    Counts of outcomes (``wrong_stopped``, ``right_stopped``) are outcome mass: the sum of
+    1 - y and of y over the stopped decisions with an outcome (whole counts for binary outcomes).
+    """
+
+    policy: str | None
+    step: str | None
+    tool: str | None
+    target: str | None
+    mode: str
+    decisions: int
+    actions: dict[str, int]
+    degraded: int
+    with_outcome: int
+    without_outcome: int
+    enough_outcomes: bool
+    coverage: Rate | None
+    accuracy_all: Rate | None
+    accuracy_gated: Rate | None
+    wrong_stopped: float | None
+    right_stopped: float | None
+    wrong_stopped_share: Rate | None
+    right_stopped_share: Rate | None
+    escalations: int
+    escalation_outcomes: int
+    escalation_accuracy: Rate | None
+    routed: int
+    samples: int
+    latency_n: int
+    latency_p50_s: float | None
+    latency_p95_s: float | None
+    calibration: Calibration | None
+    candidate: ReplaySummary | None = None
+    notes: list[str] = field(default_factory=list)
+    p: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
+    y: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
+
+    @property
+    def label(self) -> str:
+        """``policy / step / tool / target / mode``, with ``-`` for what is not set."""
+        parts = (self.policy, self.step, self.tool, self.target, self.mode)
+        return " / ".join(part or "-" for part in parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (without the per-decision arrays ``p`` and ``y``)."""
+        data = asdict(self)
+        del data["p"], data["y"]
+        if self.candidate is not None:
+            data["candidate"] = self.candidate.to_dict()
+        cleaned: dict[str, Any] = _finite(data)
+        return cleaned
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """The report of a window of the log: one :class:`GroupReport` per group.
+
+    Attributes:
+        location: The log it was read from.
+        since: Start of the window (inclusive; ``None``: the first decision).
+        until: End of the window (exclusive; ``None``: now).
+        source: Only outcomes from this source (``None``: all sources).
+        min_outcomes: Outcomes a group needs before it gives outcome-based rates.
+        groups: The groups, largest first.
+        candidate_policy: Name of the candidate policy replayed, if any.
+    """
+
+    location: str
+    since: datetime | None
+    until: datetime | None
+    source: str | None
+    min_outcomes: int
+    groups: list[GroupReport]
+    candidate_policy: str | None = None
+
+    @property
+    def decisions(self) -> int:
+        """Decisions in the window."""
+        return sum(g.decisions for g in self.groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "location": self.location,
+            "since": None if self.since is None else self.since.isoformat(),
+            "until": None if self.until is None else self.until.isoformat(),
+            "source": self.source,
+            "min_outcomes": self.min_outcomes,
+            "candidate_policy": self.candidate_policy,
+            "decisions": self.decisions,
+            "groups": [g.to_dict() for g in self.groups],
+        }
+
+    def format(self) -> str:
+        """The report as text (what ``capgate report`` prints)."""
+        from capgate.decision._report_text import format_report
+
+        return format_report(self)
+
+    def plot(self, folder: str | Path) -> list[Path]:
+        """Draw each group's reliability diagram and risk-coverage curve as PNGs into ``folder``
+        (needs matplotlib: the ``plots`` extra); returns the written paths. A group without
+        enough outcomes for its calibration gets no plot."""
+        from capgate.decision._report_text import plot_report
+
+        return plot_report(self, Path(folder))
+
+
+def _window_sql(since: datetime | None, until: datetime | None, time: str) -> tuple[str, list[Any]]:
+    where: list[str] = []
+    params: list[Any] = []
+    for bound, op in ((since, ">="), (until, "<")):
+        if bound is not None:
+            if bound.tzinfo is None:
+                raise ValueError(f"window bounds must carry a time zone (UTC); got {bound.isoformat()}")
+            where.append(f"d.created_at {op} CAST(? AS {time})")
+            params.append(bound.astimezone(UTC).isoformat())
+    return (" WHERE " + " AND ".join(where) if where else ""), params
+
+
+def _read(log: DecisionLog, since: datetime | None, until: datetime | None, source: str | None) -> Any:
+    """The needed columns of the window's decisions, as columns (tuples)."""
+    dialect = log.store.dialect
+    value = f"COALESCE(CAST(correct AS {dialect.real}), mu_hat, score)"
+    only = " WHERE source = ?" if source is not None else ""
+    outcomes = f"SELECT decision_id, AVG({value}) AS y FROM outcomes{only} GROUP BY decision_id"
+    where, params = _window_sql(since, until, dialect.time)
+    sql = (
+        "SELECT d.policy, d.step, d.tool, d.target, d.shadow, d.action, d.p, d.degraded, d.samples_used,"
+        f" d.latency_s, o.y FROM decisions d LEFT JOIN ({outcomes}) o ON o.decision_id = d.id{where}"
+    )
+    rows = log.store.read(sql, ([source] if source is not None else []) + params)
+    if not rows:
+        return None
+    return list(zip(*rows, strict=True))
+
+
+def _floats(column: Sequence[Any]) -> NDArray[np.float64]:
+    return np.array(column, dtype=np.float64)  # None becomes NaN
+
+
+def _group(
+    key: tuple[Any, ...],
+    actions: NDArray[np.int64],
+    p: NDArray[np.float64],
+    degraded: NDArray[np.bool_],
+    samples: NDArray[np.float64],
+    latency: NDArray[np.float64],
+    y: NDArray[np.float64],
+    *,
+    min_outcomes: int,
+    candidate: Policy | None,
+    rng: np.random.Generator,
+) -> GroupReport:
+    policy, step, tool, target, shadow = key
+    n = int(actions.size)
+    counts: dict[str, int] = {
+        str(a): int(c) for a, c in zip(ACTIONS, np.bincount(actions, minlength=len(ACTIONS)), strict=True)
+    }
+    scored = ~np.isnan(y)
+    n_scored = int(scored.sum())
+    through = np.isin(actions, [ACTIONS.index(a) for a in LET_THROUGH])
+    stopped = np.isin(actions, [ACTIONS.index(a) for a in STOPPED])
+    escalated = actions == ACTIONS.index("escalate")
+    enough = n_scored >= min_outcomes
+    notes: list[str] = []
+    if n < min_outcomes:
+        notes.append(f"only {n} decisions (at least {min_outcomes} needed for a rate): no coverage is given")
+    if not enough:
+        notes.append(
+            f"only {n_scored} of {n} decisions have an outcome (at least {min_outcomes} needed): "
+            "no outcome-based rate is given"
+        )
+    elif n_scored < n:
+        notes.append(f"{n - n_scored} decisions have no outcome: counted, left out of every outcome rate")
+    mode = "shadow" if shadow else "enforce"
+    if enough and mode == "enforce" and int((stopped & ~scored).sum()):
+        notes.append(
+            "enforce mode: stopped calls without an outcome (nothing was answered) are left out of "
+            "'all'; run in shadow mode, or attach outcomes to them, for the ungated accuracy"
+        )
+    y_s = y[scored]
+    wrong_total = float(np.sum(1.0 - y_s))
+    right_total = float(np.sum(y_s))
+    stopped_y = y[stopped & scored]
+    wrong_stopped = float(np.sum(1.0 - stopped_y)) if enough else None
+    right_stopped = float(np.sum(stopped_y)) if enough else None
+    esc_y = y[escalated & scored]
+    p_scored = p[scored]
+    usable = ~np.isnan(p_scored)
+    calibration = None
+    if enough and int(usable.sum()) >= min_outcomes:
+        calibration = bootstrap_calibration(p_scored[usable], y_s[usable], rng)
+    replay = None
+    if candidate is not None and enough:
+        replay = replay_policy(candidate, p_scored, y_s, degraded=degraded[scored], step=step, tool=tool)
+    lat = latency[~np.isnan(latency)]
+    p50, p95 = (float(v) for v in np.percentile(lat, [50, 95])) if lat.size else (None, None)
+    return GroupReport(
+        policy=policy,
+        step=step,
+        tool=tool,
+        target=target,
+        mode=mode,
+        decisions=n,
+        actions=counts,
+        degraded=int(degraded.sum()),
+        with_outcome=n_scored,
+        without_outcome=n - n_scored,
+        enough_outcomes=enough,
+        coverage=wilson(float(through.sum()), n) if n >= min_outcomes else None,
+        accuracy_all=wilson(right_total, n_scored) if enough else None,
+        accuracy_gated=wilson(float(np.sum(y[through & scored])), int((through & scored).sum()))
+        if enough
+        else None,
+        wrong_stopped=wrong_stopped,
+        right_stopped=right_stopped,
+        wrong_stopped_share=wilson(wrong_stopped, wrong_total) if wrong_stopped is not None else None,
+        right_stopped_share=wilson(right_stopped, right_total) if right_stopped is not None else None,
+        escalations=counts["escalate"],
+        escalation_outcomes=int(esc_y.size),
+        escalation_accuracy=wilson(float(esc_y.sum()), int(esc_y.size)) if enough else None,
+        routed=counts["route"],
+        samples=int(np.nansum(samples)),
+        latency_n=int(lat.size),
+        latency_p50_s=p50,
+        latency_p95_s=p95,
+        calibration=calibration,
+        candidate=replay,
+        notes=notes,
+        p=p_scored,
+        y=y_s,
+    )
+
+
+def gate_report(
+    log: DecisionLog,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    source: str | None = None,
+    policy: Policy | str | None = None,
+    min_outcomes: int = 30,
+    seed: int = 0,
+) -> GateReport:
+    """What the gate bought over a window of the log (see the module docstring).
+
+    Args:
+        log: The decision log (either store).
+        since: Only decisions made at or after this time (timezone-aware).
+        until: Only decisions made before this time (timezone-aware).
+        source: Only outcomes from this source (default: every source, averaged per decision).
+        policy: A candidate policy (a :class:`~capgate.policies.Policy`, preset name or file)
+            to replay on each group's logged estimates and outcomes.
+        min_outcomes: Outcomes (and decisions, for the coverage) a group needs before it gives
+            a rate.
+        seed: Seed of the calibration bootstrap.
+
+    Returns:
+        The report; its groups largest first.
+
+    Raises:
+        ValueError: A window bound without a time zone, or ``min_outcomes`` below 1.
+        LogUnavailableError: The log could not be read.
+    """
+    check_int_at_least("min_outcomes", min_outcomes, 1)
+    candidate: Policy | None = None
+    if policy is not None:
+        from capgate.policies import Policy, load_policy
+
+        candidate = policy if isinstance(policy, Policy) else load_policy(policy)
+    columns = _read(log, since, until, source)
+    groups: list[GroupReport] = []
+    if columns is not None:
+        policies, steps, tools, targets, shadows, actions, p, degraded, samples, latency, y = columns
+        index: dict[tuple[Any, ...], int] = {}
+        codes = np.fromiter(
+            (
+                index.setdefault(k, len(index))
+                for k in zip(policies, steps, tools, targets, shadows, strict=True)
+            ),
+            dtype=np.int64,
+            count=len(policies),
+        )
+        action_index = {a: i for i, a in enumerate(ACTIONS)}
+        action_codes = np.fromiter((action_index[a] for a in actions), dtype=np.int64, count=len(actions))
+        arrays = (_floats(p), np.array(degraded, dtype=bool), _floats(samples), _floats(latency), _floats(y))
+        rng = np.random.default_rng(seed)
+        for key, code in index.items():
+            mask = codes == code
+            p_g, degraded_g, samples_g, latency_g, y_g = (a[mask] for a in arrays)
+            groups.append(
+                _group(
+                    (key[0], key[1], key[2], key[3], bool(key[4])),
+                    action_codes[mask],
+                    p_g,
+                    degraded_g,
+                    samples_g,
+                    latency_g,
+                    y_g,
+                    min_outcomes=min_outcomes,
+                    candidate=candidate,
+                    rng=rng,
+                )
+            )
+    groups.sort(key=lambda g: (-g.decisions, g.label))
+    return GateReport(
+        location=log.location,
+        since=since,
+        until=until,
+        source=source,
+        min_outcomes=min_outcomes,
+        groups=groups,
+        candidate_policy=None if candidate is None else candidate.name,
+    )
