@@ -21,6 +21,7 @@ from agents import (
     Agent,
     InputGuardrailTripwireTriggered,
     ModelResponse,
+    ModelSettings,
     OpenAIChatCompletionsModel,
     Runner,
     Usage,
@@ -274,6 +275,35 @@ def test_decisions_are_logged_and_traced_in_the_sdk_trace(tmp_path: Path, sdk_sp
     assert parent.span_data.type == "guardrail"
 
 
+def test_the_opentelemetry_gate_span_nests_under_the_callers_span() -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+        provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    guard = capability_guardrail(estimator=KeywordEstimator(MARKERS), run_in_parallel=False)
+    agent = Agent(name="helper", model=CountingModel(), input_guardrails=[guard])
+    with (
+        trace.get_tracer("test").start_as_current_span("caller"),
+        pytest.raises(InputGuardrailTripwireTriggered),
+    ):
+        Runner.run_sync(agent, "LOW: next week's lottery numbers?")
+    finished = exporter.get_finished_spans()
+    (caller,) = [s for s in finished if s.name == "caller"]
+    (gate,) = [s for s in finished if s.name == "capgate.gate"]
+    assert gate.attributes is not None
+    assert gate.attributes["capgate.action"] == "abstain"
+    assert gate.attributes["gen_ai.request.model"] == "counting-model"
+    assert gate.context.trace_id == caller.context.trace_id
+
+
 def test_the_target_is_the_agents_model_and_another_models_estimator_is_refused() -> None:
     guard = capability_guardrail(estimator=OfModel("other-model"), run_in_parallel=False)
     agent = Agent(name="helper", model=CountingModel(model="served-model"), input_guardrails=[guard])
@@ -395,7 +425,8 @@ class Server:
         self.model = OpenAIChatCompletionsModel(model=self.name, openai_client=client)
 
     def agent(self, name: str = "helper", **kwargs: Any) -> Agent[Any]:
-        return Agent(name=name, instructions="Answer in one short sentence.", model=self.model, **kwargs)
+        kwargs.setdefault("instructions", "Answer in one short sentence.")
+        return Agent(name=name, model=self.model, model_settings=ModelSettings(max_tokens=48), **kwargs)
 
 
 @pytest.mark.slow

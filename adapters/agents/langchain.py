@@ -28,6 +28,9 @@ hook's logic is one I/O-free flow that both twins drive. With ``on_block="raise"
 raises the matching :class:`~capgate.GateBlocked` instead.
 Decisions are stored in state as JSON (``capgate_decision``, ``capgate_estimate``,
 ``capgate_tool_decisions``); ``middleware.gate.stats`` counts what the gate did.
+The agent's model (:func:`model_target`, read at its model calls: a step decided before the
+first one records ``target=`` if given) is each decision's ``target``, and an estimator of
+another model is refused before the model is called, unless ``allow_other_target=True``.
 
 Install with ``pip install 'capgate[langchain]'``.
 
@@ -82,6 +85,7 @@ __all__ = [
     "CapgateChatModel",
     "CapgateDecisionModel",
     "capability_router",
+    "model_target",
 ]
 
 _CALLS_PREFIX = "tool-calls:"
@@ -116,6 +120,14 @@ def _response_key(response: Any) -> str:
     return (
         message.text if hasattr(message, "text") and isinstance(message.text, str) else str(message.content)
     )
+
+
+def model_target(model: Any) -> str | None:
+    """The model a LangChain chat model calls: a ``CapgateChatModel``'s backend ``model_id``, else
+    the model's ``model_name`` / ``model`` (``ChatOpenAI``...); ``None`` when it has none."""
+    name = getattr(model.backend, "model_id", None) if isinstance(model, CapgateChatModel) else None
+    name = name or getattr(model, "model_name", None) or getattr(model, "model", None)
+    return name if isinstance(name, str) and name else None
 
 
 def _voting_extract(extract: Extractor) -> Extractor:
@@ -178,6 +190,24 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         self.tool_gate = hitl.ToolCallGate(gate=self.gate)
         self._voter = self.gate.with_options(extract=_voting_extract(self.gate.extract))
         self._memo: OrderedDict[tuple[str | None, str], Verdict] = OrderedDict()
+        self._views: dict[str, Gate] = {}
+        self._target: str | None = None  # the agent's model, read at its first model call
+
+    def _targeted(self) -> Gate:
+        """The gate for the agent's model (its target checked against the estimator's), once a
+        model call has shown it; a ``target=`` setting wins."""
+        target = self._target
+        if target is None or self.gate.settings.target is not None:
+            return self.gate
+        if target not in self._views:
+            self._views[target] = self.gate.with_options(target=target)
+        return self._views[target]
+
+    def _see(self, request: ModelRequest[Any]) -> None:
+        """Read the agent's model from a model call; an estimator of another model is refused
+        before the model is called (``SettingsError``, as for ``guard``)."""
+        self._target = model_target(request.model) or self._target
+        self._targeted()
 
     @property
     def stats(self) -> GateStats:
@@ -239,7 +269,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
             query = chat_messages([*state["messages"], *added], where="messages")
             key, verdict = self._remembered(query)
             if verdict is None:
-                verdict = yield Assess(self.gate, query)
+                verdict = yield Assess(self._targeted(), query)
                 yield Record(self.gate, verdict)
                 self._remember(key, verdict)
             if verdict.action == "clarify" and round_ < self.max_clarifications:
@@ -275,7 +305,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         history = [*request.messages, message]
         return AssessEach(
             [
-                (self.gate.with_options(tool=c["name"]), hitl.tool_call_query(history, c))
+                (self._targeted().with_options(tool=c["name"]), hitl.tool_call_query(history, c))
                 for c in message.tool_calls
             ]
         )
@@ -338,6 +368,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
     ) -> ModelResult:
         """Resample the model step under CAS if the policy said so, then gate proposed tool calls."""
+        self._see(request)
         request = self._routed(request)
         return drive(self._model_call_flow(request, Invoke(lambda: handler(request))))
 
@@ -347,6 +378,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> ModelResult:
         """Async twin of :meth:`wrap_model_call` (the draws of one batch run concurrently)."""
+        self._see(request)
         request = self._routed(request)
         return await adrive(self._model_call_flow(request, Invoke(lambda: handler(request))))
 

@@ -171,7 +171,7 @@ def _item_message(item: Any) -> ChatMessage | None:
     return None
 
 
-def run_query(value: str | Sequence[TResponseInputItem]) -> Prompt:
+def _run_query(value: str | Sequence[TResponseInputItem]) -> Prompt:
     """The query of a run's input: the string, or its text items as chat messages."""
     if isinstance(value, str):
         return value
@@ -228,7 +228,7 @@ class _Checker:
 
     async def check(self, agent: Agent[Any], value: str | Sequence[TResponseInputItem]) -> Verdict:
         gate = self.view(agent)
-        query = run_query(value)
+        query = _run_query(value)
         if gate.in_shadow():  # decided in a worker thread: it outlives the run's event loop
             return drive(_check_flow(gate, query))
         return await adrive(_check_flow(gate, query))
@@ -387,7 +387,7 @@ class _Triage:
     async def choose(self, value: str | list[TResponseInputItem]) -> tuple[str | None, str | None]:
         """Where the model hands the run: the guardrail's decision on this input (decided again
         when the model sees another input, e.g. with a session's history)."""
-        verdict = self._memo.pop(query_hash(run_query(value)), None)
+        verdict = self._memo.pop(query_hash(_run_query(value)), None)
         if verdict is None:
             verdict = await self.checker.check(self.agent, value)
         name = self.destination(verdict)
