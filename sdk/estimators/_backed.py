@@ -25,8 +25,6 @@ from capgate.estimators._sampling import (
 )
 from capgate.estimators.base import CapabilityEstimator
 
-__all__ = ["BackendEstimator", "check_template", "one_round_plan"]
-
 
 def one_round_plan(
     method: str, round_: Round, read: Callable[[list[Generation], QueryState], Estimate]

@@ -28,8 +28,6 @@ from capgate._validate import check_unit_interval
 from capgate.errors import DataError, NotFittedError
 from capgate.estimators.base import Params
 
-__all__ = ["DEFAULT_CLAIM_DETECTOR", "ClaimDetector"]
-
 DEFAULT_CLAIM_DETECTOR = "claim_detector.npz"
 """File (inside ``capgate.assets``) of the shipped claim detector."""
 

@@ -20,18 +20,6 @@ import numpy as np
 
 from capgate.estimators._common import FloatArray, fit_logistic_link
 
-__all__ = [
-    "fit_link",
-    "fit_logistic",
-    "kfold",
-    "layer_candidates",
-    "pool_layers",
-    "require_torch",
-    "ridge_loo",
-    "ridge_path",
-    "zscore",
-]
-
 _EPS = 1e-12
 
 

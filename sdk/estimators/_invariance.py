@@ -26,8 +26,6 @@ from capgate.estimators._convex import zscore
 from capgate.estimators._linear_probe import LinearProbe
 from capgate.estimators.base import Params
 
-__all__ = ["NuisanceProjection"]
-
 
 class NuisanceProjection(Params):
     """Removes from features the directions that label-irrelevant edits move them along.

@@ -14,8 +14,6 @@ import numpy.typing as npt
 from capgate.estimators._common import FloatArray, as_vector, n_rows
 from capgate.estimators._convex import kfold
 
-__all__ = ["NestedCV", "nested_cross_val_predict"]
-
 
 @dataclass(frozen=True)
 class NestedCV:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["boxed_contents", "final_segment", "normalize_answer", "parse_probability"]
-
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 

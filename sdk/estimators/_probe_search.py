@@ -36,8 +36,6 @@ from capgate.estimators._probe_training import fit_weights
 from capgate.estimators._target import ProbeTarget
 from capgate.estimators.base import Params
 
-__all__ = ["DEFAULT_ALPHAS", "ProbeSearch", "Solver"]
-
 Solver: TypeAlias = Literal["ridge", "logistic", "sgd"]
 """``"ridge"``: ridge regression of µ̂ (closed form) and a logistic link; ``"logistic"``: L2
 logistic regression on the soft targets (L-BFGS); ``"sgd"``: :class:`LinearProbe`'s paper recipe."""

@@ -30,17 +30,6 @@ from capgate.estimators._convex import fit_logistic, require_torch, ridge_path, 
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "LR_GRID",
-    "LearningRate",
-    "ProbeSettings",
-    "SgdFit",
-    "TrainingRun",
-    "TrainingSplit",
-    "fit_sgd",
-    "fit_weights",
-]
-
 LearningRate: TypeAlias = float | Sequence[float] | Literal["sweep"]
 
 LR_GRID: tuple[float, ...] = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)

@@ -33,24 +33,6 @@ from capgate.backend import (
     as_messages,
 )
 
-__all__ = [
-    "AnyBackend",
-    "Plan",
-    "PromptResult",
-    "QueryState",
-    "Round",
-    "RoundResult",
-    "arun_plan",
-    "asample_round",
-    "check_backend",
-    "cost_of",
-    "describe_error",
-    "failed_call_estimate",
-    "run_plan",
-    "sample_round",
-    "wrap_last_user_turn",
-]
-
 AnyBackend: TypeAlias = Backend | AsyncBackend
 """A backend with ``generate``, ``agenerate`` or both."""
 

@@ -16,8 +16,6 @@ from typing import Literal, TypeAlias
 
 from capgate.backend import ChatMessage, Prompt, as_messages
 
-__all__ = ["Segment", "SegmentKind", "remove_segments", "split_segments"]
-
 SegmentKind: TypeAlias = Literal["sentence", "aside", "quoted", "message"]
 """``sentence``: running text; ``aside``: a bracketed or parenthesized span; ``quoted``: a fenced,
 tagged or ``>``-quoted block; ``message``: a whole tool or system message."""

@@ -20,9 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from capgate.backend import EndpointKind
 from capgate.errors import DataError, ProbeMismatchError
 
-__all__ = ["ProbeTarget", "check_target_match"]
-
-
 _IDENTITY = ("model", "endpoint", "temperature", "top_p", "max_tokens", "prompt", "grader")
 """The fields that make two targets different models-under-settings (``k`` and the dataset do
 not: more samples of the same target on other questions are the same target)."""
