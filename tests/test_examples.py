@@ -137,3 +137,26 @@ def test_proxy_probe_workflow_against_the_vllm_server(tmp_path: Path) -> None:
     assert calls is not None
     assert calls.group(1) == calls.group(2)
     assert "a gate for another model is refused" in out
+
+
+@pytest.mark.slow
+def test_openai_agents_guardrail_against_the_vllm_server() -> None:
+    """The Agents SDK example: a real Runner over the CI server, gated by the model's own
+    verbalized confidence, a blocking guardrail and a triage that hands off."""
+    import os
+
+    url, served = os.environ.get("CAPGATE_TEST_VLLM_URL"), os.environ.get("CAPGATE_TEST_VLLM_MODEL")
+    assert url, "run under scripts/with-vllm-server.sh (CAPGATE_TEST_VLLM_URL is not set)"
+    assert served, "run under scripts/with-vllm-server.sh (CAPGATE_TEST_VLLM_MODEL is not set)"
+    out = run("openai_agents_guardrail.py", "--base-url", url, "--model", served)
+    blocks = out.split("question: ")[1:]
+    assert len(blocks) == 2
+    for block in blocks:
+        decision = re.search(r"decision: (\w+) \(p=\S+, target (\S+)\)", block)
+        assert decision is not None
+        assert decision.group(1) in ACTIONS
+        assert decision.group(2) == served  # the agent's model, read by the guardrail
+        assert re.search(r"  (reply|tripped): \S", block)
+    triage = re.search(r"triage: .+\n  decision: (\w+); (handed to: (helper|reviewer)|tripped: \S)", out)
+    assert triage is not None
+    assert re.search(r"gate stats: calls=2 ", out)
