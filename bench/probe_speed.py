@@ -1,0 +1,263 @@
+"""The probe's estimates against a bare forward pass of its reader (issue 21), side by side.
+
+On the embedded SmolLM2-135M-Instruct with the shipped probe (it reads hidden state 26 of 30),
+on held-out prompts, in one run:
+
+* **where the time goes** (one list of 32, float32, today's path vs capgate's now): templating
+  and tokenization, padding, the forward pass, pooling, the probe and the ``Estimate``s;
+* **speed table**, for float32 and bfloat16, batch 1 (``estimate_one`` in a loop), 8 and 32 (one
+  list): a *bare forward* (the decoder's own call on pre-tokenized, padded ids, through the same
+  26 layers, no hooks, ``torch.inference_mode``) against *capgate's estimate* (from the prompt
+  text to the ``Estimate``), the ratio estimate/bare (1.00 = as fast as the bare pass), and
+  *today's path* before issue 21 (the full model with every hidden state, float32, batches of
+  8) with capgate's speed-up over it. Bare and capgate alternate per repetition, so a noisy
+  machine slows both;
+* **the fast path's check**: on the held-out split (``--check-n``, default all of it), the
+  largest |Δp| between the bfloat16 and the float32 estimates and both capability Brier scores
+  against µ̂, passed when |Δp| <= 0.01 and the Brier moves by <= 0.0005. ``--record`` keeps the
+  check in the probe's metadata (default: the shipped probe), which is what lets
+  ``load_estimator`` choose bfloat16 by itself on a CPU that computes it natively.
+
+The last line: ``probe speed: N/s at batch 32, M/s one at a time, within R× of a bare forward``
+for the path ``load_estimator("default")`` chooses on this machine (R: the worst of the three
+batch sizes).
+
+Run: ``python bench/probe_speed.py [--threads 2] [--repeats 2] [--check-n N] [--record]
+[--no-table]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from capgate.demo import demo_questions
+from capgate.estimators.probe import LinearProbe, ProbeEstimator
+from capgate.features import HiddenStateFeaturizer
+from capgate.loading import FastPathCheck, default_probe_path, load_estimator, recorded_fast_paths
+from capgate.models import native_bf16_cpu
+
+BATCHES = (1, 8, 32)
+
+
+def timed(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+class TodaysFeaturizer(HiddenStateFeaturizer):
+    """The path before issue 21: the whole model with every hidden state, float32."""
+
+    def _reader(self) -> Any:
+        import torch
+
+        from capgate._reader import Reader
+
+        n = self.loaded.num_hidden_layers
+        with self._readers_lock:
+            if "today" not in self.__dict__:
+                self.__dict__["today"] = Reader(self.loaded.model, n, range(n + 1), torch.float32)
+            return self.__dict__["today"]
+
+
+def padded(loaded: Any, encoded: list[list[int]]) -> tuple[Any, Any, Any]:
+    import torch
+
+    width = max(len(ids) for ids in encoded)
+    input_ids = torch.full((len(encoded), width), loaded.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for row, ids in enumerate(encoded):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        mask[row, width - len(ids) :] = 1
+    return input_ids, mask, (mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+def bare_decoder(loaded: Any, layers: int, dtype: Any) -> Any:
+    """The decoder's own call through its first ``layers`` layers, in ``dtype`` (a plain copy, no hooks)."""
+    from capgate._reader import _decoder_copy, decoder_of
+
+    found = decoder_of(loaded.model, loaded.num_hidden_layers)
+    assert found is not None
+    return _decoder_copy(*found, layers, dtype)[0]
+
+
+def estimator_for(loaded: Any, probe: LinearProbe, dtype: str, batch_size: int) -> ProbeEstimator:
+    featurizer = HiddenStateFeaturizer(loaded, layers=[26], batch_size=batch_size, dtype=dtype)  # type: ignore[arg-type]
+    return ProbeEstimator(featurizer, probe, ignore_spec_fields=["dtype"])
+
+
+def profile(loaded: Any, probe: LinearProbe, prompts: list[str]) -> None:
+    """Where one list of 32 goes, today's path against capgate's now (float32)."""
+    import torch
+
+    for name, featurizer in (
+        ("today", TodaysFeaturizer(loaded, layers=[26], batch_size=8)),
+        ("now", HiddenStateFeaturizer(loaded, layers=[26], batch_size=32)),
+    ):
+        estimator = ProbeEstimator(featurizer, probe)
+        estimator.estimate(prompts[:4])  # warm-up
+        encode = timed(lambda featurizer=featurizer: featurizer._encode(prompts))
+        encoded = featurizer._encode(prompts)
+        chunks = [
+            encoded[i : i + featurizer.batch_size] for i in range(0, len(encoded), featurizer.batch_size)
+        ]
+        pad = timed(lambda chunks=chunks: [padded(loaded, c) for c in chunks])
+        reader = featurizer._reader()
+        with torch.inference_mode():
+            forward = sum(
+                timed(lambda c=c, reader=reader: reader.states(*padded(loaded, c), last_only=True))
+                for c in chunks
+            )
+        features = featurizer.transform(prompts)
+        head = timed(lambda features=features: [probe.predict(row[None, :]) for row in features])
+        total = timed(lambda estimator=estimator: estimator.estimate(prompts))
+        rest = total - encode - pad - forward - head
+        print(
+            f"profile {name:<5} (32 prompts, float32, batches of {featurizer.batch_size}): template+tokenize "
+            f"{encode * 1e3:.0f} ms, padding {pad * 1e3:.1f} ms, forward {forward * 1e3:.0f} ms, probe "
+            f"{head * 1e3:.1f} ms, pooling/flow/rest {rest * 1e3:.0f} ms; total {total * 1e3:.0f} ms"
+        )
+
+
+def speed_table(
+    loaded: Any, probe: LinearProbe, prompts: list[str], repeats: int
+) -> dict[str, dict[int, float]]:
+    """Queries/s per dtype and batch size: bare decoder vs capgate's estimate (and today's path)."""
+    import torch
+
+    today = ProbeEstimator(TodaysFeaturizer(loaded, layers=[26], batch_size=8), probe)
+    rates: dict[str, dict[int, float]] = {}
+    print(f"{'dtype':<9} {'batch':>5} {'bare q/s':>9} {'capgate q/s':>12} {'ratio':>6} {'today q/s':>10} "
+          f"{'speed-up':>9}")  # fmt: skip
+    for dtype in ("float32", "bfloat16"):
+        bare = bare_decoder(loaded, 26, getattr(torch, dtype))
+        estimator = estimator_for(loaded, probe, dtype, 32)
+        rates[dtype] = {}
+        for n in BATCHES:
+            queries = prompts[:n] if n > 1 else prompts[:8]
+            encoded = [loaded.prompt_ids(q) for q in queries]
+            inputs = [padded(loaded, [ids]) for ids in encoded] if n == 1 else [padded(loaded, encoded)]
+
+            def run_bare(inputs: list[Any] = inputs, bare: Any = bare) -> None:
+                with torch.inference_mode():
+                    for ids, mask, pos in inputs:
+                        bare(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+
+            def run_capgate(
+                queries: list[str] = queries, n: int = n, est: ProbeEstimator = estimator
+            ) -> None:
+                if n == 1:
+                    for q in queries:
+                        est.estimate_one(q)
+                else:
+                    est.estimate(queries)
+
+            def run_today(queries: list[str] = queries, n: int = n) -> None:
+                if n == 1:
+                    for q in queries:
+                        today.estimate_one(q)
+                else:
+                    today.estimate(queries)
+
+            run_bare()  # warm-up
+            run_capgate()
+            b, c, t = [], [], []
+            for _ in range(repeats):
+                b.append(timed(run_bare))
+                c.append(timed(run_capgate))
+                if dtype == "float32":
+                    t.append(timed(run_today))
+            count = len(queries)
+            bare_rate, capgate_rate = count / statistics.median(b), count / statistics.median(c)
+            rates[dtype][n] = capgate_rate
+            rates.setdefault(f"bare {dtype}", {})[n] = bare_rate
+            today_rate = count / statistics.median(t) if t else float("nan")
+            if t:
+                rates.setdefault("today", {})[n] = today_rate
+            base = rates["today"][n]
+            print(
+                f"{dtype:<9} {n:>5} {bare_rate:>9.1f} {capgate_rate:>12.1f} "
+                f"{bare_rate / capgate_rate:>5.2f}x "
+                f"{today_rate:>10.1f} {capgate_rate / base:>8.2f}x",
+                flush=True,
+            )
+    return rates
+
+
+def check(loaded: Any, probe: LinearProbe, n: int | None) -> FastPathCheck:
+    questions = demo_questions(10_000, seed=0)
+    questions = questions[:n] if n else questions
+    prompts = [q.prompt for q in questions]
+    p32 = [e.p for e in estimator_for(loaded, probe, "float32", 32).estimate(prompts)]
+    pbf = [e.p for e in estimator_for(loaded, probe, "bfloat16", 32).estimate(prompts)]
+    split = f"{'all ' if not n else ''}{len(prompts)} held-out queries of the shipped split"
+    result = FastPathCheck.of(p32, pbf, [q.mu_hat for q in questions], dtype="bfloat16", split=split)
+    worst = int(np.argmax(np.abs(np.asarray(pbf) - np.asarray(p32))))
+    print(
+        f"check bfloat16 vs float32 on {split}: max |dp| {result.max_abs_dp:.4f} (<= 0.01; at p32 "
+        f"{p32[worst]:.3f}), Brier {result.brier_float32:.5f} -> {result.brier_fast:.5f} "
+        f"({result.brier_delta:+.5f}, within +-0.0005): {'PASSED' if result.passed else 'FAILED'}"
+    )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed repetitions per cell (median)")
+    parser.add_argument("--check-n", type=int, default=0, help="held-out queries checked (0: all)")
+    parser.add_argument("--record", action="store_true", help="save the check into the probe's metadata")
+    parser.add_argument("--probe", type=Path, default=None, help="probe folder (default: the shipped one)")
+    parser.add_argument("--no-table", action="store_true", help="only the check")
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _report import machine
+
+    path = args.probe or default_probe_path()
+    probe = LinearProbe.load(path)
+    chosen = load_estimator("default", device="cpu", probe=path)
+    loaded = chosen.featurizer.loaded
+    prompts = [q.prompt for q in demo_questions(64, seed=1)]
+    tokens = statistics.mean(len(loaded.prompt_ids(p)) for p in prompts)
+    recorded = recorded_fast_paths(probe).get("bfloat16")
+    print(f"machine: {machine()}; torch threads {args.threads}; native bfloat16: {native_bf16_cpu()}")
+    print(
+        f"data: held-out prompts of the shipped split (mean {tokens:.0f} tokens templated); probe reads "
+        f"hidden state(s) {list(chosen.featurizer.layer_indices)} of {loaded.num_hidden_layers}; "
+        f"load_estimator('default') chose {chosen.featurizer.dtype} "
+        f"(recorded check: {'passed' if recorded and recorded.passed else 'none or failed'})"
+    )
+    result = check(loaded, probe, args.check_n or None)
+    if args.record:
+        result.record(probe)
+        probe.save(path)
+        print(f"recorded the check in {path / 'probe.json'}")
+    if args.no_table:
+        return
+    profile(loaded, probe, prompts[:32])
+    rates = speed_table(loaded, probe, prompts, args.repeats)
+    dtype = chosen.featurizer.dtype  # what load_estimator("default") runs on this machine
+    within = max(rates[f"bare {dtype}"][n] / rates[dtype][n] for n in BATCHES)
+    print(
+        f"probe speed: {rates[dtype][32]:.1f}/s at batch 32, {rates[dtype][1]:.1f}/s one at a time, "
+        f"within {within:.2f}× of a bare forward ({dtype}; today's path: {rates['today'][32]:.1f}/s and "
+        f"{rates['today'][1]:.1f}/s)"
+    )
+
+
+if __name__ == "__main__":
+    main()
