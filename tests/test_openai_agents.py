@@ -30,7 +30,7 @@ from agents import (
 from agents.models.interface import Model
 from agents.tracing import TracingProcessor
 from openai import AsyncOpenAI
-from openai.types.responses import ResponseOutputMessage, ResponseOutputText
+from openai.types.responses import Response, ResponseCompletedEvent, ResponseOutputMessage, ResponseOutputText
 
 from capgate import Estimate
 from capgate.adapters.agents.openai_agents import (
@@ -80,8 +80,13 @@ class CountingModel(Model):
         )
         return ModelResponse(output=[message], usage=Usage(), response_id=None)
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        raise NotImplementedError
+    async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        got = await self.get_response()
+        response = Response(
+            id="resp_1", created_at=0, model=self.model, object="response", output=got.output,
+            tool_choice="none", tools=[], top_p=None, parallel_tool_calls=False, status="completed",
+        )  # fmt: skip
+        yield ResponseCompletedEvent(type="response.completed", response=response, sequence_number=0)
 
 
 class Raising(CapabilityEstimator):
@@ -376,6 +381,22 @@ def test_triage_trips_on_abstain_and_spends_nothing() -> None:
         Runner.run_sync(triage, "LOW: next week's lottery numbers?")
     assert tripped(caught.value).action == "abstain"
     assert (main.started, human.started) == (0, 0)
+
+
+def test_streamed_runs_are_gated_and_handed_off_too() -> None:
+    async def go(text: str) -> Any:
+        main, human, triage = _desk()
+        streamed = Runner.run_streamed(triage, text)
+        async for _ in streamed.stream_events():
+            pass
+        return streamed, main, human
+
+    streamed, main, human = asyncio.run(go("HIGH: is this contract clause enforceable?"))
+    assert streamed.last_agent.name == "reviewer"
+    assert (main.started, human.finished) == (0, 1)
+    with pytest.raises(InputGuardrailTripwireTriggered) as caught:
+        asyncio.run(go("LOW: next week's lottery numbers?"))
+    assert tripped(caught.value).action == "abstain"
 
 
 def test_triage_routes_to_the_cheapest_capable_agent() -> None:

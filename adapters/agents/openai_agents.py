@@ -12,7 +12,7 @@
   stronger model), or to the agent of the model choice a ``route`` picks by predicted capability
   (the gate's ``routes``, as the LangChain router does; a choice of *model* is
   ``agent.clone(model=...)``). ``abstain``, ``clarify`` and an ``escalate`` with no agent wired
-  trip its blocking guardrail as above.
+  trip its blocking guardrail as above. It serves ``run``, ``run_sync`` and ``run_streamed``.
 
 Execution modes (the SDK's ``run_in_parallel``), and their cost:
 
@@ -61,6 +61,7 @@ Example:
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -81,7 +82,13 @@ from agents import (
 from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
 from agents.models.interface import Model, ModelTracing
 from agents.tracing import custom_span
-from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 
 from capgate._types import Decision, Estimate
@@ -351,8 +358,31 @@ class _DecisionModel(Model):
             output = _handoff_call(by_agent[name])
         return ModelResponse(output=[output], usage=Usage(), response_id=None)
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
-        raise NotImplementedError("the capgate triage agent does not stream; use Runner.run / run_sync")
+    async def stream_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Tool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: ResponsePromptParam | None,
+    ) -> AsyncIterator[TResponseStreamEvent]:
+        """The same decision as one completed event (``Runner.run_streamed``)."""
+        got = await self.get_response(
+            system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
+            previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt,
+        )  # fmt: skip
+        response = Response(
+            id=f"resp_capgate_{uuid.uuid4().hex[:16]}", created_at=time.time(), model="capgate-triage",
+            object="response", output=got.output, tool_choice="none", tools=[], top_p=None,
+            parallel_tool_calls=False, status="completed",
+        )  # fmt: skip
+        yield ResponseCompletedEvent(type="response.completed", response=response, sequence_number=0)
 
 
 class _Triage:
