@@ -383,6 +383,22 @@ def test_triage_trips_on_abstain_and_spends_nothing() -> None:
     assert (main.started, human.started) == (0, 0)
 
 
+def test_triage_decides_once_per_run_with_a_session(tmp_path: Path) -> None:
+    from agents import SQLiteSession
+
+    estimator = KeywordEstimator(MARKERS)
+    main = CountingModel("4")
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    triage = capability_triage(Agent(name="helper", model=main), estimator=estimator, log=log)
+    session = SQLiteSession("conversation")
+    for text in ("What is 2 + 2?", "And 3 + 3?"):
+        result = Runner.run_sync(triage, text, session=session)
+        assert result.last_agent.name == "helper"
+    assert estimator.acalls == 2  # one decision per run, though the second saw the history
+    assert len(log.decisions()) == 2
+    assert main.finished == 2
+
+
 def test_streamed_runs_are_gated_and_handed_off_too() -> None:
     async def go(text: str) -> Any:
         main, human, triage = _desk()

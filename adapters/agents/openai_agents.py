@@ -25,18 +25,13 @@ Execution modes (the SDK's ``run_in_parallel``), and their cost:
 
 An estimator that raises, hangs past ``estimate_timeout_s`` (default here
 :data:`DEFAULT_ESTIMATE_TIMEOUT_S`; ``None`` waits forever) or returns an unavailable estimate
-gives a degraded decision that the policy's ``on_degraded`` acts on: never a crash of the run.
-A wrong setting (a target mismatch, no estimator) raises :class:`~capgate.errors.SettingsError`.
-In shadow mode (``mode="shadow"``) nothing trips: the decision is made in a worker thread beside
-the run (it outlives ``Runner.run_sync``'s loop) and logged; ``gate.flush()`` waits for it.
-
-The target is known: the decision records the agent's model (``agent.model``, a name or a model
-object's ``model``), and an estimator of another model's capability is refused as for
-:func:`capgate.guard` unless ``allow_other_target=True`` (recorded in each decision).
-
-Decisions are written to the gate's ``log`` and traced as elsewhere (OpenTelemetry spans under the
-current one); each decision is also a ``capgate.decision`` custom span in the SDK's own trace,
-under the guardrail's span.
+gives a degraded decision that the policy's ``on_degraded`` acts on: never a crash of the run; a
+wrong setting raises :class:`~capgate.errors.SettingsError`. In shadow mode nothing trips: the
+decision is made in a worker thread beside the run and logged (``gate.flush()`` waits for it).
+The decision records the agent's model (:func:`target_of`) as its target, and an estimator of
+another model is refused as for :func:`capgate.guard` unless ``allow_other_target=True``.
+Decisions are logged and traced as elsewhere (OpenTelemetry), and each is a ``capgate.decision``
+custom span under the guardrail's span in the SDK's own trace.
 
 No output guardrail is offered: capgate's estimators predict capability from the *query* (a probe
 on the prompt, verbalized confidence, P(True) to "are you able to answer?"); none scores a given
@@ -60,12 +55,11 @@ Example:
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
+import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Unpack
 
 from agents import (
@@ -73,7 +67,6 @@ from agents import (
     AgentOutputSchemaBase,
     GuardrailFunctionOutput,
     Handoff,
-    InputGuardrail,
     ModelSettings,
     RunContextWrapper,
     Tool,
@@ -81,7 +74,6 @@ from agents import (
 )
 from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
 from agents.models.interface import Model, ModelTracing
-from agents.tracing import custom_span
 from openai.types.responses import (
     Response,
     ResponseCompletedEvent,
@@ -91,12 +83,18 @@ from openai.types.responses import (
 )
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 
-from capgate._types import Decision, Estimate
-from capgate.backend import ChatMessage, Prompt
+from capgate.adapters.agents._agents_sdk import (
+    BLOCKING,
+    DEFAULT_ESTIMATE_TIMEOUT_S,
+    CapabilityCheck,
+    CapabilityGuardrail,
+    Checker,
+    coerce,
+    output,
+    target_of,
+)
 from capgate.errors import SettingsError
 from capgate.gate import Gate, GateOptions, Verdict
-from capgate.gate.flow import Assess, Flow, Record, adrive, drive
-from capgate.messages import content_text, query_hash
 
 __all__ = [
     "DEFAULT_ESTIMATE_TIMEOUT_S",
@@ -107,169 +105,12 @@ __all__ = [
     "target_of",
 ]
 
-DEFAULT_ESTIMATE_TIMEOUT_S = 30.0
-"""The guardrail's deadline on one estimate when none is given: a hung estimator never hangs a run."""
-
 TRIAGE_INSTRUCTIONS = (
     "capgate triage: hands the conversation to the agent predicted capable of it (no model call)."
 )
 """The triage agent's instructions (capgate's decision model does not read them)."""
 
-_BLOCKING = ("abstain", "clarify", "escalate")
-_ERROR_TEXT = 200
-
-
-@dataclass(frozen=True)
-class CapabilityCheck:
-    """What the guardrail found: its ``output_info``.
-
-    Attributes:
-        decision: The gate's decision (in shadow mode: the stand-in ``answer``; the real one is
-            logged when made).
-        message: The text for the user or the human (abstain message, clarifying question,
-            escalation summary) when the decision blocks, else ``None``.
-        handoff: The agent the triage hands the run to, if any.
-    """
-
-    decision: Decision
-    message: str | None = None
-    handoff: str | None = None
-
-    @property
-    def action(self) -> str:
-        """The decision's action."""
-        return self.decision.action
-
-
-@dataclass
-class CapabilityGuardrail(InputGuardrail[Any]):
-    """An ``InputGuardrail`` that knows its :class:`~capgate.Gate` (its stats, log, ``flush``)."""
-
-    gate: Gate | None = None
-
-
-def target_of(agent: Agent[Any]) -> str | None:
-    """The model an agent's calls go to: ``agent.model`` as a name, or a model object's ``model``
-    (``OpenAIChatCompletionsModel``, ``OpenAIResponsesModel``); ``None`` when the run config picks.
-    """
-    model = agent.model
-    if isinstance(model, str):
-        return model or None
-    name = getattr(model, "model", None)
-    return name if isinstance(name, str) and name else None
-
-
-def _item_message(item: Any) -> ChatMessage | None:
-    """A Responses input item as a chat message (``None``: not text, e.g. reasoning)."""
-    get = item.get if isinstance(item, Mapping) else lambda key, default=None: getattr(item, key, default)
-    kind, role = get("type"), get("role")
-    if role is not None:
-        mapped = {"developer": "system"}.get(str(role), str(role))
-        if mapped in ("user", "assistant", "system"):
-            return {"role": mapped, "content": content_text(get("content"), "input")}  # type: ignore[return-value]
-    if kind == "function_call":
-        return {"role": "assistant", "content": f"Proposed tool call: {get('name')}({get('arguments')})"}
-    if kind == "function_call_output":
-        output = get("output")
-        return {
-            "role": "tool",
-            "content": output if isinstance(output, str) else json.dumps(output, default=str),
-        }
-    return None
-
-
-def _run_query(value: str | Sequence[TResponseInputItem]) -> Prompt:
-    """The query of a run's input: the string, or its text items as chat messages."""
-    if isinstance(value, str):
-        return value
-    messages = [m for m in (_item_message(item) for item in value) if m is not None]
-    if not messages:
-        raise SettingsError(f"the run's input has no text message to estimate; got {list(value)!r}")
-    return messages
-
-
-def _failure(gate: Gate, query: Prompt, error: Exception) -> Verdict:
-    """The degraded decision of an estimate that raised (the policy's ``on_degraded``)."""
-    text = str(error)[:_ERROR_TEXT]
-    reason = f"the estimator raised {type(error).__name__}" + (f": {text}" if text else "")
-    method = getattr(gate.settings.estimator, "method", None) or "unknown"
-    return gate.decide_on(query, [Estimate.unavailable(method, reason)], None)
-
-
-def _check_flow(gate: Gate, query: Prompt) -> Flow[Verdict]:
-    try:
-        verdict: Verdict = yield Assess(gate, query)
-    except SettingsError:
-        raise
-    except Exception as exc:  # never the run's failure: a degraded decision naming it
-        verdict = _failure(gate, query, exc)
-    yield Record(gate, verdict)
-    return verdict
-
-
-class _Checker:
-    """The gate, its view per target model, and the decision made on a run's input."""
-
-    def __init__(self, gate: Gate) -> None:
-        self.gate = gate
-        self._views: dict[str | None, Gate] = {}
-
-    def view(self, agent: Agent[Any]) -> Gate:
-        """The gate for ``agent``'s model (its target checked against the estimator's).
-
-        Raises:
-            SettingsError: The gate names another target, or the estimator predicts another model.
-        """
-        target = target_of(agent)
-        if target not in self._views:
-            own = self.gate.settings.target
-            if target is not None and own is not None and own != target:
-                raise SettingsError(
-                    f"the gate's target is {own!r} but agent {agent.name!r} calls {target!r}; "
-                    "drop target= (the agent's model is read) or gate the right agent"
-                )
-            self._views[target] = (
-                self.gate if target in (None, own) else self.gate.with_options(target=target)
-            )
-        return self._views[target]
-
-    async def check(self, agent: Agent[Any], value: str | Sequence[TResponseInputItem]) -> Verdict:
-        gate = self.view(agent)
-        query = _run_query(value)
-        if gate.in_shadow():  # decided in a worker thread: it outlives the run's event loop
-            return drive(_check_flow(gate, query))
-        return await adrive(_check_flow(gate, query))
-
-
-def _traced(verdict: Verdict, tripped: bool, handoff: str | None = None) -> None:
-    d = verdict.decision
-    data = {
-        "decision_id": d.id, "action": d.action, "p": d.estimate.p, "degraded": d.degraded,
-        "reason": d.reason, "target": d.target, "to": d.to, "route": d.route, "shadow": d.shadow,
-        "tripped": tripped, "handoff": handoff,
-    }  # fmt: skip
-    with custom_span("capgate.decision", data=data):
-        pass
-
-
-def _output(gate: Gate, verdict: Verdict, handoff: str | None = None) -> GuardrailFunctionOutput:
-    """The guardrail's output: a blocking action trips the wire unless the run is handed off."""
-    tripped = verdict.action in _BLOCKING and handoff is None
-    message = gate.block(verdict).message if tripped else None
-    _traced(verdict, tripped, handoff)
-    return GuardrailFunctionOutput(CapabilityCheck(verdict.decision, message, handoff), tripped)
-
-
-def _coerce(gate: Gate | None, settings: GateOptions) -> Gate:
-    if gate is None and "estimate_timeout_s" not in settings:
-        settings = {**settings, "estimate_timeout_s": DEFAULT_ESTIMATE_TIMEOUT_S}
-    made = Gate.coerce(gate, **settings)
-    if made.on_block != "return":
-        raise SettingsError(
-            f"`on_block` must be 'return' for the Agents SDK guardrail (a block trips the wire, "
-            f"raising InputGuardrailTripwireTriggered); got {made.on_block!r}"
-        )
-    return made
+_DECISION_LINE = "capgate decision: "
 
 
 def capability_guardrail(
@@ -298,12 +139,12 @@ def capability_guardrail(
     """
     if not isinstance(run_in_parallel, bool):
         raise SettingsError(f"`run_in_parallel` must be True or False; got {run_in_parallel!r}")
-    checker = _Checker(_coerce(gate, settings))
+    checker = Checker(coerce(gate, settings))
 
     async def capgate_guardrail(
         ctx: RunContextWrapper[Any], agent: Agent[Any], value: str | list[TResponseInputItem]
     ) -> GuardrailFunctionOutput:
-        return _output(checker.gate, await checker.check(agent, value))
+        return output(checker.gate, await checker.check(agent, value))
 
     return CapabilityGuardrail(
         capgate_guardrail, name=name, run_in_parallel=run_in_parallel, gate=checker.gate
@@ -348,7 +189,7 @@ class _DecisionModel(Model):
         conversation_id: str | None,
         prompt: ResponsePromptParam | None,
     ) -> ModelResponse:
-        name, message = await self.triage.choose(input)
+        name, message = await self.triage.choose(system_instructions, input)
         if name is None:
             output: Any = _text(message or "")
         else:
@@ -388,16 +229,26 @@ class _DecisionModel(Model):
 class _Triage:
     """The triage's state: the agents it hands to and the decisions its guardrail made."""
 
-    def __init__(self, checker: _Checker, agent: Agent[Any], escalate_to: Mapping[str, Agent[Any]],
+    def __init__(self, checker: Checker, agent: Agent[Any], escalate_to: Mapping[str, Agent[Any]],
                  routes_to: Mapping[str, Agent[Any]]) -> None:  # fmt: skip
         self.checker, self.agent = checker, agent
         self.escalate_to, self.routes_to = dict(escalate_to), dict(routes_to)
-        self._memo: OrderedDict[str, Verdict] = OrderedDict()
+        self._decided: OrderedDict[str, Verdict] = OrderedDict()
+        self._runs: weakref.WeakKeyDictionary[RunContextWrapper[Any], Verdict] = weakref.WeakKeyDictionary()
 
-    def remember(self, verdict: Verdict) -> None:
-        self._memo[query_hash(verdict.query)] = verdict
-        while len(self._memo) > 512:
-            self._memo.popitem(last=False)
+    def remember(self, ctx: RunContextWrapper[Any], verdict: Verdict) -> None:
+        self._runs[ctx] = verdict
+
+    def instructions(self, ctx: RunContextWrapper[Any], _: Agent[Any]) -> str:
+        """The triage's instructions, naming its run's decision (how the model learns it: a
+        model call sees no run context)."""
+        verdict = self._runs.pop(ctx, None)
+        if verdict is None:
+            return TRIAGE_INSTRUCTIONS
+        self._decided[verdict.decision.id] = verdict
+        while len(self._decided) > 512:
+            self._decided.popitem(last=False)
+        return f"{TRIAGE_INSTRUCTIONS}\n{_DECISION_LINE}{verdict.decision.id}"
 
     def destination(self, verdict: Verdict) -> str | None:
         """The agent a verdict hands to (``None``: it blocks)."""
@@ -412,12 +263,14 @@ class _Triage:
                     f"pass routes_to={{name: agent}} (has: {sorted(self.routes_to)})"
                 )
             return self.routes_to[d.route].name
-        return None if d.action in _BLOCKING else self.agent.name
+        return None if d.action in BLOCKING else self.agent.name
 
-    async def choose(self, value: str | list[TResponseInputItem]) -> tuple[str | None, str | None]:
-        """Where the model hands the run: the guardrail's decision on this input (decided again
-        when the model sees another input, e.g. with a session's history)."""
-        verdict = self._memo.pop(query_hash(_run_query(value)), None)
+    async def choose(
+        self, instructions: str | None, value: str | list[TResponseInputItem]
+    ) -> tuple[str | None, str | None]:
+        """Where the model hands the run: its guardrail's decision (made now if there is none)."""
+        _, _, decision_id = (instructions or "").rpartition(_DECISION_LINE)
+        verdict = self._decided.pop(decision_id, None)
         if verdict is None:
             verdict = await self.checker.check(self.agent, value)
         name = self.destination(verdict)
@@ -459,7 +312,7 @@ def capability_triage(
         for key, value in wired.items():
             if not (isinstance(key, str) and key) or not isinstance(value, Agent):
                 raise SettingsError(f"`{label}` must map names to Agents; got {key!r}: {value!r}")
-    checker = _Checker(_coerce(gate, settings))
+    checker = Checker(coerce(gate, settings))
     routes = checker.gate.settings.routes or {}
     missing = sorted(set(routes_to) - set(routes))
     if missing:
@@ -473,9 +326,9 @@ def capability_triage(
         ctx: RunContextWrapper[Any], _: Agent[Any], value: str | list[TResponseInputItem]
     ) -> GuardrailFunctionOutput:
         verdict = await checker.check(agent, value)
-        out = _output(checker.gate, verdict, triage.destination(verdict))
+        out = output(checker.gate, verdict, triage.destination(verdict))
         if not out.tripwire_triggered:
-            triage.remember(verdict)
+            triage.remember(ctx, verdict)
         return out
 
     guard = CapabilityGuardrail(capgate_triage, name="capgate", run_in_parallel=False, gate=checker.gate)
@@ -484,7 +337,7 @@ def capability_triage(
     )
     return Agent(
         name=name or f"{agent.name} triage",
-        instructions=TRIAGE_INSTRUCTIONS,
+        instructions=triage.instructions,
         model=_DecisionModel(triage),
         handoffs=targets,
         input_guardrails=[guard],
