@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 
 _Z = 1.959963984540054  # the 95% normal quantile
 _BOOT = 200  # bootstrap resamples
-_BOOT_MAX = 10_000  # decisions per resample, at most
+_BOOT_MAX = 2_000  # decisions per resample, at most (m-out-of-n beyond, widths rescaled)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ class Dialect:
     integrity: str  # a statement whose one row says "ok" for a sound store
     json_shadow: str  # 1 if decision_json says shadow: true, else 0
     json_target: str  # decision_json's target (NULL if none)
+    same: str  # null-safe equality
 
     def render(self, template: str) -> str:
         """A template with this dialect's words filled in."""
@@ -55,6 +56,7 @@ SQLITE = Dialect(
     "PRAGMA integrity_check",
     "CASE WHEN json_extract(decision_json, '$.shadow') = 1 THEN 1 ELSE 0 END",
     "json_extract(decision_json, '$.target')",
+    "IS",
 )
 POSTGRES = Dialect(
     "DOUBLE PRECISION",
@@ -65,6 +67,7 @@ POSTGRES = Dialect(
     "SELECT 'ok'",
     "CASE WHEN decision_json::jsonb ->> 'shadow' = 'true' THEN 1 ELSE 0 END",
     "decision_json::jsonb ->> 'target'",
+    "IS NOT DISTINCT FROM",
 )
 
 META_TABLE = """CREATE TABLE IF NOT EXISTS capgate_meta (
@@ -132,6 +135,10 @@ _V3 = (
     " SELECT decision_id, 'unspecified', correct, mu_hat, samples_used, latency_s, recorded_at FROM outcomes",
     "DROP TABLE outcomes",
     "ALTER TABLE outcomes_v3 RENAME TO outcomes",
+    # covering indexes of the report (capgate.decision.report): it reads only these columns
+    "CREATE INDEX IF NOT EXISTS decisions_for_report ON decisions (policy, step, tool, target, shadow,"
+    " created_at, action, p, degraded, latency_s, samples_used, id)",
+    "CREATE INDEX IF NOT EXISTS outcomes_values ON outcomes (decision_id, source, correct, mu_hat, score)",
 )
 
 _MIGRATIONS: tuple[Migration, ...] = (

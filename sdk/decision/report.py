@@ -20,12 +20,13 @@ of each outcome's :attr:`~capgate.Outcome.value` (``correct`` as 1/0, else ``mu_
 ``score``). Decisions without an outcome are counted, never guessed. Every rate comes with a 95%
 interval: Wilson's for proportions (for a fractional y the Wilson interval of its mean, which is
 conservative: a variable in [0, 1] varies at most as a 0/1 one with the same mean), a bootstrap
-for the calibration metrics (resamples of at most 10,000 decisions, widths rescaled by
+for the calibration metrics (resamples of at most 2,000 decisions, widths rescaled by
 sqrt(m / n) beyond that). A group with fewer than ``min_outcomes`` outcomes says how many it has
 and gives no outcome-based rate; a rate whose denominator is 0 is ``None``.
 
-The log is read once, only the columns needed (an outcome's y is averaged in SQL), so a window of
-a million decisions is reported in seconds (``bench/report_bench.py``). A candidate policy
+Only the columns needed are read, from covering indexes (the groups and their samples are summed
+in SQL, an outcome's y averaged in SQL), so a window of a million decisions is reported in seconds
+(``bench/report_bench.py``). A candidate policy
 (``policy=``) is replayed on the logged estimates and outcomes by
 :func:`capgate.decision.simulate.replay_policy`, the replay ``capgate simulate`` uses.
 
@@ -207,25 +208,35 @@ def _window_sql(since: datetime | None, until: datetime | None, time: str) -> tu
     return (" WHERE " + " AND ".join(where) if where else ""), params
 
 
-def _read(log: DecisionLog, since: datetime | None, until: datetime | None, source: str | None) -> Any:
-    """The needed columns of the window's decisions, as columns (tuples)."""
+_KEY = ("policy", "step", "tool", "target", "shadow")
+_ACTION_CODE = "CASE d.action " + " ".join(f"WHEN '{a}' THEN {i}" for i, a in enumerate(ACTIONS)) + " END"
+
+
+def _groups_in(log: DecisionLog, window: tuple[str, list[Any]]) -> list[tuple[Any, ...]]:
+    """The window's groups (policy, step, tool, target, shadow) with their samples, from SQL."""
+    where, params = window
+    columns = ", ".join(f"d.{c}" for c in _KEY)
+    sql = f"SELECT {columns}, SUM(d.samples_used) FROM decisions d{where} GROUP BY {columns}"
+    return log.store.read(sql, params)
+
+
+def _rows_of(
+    log: DecisionLog, key: Sequence[Any], window: tuple[str, list[Any]], source: str | None
+) -> NDArray[np.float64]:
+    """One group's decisions as rows of (action code, p, degraded, latency, y): NaN where unknown.
+
+    The decisions are found on their covering index (``decisions_for_report``) and each one's y
+    on the outcomes' (``outcomes_values``), so only these columns are read."""
     dialect = log.store.dialect
-    value = f"COALESCE(CAST(correct AS {dialect.real}), mu_hat, score)"
-    only = " WHERE source = ?" if source is not None else ""
-    outcomes = f"SELECT decision_id, AVG({value}) AS y FROM outcomes{only} GROUP BY decision_id"
-    where, params = _window_sql(since, until, dialect.time)
-    sql = (
-        "SELECT d.policy, d.step, d.tool, d.target, d.shadow, d.action, d.p, d.degraded, d.samples_used,"
-        f" d.latency_s, o.y FROM decisions d LEFT JOIN ({outcomes}) o ON o.decision_id = d.id{where}"
-    )
-    rows = log.store.read(sql, ([source] if source is not None else []) + params)
-    if not rows:
-        return None
-    return list(zip(*rows, strict=True))
-
-
-def _floats(column: Sequence[Any]) -> NDArray[np.float64]:
-    return np.array(column, dtype=np.float64)  # None becomes NaN
+    value = f"COALESCE(CAST(o.correct AS {dialect.real}), o.mu_hat, o.score)"
+    only = " AND o.source = ?" if source is not None else ""
+    y = f"(SELECT AVG({value}) FROM outcomes o WHERE o.decision_id = d.id{only})"
+    where, params = window
+    match = " AND ".join(f"d.{c} {dialect.same} ?" for c in _KEY)
+    where = f" WHERE {match}" + (where.replace(" WHERE ", " AND ", 1) if where else "")
+    sql = f"SELECT {_ACTION_CODE}, d.p, d.degraded, d.latency_s, {y} FROM decisions d{where}"
+    rows = log.store.read(sql, ([source] if source is not None else []) + list(key) + params)
+    return np.array(rows, dtype=np.float64).reshape(len(rows), 5)  # None becomes NaN
 
 
 def _group(
@@ -233,7 +244,7 @@ def _group(
     actions: NDArray[np.int64],
     p: NDArray[np.float64],
     degraded: NDArray[np.bool_],
-    samples: NDArray[np.float64],
+    samples: int,
     latency: NDArray[np.float64],
     y: NDArray[np.float64],
     *,
@@ -310,7 +321,7 @@ def _group(
         escalation_outcomes=int(esc_y.size),
         escalation_accuracy=wilson(float(esc_y.sum()), int(esc_y.size)) if enough else None,
         routed=counts["route"],
-        samples=int(np.nansum(samples)),
+        samples=samples,
         latency_n=int(lat.size),
         latency_p50_s=p50,
         latency_p95_s=p95,
@@ -358,40 +369,26 @@ def gate_report(
         from capgate.policies import Policy, load_policy
 
         candidate = policy if isinstance(policy, Policy) else load_policy(policy)
-    columns = _read(log, since, until, source)
+    window = _window_sql(since, until, log.store.dialect.time)
+    rng = np.random.default_rng(seed)
     groups: list[GroupReport] = []
-    if columns is not None:
-        policies, steps, tools, targets, shadows, actions, p, degraded, samples, latency, y = columns
-        index: dict[tuple[Any, ...], int] = {}
-        codes = np.fromiter(
-            (
-                index.setdefault(k, len(index))
-                for k in zip(policies, steps, tools, targets, shadows, strict=True)
-            ),
-            dtype=np.int64,
-            count=len(policies),
-        )
-        action_index = {a: i for i, a in enumerate(ACTIONS)}
-        action_codes = np.fromiter((action_index[a] for a in actions), dtype=np.int64, count=len(actions))
-        arrays = (_floats(p), np.array(degraded, dtype=bool), _floats(samples), _floats(latency), _floats(y))
-        rng = np.random.default_rng(seed)
-        for key, code in index.items():
-            mask = codes == code
-            p_g, degraded_g, samples_g, latency_g, y_g = (a[mask] for a in arrays)
-            groups.append(
-                _group(
-                    (key[0], key[1], key[2], key[3], bool(key[4])),
-                    action_codes[mask],
-                    p_g,
-                    degraded_g,
-                    samples_g,
-                    latency_g,
-                    y_g,
-                    min_outcomes=min_outcomes,
-                    candidate=candidate,
-                    rng=rng,
-                )
+    for *key, samples in _groups_in(log, window):
+        rows = _rows_of(log, key, window, source)
+        policy_name, step, tool, target, shadow = key
+        groups.append(
+            _group(
+                (policy_name, step, tool, target, bool(shadow)),
+                rows[:, 0].astype(np.int64),
+                rows[:, 1],
+                rows[:, 2] == 1.0,
+                int(samples or 0),
+                rows[:, 3],
+                rows[:, 4],
+                min_outcomes=min_outcomes,
+                candidate=candidate,
+                rng=rng,
             )
+        )
     groups.sort(key=lambda g: (-g.decisions, g.label))
     return GateReport(
         location=log.location,
