@@ -174,6 +174,7 @@ def test_answer_passes_in_both_modes(parallel: bool) -> None:
     (check,) = (r.output.output_info for r in result.input_guardrail_results)
     assert check.action == "answer"
     assert check.message is None
+    assert (check.decision.speculation is not None) == parallel
     assert check.decision.target == "counting-model"  # the agent's model, read from it
     assert model.finished == 1
     assert guard.gate is not None
@@ -199,7 +200,10 @@ def test_parallel_abstain_trips_while_the_model_runs_and_cancels_it() -> None:
     agent = Agent(name="helper", model=model, input_guardrails=[guard])
     with pytest.raises(InputGuardrailTripwireTriggered) as caught:
         asyncio.run(Runner.run(agent, "LOW: next week's lottery numbers?"))
-    assert tripped(caught.value).action == "abstain"
+    decision = tripped(caught.value).decision
+    assert decision.action == "abstain"
+    assert decision.speculation is not None
+    assert decision.speculation.discarded  # recorded as speculative gating is elsewhere
     assert model.started == 1  # speculative: the call had started (and its tokens may be spent)
     assert model.finished == 0  # the SDK cancelled it when the wire tripped
 

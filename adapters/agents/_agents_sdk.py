@@ -13,7 +13,7 @@ from agents import Agent, GuardrailFunctionOutput, InputGuardrail
 from agents.items import TResponseInputItem
 from agents.tracing import custom_span
 
-from capgate._types import Decision, Estimate
+from capgate._types import Decision, Estimate, Speculation
 from capgate.backend import ChatMessage, Prompt
 from capgate.errors import SettingsError
 from capgate.gate import Gate, GateOptions, Verdict
@@ -116,13 +116,19 @@ def failure(gate: Gate, query: Prompt, error: Exception) -> Verdict:
     return gate.decide_on(query, [Estimate.unavailable(method, reason)], None)
 
 
-def check_flow(gate: Gate, query: Prompt) -> Flow[Verdict]:
+def check_flow(gate: Gate, query: Prompt, *, parallel: bool = False) -> Flow[Verdict]:
+    """Decide on a run's input and log it; ``parallel``: the model call started with the estimate
+    (the decision records the speculation: discarded when it trips)."""
     try:
         verdict: Verdict = yield Assess(gate, query)
     except SettingsError:
         raise
     except Exception as exc:  # never the run's failure: a degraded decision naming it
         verdict = failure(gate, query, exc)
+    if parallel and verdict.pending is None:
+        speculation = Speculation(discarded=verdict.action in BLOCKING)
+        decision = verdict.decision.model_copy(update={"speculation": speculation})
+        verdict = Verdict(decision=decision, query=verdict.query)
     yield Record(gate, verdict)
     return verdict
 
@@ -153,12 +159,14 @@ class Checker:
             )
         return self._views[target]
 
-    async def check(self, agent: Agent[Any], value: str | Sequence[TResponseInputItem]) -> Verdict:
+    async def check(
+        self, agent: Agent[Any], value: str | Sequence[TResponseInputItem], *, parallel: bool = False
+    ) -> Verdict:
         gate = self.view(agent)
         query = run_query(value)
         if gate.in_shadow():  # decided in a worker thread: it outlives the run's event loop
             return drive(check_flow(gate, query))
-        return await adrive(check_flow(gate, query))
+        return await adrive(check_flow(gate, query, parallel=parallel))
 
 
 def traced(verdict: Verdict, tripped: bool, handoff: str | None = None) -> None:

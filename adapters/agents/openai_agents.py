@@ -19,7 +19,8 @@ Execution modes (the SDK's ``run_in_parallel``), and their cost:
 * ``run_in_parallel=True`` (the SDK default): the model call starts while capgate estimates, so
   gating adds no latency to an answered run; a tripped run has spent the model's tokens (the SDK
   cancels the call when the wire trips, but a hosted model bills what it generated). This is
-  capgate's speculative gating (``speculative=True`` elsewhere) in the SDK's own terms.
+  capgate's speculative gating (``speculative=True`` elsewhere) in the SDK's own terms, and the
+  decision records it (``speculation``, ``discarded`` when the wire trips).
 * ``run_in_parallel=False``: the estimate runs first; a tripped run spends nothing on the model,
   every run waits for the estimate. The triage agent always decides first.
 
@@ -144,7 +145,7 @@ def capability_guardrail(
     async def capgate_guardrail(
         ctx: RunContextWrapper[Any], agent: Agent[Any], value: str | list[TResponseInputItem]
     ) -> GuardrailFunctionOutput:
-        return output(checker.gate, await checker.check(agent, value))
+        return output(checker.gate, await checker.check(agent, value, parallel=run_in_parallel))
 
     return CapabilityGuardrail(
         capgate_guardrail, name=name, run_in_parallel=run_in_parallel, gate=checker.gate
