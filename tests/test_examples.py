@@ -99,6 +99,25 @@ def test_langchain_middleware() -> None:
 
 
 @pytest.mark.slow
+def test_shadow_rollout_reports_ungated_against_would_be_gated(tmp_path: Path) -> None:
+    from capgate.decision import DecisionLog, gate_report
+
+    db = tmp_path / "log.sqlite3"
+    out = run("shadow_rollout.py", "--db", str(db))
+    assert "asked 24 held-out questions in shadow mode; 24 outcomes attached" in out
+    assert "actions taken: {'answer': 24}" in out  # shadow mode never blocks
+    with DecisionLog(db) as log:
+        rows = log.decisions()
+        (group,) = gate_report(log, min_outcomes=20).groups
+    assert len(rows) == 24
+    assert all(r.decision.shadow and r.outcome is not None and r.outcome.source == "grader" for r in rows)
+    assert f"ungated accuracy:         {group.accuracy_all}" in out
+    assert f"would-be gated accuracy:  {group.accuracy_gated}" in out
+    assert f"would-be coverage:        {group.coverage}" in out
+    assert "(had we enforced)" in out
+
+
+@pytest.mark.slow
 def test_calibrate_your_model_runs_the_whole_workflow(tmp_path: Path) -> None:
     out = run("calibrate_your_model.py", "--questions", "16", "-k", "2", "--work", str(tmp_path))
     for command in ("capgate harvest", "capgate probe featurize", "capgate probe fit", "capgate probe eval",

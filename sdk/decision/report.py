@@ -81,6 +81,8 @@ class GroupReport:
 
     Counts of outcomes (``wrong_stopped``, ``right_stopped``) are outcome mass: the sum of
     1 - y and of y over the stopped decisions with an outcome (whole counts for binary outcomes).
+    ``p`` and ``y`` hold the estimates (NaN when unavailable) and outcomes of the decisions with
+    an outcome (for the plots).
     """
 
     policy: str | None
