@@ -192,13 +192,13 @@ class _DecisionModel(Model):
     ) -> ModelResponse:
         name, message = await self.triage.choose(system_instructions, input)
         if name is None:
-            output: Any = _text(message or "")
+            item: Any = _text(message or "")
         else:
             by_agent = {h.agent_name: h.tool_name for h in handoffs}
             if name not in by_agent:
                 raise SettingsError(f"the triage agent has no handoff to {name!r}; it has {sorted(by_agent)}")
-            output = _handoff_call(by_agent[name])
-        return ModelResponse(output=[output], usage=Usage(), response_id=None)
+            item = _handoff_call(by_agent[name])
+        return ModelResponse(output=[item], usage=Usage(), response_id=None)
 
     async def stream_response(
         self,
