@@ -1,10 +1,26 @@
-"""``capgate demo``: a small gated agent on the embedded model, end to end, offline.
+"""``capgate demo``, live part: a small gated agent on the embedded model, end to end, offline.
 
 The demo loads the embedded SmolLM2-135M-Instruct and the probe shipped for it, wraps a plain
-"ask the model" function with :func:`capgate.guard`, runs it over real held-out questions (the
-probe never saw them in training), and reports each decision and a final table: accuracy among
-answered questions, coverage, samples spent, and the probe's calibration against µ̂ measured
-from 20 or 40 sampled answers per question.
+"ask the model once" function with :func:`capgate.guard` under the ``demo-smollm2`` policy, and
+runs it over real held-out questions (the probe never saw them in training). For each question it
+also records what the *ungated* agent (the same function, called once, no gate) answers, so the
+run ends with the comparison :func:`capgate.demo_compare.compare` computes: without the gate
+(answer everything) against with the gate.
+
+**Which questions.** The shipped labels' held-out split (``sdk/assets/default_split.json``,
+356 questions from basic_arithmetic, GSM8K, TriviaQA, ARC and MMLU) has a measured capability µ̂
+for each question (the share of its 20 or 40 sampled answers graded correct). Most of them are
+beyond a 135M model (µ̂ = 0 on 57%), so a plain random draw gives the gate almost nothing to
+decide. :func:`demo_questions` therefore draws evenly from four strata of µ̂ (:data:`STRATA`:
+µ̂ = 0, 0 < µ̂ < 0.2, 0.2 <= µ̂ < 0.5, µ̂ >= 0.5), seeded, taking from the next stratum where one
+runs out; ``n`` up to the whole split returns every held-out question. The mix is richer in
+answerable questions than the split, so the rates describe the drawn questions, not the split.
+
+**The ungated answer** is the function's first sample with the same seed the gated call's first
+sample uses: the gated call of a question the policy answers returns exactly that text, so the
+demo generates it once and hands it to the gated call (a resample draws its further samples
+live). Time is counted as if both ran: the ungated agent spends the first sample's time, the
+gated one its own call's time plus that sample's when it used it.
 """
 
 from __future__ import annotations
@@ -12,25 +28,35 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capgate._types import LabelledQuery
-from capgate.backend import Backend
 from capgate.datasets import DatasetItem
+from capgate.demo_compare import Comparison, compare
 from capgate.labels import iter_labelled
 from capgate.policies import load_policy
 
+if TYPE_CHECKING:
+    from capgate.backend import Backend
+    from capgate.policies import Policy
+
 __all__ = [
     "DEMO_POLICY",
+    "STRATA",
     "DemoQuestion",
     "DemoReport",
     "DemoRow",
+    "demo_header",
     "demo_questions",
+    "describe_policy",
+    "held_out_size",
     "labelled_item",
+    "question_source",
     "run_demo",
 ]
 
@@ -39,15 +65,29 @@ DEMO_POLICY = "demo-smollm2"
 its edges sit at the 71st and 94th percentiles of the shipped probe's predictions on the *training*
 split, never chosen from the demo questions)."""
 
+STRATA: tuple[tuple[str, float, float], ...] = (
+    ("µ̂ = 0", 0.0, 0.0),
+    ("0 < µ̂ < 0.2", 0.0, 0.2),
+    ("0.2 <= µ̂ < 0.5", 0.2, 0.5),
+    ("µ̂ >= 0.5", 0.5, 1.0),
+)
+"""The strata of measured µ̂ the questions are drawn from evenly: (name, lower, upper); the first
+holds µ̂ = 0 exactly, the others ``lower <= µ̂ < upper`` (the last includes 1; the second
+excludes 0)."""
+
+MODEL_NAME = "SmolLM2-135M-Instruct (embedded)"
+
 
 @dataclass(frozen=True)
 class DemoQuestion:
-    """A held-out question with its prompt and measured capability."""
+    """A held-out question with its prompt, measured capability, source and stratum."""
 
     item: DatasetItem
     prompt: str
     k: int
     correct: int
+    source: str = ""
+    stratum: str = ""
 
     @property
     def mu_hat(self) -> float:
@@ -57,46 +97,77 @@ class DemoQuestion:
 
 @dataclass(frozen=True)
 class DemoRow:
-    """What happened to one question."""
+    """What happened to one question, with and without the gate.
+
+    Attributes:
+        question: The question.
+        p: The probe's estimate (``None`` when unavailable).
+        action: The policy's action.
+        answer: The gated agent's extracted answer, ``None`` when the gate stopped the call.
+        correct: Whether that answer is right (``None`` when stopped).
+        samples: Calls of the model the gated agent made.
+        message: The gate's message when it stopped the call.
+        text: The gated agent's raw response.
+        ungated_answer: The ungated agent's extracted answer (``None``: no answer found).
+        ungated_correct: Whether the ungated agent was right.
+        ungated_text: The ungated agent's raw response.
+        ungated_seconds: Time the ungated agent spent (one sample).
+        gated_seconds: Time the gated agent spent (estimate, samples).
+    """
 
     question: DemoQuestion
     p: float | None
     action: str
-    answer: str | None  # the extracted, normalized answer
+    answer: str | None
     correct: bool | None
     samples: int
     message: str | None
     text: str | None = None
+    ungated_answer: str | None = None
+    ungated_correct: bool = False
+    ungated_text: str = ""
+    ungated_seconds: float = 0.0
+    gated_seconds: float = 0.0
+
+    @property
+    def answered(self) -> bool:
+        """Whether the gated agent returned an answer (``answer``, or a resample that found one)."""
+        return self.correct is not None
 
 
 @dataclass
 class DemoReport:
-    """The whole run."""
+    """The whole live run."""
 
     rows: list[DemoRow] = field(default_factory=list)
     seconds: float = 0.0
+    header: str = ""
+    policy: str = DEMO_POLICY
+    seed: int = 0
+
+    def comparison(self) -> Comparison:
+        """Without the gate against with the gate, over these rows (:func:`capgate.demo_compare.compare`)."""
+        return compare(self.rows)
 
     def summary(self) -> dict[str, float]:
-        """Coverage, accuracy among answered, samples spent, calibration on the demo questions."""
+        """Calibration of the probe on the demo questions: mean p, mean µ̂, capability Brier, AUROC."""
         from capgate.metrics import auroc, capability_brier
 
-        answered = [r for r in self.rows if r.answer is not None]
         scored = [r for r in self.rows if r.p is not None]
         p = [r.p for r in scored if r.p is not None]
         mu = [r.question.mu_hat for r in scored]
         out = {
             "questions": float(len(self.rows)),
-            "coverage": len(answered) / len(self.rows) if self.rows else float("nan"),
-            "accuracy_answered": (
-                sum(bool(r.correct) for r in answered) / len(answered) if answered else float("nan")
-            ),
-            "samples": float(sum(r.samples for r in self.rows)),
+            "estimates": float(len(p)),
             "mean_mu_hat": sum(mu) / len(mu) if mu else float("nan"),
             "mean_p": sum(p) / len(p) if p else float("nan"),
         }
         if p:
             out["capability_brier"] = capability_brier(p, mu)
-            out["auroc"] = auroc(p, [r.question.correct for r in scored], k=[r.question.k for r in scored])
+            correct = [r.question.correct for r in scored]
+            k = [r.question.k for r in scored]
+            if 0 < sum(correct) < sum(k):
+                out["auroc"] = auroc(p, correct, k=k)
         return out
 
 
@@ -104,24 +175,74 @@ def _asset(name: str) -> Path:
     return Path(str(resources.files("capgate.assets") / name))
 
 
-def demo_questions(n: int, *, seed: int = 0) -> list[DemoQuestion]:
-    """``n`` held-out questions from the shipped labels, drawn across the datasets (seeded)."""
+def question_source(record: LabelledQuery) -> str:
+    """The benchmark a shipped label record comes from, read from its id and kind.
+
+    The shipped labels were harvested from basic_arithmetic, GSM8K, TriviaQA, ARC (Easy and
+    Challenge) and MMLU (``bench/probe_smollm2.py``, ``bench/default_probe_v2.py``): numeric items
+    are GSM8K (ids ``gsm...``) or basic_arithmetic, alias items TriviaQA, choice items MMLU (ids
+    ``mmlu_...``) or ARC.
+    """
+    kind = (record.model_extra or {}).get("kind", "alias")
+    if kind == "numeric":
+        return "GSM8K" if record.id.startswith("gsm") else "basic_arithmetic"
+    if kind == "choice":
+        return "MMLU" if record.id.startswith("mmlu_") else "ARC"
+    return "TriviaQA"
+
+
+def _held_out() -> list[LabelledQuery]:
     split = json.loads(_asset("default_split.json").read_text(encoding="utf-8"))
     held_out = set(split["test"])
-    records: list[LabelledQuery] = [
-        r for _, r in iter_labelled(_asset("default_labels.jsonl")) if r.id in held_out
-    ]
-    random.Random(seed).shuffle(records)
-    chosen = records[:n]
-    questions = []
-    for record in chosen:
-        extra: dict[str, Any] = record.model_extra or {}
-        questions.append(
-            DemoQuestion(
-                item=labelled_item(record), prompt=str(extra["prompt"]), k=record.k, correct=record.correct
-            )
+    return [r for _, r in iter_labelled(_asset("default_labels.jsonl")) if r.id in held_out]
+
+
+def held_out_size() -> int:
+    """How many questions the held-out split has (the most ``--questions`` can ask for)."""
+    return len(_held_out())
+
+
+def _stratum(mu_hat: float) -> str:
+    if mu_hat == 0.0:
+        return STRATA[0][0]
+    for name, lower, upper in STRATA[1:]:
+        if lower <= mu_hat < upper or (upper == 1.0 and mu_hat == 1.0):
+            return name
+    raise ValueError(f"µ̂ must be in [0, 1]; got {mu_hat}")  # pragma: no cover - labels are checked
+
+
+def demo_questions(n: int, *, seed: int = 0) -> list[DemoQuestion]:
+    """``n`` held-out questions drawn evenly from the strata of measured µ̂ (seeded; see the module).
+
+    Raises:
+        ValueError: ``n`` is not between 1 and the held-out split's size.
+    """
+    records = _held_out()
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(records):
+        raise ValueError(f"`n` must be an integer from 1 to {len(records)} (the held-out split); got {n!r}")
+    rng = random.Random(seed)
+    pools: dict[str, list[LabelledQuery]] = {name: [] for name, _, _ in STRATA}
+    for record in sorted(records, key=lambda r: r.id):
+        pools[_stratum(record.correct / record.k)].append(record)
+    for pool in pools.values():
+        rng.shuffle(pool)
+    chosen: list[tuple[str, LabelledQuery]] = []
+    while len(chosen) < n:  # round robin over the strata that still have questions
+        for name, pool in pools.items():
+            if pool and len(chosen) < n:
+                chosen.append((name, pool.pop()))
+    rng.shuffle(chosen)
+    return [
+        DemoQuestion(
+            item=labelled_item(record),
+            prompt=str((record.model_extra or {})["prompt"]),
+            k=record.k,
+            correct=record.correct,
+            source=question_source(record),
+            stratum=name,
         )
-    return questions
+        for name, record in chosen
+    ]
 
 
 def labelled_item(record: LabelledQuery) -> DatasetItem:
@@ -140,18 +261,81 @@ def labelled_item(record: LabelledQuery) -> DatasetItem:
     )
 
 
-def _counting_ask(backend: Backend, seed: int) -> tuple[Callable[[str], str], list[int]]:
-    """A plain "ask the model once" function, and a counter of its calls (the samples spent)."""
+def describe_policy(policy: Policy) -> str:
+    """The policy's bands in words, from the loaded policy (never a literal).
+
+    Example:
+        >>> print(describe_policy(load_policy("demo-smollm2")).replace("; ", "\\n"))
+        abstain p < 0.13
+        resample (CAS, <= 6 samples) 0.13 <= p < 0.26
+        answer p >= 0.26
+        no estimate: abstain
+    """
+    rule = policy.rule()
+    parts = []
+    last = len(rule.bands) - 1
+    for i, (band, (lower, upper)) in enumerate(zip(rule.bands, rule.edges, strict=True)):
+        what: str = band.action
+        if band.action == "resample":
+            what = f"resample (CAS, <= {band.max_samples} samples)"
+        if lower <= 0.0:
+            where = f"p < {upper:g}" if i < last else "any p"
+        elif i == last:
+            where = f"p >= {lower:g}"
+        else:
+            where = f"{lower:g} <= p < {upper:g}"
+        parts.append(f"{what} {where}")
+    parts.append(f"no estimate: {rule.on_degraded.action}")
+    return "; ".join(parts)
+
+
+def demo_header(policy: Policy, questions: Sequence[DemoQuestion], *, seed: int) -> str:
+    """The live part's header: model, policy (from the loaded policy), where the questions come from."""
+    sources = Counter(q.source for q in questions)
+    strata = Counter(q.stratum for q in questions)
+    ks = sorted({q.k for q in questions})
+    return "\n".join(
+        [
+            f"LIVE: {MODEL_NAME} + its shipped capability probe, answering now on this machine.",
+            f"Policy '{policy.name}': {describe_policy(policy)}.",
+            f"Questions: {len(questions)} held-out (never seen by the probe's fit) from "
+            + ", ".join(f"{name} {count}" for name, count in sorted(sources.items()))
+            + f"; drawn evenly over measured µ̂ (seed {seed}): "
+            + ", ".join(f"{name}: {strata[name]}" for name, _, _ in STRATA if strata[name])
+            + f"; µ̂ = share of {' or '.join(map(str, ks))} sampled answers graded correct.",
+        ]
+    )
+
+
+def _counting_ask(
+    backend: Backend, seed: int, first: str | None = None
+) -> tuple[Callable[[str], str], list[int]]:
+    """A plain "ask the model once" function, and a counter of its calls (the samples spent).
+
+    Call ``i`` samples with seed ``seed * 1000 + i``; ``first``, when given, is the text call 1
+    generates (produced earlier with the same seed) and is returned without generating it again.
+    """
     from capgate.backend import SamplingParams
 
     calls = [0]
 
     def ask(prompt: str) -> str:
         calls[0] += 1
+        if calls[0] == 1 and first is not None:
+            return first
         params = SamplingParams(n=1, temperature=0.7, max_tokens=24, seed=seed * 1000 + calls[0])
         return backend.generate([prompt], params)[0][0].text
 
     return ask, calls
+
+
+def _warm_up(backend: Backend, estimator: Any, prompt: str) -> None:
+    """One short generation and one estimate before the clock starts, so that loading the weights
+    and the first call's set-up are not counted as the first question's time."""
+    from capgate.backend import SamplingParams
+
+    backend.generate([prompt], SamplingParams(n=1, max_tokens=1, seed=0))
+    estimator.estimate_one(prompt)
 
 
 def run_demo(
@@ -159,13 +343,18 @@ def run_demo(
     n_questions: int = 12,
     seed: int = 0,
     on_row: Callable[[int, DemoRow], None] | None = None,
+    on_start: Callable[[str], None] | None = None,
 ) -> DemoReport:
-    """Run the gated agent over ``n_questions`` held-out questions.
+    """Run the ungated and the gated agent over ``n_questions`` held-out questions.
 
     Args:
-        n_questions: How many questions.
+        n_questions: How many questions (1 to :func:`held_out_size`).
         seed: Seed of the question draw and of sampling.
         on_row: Called after each question with its index and row (progress, printing).
+        on_start: Called with the header once the questions are drawn (before the model loads).
+
+    Raises:
+        ValueError: ``n_questions`` out of range.
     """
     from capgate import guard
     from capgate.adapters.backends.transformers import load_backend
@@ -174,32 +363,53 @@ def run_demo(
     from capgate.loading import load_estimator
 
     policy = load_policy(DEMO_POLICY)
+    questions = demo_questions(n_questions, seed=seed)
+    report = DemoReport(header=demo_header(policy, questions, seed=seed), policy=policy.name, seed=seed)
+    if on_start is not None:
+        on_start(report.header)
     estimator = load_estimator("default", device="cpu")
     backend = load_backend("default", device="cpu")
-    report = DemoReport()
+    _warm_up(backend, estimator, questions[0].prompt)
     start = time.perf_counter()
-    for index, question in enumerate(demo_questions(n_questions, seed=seed)):
+    for index, question in enumerate(questions):
         grader = grader_for(question.item)
-        ask, calls = _counting_ask(backend, seed)
+        plain, _ = _counting_ask(backend, seed)
+        began = time.perf_counter()
+        ungated_text = plain(question.prompt)
+        ungated_seconds = time.perf_counter() - began
+        ungated = grader.judge(ungated_text, question.item)
+        ask, calls = _counting_ask(backend, seed, first=ungated_text)
         gated_ask = guard(policy=policy, estimator=estimator, extract=grader.extract)(ask)
+        began = time.perf_counter()
         result = gated_ask(question.prompt)
+        gated_seconds = time.perf_counter() - began + (ungated_seconds if calls[0] >= 1 else 0.0)
         decision = gated_ask.stats.last_decision
-        assert decision is not None
+        if decision is None:  # pragma: no cover - a guarded call always decides
+            raise RuntimeError("the guarded call recorded no decision")
+        common: dict[str, Any] = {
+            "ungated_answer": ungated.answer,
+            "ungated_correct": ungated.correct,
+            "ungated_text": ungated_text.strip(),
+            "ungated_seconds": ungated_seconds,
+            "gated_seconds": gated_seconds,
+        }
         if isinstance(result, Gated):
             row = DemoRow(
-                question, decision.estimate.p, decision.action, None, None, calls[0], result.message
+                question, decision.estimate.p, decision.action, None, None, calls[0], result.message, **common
             )
         else:
             judgement = grader.judge(result, question.item)
+            answer = judgement.answer if judgement.answer is not None else "(no answer found)"
             row = DemoRow(
                 question,
                 decision.estimate.p,
                 decision.action,
-                judgement.answer if judgement.answer is not None else "(no answer found)",
+                answer,
                 judgement.correct,
                 calls[0],
                 None,
                 text=result.strip(),
+                **common,
             )
         report.rows.append(row)
         if on_row is not None:

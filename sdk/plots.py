@@ -1,14 +1,29 @@
-"""Reliability-diagram plots (needs the ``plots`` extra: matplotlib)."""
+"""Reliability-diagram and risk–coverage plots (needs the ``plots`` extra: matplotlib)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from capgate._validate import as_probabilities, same_length
 from capgate.metrics import ReliabilityDiagram
 
-__all__ = ["plot_reliability"]
+__all__ = ["plot_reliability", "plot_risk_coverage"]
+
+
+def _pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, imported when a plot is drawn."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError("plotting needs matplotlib: pip install 'capgate[plots]'") from exc
+    return plt
 
 
 def plot_reliability(diagram: ReliabilityDiagram, path: str | Path, *, title: str = "") -> Path:
@@ -20,14 +35,7 @@ def plot_reliability(diagram: ReliabilityDiagram, path: str | Path, *, title: st
     Returns:
         The written path.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError("plotting needs matplotlib: pip install 'capgate[plots]'") from exc
-
+    plt = _pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     filled = diagram.counts > 0
@@ -61,6 +69,58 @@ def plot_reliability(diagram: ReliabilityDiagram, path: str | Path, *, title: st
     bottom.bar(centers[filled], diagram.counts[filled], width=width * 0.9, color="grey")
     bottom.set_xlabel("predicted capability p")
     bottom.set_ylabel("queries")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_risk_coverage(
+    p: ArrayLike,
+    mu: ArrayLike,
+    path: str | Path,
+    *,
+    threshold: float | None = None,
+    target: float | None = None,
+    title: str = "",
+) -> Path:
+    """Draw the risk–coverage curve of answering the queries with p >= t, for every t, to a PNG file.
+
+    Queries are answered from the most to the least confident: at coverage i / N the risk is the
+    mean 1 - µ̂ of the i answered (the chance a sampled answer is wrong). ``threshold`` marks the
+    point a policy answers at; ``target`` draws the allowed risk.
+
+    Returns:
+        The written path.
+    """
+    plt = _pyplot()
+    pa, ma = as_probabilities("p", p), as_probabilities("mu", mu)
+    if same_length(p=pa, mu=ma) == 0:
+        raise ValueError("`p` and `mu` must not be empty")
+    order = np.argsort(-pa, kind="stable")
+    answered = np.arange(1, pa.size + 1)
+    coverage = answered / pa.size
+    risk = np.cumsum(1.0 - ma[order]) / answered
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(figsize=(5, 4))
+    axes.plot(coverage, risk, color="black", label="answer the most confident")
+    axes.scatter([1.0], [risk[-1]], color="grey", zorder=3, label="answer everything")
+    if target is not None:
+        axes.axhline(target, linestyle="--", color="red", label=f"allowed risk {target:g}")
+    if threshold is not None:
+        n_answered = int((pa >= threshold).sum())
+        if n_answered:
+            axes.scatter(
+                [coverage[n_answered - 1]], [risk[n_answered - 1]], color="red", zorder=4,
+                label=f"policy: answer p >= {threshold:g}",
+            )  # fmt: skip
+    axes.set_xlabel("coverage (share answered)")
+    axes.set_ylabel("risk (1 - mean µ̂ of answered)")
+    axes.set_xlim(0, 1.02)
+    axes.set_ylim(0, max(float(risk.max()) * 1.1, (target or 0.0) * 1.2, 0.05))
+    axes.set_title(title or "risk–coverage")
+    axes.legend(loc="upper left", fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

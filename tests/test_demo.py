@@ -1,16 +1,44 @@
-"""`capgate demo`, the README's main job, end to end on the embedded model (no mocks)."""
+"""`capgate demo`, the README's main job: the question draw, the header, the comparison against a
+hand count, the replay of the shipped MATH-500 file, ``--json`` and ``--plot``; end to end on the
+embedded model (slow, no mocks)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+from typer.testing import CliRunner
 
-from capgate.demo import DEMO_POLICY, demo_questions
+from capgate.cli import app
+from capgate.demo import (
+    DEMO_POLICY,
+    STRATA,
+    DemoQuestion,
+    demo_header,
+    demo_questions,
+    describe_policy,
+    held_out_size,
+    question_source,
+)
+from capgate.demo_compare import Comparison, compare
+from capgate.demo_replay import REPLAY_CONFIDENCE, REPLAY_DATA, replay_math500
+from capgate.labels import iter_labelled, read_labelled
 from capgate.policies import load_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = ROOT / "sdk" / "assets"
+
+
+# --------------------------------------------------------------------------- the questions
 
 
 def test_demo_policy_is_valid_and_questions_are_held_out() -> None:
@@ -20,17 +48,375 @@ def test_demo_policy_is_valid_and_questions_are_held_out() -> None:
     assert len(questions) == 5
     assert len({q.item.id for q in questions}) == 5
     assert all(0.0 <= q.mu_hat <= 1.0 and q.prompt for q in questions)
+    held_out = set(json.loads((ASSETS / "default_split.json").read_text(encoding="utf-8"))["test"])
+    assert {q.item.id for q in demo_questions(40, seed=3)} <= held_out
+
+
+def _in_stratum(question: DemoQuestion) -> bool:
+    bounds = {name: (lower, upper) for name, lower, upper in STRATA}
+    lower, upper = bounds[question.stratum]
+    mu = question.mu_hat
+    if question.stratum == STRATA[0][0]:
+        return bool(mu == 0.0)
+    return bool(mu > 0.0 and (lower <= mu < upper or (upper == 1.0 and mu == 1.0)))
+
+
+def test_questions_are_stratified_over_mu_hat_and_seeded() -> None:
+    questions = demo_questions(12, seed=0)
+    assert Counter(q.stratum for q in questions) == {name: 3 for name, _, _ in STRATA}
+    assert all(_in_stratum(q) for q in questions)
+    assert [q.item.id for q in demo_questions(12, seed=0)] == [q.item.id for q in questions]
+    assert [q.item.id for q in demo_questions(12, seed=1)] != [q.item.id for q in questions]
+    # a stratum that runs out hands its share to the others; the whole split is every question
+    size = held_out_size()
+    assert size == 356
+    everything = demo_questions(size, seed=0)
+    assert len({q.item.id for q in everything}) == size
+    assert all(_in_stratum(q) for q in everything)
+    top = STRATA[-1][0]
+    n_top = sum(q.stratum == top for q in everything)
+    drawn = Counter(q.stratum for q in demo_questions(4 * n_top + 9, seed=0))
+    assert drawn[top] == n_top  # all of them, and the 9 left over go to the other strata
+    assert sorted(drawn.values()) == [n_top, n_top + 3, n_top + 3, n_top + 3]
+
+
+@pytest.mark.parametrize("n", [0, -1, 357, True, 2.0])
+def test_question_count_out_of_range_is_refused(n: Any) -> None:
+    with pytest.raises(ValueError, match="from 1 to 356"):
+        demo_questions(n)
+
+
+def test_question_sources_match_the_harvest_that_made_them() -> None:
+    """The source read from id and kind agrees with the v2 harvest's own record of each source."""
+    recorded = json.loads((ROOT / "bench" / "data" / "default_v2_split.json").read_text(encoding="utf-8"))
+    names = {
+        "triviaqa": "TriviaQA",
+        "mmlu": "MMLU",
+        "gsm8k": "GSM8K",
+        "arc_easy": "ARC",
+        "arc_challenge": "ARC",
+    }
+    checked = 0
+    for _, record in iter_labelled(ASSETS / "default_labels.jsonl"):
+        if record.id in recorded["source"]:
+            source = recorded["source"][record.id]
+            expected = "basic_arithmetic" if source.startswith("basic_arithmetic") else names[source]
+            assert question_source(record) == expected, record.id
+            checked += 1
+    assert checked == 1040
+    assert {q.source for q in demo_questions(held_out_size())} == {
+        "ARC", "GSM8K", "MMLU", "TriviaQA", "basic_arithmetic",
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the header
+
+
+def _bands_from_policy(name: str) -> list[tuple[str, float, float]]:
+    rule = load_policy(name).rule()
+    return [(band.action, lower, upper) for band, (lower, upper) in zip(rule.bands, rule.edges, strict=True)]
+
+
+def test_header_states_the_loaded_policys_bands_and_the_question_sources() -> None:
+    policy = load_policy(DEMO_POLICY)
+    questions = demo_questions(12, seed=0)
+    header = demo_header(policy, questions, seed=0)
+    bands = _bands_from_policy(DEMO_POLICY)
+    (abstain, _, abstain_upper), (resample, lower, upper), (answer, answer_lower, _) = bands
+    assert (abstain, resample, answer) == ("abstain", "resample", "answer")
+    assert f"abstain p < {abstain_upper:g}" in header
+    assert (
+        f"resample (CAS, <= {policy.rule().bands[1].max_samples} samples) {lower:g} <= p < {upper:g}"
+        in header
+    )
+    assert f"answer p >= {answer_lower:g}" in header
+    assert f"no estimate: {policy.on_degraded.action}" in header
+    numbers = set(re.findall(r"p [<>]=? (0\.\d+)|(0\.\d+) <= p", header))
+    assert {float(x or y) for x, y in numbers} == {abstain_upper, upper, answer_lower}
+    # the sources named are exactly those of the questions, with their counts
+    named = dict(re.findall(r"(ARC|GSM8K|MMLU|TriviaQA|basic_arithmetic) (\d+)", header))
+    assert {k: int(v) for k, v in named.items()} == dict(Counter(q.source for q in questions))
+    assert (
+        f"share of {' or '.join(str(k) for k in sorted({q.k for q in questions}))} sampled answers" in header
+    )
+
+
+def test_header_follows_the_policy_not_a_literal() -> None:
+    moved, _ = load_policy(DEMO_POLICY).with_answer_threshold(0.4)
+    text = describe_policy(moved)
+    assert "answer p >= 0.4" in text
+    assert "0.26" not in text
+    assert "0.13 <= p < 0.4" in text
+
+
+# --------------------------------------------------------------------------- the comparison
+
+
+@dataclass(frozen=True)
+class Row:
+    ungated_correct: bool
+    action: str
+    correct: bool | None
+    samples: int
+    ungated_seconds: float = 1.0
+    gated_seconds: float = 0.5
+
+
+ROWS = [
+    # ungated right / wrong, the gate's action, the gated answer's correctness (None: stopped), samples
+    Row(True, "answer", True, 1, 1.0, 1.25),
+    Row(True, "resample", True, 4, 1.0, 4.5),
+    Row(True, "abstain", None, 0, 1.0, 0.25),
+    Row(False, "answer", False, 1, 1.0, 1.25),
+    Row(False, "resample", True, 6, 1.0, 6.5),  # the vote found the right answer
+    Row(False, "resample", None, 6, 1.0, 6.5),  # no sampled answer had one: stopped
+    Row(False, "abstain", None, 0, 1.0, 0.25),
+    Row(False, "abstain", None, 0, 1.0, 0.25),
+    Row(False, "abstain", None, 0, 1.0, 0.25),
+    Row(True, "answer", False, 1, 1.0, 1.25),  # cannot happen with the demo's seeding, counted anyway
+]
+
+
+def hand_count(rows: list[Row]) -> dict[str, float]:
+    """The figures counted by hand, one loop, no shared code with capgate.demo_compare."""
+    counts = dict.fromkeys(
+        ("n", "ungated_right", "answered", "right", "wrong_stopped", "right_stopped", "samples"), 0.0
+    )
+    added = 0.0
+    for r in rows:
+        counts["n"] += 1
+        counts["ungated_right"] += r.ungated_correct
+        counts["samples"] += r.samples
+        added += r.gated_seconds - r.ungated_seconds
+        if r.correct is None:
+            counts["wrong_stopped" if not r.ungated_correct else "right_stopped"] += 1
+        else:
+            counts["answered"] += 1
+            counts["right"] += r.correct
+    counts["added"] = added
+    return counts
+
+
+def assert_matches(c: Comparison, rows: list[Row]) -> None:
+    """Every figure of ``c`` against the hand count of ``rows``."""
+    h = hand_count(rows)
+    off, on = c.without_gate, c.with_gate
+    assert c.questions == h["n"]
+    assert (off.right, off.wrong, off.samples) == (h["ungated_right"], h["n"] - h["ungated_right"], h["n"])
+    assert off.accuracy is not None
+    assert off.accuracy.value == pytest.approx(h["ungated_right"] / h["n"])
+    assert on.answered == h["answered"]
+    assert on.samples == h["samples"]
+    assert on.coverage is not None
+    assert on.coverage.value == pytest.approx(h["answered"] / h["n"])
+    assert (on.right, on.wrong) == (h["right"], h["answered"] - h["right"])
+    assert on.accuracy is not None
+    assert on.accuracy.value == pytest.approx(h["right"] / h["answered"])
+    assert (on.wrong_stopped, on.right_stopped) == (h["wrong_stopped"], h["right_stopped"])
+    assert on.wrong_stopped_share is not None
+    assert on.right_stopped_share is not None
+    assert on.wrong_stopped_share.value == pytest.approx(h["wrong_stopped"] / (h["n"] - h["ungated_right"]))
+    assert on.right_stopped_share.value == pytest.approx(h["right_stopped"] / h["ungated_right"])
+    assert on.seconds_added == pytest.approx(h["added"])
+
+
+def test_comparison_matches_a_hand_count_and_a_planted_wrong_count_fails() -> None:
+    c = compare(ROWS)
+    # the figures, worked out on paper from ROWS
+    assert (c.questions, c.without_gate.right, c.without_gate.wrong) == (10, 4, 6)
+    assert (c.with_gate.answered, c.with_gate.right, c.with_gate.wrong) == (5, 3, 2)
+    assert (c.with_gate.wrong_stopped, c.with_gate.right_stopped, c.with_gate.samples) == (4, 1, 19)
+    assert c.with_gate.seconds_added == pytest.approx(22.25 - 10.0)
+    assert_matches(c, ROWS)
+    # one planted wrong count (a stopped wrong answer recorded as stopped right) must fail the check
+    planted = list(ROWS)
+    planted[6] = Row(True, "abstain", None, 0, 1.0, 0.25)
+    with pytest.raises(AssertionError):
+        assert_matches(c, planted)
+    with pytest.raises(AssertionError):
+        assert_matches(compare(planted), ROWS)
+
+
+def test_comparison_rates_carry_wilson_intervals() -> None:
+    c = compare(ROWS)
+    coverage = c.with_gate.coverage
+    assert coverage is not None
+    z = 1.959963984540054
+    n, k = 10, 5
+    center = (k / n + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt((k / n) * (1 - k / n) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert (coverage.low, coverage.high) == pytest.approx((center - half, center + half))
+    assert coverage.method == "wilson"
+    empty = compare([Row(False, "abstain", None, 0)])
+    assert empty.with_gate.accuracy is None
+    assert empty.with_gate.right_stopped_share is None
+    assert json.loads(json.dumps(c.as_dict()))["with_gate"]["coverage"]["value"] == 0.5
+
+
+# --------------------------------------------------------------------------- the replay
+
+
+def test_replay_of_the_shipped_math500_file(tmp_path: Path) -> None:
+    report = replay_math500(workdir=tmp_path)
+    labels = read_labelled(REPLAY_DATA, confidence=[REPLAY_CONFIDENCE])
+    order = np.random.default_rng(0).permutation(500)
+    calib, scored = np.sort(order[:250]), np.sort(order[250:])
+    assert (report.questions, report.calibration_questions, report.scored_questions) == (500, 250, 250)
+    # the threshold is the one `capgate policy calibrate` writes for the calibration half
+    lines = [line for line in REPLAY_DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
+    half = tmp_path / "half.jsonl"
+    half.write_text("\n".join(lines[i] for i in calib) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(
+        app,
+        ["policy", "calibrate", "--data", str(half), "--confidence", REPLAY_CONFIDENCE, "--risk", "0.1",
+         "--out", str(tmp_path / "p.yaml"), "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert report.threshold == json.loads(result.output)["threshold"] == 0.598
+    assert load_policy(tmp_path / "p.yaml").rule().answer_edge == report.threshold
+    # scored on the other half, by hand
+    p = labels.confidences[REPLAY_CONFIDENCE][scored]
+    mu = labels.correct[scored] / labels.k[scored]
+    answered = p >= report.threshold
+    assert report.answered == int(answered.sum()) == 244
+    assert report.coverage is not None
+    assert report.coverage.value == pytest.approx(answered.mean())
+    assert report.accuracy_answered is not None
+    assert report.accuracy_all is not None
+    assert report.accuracy_answered.value == pytest.approx(mu[answered].mean())
+    assert report.accuracy_all.value == pytest.approx(mu.mean())
+    assert report.accuracy_answered.value > report.accuracy_all.value
+    assert 1 - report.accuracy_answered.value <= report.risk
+    assert report.wrong_all == pytest.approx(report.wrong_answered + report.wrong_stopped)
+    assert report.right_stopped == pytest.approx(mu[~answered].sum())
+    # pass@k: the uniform budget's pass rate is the mean unbiased pass@k; the greedy budget is the fewest
+    from capgate.metrics import expected_success, greedy_allocation, pass_at_k_unbiased
+
+    n, c = labels.k[scored], labels.correct[scored]
+    for saving in report.passk:
+        assert saving.uniform_samples == 250 * saving.k
+        assert saving.uniform_success == pytest.approx(pass_at_k_unbiased(n, c, saving.k).mean())
+        assert saving.greedy_success >= saving.uniform_success - 1e-12
+        short = expected_success(greedy_allocation(p, saving.greedy_samples - 1, max_per_query=n), n, c)
+        assert short < saving.uniform_success
+        assert saving.saved == saving.uniform_samples - saving.greedy_samples > 0
+    assert [s.saved for s in report.passk] == [378, 1771]
+
+
+def test_replay_refuses_bad_data(tmp_path: Path) -> None:
+    from capgate.errors import DataError
+
+    with pytest.raises(DataError):
+        replay_math500(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "k": 4, "correct": 3}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=REPLAY_CONFIDENCE):
+        replay_math500(bad)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def test_json_schema_of_the_replay_part_and_bad_options(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["demo", "--no-live", "--json", "--plot", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["schema"] == "capgate.demo/1"
+    assert document["live"] is None
+    replay = document["replay"]
+    assert replay["part"] == "replay"
+    assert "recorded" in replay["model"]
+    for key in ("coverage", "accuracy_answered", "accuracy_all"):
+        assert set(replay[key]) == {"value", "low", "high", "n", "method"}
+    assert replay["threshold"] == 0.598
+    assert replay["answered"] == 244
+    assert [s["saved"] for s in replay["passk"]] == [378, 1771]
+    assert sorted(Path(p).name for p in document["plots"]) == [
+        "replay_reliability.png",
+        "replay_risk_coverage.png",
+    ]
+    assert all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in document["plots"])
+    for args, message in (
+        (["--questions", "357"], "from 1 to 356"),
+        (["--questions", "0"], "from 1 to 356"),
+        (["--no-live", "--no-replay"], "nothing to run"),
+        (["--no-live", "--replay-data", str(tmp_path / "none.jsonl")], "none.jsonl"),
+    ):
+        result = runner.invoke(app, ["demo", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output
+
+
+def _demo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "capgate.cli", "demo", *args],
+        capture_output=True, text=True, env=dict(os.environ), timeout=900, check=False,
+    )  # fmt: skip
 
 
 @pytest.mark.slow
-def test_capgate_demo_runs_end_to_end(default_model_dir: Path) -> None:
-    env = dict(os.environ)
-    result = subprocess.run(
-        [sys.executable, "-m", "capgate.cli", "demo", "--questions", "4"],
-        capture_output=True, text=True, env=env, timeout=900, check=False,
-    )  # fmt: skip
+def test_capgate_demo_json_figures_match_a_hand_count_of_its_rows(default_model_dir: Path) -> None:
+    result = _demo("--questions", "4", "--json", "--no-replay")
+    assert result.returncode == 0, result.stderr[-2000:]
+    live = json.loads(result.stdout)["live"]
+    rows = [
+        Row(
+            r["ungated_correct"],
+            r["action"],
+            r["correct"],
+            r["samples"],
+            r["ungated_seconds"],
+            r["gated_seconds"],
+        )
+        for r in live["rows"]
+    ]
+    assert len(rows) == 4
+    assert {r["stratum"] for r in live["rows"]} == {name for name, _, _ in STRATA}
+    assert all((r["correct"] is None) == (not r["answered"]) for r in live["rows"])
+    assert all(r["answered"] or r["action"] in ("abstain", "resample") for r in live["rows"])
+    hand = hand_count(rows)
+    on, off = live["comparison"]["with_gate"], live["comparison"]["without_gate"]
+    assert (off["right"], off["samples"]) == (hand["ungated_right"], 4)
+    assert (on["answered"], on["right"], on["samples"]) == (hand["answered"], hand["right"], hand["samples"])
+    assert (on["wrong_stopped"], on["right_stopped"]) == (hand["wrong_stopped"], hand["right_stopped"])
+    # an answered question's gated answer is the ungated one (same seed, same first sample)
+    for r in live["rows"]:
+        if r["action"] == "answer":
+            assert (r["answer"], r["correct"]) == (
+                r["ungated_answer"] or "(no answer found)",
+                r["ungated_correct"],
+            )
+    assert live["bands"] == describe_policy(load_policy(DEMO_POLICY))
+    named = dict(re.findall(r"(ARC|GSM8K|MMLU|TriviaQA|basic_arithmetic) (\d+)", live["header"]))
+    assert {k: int(v) for k, v in named.items()} == dict(Counter(r["source"] for r in live["rows"]))
+
+
+@pytest.mark.slow
+def test_capgate_demo_runs_end_to_end(default_model_dir: Path, tmp_path: Path) -> None:
+    result = _demo("--questions", "3", "--plot", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
-    assert out.count("p=") == 4
-    for heading in ("coverage", "accuracy among answered", "samples spent", "cap. Brier"):
+    assert out.count("without gate:") == 3
+    assert out.count("with gate: p=") == 3
+    assert describe_policy(load_policy(DEMO_POLICY)) in " ".join(out.split())
+    assert "LIVE:" in out
+    assert "REPLAY (recorded data; no model runs)" in out
+    for heading in (
+        "without the gate",
+        "with the gate",
+        "coverage",
+        "among answered",
+        "stopped",
+        "samples spent",
+    ):
         assert heading in out
+    assert "answer when p >= 0.598" in out
+    assert "samples saved" in out
+    names = [
+        "live_reliability.png",
+        "live_risk_coverage.png",
+        "replay_reliability.png",
+        "replay_risk_coverage.png",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == names

@@ -1,86 +1,324 @@
-"""``capgate demo``: the end-to-end main job (embedded model, shipped probe, gated agent)."""
+"""``capgate demo``: the main job. A live gated agent on the embedded model, then a replay of a
+real 20B model's recorded answers through a calibrated policy (:mod:`capgate.demo`,
+:mod:`capgate.demo_replay`)."""
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from capgate.cli._common import console
+from capgate.cli._common import console, fail
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from capgate.decision.report import Rate
+    from capgate.demo import DemoReport, DemoRow
+    from capgate.demo_replay import ReplayReport
 
 __all__ = ["register"]
 
+SCHEMA = "capgate.demo/1"
+
+
+def _pct(rate: Rate | None) -> str:
+    """``42% [19%, 68%]`` (Wilson 95%), or ``n/a``."""
+    if rate is None:
+        return "n/a"
+    return f"{rate.value:.0%} [{rate.low:.0%}, {rate.high:.0%}]"
+
+
+def _pct1(rate: Rate | None) -> str:
+    if rate is None:
+        return "n/a"
+    return f"{rate.value:.1%} [{rate.low:.1%}, {rate.high:.1%}]"
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path
+
+
+def _short(text: str, width: int = 50) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def row_lines(index: int, row: DemoRow) -> str:
+    """One question as printed: the question, then the ungated and the gated agent side by side."""
+    q = row.question
+    p = "n/a" if row.p is None else f"{row.p:.2f}"
+    ungated = row.ungated_answer if row.ungated_answer is not None else "(no answer found)"
+    mark = "[green]right[/]" if row.ungated_correct else "[red]wrong[/]"
+    if row.answered:
+        gated_mark = "[green]right[/]" if row.correct else "[red]wrong[/]"
+        gated = f"[cyan]{row.action}[/] -> {row.answer} ({gated_mark}, {row.samples} sample(s))"
+    else:
+        gated = f"[yellow]{row.action}[/]: stopped ({row.samples} sample(s))"
+    return (
+        f"[{index + 1:>2}] {_short(q.item.question, 70)!r}  ({q.source}, µ̂={q.mu_hat:.2f})\n"
+        f"     without gate: {_short(ungated, 24)} ({mark})   with gate: p={p} {gated}"
+    )
+
+
+def _print_live(out: Console, report: DemoReport) -> None:
+    from rich.table import Table
+
+    c = report.comparison()
+    off, on = c.without_gate, c.with_gate
+    table = Table(
+        title=f"LIVE: {c.questions} questions, without the gate vs with the gate (95% Wilson intervals)"
+    )
+    table.add_column("")
+    table.add_column("without the gate", justify="right")
+    table.add_column("with the gate", justify="right")
+    table.add_row(
+        "answered",
+        f"{c.questions} of {c.questions}",
+        f"{on.answered} of {c.questions}: coverage {_pct(on.coverage)}",
+    )
+    table.add_row("accuracy", _pct(off.accuracy), f"{_pct(on.accuracy)} among answered")
+    table.add_row(
+        "wrong answers",
+        f"{off.wrong} given",
+        f"{on.wrong} given; {on.wrong_stopped} of {off.wrong} stopped ({_pct(on.wrong_stopped_share)})",
+    )
+    table.add_row(
+        "right answers",
+        f"{off.right} given",
+        f"{on.right} given; {on.right_stopped} of {off.right} stopped ({_pct(on.right_stopped_share)})",
+    )
+    table.add_row("samples spent", str(off.samples), str(on.samples))
+    table.add_row("time", f"{off.seconds:.1f} s", f"{on.seconds:.1f} s ({on.seconds_added:+.1f} s added)")
+    out.print(table)
+    s = report.summary()
+
+    def num(key: str) -> str:
+        value = s.get(key, float("nan"))
+        return "n/a" if math.isnan(value) else f"{value:.3f}"
+
+    out.print(
+        f"The probe on these questions: mean p {num('mean_p')}, mean µ̂ {num('mean_mu_hat')}, "
+        f"capability Brier {num('capability_brier')}, AUROC {num('auroc')}. "
+        f"Run in {report.seconds:.0f} s.\n"
+    )
+
+
+def _print_replay(out: Console, r: ReplayReport) -> None:
+    from rich.table import Table
+
+    out.print(
+        "[bold]REPLAY[/] (recorded data; no model runs): gpt-oss-20b on MATH-500, 100 sampled answers "
+        f"per question and the paper's Probe-MATH estimates ({_shown(r.data)}).\n"
+        f"Policy: `capgate policy calibrate --risk {r.risk:g}` on {r.calibration_questions} questions "
+        f"(split seed {r.seed}): answer when p >= {r.threshold:g} (risk <= {r.risk:g} with probability "
+        f">= {1 - r.delta:g}); scored on the other {r.scored_questions}. Accuracy = chance one sampled "
+        "answer is right (mean µ̂)."
+    )
+    table = Table(title=f"REPLAY: {r.scored_questions} held-out MATH-500 questions, gpt-oss-20b")
+    table.add_column("")
+    table.add_column("without the gate", justify="right")
+    table.add_column("with the gate", justify="right")
+    n = r.scored_questions
+    table.add_row("answered", f"{n} of {n}", f"{r.answered} of {n}: coverage {_pct1(r.coverage)}")
+    table.add_row("accuracy", _pct1(r.accuracy_all), f"{_pct1(r.accuracy_answered)} among answered")
+    share = r.wrong_stopped / r.wrong_all if r.wrong_all else float("nan")
+    table.add_row(
+        "expected wrong answers",
+        f"{r.wrong_all:.1f} given",
+        f"{r.wrong_answered:.1f} given; {r.wrong_stopped:.1f} stopped ({share:.0%})",
+    )
+    table.add_row("expected right answers stopped", "0", f"{r.right_stopped:.1f}")
+    out.print(table)
+    for s in r.passk:
+        out.print(
+            f"pass@{s.k} budget: {s.k} samples on every question ({s.uniform_samples}) reach an expected "
+            f"pass rate of {s.uniform_success:.1%}; spending by the probe's p (greedy allocation) reaches it "
+            f"with {s.greedy_samples}: {s.saved} samples saved ({s.saved / s.uniform_samples:.0%})."
+        )
+
+
+def _plot(directory: Path, live: DemoReport | None, replay: ReplayReport | None) -> list[Path]:
+    from capgate.metrics import reliability_diagram
+    from capgate.plots import plot_reliability, plot_risk_coverage
+
+    written = []
+    if live is not None:
+        scored = [r for r in live.rows if r.p is not None]
+        if scored:
+            p = [r.p for r in scored if r.p is not None]
+            mu = [r.question.mu_hat for r in scored]
+            written.append(
+                plot_reliability(
+                    reliability_diagram(p, mu),
+                    directory / "live_reliability.png",
+                    title="live: SmolLM2 probe",
+                )
+            )
+            written.append(
+                plot_risk_coverage(p, mu, directory / "live_risk_coverage.png", title="live: SmolLM2")
+            )
+    if replay is not None:
+        written.append(
+            plot_reliability(
+                reliability_diagram(replay.p, replay.mu_hat), directory / "replay_reliability.png",
+                title="replay: Probe-MATH, gpt-oss-20b",
+            )
+        )  # fmt: skip
+        written.append(
+            plot_risk_coverage(
+                replay.p, replay.mu_hat, directory / "replay_risk_coverage.png", threshold=replay.threshold,
+                target=replay.risk, title="replay: gpt-oss-20b on MATH-500",
+            )
+        )  # fmt: skip
+    return written
+
+
+def live_json(report: DemoReport) -> dict[str, Any]:
+    """The live part as JSON-ready data."""
+    from capgate.demo import DEMO_POLICY, describe_policy
+    from capgate.policies import load_policy
+
+    rows = [
+        {
+            "id": r.question.item.id,
+            "question": r.question.item.question,
+            "source": r.question.source,
+            "stratum": r.question.stratum,
+            "mu_hat": r.question.mu_hat,
+            "k": r.question.k,
+            "p": r.p,
+            "action": r.action,
+            "answered": r.answered,
+            "answer": r.answer,
+            "correct": r.correct,
+            "samples": r.samples,
+            "ungated_answer": r.ungated_answer,
+            "ungated_correct": r.ungated_correct,
+            "ungated_seconds": r.ungated_seconds,
+            "gated_seconds": r.gated_seconds,
+        }
+        for r in report.rows
+    ]
+    summary = {k: (None if math.isnan(v) else v) for k, v in report.summary().items()}
+    return {
+        "part": "live",
+        "model": "SmolLM2-135M-Instruct (embedded), shipped probe",
+        "policy": report.policy,
+        "bands": describe_policy(load_policy(DEMO_POLICY)),
+        "header": report.header,
+        "seed": report.seed,
+        "seconds": report.seconds,
+        "comparison": report.comparison().as_dict(),
+        "calibration": summary,
+        "rows": rows,
+    }
+
 
 def demo_command(
-    questions: Annotated[int, typer.Option(min=1, max=96, help="Held-out questions to run.")] = 12,
-    seed: Annotated[int, typer.Option(help="Seed of the question draw and of sampling.")] = 0,
+    questions: Annotated[
+        int, typer.Option(help="Held-out questions to run (up to the whole split, 356).")
+    ] = 12,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the question draw, of sampling and of the replay's split.")
+    ] = 0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the figures as JSON (nothing else).")
+    ] = False,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write reliability diagrams and risk–coverage curves here.")
+    ] = None,
+    live: Annotated[
+        bool, typer.Option("--live/--no-live", help="Run the live part (the embedded model).")
+    ] = True,
+    replay: Annotated[
+        bool, typer.Option("--replay/--no-replay", help="Replay the recorded gpt-oss-20b MATH-500 answers.")
+    ] = True,
+    replay_data: Annotated[
+        Path | None, typer.Option("--replay-data", help="The MATH-500 file (default: the repository's).")
+    ] = None,
+    risk: Annotated[
+        float, typer.Option(help="The replay policy's risk (capgate policy calibrate --risk).")
+    ] = 0.1,
 ) -> None:
-    """Run a small capability-gated agent on the embedded model over real held-out questions."""
+    """Show what the gate buys: a live gated agent against the same agent ungated, then a real 20B
+    model's recorded answers through a policy calibrated for a risk."""
+    from capgate.demo import held_out_size
+    from capgate.demo_replay import REPLAY_DATA, replay_math500
+    from capgate.errors import CapgateError
+
+    if not live and not replay:
+        fail("nothing to run: --no-live and --no-replay together")
+    if live and not 1 <= questions <= held_out_size():
+        fail(f"--questions must be from 1 to {held_out_size()} (the held-out split); got {questions}")
+    data = replay_data if replay_data is not None else REPLAY_DATA
+    replay_note = None
+    if replay and replay_data is None and not data.exists():
+        replay_note = (
+            f"replay skipped: {data} not found "
+            "(it ships in the repository's examples/data; pass --replay-data)"
+        )
+    out = console()
+    live_report = None
+    if live:
+        live_report = _run_live(out, questions, seed, quiet=as_json)
+    replay_report = None
+    if replay and replay_note is None:
+        try:
+            replay_report = replay_math500(data, risk=risk, seed=seed)
+        except (CapgateError, ValueError) as exc:
+            fail(str(exc))
+    written = _plot(plot, live_report, replay_report) if plot is not None else []
+    if as_json:
+        document = {
+            "schema": SCHEMA,
+            "live": live_json(live_report) if live_report is not None else None,
+            "replay": replay_report.as_dict() if replay_report is not None else None,
+            "replay_skipped": replay_note,
+            "plots": [str(p) for p in written],
+        }
+        typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
+        return
+    if live_report is not None:
+        _print_live(out, live_report)
+    if replay_report is not None:
+        _print_replay(out, replay_report)
+    if replay_note is not None:
+        out.print(replay_note)
+    for path in written:
+        out.print(f"wrote {path}")
+
+
+def _run_live(out: Console, questions: int, seed: int, *, quiet: bool) -> DemoReport:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
     from transformers.utils import logging as transformers_logging
 
-    from capgate.demo import DemoRow, run_demo
+    from capgate.demo import run_demo
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-
-    out = console()
-    out.print(
-        "[bold]capgate demo[/]: SmolLM2-135M-Instruct (embedded) + its shipped capability probe; "
-        "policy: abstain p<0.08, CAS resample (<=6 samples) p<0.20, answer otherwise."
-    )
-    out.print(
-        "Questions: held-out basic_arithmetic and TriviaQA items; µ̂ = share of 40 sampled answers correct.\n"
-    )
+    if quiet:
+        return run_demo(n_questions=questions, seed=seed)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), console=out, transient=True,
     ) as progress:  # fmt: skip
         task = progress.add_task("loading model and probe", total=questions)
 
+        def start(header: str) -> None:
+            progress.console.print(f"[bold]capgate demo[/]\n{header}\n")
+
         def show(index: int, row: DemoRow) -> None:
-            p = "n/a" if row.p is None else f"{row.p:.2f}"
-            if row.answer is None:
-                outcome = f"[yellow]{row.action}[/]: {row.message}"
-            else:
-                mark = "[green]correct[/]" if row.correct else "[red]wrong[/]"
-                said = (row.text or "").replace("\n", " ")
-                said = said if len(said) <= 60 else said[:57] + "..."
-                outcome = f"[cyan]{row.action}[/] -> {row.answer} ({mark}, {row.samples} sample(s)): {said!r}"
-            progress.console.print(
-                f"[{index + 1:>2}] {row.question.item.question[:70]!r}\n"
-                f"     p={p}  µ̂={row.question.mu_hat:.2f}  {outcome}"
-            )
-            progress.update(task, advance=1, description="gated agent")
+            progress.console.print(row_lines(index, row))
+            progress.update(task, advance=1, description="ungated and gated agent")
 
-        report = run_demo(n_questions=questions, seed=seed, on_row=show)
-    summary = report.summary()
-    table = Table(title=f"capgate demo: {int(summary['questions'])} questions in {report.seconds:.0f} s")
-    for name in (
-        "coverage",
-        "accuracy among answered",
-        "samples spent",
-        "mean p",
-        "mean µ̂",
-        "cap. Brier",
-        "AUROC",
-    ):
-        table.add_column(name, justify="right")
-
-    def cell(value: float, fmt: str = "{:.3f}") -> str:
-        return "n/a" if value is None or math.isnan(value) else fmt.format(value)
-
-    table.add_row(
-        cell(summary["coverage"], "{:.0%}"),
-        cell(summary["accuracy_answered"], "{:.0%}"),
-        cell(summary["samples"], "{:.0f}"),
-        cell(summary["mean_p"]),
-        cell(summary["mean_mu_hat"]),
-        cell(summary.get("capability_brier", float("nan"))),
-        cell(summary.get("auroc", float("nan"))),
-    )
-    out.print(table)
+        return run_demo(n_questions=questions, seed=seed, on_row=show, on_start=start)
 
 
 def register(app: typer.Typer) -> None:
