@@ -14,6 +14,7 @@ from capgate import SamplingParams
 from capgate.adapters.agents.langchain import CapabilityGate, CapgateChatModel, model_target
 from capgate.decision import DecisionLog
 from capgate.errors import SettingsError
+from capgate.policies import Policy
 from tests._estimators import KeywordEstimator
 from tests._fakes import ScriptedBackend, gen
 
@@ -51,8 +52,19 @@ def test_decisions_record_the_agents_model_once_it_has_been_called(tmp_path: Pat
     agent = create_agent(NamedModel(responses=["4", "5"]), middleware=[gate])
     _ask(agent, "What is 2 + 2?")
     _ask(agent, "What is 2 + 3?")
-    targets = sorted(str(d.decision.target) for d in log.decisions())
-    assert targets == ["None", "served-model"]  # the first step came before the first model call
+    targets = [d.decision.target for d in log.decisions()]
+    assert targets == ["served-model", "served-model"]  # the first logged at the first model call
+
+
+def test_a_first_step_that_never_reaches_the_model_is_logged_at_once(tmp_path: Path) -> None:
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    agent = create_agent(
+        NamedModel(responses=["4"]),
+        middleware=[CapabilityGate(estimator=KeywordEstimator({"LOW": 0.1}), log=log)],
+    )
+    _ask(agent, "LOW: next week's lottery numbers?")
+    (logged,) = log.decisions()
+    assert (logged.decision.action, logged.decision.target) == ("abstain", None)  # never saw the model
 
 
 def test_an_estimator_of_another_model_is_refused_before_the_model_is_called() -> None:
@@ -74,3 +86,25 @@ def test_an_explicit_target_wins() -> None:
     agent = create_agent(NamedModel(responses=["4"]), middleware=[gate])
     out = _ask(agent, "What is 2 + 2?")
     assert out["capgate_decision"]["target"] == "my-deployment"
+
+
+def test_a_first_resample_step_is_logged_once_with_its_samples_and_the_target(tmp_path: Path) -> None:
+    policy = Policy.model_validate(
+        {
+            "name": "resampling",
+            "bands": [
+                {"below": 0.8, "action": "resample", "max_samples": 4, "batch_size": 2},
+                {"action": "answer"},
+            ],
+            "on_degraded": "abstain",
+        }
+    )
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    gate = CapabilityGate(policy=policy, estimator=KeywordEstimator({"MID": 0.5}), log=log)
+    agent = create_agent(NamedModel(responses=["4"] * 8), middleware=[gate])
+    _ask(agent, "MID: what is 2 + 2?")
+    (logged,) = log.decisions()
+    assert (logged.decision.action, logged.decision.target) == ("resample", "served-model")
+    assert logged.decision.stopped_by is not None
+    assert logged.samples_used is not None
+    assert logged.samples_used >= 2

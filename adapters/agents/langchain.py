@@ -28,8 +28,8 @@ hook's logic is one I/O-free flow that both twins drive. With ``on_block="raise"
 raises the matching :class:`~capgate.GateBlocked` instead.
 Decisions are stored in state as JSON (``capgate_decision``, ``capgate_estimate``,
 ``capgate_tool_decisions``); ``middleware.gate.stats`` counts what the gate did.
-The agent's model (:func:`model_target`, read at its model calls: a step decided before the
-first one records ``target=`` if given) is each decision's ``target``, and an estimator of
+The agent's model (:func:`model_target`, read at its model calls; a step decided before the
+first one is logged at that call) is each logged decision's ``target``, and an estimator of
 another model is refused before the model is called, unless ``allow_other_target=True``.
 
 Install with ``pip install 'capgate[langchain]'``.
@@ -89,6 +89,7 @@ __all__ = [
 ]
 
 _CALLS_PREFIX = "tool-calls:"
+_CALLS_MODEL = ("answer", "resample", "route")  # step actions the model call carries out
 
 ModelResult = ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]
 
@@ -192,6 +193,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         self._memo: OrderedDict[tuple[str | None, str], Verdict] = OrderedDict()
         self._views: dict[str, Gate] = {}
         self._target: str | None = None  # the agent's model, read at its first model call
+        self._unlogged: OrderedDict[str, Verdict] = OrderedDict()  # logged at the model call
 
     def _targeted(self) -> Gate:
         """The gate for the agent's model (its target checked against the estimator's), once a
@@ -208,6 +210,15 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         before the model is called (``SettingsError``, as for ``guard``)."""
         self._target = model_target(request.model) or self._target
         self._targeted()
+
+    def _stamped(self, verdict: Verdict) -> Verdict:
+        """A step verdict decided before the model was known, with the model as its target."""
+        gate = self._targeted()
+        if verdict.decision.target is not None or gate.settings.target is None:
+            return verdict
+        target, override = gate.settings.target_check(gate.resolve_estimator())
+        update = {"target": target, "target_override": override}
+        return Verdict(decision=verdict.decision.model_copy(update=update), query=verdict.query)
 
     @property
     def stats(self) -> GateStats:
@@ -270,7 +281,12 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
             key, verdict = self._remembered(query)
             if verdict is None:
                 verdict = yield Assess(self._targeted(), query)
-                yield Record(self.gate, verdict)
+                if self._target is None and verdict.pending is None and verdict.action in _CALLS_MODEL:
+                    self._unlogged[verdict.decision.id] = verdict  # the model call shows the target
+                    while len(self._unlogged) > 512:
+                        yield Record(self.gate, self._unlogged.popitem(last=False)[1])
+                if verdict.decision.id not in self._unlogged:
+                    yield Record(self.gate, verdict)
                 self._remember(key, verdict)
             if verdict.action == "clarify" and round_ < self.max_clarifications:
                 question = self.gate.block(verdict).message  # raises with on_block="raise"
@@ -299,7 +315,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         decision = hitl.read_decision(cast("Mapping[str, Any] | None", request.state.get("capgate_decision")))
         if decision is None or decision.action != "resample":
             return None
-        return Verdict(decision=decision, query=as_query(request.messages, where="messages"))
+        return self._stamped(Verdict(decision=decision, query=as_query(request.messages, where="messages")))
 
     def _tool_assessments(self, request: ModelRequest[Any], message: AIMessage) -> AssessEach:
         history = [*request.messages, message]
@@ -320,6 +336,10 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
     def _model_call_flow(self, request: ModelRequest[Any], draw: Invoke) -> Flow[ModelResult]:
         voted = False
         step = self._step_verdict(request)
+        stored = hitl.read_decision(cast("Mapping[str, Any] | None", request.state.get("capgate_decision")))
+        unlogged = self._unlogged.pop(stored.id, None) if stored is not None else None
+        if unlogged is not None and step is None:  # a resample is logged with its samples below
+            yield Record(self.gate, self._stamped(unlogged))
         if step is not None:
             sampled = yield Sample(self._voter, step, draw, to_text=_response_key)
             yield Record(self.gate, step, cas=sampled.cas)
