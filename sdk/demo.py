@@ -300,7 +300,7 @@ def demo_header(policy: Policy, questions: Sequence[DemoQuestion], *, seed: int)
             f"Policy '{policy.name}': {describe_policy(policy)}.",
             f"Questions: {len(questions)} held-out (never seen by the probe's fit) from "
             + ", ".join(f"{name} {count}" for name, count in sorted(sources.items()))
-            + f"; drawn evenly over measured µ̂ (seed {seed}): "
+            + f"; drawn evenly over measured µ̂ (seed {seed}; not the split's mix): "
             + ", ".join(f"{name}: {strata[name]}" for name, _, _ in STRATA if strata[name])
             + f"; µ̂ = share of {' or '.join(map(str, ks))} sampled answers graded correct.",
         ]

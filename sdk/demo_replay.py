@@ -105,7 +105,8 @@ class ReplayReport:
         """Plain JSON-ready data (without the per-question arrays)."""
         from dataclasses import asdict
 
-        out = {k: v for k, v in asdict(self).items() if k not in ("p", "mu_hat", "policy_yaml")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("p", "mu_hat")}
+        out["calibration"] = {k: v for k, v in self.calibration.items() if k != "out"}  # a temporary file
         out["part"] = "replay"
         out["model"] = "gpt-oss-20b (recorded: 100 sampled answers per question)"
         out["estimates"] = "Probe-MATH (recorded, the paper's)"

@@ -332,6 +332,12 @@ def test_json_schema_of_the_replay_part_and_bad_options(tmp_path: Path) -> None:
     assert replay["threshold"] == 0.598
     assert replay["answered"] == 244
     assert [s["saved"] for s in replay["passk"]] == [378, 1771]
+    from capgate.policies import Policy
+
+    written = Policy.from_yaml_text(replay["policy_yaml"])  # the policy `capgate policy calibrate` wrote
+    assert written.rule().answer_edge == replay["threshold"]
+    assert "out" not in replay["calibration"]
+    assert replay["calibration"]["threshold"] == replay["threshold"]
     assert sorted(Path(p).name for p in document["plots"]) == [
         "replay_reliability.png",
         "replay_risk_coverage.png",
