@@ -211,8 +211,10 @@ def test_a_check_is_computed_and_recorded() -> None:
 
 @pytest.mark.slow
 def test_fast_path_estimates_match_float32_on_a_fixed_sample(default_model_dir: Any) -> None:
+    """bfloat16 tracks float32 closely on a fixed sample; the shipped probe records its own check
+    on its whole held-out split (the automatic choice follows it: the next test)."""
     from capgate.demo import demo_questions
-    from capgate.loading import load_estimator
+    from capgate.loading import default_probe_path, load_estimator
 
     questions = demo_questions(12, seed=3)
     prompts = [q.prompt for q in questions]
@@ -227,7 +229,12 @@ def test_fast_path_estimates_match_float32_on_a_fixed_sample(default_model_dir: 
     assert {e.details["dtype"] for e in b} == {"bfloat16"}
     check = FastPathCheck.of([e.p for e in a], [e.p for e in b], [q.mu_hat for q in questions],
                              dtype="bfloat16", split="12 held-out")  # fmt: skip
-    assert check.passed, check
+    # bfloat16's envelope on this probe (the whole split: 0.018, bench/RESULTS.md): close, yet
+    # wider than the 0.01 the automatic choice asks for.
+    assert 0 < check.max_abs_dp <= 0.03
+    assert abs(check.brier_delta) <= 0.002
+    shipped = recorded_fast_paths(LinearProbe.load(default_probe_path()))["bfloat16"]
+    assert shipped.n == 356  # checked on the whole held-out split
 
 
 @pytest.mark.slow
