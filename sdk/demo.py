@@ -17,10 +17,11 @@ runs out; ``n`` up to the whole split returns every held-out question. The mix i
 answerable questions than the split, so the rates describe the drawn questions, not the split.
 
 **The ungated answer** is the function's first sample with the same seed the gated call's first
-sample uses: the gated call of a question the policy answers returns exactly that text, so the
-demo generates it once and hands it to the gated call (a resample draws its further samples
-live). Time is counted as if both ran: the ungated agent spends the first sample's time, the
-gated one its own call's time plus that sample's when it used it.
+sample uses: the gated call of a question the policy answers returns exactly that text (seeded
+sampling reproduces; ``tests/test_transformers_backend.py``), so the demo generates it once
+and hands it to the gated call (a resample draws its further samples live). Time is counted as
+if both ran: the ungated agent spends the first sample's time, the gated one its own call's time
+plus that sample's when it used it.
 """
 
 from __future__ import annotations
