@@ -34,7 +34,7 @@ import numpy as np
 
 from capgate import Estimate
 from capgate.decision import Decision, DecisionLog, gate_report
-from capgate.decision._schema import INSERT, INSERT_OUTCOME, writer_id
+from capgate.decision._schema import INSERT, INSERT_OUTCOME, UPDATE_Y, writer_id
 
 REPO = Path(__file__).resolve().parents[1]
 ACTIONS = ("answer", "abstain", "clarify", "escalate", "resample", "route")
@@ -96,8 +96,9 @@ def generate(log: DecisionLog, n: int, seed: int = 0) -> None:
                 recorded = (start + timedelta(seconds=i + 90)).isoformat()
                 score = float(mu[i])
                 outcomes.append(("user", None, None, None, score, None, 0, None, recorded, ids[j]))
-        log.store.write_many(INSERT, rows)
-        log.store.write_many(outcome_sql, outcomes)
+        # as the log's own outcome writes do: the outcomes, and each decision's outcome_y refreshed
+        refresh = [(decision_id,) for decision_id in ids]
+        log.store.write_all([(INSERT, rows), (outcome_sql, outcomes), (dialect.render(UPDATE_Y), refresh)])
 
 
 def _timed(fn):  # type: ignore[no-untyped-def]

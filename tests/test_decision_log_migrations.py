@@ -144,6 +144,6 @@ def test_a_version_2_log_migrates_to_outcomes_per_source(new_log_location: Calla
         log.record_outcome(shadow.id, score=0.5, source="grader")
         assert sorted(o.source for o in log.get(shadow.id).outcomes) == ["grader", "unspecified"]
         assert log.integrity_check() == "ok"
-    assert sorted(fetch(location, "SELECT id, shadow, target FROM decisions")) == sorted(
-        [(shadow.id, 1, "m1"), (plain.id, 0, None)]
+    assert sorted(fetch(location, "SELECT id, shadow, target, outcome_y FROM decisions")) == sorted(
+        [(shadow.id, 1, "m1", 0.75), (plain.id, 0, None, None)]  # outcome_y: the mean of 1 and 0.5
     )

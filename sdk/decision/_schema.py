@@ -114,6 +114,15 @@ _V1 = (
 )""",
 )
 
+OUTCOME_VALUE = "COALESCE(CAST(o.correct AS {real}), o.mu_hat, o.score)"
+"""An outcome row's value in [0, 1] (template): correct as 1/0, else mu_hat, else score."""
+UPDATE_Y = (
+    f"UPDATE decisions SET outcome_y = (SELECT AVG({OUTCOME_VALUE}) FROM outcomes o"
+    " WHERE o.decision_id = decisions.id) WHERE id = ?"
+)
+"""Refresh a decision's ``outcome_y`` (template; parameter: its id), in the transaction that
+writes its outcomes: the mean value over its sources, which the report reads off its index."""
+
 _V3 = (
     "ALTER TABLE decisions ADD COLUMN {if_not_exists}shadow INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE decisions ADD COLUMN {if_not_exists}target TEXT",
@@ -135,9 +144,12 @@ _V3 = (
     " SELECT decision_id, 'unspecified', correct, mu_hat, samples_used, latency_s, recorded_at FROM outcomes",
     "DROP TABLE outcomes",
     "ALTER TABLE outcomes_v3 RENAME TO outcomes",
+    "ALTER TABLE decisions ADD COLUMN {if_not_exists}outcome_y {real}",
+    f"UPDATE decisions SET outcome_y = (SELECT AVG({OUTCOME_VALUE}) FROM outcomes o"
+    " WHERE o.decision_id = decisions.id)",
     # covering indexes of the report (capgate.decision.report): it reads only these columns
     "CREATE INDEX IF NOT EXISTS decisions_for_report ON decisions (policy, step, tool, target, shadow,"
-    " created_at, action, p, degraded, latency_s, samples_used, id)",
+    " created_at, action, p, degraded, latency_s, outcome_y, samples_used, id)",
     "CREATE INDEX IF NOT EXISTS outcomes_values ON outcomes (decision_id, source, correct, mu_hat, score)",
 )
 
@@ -150,7 +162,8 @@ _MIGRATIONS: tuple[Migration, ...] = (
     ),
     (
         3,
-        "outcomes per source (binary, rate with k, or score; a note); shadow and target columns",
+        "outcomes per source (binary, rate with k, or score; a note); shadow, target and outcome_y"
+        " columns and the report's covering indexes",
         _V3,
     ),
 )

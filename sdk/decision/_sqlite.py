@@ -78,10 +78,14 @@ class SQLiteStore:
 
     def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """Run one statement per row of parameters in one ``BEGIN IMMEDIATE`` transaction."""
+        return self.write_all([(sql, rows)])[0]
+
+    def write_all(self, batches: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> list[int]:
+        """Run each batch (a statement per row of parameters) in one ``BEGIN IMMEDIATE`` transaction."""
         conn = self._connections.get(self._open)
         try:
             with _transaction(conn):
-                return conn.executemany(sql, rows).rowcount
+                return [conn.executemany(sql, rows).rowcount for sql, rows in batches]
         except sqlite3.OperationalError as exc:
             raise LogUnavailableError(str(exc), location=self.location) from exc
 

@@ -37,6 +37,10 @@ class Store(Protocol):
     def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """Run one statement once per row of parameters, all in one transaction; the rows written."""
 
+    def write_all(self, batches: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> list[int]:
+        """Run each (statement, rows of parameters) batch, all in one transaction; the rows each
+        batch wrote."""
+
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """The rows of one query."""
 

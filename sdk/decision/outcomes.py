@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from capgate._types import Outcome
-from capgate.decision._schema import INSERT_OUTCOME, OUTCOME_COLUMNS, REPLACE_OUTCOME
+from capgate.decision._schema import INSERT_OUTCOME, OUTCOME_COLUMNS, REPLACE_OUTCOME, UPDATE_Y
 from capgate.decision._store import Store
 from capgate.errors import DataError
 
@@ -170,7 +170,8 @@ def attach(log: DecisionLog, outcome: Outcome, *, replace: bool) -> Outcome:
     check_says_something(outcome, log.location)
     store = log.store
     sql = store.dialect.render(REPLACE_OUTCOME if replace else INSERT_OUTCOME)
-    if store.write(sql, params(outcome)):
+    refresh = store.dialect.render(UPDATE_Y)
+    if store.write_all([(sql, [params(outcome)]), (refresh, [(outcome.decision_id,)])])[0]:
         return outcome
     existing = stored(log, [outcome.decision_id]).get((outcome.decision_id, outcome.source))
     if existing is None:  # nothing written and nothing there: the decision is not in the log
@@ -297,6 +298,8 @@ def import_outcomes(
         raise OutcomeImportError(path, errors)
     if writes:
         sql = log.store.dialect.render(REPLACE_OUTCOME if replace else INSERT_OUTCOME)
-        log.store.write_many(sql, [params(o) for o in writes.values()])
+        refresh = log.store.dialect.render(UPDATE_Y)
+        touched = [(decision_id,) for decision_id in dict.fromkeys(o.decision_id for o in writes.values())]
+        log.store.write_all([(sql, [params(o) for o in writes.values()]), (refresh, touched)])
     bad_lines = len({e.line for e in errors})
     return ImportSummary(imported=len(writes), unchanged=unchanged, skipped=bad_lines, errors=errors)

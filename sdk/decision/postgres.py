@@ -234,11 +234,18 @@ class PostgresStore:
 
     def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """Run one statement per row of parameters, in one transaction; the rows written."""
+        return self.write_all([(sql, rows)])[0]
 
-        def work(conn: Any) -> int:
+    def write_all(self, batches: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> list[int]:
+        """Run each batch (a statement per row of parameters), all in one transaction."""
+
+        def work(conn: Any) -> list[int]:
+            written = []
             with conn.transaction(), conn.cursor() as cursor:
-                cursor.executemany(_pg(sql), rows)
-                return int(cursor.rowcount)
+                for sql, rows in batches:
+                    cursor.executemany(_pg(sql), rows)
+                    written.append(int(cursor.rowcount))
+            return written
 
         return self._run(work)
 

@@ -24,10 +24,11 @@ for the calibration metrics (resamples of at most 2,000 decisions, widths rescal
 sqrt(m / n) beyond that). A group with fewer than ``min_outcomes`` outcomes says how many it has
 and gives no outcome-based rate; a rate whose denominator is 0 is ``None``.
 
-Only the columns needed are read, from covering indexes (the groups and their samples are summed
-in SQL, an outcome's y averaged in SQL), so a window of a million decisions is reported in seconds
-(``bench/report_bench.py``). A candidate policy
-(``policy=``) is replayed on the logged estimates and outcomes by
+Only the columns needed are read, off a covering index (the groups and their samples are summed
+in SQL; each decision's y is kept in its row, ``outcome_y``, by the transaction that writes an
+outcome), so a million decisions are read in seconds (``bench/report_bench.py``); with ``source``
+y is averaged from that source's outcomes instead (slower: one index lookup per decision). A
+candidate policy (``policy=``) is replayed on the logged estimates and outcomes by
 :func:`capgate.decision.simulate.replay_policy`, the replay ``capgate simulate`` uses.
 
 Example:
@@ -61,6 +62,7 @@ from numpy.typing import NDArray
 from capgate._types import Action
 from capgate._validate import check_int_at_least
 from capgate.decision._report_stats import Calibration, Rate, bootstrap_calibration, wilson
+from capgate.decision._schema import OUTCOME_VALUE
 from capgate.decision.simulate import ACTIONS, ReplaySummary, replay_policy
 
 if TYPE_CHECKING:
@@ -227,12 +229,14 @@ def _rows_of(
 ) -> NDArray[np.float64]:
     """One group's decisions as rows of (action code, p, degraded, latency, y): NaN where unknown.
 
-    The decisions are found on their covering index (``decisions_for_report``) and each one's y
-    on the outcomes' (``outcomes_values``), so only these columns are read."""
+    They are read off the covering index ``decisions_for_report``, which holds each decision's
+    ``outcome_y`` (the mean over its sources, kept up to date in the transaction that writes an
+    outcome); for one ``source``, y is averaged from the outcomes' index ``outcomes_values``."""
     dialect = log.store.dialect
-    value = f"COALESCE(CAST(o.correct AS {dialect.real}), o.mu_hat, o.score)"
-    only = " AND o.source = ?" if source is not None else ""
-    y = f"(SELECT AVG({value}) FROM outcomes o WHERE o.decision_id = d.id{only})"
+    y = "d.outcome_y"
+    if source is not None:
+        value = dialect.render(OUTCOME_VALUE)
+        y = f"(SELECT AVG({value}) FROM outcomes o WHERE o.decision_id = d.id AND o.source = ?)"
     where, params = window
     match = " AND ".join(f"d.{c} {dialect.same} ?" for c in _KEY)
     where = f" WHERE {match}" + (where.replace(" WHERE ", " AND ", 1) if where else "")
