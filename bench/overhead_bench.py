@@ -26,6 +26,11 @@ default model's labels):
   one request, and the prefix-caching fallback, each against a plain (cold) generation.
 * breakdown (unless ``--no-breakdown``): where the 24-token shared-prefill call's time goes.
 
+Issue 22 rows: the same gate in shadow mode (its estimate beside the call) on the local path, and
+on the remote path the verbalized estimator in shadow mode and speculative (the call started with
+its estimate), each as the median of paired gated/ungated ratios, and what a speculative call
+discarded when the policy blocked it.
+
 Run: ``python bench/overhead_bench.py [--local] [--questions N] [--server URL --served-model
 NAME] [--repeats R] [--vllm-engine]``. The last line is ``overhead: local R1× (24 tok) R2× (128 tok)``
 (shared-prefill path), followed by ``; verbalized R3×; calls/query C`` when a server was measured.
@@ -71,12 +76,15 @@ def timed(call: Callable[[], Any]) -> float:
 def measure_local(
     backend: Any, estimator: Any, prompts: list[str], max_tokens: int, repeats: int = 1
 ) -> float:
-    """Ungated vs standalone-probe vs shared-prefill gated calls; returns the shared ratio."""
+    """Ungated vs standalone-probe vs shared-prefill gated calls vs the same gate in shadow mode;
+    returns the shared ratio. A shadow call's estimate runs beside it (the timed call); the next
+    call starts once that estimate is done (flushed, untimed), so none spills into another's time."""
     from capgate._prefill import prefill_cache
 
     cache = prefill_cache(backend.loaded)
     ask = ask_with(backend, max_tokens)
     gated = guard(policy=ALWAYS_ANSWER, estimator=estimator)(ask)
+    shadow = guard(policy=ALWAYS_ANSWER, estimator=estimator, mode="shadow")(ask)
 
     def standalone(prompt: str) -> None:
         cache.enabled = False
@@ -85,28 +93,40 @@ def measure_local(
         finally:
             cache.enabled = True
 
-    paths: dict[str, Callable[[str], Any]] = {"ungated": ask, "standalone": standalone, "shared": gated}
+    paths: dict[str, Callable[[str], Any]] = {
+        "ungated": ask,
+        "standalone": standalone,
+        "shared": gated,
+        "shadow": shadow,
+    }
     names = list(paths)
     times: dict[str, list[float]] = {name: [] for name in paths}
     rounds = [prompt for prompt in prompts for _ in range(repeats)]
     for turn, prompt in enumerate([prompts[0], *rounds]):  # the first round warms every path up
         # The order rotates from one question to the next, so no path always runs first or last.
-        for name in names[turn % 3 :] + names[: turn % 3]:
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
             cache.clear()
             times[name].append(timed(lambda call=paths[name], prompt=prompt: call(prompt)))
+            shadow.gate.flush()
     medians = {name: statistics.median(values[1:]) for name, values in times.items()}
     plain = medians["ungated"]
-    for name, label in (("standalone", "probe (own prefill)"), ("shared", "probe (shared prefill)")):
+    labels = (
+        ("standalone", "probe (own prefill)"),
+        ("shared", "probe (shared prefill)"),
+        ("shadow", "probe in shadow mode"),
+    )
+    for name, label in labels:
         gate = medians[name]
         print(ROW.format(f"local {max_tokens} tok: {label} + policy", f"{plain:.3f}", f"{gate:.3f}",
                          f"{gate / plain:.2f}x"))  # fmt: skip
     # Paired: the median over calls of gated / ungated for the same question in the same round.
     paired = {
         name: statistics.median(g / u for g, u in zip(times[name][1:], times["ungated"][1:], strict=True))
-        for name in ("standalone", "shared")
+        for name in ("standalone", "shared", "shadow")
     }
     print(f"local {max_tokens} tok, median of paired ratios: own prefill {paired['standalone']:.3f}x, "
-          f"shared prefill {paired['shared']:.3f}x ({len(rounds)} calls per path)")  # fmt: skip
+          f"shared prefill {paired['shared']:.3f}x, shadow {paired['shadow']:.3f}x "
+          f"({len(rounds)} calls per path)")  # fmt: skip
     return medians["shared"] / plain
 
 
@@ -207,20 +227,55 @@ def measure_batching(estimator: CapabilityEstimator, prompts: list[str]) -> None
 
 
 def measure_remote(
-    ask: Callable[[str], str], estimator: CapabilityEstimator, prompts: list[str], label: str
-) -> float:
-    gated = guard(policy=ALWAYS_ANSWER, estimator=estimator)(ask)
+    ask: Callable[[str], str],
+    estimator: CapabilityEstimator,
+    prompts: list[str],
+    label: str,
+    policy: Policy = ALWAYS_ANSWER,
+    **settings: Any,
+) -> tuple[float, float]:
+    """Ungated vs gated (``settings``: e.g. ``mode="shadow"``, ``speculative=True``) on the server;
+    prints both medians and the median of the paired ratios; returns the ratio of the medians and
+    the paired ratio."""
+    gated = guard(policy=policy, estimator=estimator, **settings)(ask)
     ask(prompts[0])  # warm-up both paths once
     gated(prompts[0])
+    gated.gate.flush()
     plain_s: list[float] = []
     gated_s: list[float] = []
-    for prompt in prompts:
-        plain_s.append(timed(lambda prompt=prompt: ask(prompt)))
-        gated_s.append(timed(lambda prompt=prompt: gated(prompt)))
+    for turn, prompt in enumerate(prompts):  # alternate which path goes first
+        pair = [("plain", ask), ("gated", gated)]
+        for name, call in pair if turn % 2 == 0 else pair[::-1]:
+            (plain_s if name == "plain" else gated_s).append(
+                timed(lambda call=call, prompt=prompt: call(prompt))
+            )
+            gated.gate.flush()  # a shadow estimate ends before the next call starts (untimed)
     plain, gate = statistics.median(plain_s), statistics.median(gated_s)
+    paired = statistics.median(g / u for g, u in zip(gated_s, plain_s, strict=True))
     print(ROW.format(f"remote: {label} + policy", f"{plain:.3f}", f"{gate:.3f}",
                      f"{gate / plain:.2f}x"))  # fmt: skip
-    return gate / plain
+    print(f"remote: {label}, median of paired ratios {paired:.3f}x ({len(prompts)} calls per path)")
+    return gate / plain, paired
+
+
+def measure_discarded(ask: Callable[[str], str], estimator: CapabilityEstimator, prompts: list[str]) -> None:
+    """Speculative gating under a policy that blocks: what the blocked calls cost before discarding."""
+    from capgate import Gated
+
+    strict = Policy.from_yaml_text(
+        "version: 1\nname: answer-above-half\nbands:\n  - below: 0.5\n    action: abstain\n"
+        "  - action: answer\non_degraded: abstain\n",
+        source="bench",
+    )
+    gated = guard(policy=strict, estimator=estimator, speculative=True)(ask)
+    blocked = [r for r in map(gated, prompts) if isinstance(r, Gated)]
+    spent = [r.decision.speculation.call_s for r in blocked if r.decision.speculation is not None]
+    known = [s for s in spent if s is not None]
+    print(
+        f"speculative, abstain below p=0.5: {len(blocked)} of {len(prompts)} calls blocked and discarded "
+        f"(started with their estimate; {len(known)} had finished, {sum(known):.2f} s of calls thrown away; "
+        "a sync call cannot be cancelled, an async one is)"
+    )
 
 
 def main() -> None:
@@ -260,7 +315,7 @@ def main() -> None:
     if args.vllm_engine and not args.local:
         measure_vllm_engine(prompts, args.vllm_python)
     measure_batching(estimator, prompts)
-    line = f"overhead: local {short:.2f}× (24 tok) {long:.2f}× (128 tok)"
+    line = f"overhead: local {short:.2f}× (24 tok) {long:.2f}× (128 tok) (shadow: see the paired rows)"
     if args.server and not args.local:
         from capgate.adapters.backends.openai import OpenAIBackend
         from capgate.estimators import VerbalizedConfidence
@@ -271,12 +326,18 @@ def main() -> None:
         # Free-text \\boxed{P} (before section 3 of issue 11) beside structured output (JSON schema).
         for label, structured in (("verbalized, free text", False), ("verbalized, structured", True)):
             verbalized = VerbalizedConfidence(remote, structured=structured)
-            ratio = measure_remote(ask_with(remote, 24), verbalized, prompts, label)
+            ratio, _ = measure_remote(ask_with(remote, 24), verbalized, prompts, label)
             estimates = verbalized.estimate(prompts)
             calls = statistics.mean(e.cost.calls for e in estimates)
             parsed = statistics.mean(e.p is not None and e.details.get("tries") == 1 for e in estimates)
             print(f"{label:<40} calls/query {calls:.2f}; parsed on the first try {parsed:.0%}")
         line += f"; verbalized {ratio:.2f}×; calls/query {calls:.2f}"
+        # Issue 22: the same estimator beside the call (shadow) and started with it (speculative).
+        ask24 = ask_with(remote, 24)
+        _, shadow = measure_remote(ask24, verbalized, prompts, "verbalized, shadow mode", mode="shadow")
+        _, spec = measure_remote(ask24, verbalized, prompts, "verbalized, speculative", speculative=True)
+        measure_discarded(ask24, verbalized, prompts)
+        line += f"; verbalized shadow {shadow:.2f}×, speculative {spec:.2f}× (paired)"
     print(line)
 
 
