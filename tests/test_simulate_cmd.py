@@ -107,7 +107,7 @@ def test_bad_policy_file_lists_its_errors(tmp_path: Path) -> None:
     assert result.stderr.splitlines() == [
         f"error: {path}:1: field 'on_degraded': missing required key 'on_degraded'",
         f"error: {path}:3: field 'bands2': unknown key 'bands2' "
-        "(allowed here: version, name, description, bands, on_degraded, steps, tools)",
+        "(allowed here: version, name, description, bands, on_degraded, steps, tools, mode)",
     ]
 
 
