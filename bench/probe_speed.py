@@ -29,10 +29,12 @@ Run: ``python bench/probe_speed.py [--threads 2] [--repeats 2] [--check-n N] [--
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +108,11 @@ def profile(loaded: Any, probe: LinearProbe, prompts: list[str]) -> None:
         estimator.estimate(prompts[:4])  # warm-up
         encode = timed(lambda featurizer=featurizer: featurizer._encode(prompts))
         encoded = featurizer._encode(prompts)
-        chunks = [
-            encoded[i : i + featurizer.batch_size] for i in range(0, len(encoded), featurizer.batch_size)
-        ]
+        if name == "now":  # its own passes: by length, bounded padding
+            chunks = [[encoded[i] for i in chunk] for chunk in featurizer._chunks(encoded)]
+        else:  # today's: sorted by length, fixed passes of 8
+            ordered = sorted(encoded, key=len)
+            chunks = [ordered[i : i + 8] for i in range(0, len(ordered), 8)]
         pad = timed(lambda chunks=chunks: [padded(loaded, c) for c in chunks])
         reader = featurizer._reader()
         with torch.inference_mode():
@@ -193,12 +197,15 @@ def speed_table(
 
 
 def check(loaded: Any, probe: LinearProbe, n: int | None) -> FastPathCheck:
-    questions = demo_questions(10_000, seed=0)
-    questions = questions[:n] if n else questions
+    held_out = json.loads((resources.files("capgate.assets") / "default_split.json").read_text("utf-8"))[
+        "test"
+    ]
+    questions = demo_questions(min(n or len(held_out), len(held_out)), seed=0)
     prompts = [q.prompt for q in questions]
     p32 = [e.p for e in estimator_for(loaded, probe, "float32", 32).estimate(prompts)]
     pbf = [e.p for e in estimator_for(loaded, probe, "bfloat16", 32).estimate(prompts)]
-    split = f"{'all ' if not n else ''}{len(prompts)} held-out queries of the shipped split"
+    every = "all " if len(prompts) == len(held_out) else ""
+    split = f"{every}{len(prompts)} held-out queries of the shipped split"
     result = FastPathCheck.of(p32, pbf, [q.mu_hat for q in questions], dtype="bfloat16", split=split)
     worst = int(np.argmax(np.abs(np.asarray(pbf) - np.asarray(p32))))
     print(
@@ -239,7 +246,8 @@ def main() -> None:
         f"data: held-out prompts of the shipped split (mean {tokens:.0f} tokens templated); probe reads "
         f"hidden state(s) {list(chosen.featurizer.layer_indices)} of {loaded.num_hidden_layers}; "
         f"load_estimator('default') chose {chosen.featurizer.dtype} "
-        f"(recorded check: {'passed' if recorded and recorded.passed else 'none or failed'})"
+        f"(recorded check: {'none' if recorded is None else recorded.model_dump()}, "
+        f"{'passed' if recorded and recorded.passed else 'not passed'})"
     )
     result = check(loaded, probe, args.check_n or None)
     if args.record:
