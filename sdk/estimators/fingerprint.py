@@ -7,7 +7,7 @@ folder) beside the cached estimates and compare it with the installed estimator'
 them back.
 
 * A probe's fingerprint hashes its weights file, its metadata JSON (settings, training summary,
-  feature spec) and the reader's feature spec (model id, weights fingerprint, layers, pooling,
+  feature spec; not the record of a later bfloat16 check) and the reader's feature spec (model id, weights fingerprint, layers, pooling,
   chat template...). A saved folder and the :class:`~capgate.estimators.ProbeEstimator` loaded
   from it (``capgate.load_estimator``) have the same fingerprint, so a cache can be checked
   without loading the reader model.
@@ -60,6 +60,11 @@ def _probe_digest(folder: Path, reader_spec: object | None) -> str:
     if not isinstance(meta, dict):
         raise DataError("probe metadata is not a JSON object", path=meta_path)
     spec = meta.get("feature_spec") if reader_spec is None else spec_as_dict(reader_spec)
+    validation = meta.get("validation")
+    if isinstance(validation, dict) and "fast_path" in validation:
+        # A fast-path check run after fitting records whether bfloat16 may be used; it changes
+        # nothing the probe estimates in the dtype its spec names (a reader's dtype is in ``spec``).
+        meta = {**meta, "validation": {k: v for k, v in validation.items() if k != "fast_path"}}
     weights_sha = sha256_file(weights)
     return "probe-sha256:" + _digest(_VERSION, "probe", weights_sha, _canonical(meta), _canonical(spec))
 
