@@ -6,8 +6,9 @@
   (LangGraph, LangChain).
 
 Each adapter has one import path, under its layer (``capgate.adapters.backends.openai``,
-``capgate.adapters.agents.langgraph``, ...). Each imports its heavy dependency (transformers, openai, vllm, langgraph, langchain) only when imported, so
-importing :mod:`capgate.adapters` itself costs nothing.
+``capgate.adapters.agents.langgraph``, ...). Each imports its heavy dependency (transformers,
+openai, vllm, langgraph, langchain) only when imported, so importing :mod:`capgate.adapters`
+itself costs nothing.
 """
 
 __all__: list[str] = []

@@ -43,9 +43,7 @@ def parse_time(text: str, option: str, *, now: datetime | None = None) -> dateti
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
-        fail(
-            f"{option} must be an ISO date or time (2026-12-01T08:00) or a span (24h, 7d); got {text!r}"
-        )
+        fail(f"{option} must be an ISO date or time (2026-12-01T08:00) or a span (24h, 7d); got {text!r}")
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 

@@ -7,10 +7,10 @@ folder) beside the cached estimates and compare it with the installed estimator'
 them back.
 
 * A probe's fingerprint hashes its weights file, its metadata JSON (settings, training summary,
-  feature spec; not the record of a later bfloat16 check) and the reader's feature spec (model id, weights fingerprint, layers, pooling,
-  chat template...). A saved folder and the :class:`~capgate.estimators.ProbeEstimator` loaded
-  from it (``capgate.load_estimator``) have the same fingerprint, so a cache can be checked
-  without loading the reader model.
+  feature spec; not the record of a later bfloat16 check) and the reader's feature spec (model
+  id, weights fingerprint, layers, pooling, chat template...). A saved folder and the
+  :class:`~capgate.estimators.ProbeEstimator` loaded from it (``capgate.load_estimator``) have
+  the same fingerprint, so a cache can be checked without loading the reader model.
 * Any other estimator's fingerprint hashes its class and constructor settings (nested estimators
   by their own fingerprint; a backend by its class and model name).
 """
