@@ -25,6 +25,23 @@ QUERIES = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def no_shared_prefill() -> Any:
+    """These tests read the reader's own pass: a sampling backend of the same model, built by an
+    earlier test of the session, turns the shared prefill on for it (the full pass in the model's
+    dtype); switch that off here and restore it after."""
+    from capgate import _prefill
+
+    with _prefill._REGISTRY_LOCK:
+        caches = list(_prefill._REGISTRY.values())
+    were = [cache.enabled for cache in caches]
+    for cache in caches:
+        cache.enabled = False
+    yield
+    for cache, enabled in zip(caches, were, strict=True):
+        cache.enabled = enabled
+
+
 def full_pass_states(loaded: LoadedModel, query: Any) -> torch.Tensor:
     """Every hidden state of one unpadded query from the model's full pass: (layers + 1, tokens, dim)."""
     ids = torch.tensor([loaded.prompt_ids(query)])
