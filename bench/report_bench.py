@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+from decision_log_bench import _fresh_schema, _postgres_url  # the same throwaway server and schema
 
 from capgate import Estimate
 from capgate.decision import Decision, DecisionLog, gate_report
@@ -129,31 +130,6 @@ def bench(location: str | Path, n: int, parse_sample: int) -> dict[str, float]:
         "parse_s": parse_all_s,
         "groups": float(len(report.groups)),
     }
-
-
-def _postgres_url(given: str | None) -> tuple[str, Path | None]:
-    url = given or os.environ.get("CAPGATE_TEST_POSTGRES_URL")
-    if url:
-        return url, None
-    state = Path(tempfile.mkdtemp(prefix="capgate-pg-bench-"))
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts/postgres-server.sh"), "start"],
-        env={**os.environ, "CAPGATE_PG_STATE_DIR": str(state)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip(), state
-
-
-def _fresh_schema(base: str) -> str:
-    import psycopg
-
-    schema = f"report_bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in base else "?"
-    return f"{base}{sep}options=-csearch_path%3D{schema}"
 
 
 def main() -> None:
