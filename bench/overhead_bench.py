@@ -33,7 +33,8 @@ discarded when the policy blocked it.
 
 Run: ``python bench/overhead_bench.py [--local] [--questions N] [--server URL --served-model
 NAME] [--repeats R] [--vllm-engine]``. The last line is ``overhead: local R1× (24 tok) R2× (128 tok)``
-(shared-prefill path), followed by ``; verbalized R3×; calls/query C`` when a server was measured.
+(shared-prefill path), followed by ``; verbalized R3×; calls/query C; verbalized shadow R4×,
+speculative R5× (paired)`` when a server was measured.
 """
 
 from __future__ import annotations
@@ -315,7 +316,7 @@ def main() -> None:
     if args.vllm_engine and not args.local:
         measure_vllm_engine(prompts, args.vllm_python)
     measure_batching(estimator, prompts)
-    line = f"overhead: local {short:.2f}× (24 tok) {long:.2f}× (128 tok) (shadow: see the paired rows)"
+    line = f"overhead: local {short:.2f}× (24 tok) {long:.2f}× (128 tok)"
     if args.server and not args.local:
         from capgate.adapters.backends.openai import OpenAIBackend
         from capgate.estimators import VerbalizedConfidence
