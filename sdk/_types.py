@@ -16,11 +16,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeAlias
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import (
     AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -48,6 +51,7 @@ __all__ = [
     "Mode",
     "Outcome",
     "PaperConfidenceGap",
+    "ReaderFeatures",
     "RoutePlan",
     "Sample",
     "SamplingPlan",
@@ -85,6 +89,32 @@ class Cost(BaseModel):
         )
 
 
+class ReaderFeatures:
+    """The features an estimator's reader computed for one query, carried beside its estimate.
+
+    Never serialized and never compared: two estimates with the same fields are equal whatever
+    features they carry (a gate with ``log_features`` writes them to its log without a second pass).
+
+    Attributes:
+        vector: The query's feature vector (float32, shape ``(dim,)``).
+        spec: The reader's feature spec, as a JSON-able dict (model, fingerprint, layers, dim...).
+    """
+
+    __slots__ = ("spec", "vector")
+
+    def __init__(self, vector: npt.NDArray[np.float32], spec: dict[str, Any]) -> None:
+        self.vector = vector
+        self.spec = spec
+
+    def __eq__(self, other: object) -> bool:
+        return True  # features ride along; they never make two estimates differ
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"ReaderFeatures(dim={self.vector.shape[-1]}, model_id={self.spec.get('model_id')!r})"
+
+
 class Estimate(BaseModel):
     """A predicted capability µ(x): the probability that a sampled response is correct.
 
@@ -116,6 +146,7 @@ class Estimate(BaseModel):
     reason: str | None = None
     cost: Cost = Field(default_factory=Cost)
     details: dict[str, Any] = Field(default_factory=dict)
+    _features: ReaderFeatures | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _check_degraded(self) -> Estimate:
@@ -134,6 +165,27 @@ class Estimate(BaseModel):
     def unavailable(cls, method: str, reason: str, *, cost: Cost | None = None, **details: Any) -> Estimate:
         """An estimate that could not be had; policies route it to their ``on_degraded`` action."""
         return cls(p=None, method=method, degraded=True, reason=reason, cost=cost or Cost(), details=details)
+
+    def with_features(self, vector: npt.ArrayLike, spec: dict[str, Any]) -> Estimate:
+        """A copy carrying the reader features the estimate was made from (see :meth:`features`).
+
+        The vector is copied (float32), so the estimate never keeps a whole batch alive.
+        """
+        copy = self.model_copy()
+        copy._features = ReaderFeatures(np.array(vector, dtype=np.float32, copy=True), dict(spec))
+        return copy
+
+    def features(self) -> ReaderFeatures | None:
+        """The reader features this estimate was made from, when its estimator kept them (a
+        probe does); ``None`` otherwise. Kept in memory only: never serialized or compared.
+
+        Example:
+            >>> plain = Estimate(p=0.7, method="probe")
+            >>> e = plain.with_features([1.0, 2.0], {"model_id": "m", "dim": 2})
+            >>> e.features().vector.tolist(), e == plain, "1.0" in e.model_dump_json()
+            ([1.0, 2.0], True, False)
+        """
+        return self._features
 
 
 class Sample(BaseModel):
@@ -300,6 +352,10 @@ class Decision(BaseModel):
             one the call goes to, and the gate was told to allow it (``allow_other_target``).
         shadow: A shadow decision: made and logged beside the call, not acted on (``action`` is
             what the gate would have done; the call proceeded as if answered).
+        calibration: The version of the calibration (``capgate calibrate``) the decision was made
+            under; ``None`` when the gate ran uncalibrated.
+        beside: For a candidate calibration's shadow decision: the id of the decision it was made
+            beside (on the same query), so the two can be compared on that decision's outcome.
         speculation: For a speculatively gated call, started with its estimate: whether its result
             was discarded and what it cost.
         step: Agent step (graph node) the query came from, if any.
@@ -327,6 +383,8 @@ class Decision(BaseModel):
     target: str | None = None
     target_override: bool = False
     shadow: bool = False
+    calibration: str | None = None
+    beside: str | None = None
     speculation: Speculation | None = None
     step: str | None = None
     tool: str | None = None

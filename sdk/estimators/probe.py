@@ -201,7 +201,12 @@ class ProbeEstimator(CapabilityEstimator):
         return self.probe.predict(self._transform(queries))
 
     def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
-        """One :class:`~capgate.Estimate` per query, ``method="probe"`` (fail-closed per query)."""
+        """One :class:`~capgate.Estimate` per query, ``method="probe"`` (fail-closed per query).
+
+        Each usable estimate carries the query's features and the featurizer's spec
+        (:meth:`Estimate.features <capgate.Estimate.features>`: in memory only), so a gate that
+        logs features for learning needs no second pass.
+        """
         self._check_ready()
         queries = list(queries)
         if not queries:
@@ -218,6 +223,7 @@ class ProbeEstimator(CapabilityEstimator):
                 rows = [self._featurize_alone(q) for q in queries]
         elapsed = time.perf_counter() - start
         dim = self.probe.n_features_in_
+        spec = spec_as_dict(self.featurizer.spec)  # carried with each estimate's features
         cost = Cost(forward_passes=1, calls=1, latency_s=elapsed / len(queries))
         details = {"batch_size": len(queries), "batch_latency_s": elapsed, **made}
         estimates: list[Estimate] = []
@@ -237,7 +243,8 @@ class ProbeEstimator(CapabilityEstimator):
                 )
                 continue
             p = float(self.probe.predict(row[None, :])[0])
-            estimates.append(Estimate(p=p, method=self.method, cost=cost, details=details))
+            estimate = Estimate(p=p, method=self.method, cost=cost, details=details)
+            estimates.append(estimate.with_features(row, spec))
         return estimates
 
     def _featurize_alone(self, query: Prompt) -> npt.NDArray[np.float32] | str:
