@@ -34,7 +34,7 @@ from capgate.adapters.agents.langchain import (
     CapabilityUnavailableError,
     CapgateChatModel,
     CapgateDecisionModel,
-    capability_router,
+    choose_model_by_capability,
 )
 from capgate.policies import Policy
 
@@ -117,7 +117,9 @@ def test_settings_are_checked_at_once() -> None:
     with pytest.raises(SettingsError, match="edge"):
         CapgateDecisionModel(policy=POLICY, edge=1.5)
     with pytest.raises(SettingsError, match="routes"):
-        capability_router({"a": "unused", "b": "unused"}, policy=POLICY, routes={"a": KeywordEstimator({})})
+        choose_model_by_capability(
+            {"a": "unused", "b": "unused"}, policy=POLICY, routes={"a": KeywordEstimator({})}
+        )
     no_answer = Policy(name="never", bands=[{"action": "abstain"}], on_degraded="abstain")
     model = CapgateDecisionModel(
         policy=no_answer, estimator=KeywordEstimator(TABLE), routes={"a": KeywordEstimator({})}
@@ -216,7 +218,7 @@ def test_the_router_sends_each_run_to_the_cheapest_capable_serving(
     edge = (p_easy + p_hard) / 2
     local, server = Counting(real_backend), Counting(server_backend)
     params = SamplingParams(max_tokens=12, temperature=0.0)
-    router = capability_router(
+    router = choose_model_by_capability(
         {
             "local": ModelChoice(model=CapgateChatModel(backend=local, params=params), criteria="in-process"),
             "server": ModelChoice(model=CapgateChatModel(backend=server, params=params), criteria="vLLM"),

@@ -32,7 +32,7 @@ from capgate.adapters.agents.langgraph import (
     ToolCallGate,
     capability_node,
     capability_subgraph,
-    decision_router,
+    decision_branch,
     read_decision,
 )
 from capgate.policies import Policy
@@ -218,7 +218,7 @@ def test_capability_node_and_router_in_a_custom_graph(model: CapgateChatModel) -
     graph.add_edge(START, "gate")
     graph.add_conditional_edges(
         "gate",
-        decision_router(),
+        decision_branch(),
         {
             "answer": "reply",
             "abstain": "decline",

@@ -2,7 +2,7 @@
 (:class:`~capgate.adapters.agents.chat_model.CapgateChatModel`, a chat model over any capgate
 backend, lives beside it, and so do capgate's pieces for LangChain's own hooks,
 :mod:`capgate.adapters.agents.langchain_hooks`: ``CapabilityApproval``, ``CapgateDecisionModel``,
-``capability_router``).
+``choose_model_by_capability``).
 
 ``CapabilityGate`` gates every model step of an agent by the model's predicted capability:
 
@@ -69,7 +69,7 @@ from capgate.adapters.agents.langchain_hooks import (
     CapabilityApproval,
     CapabilityUnavailableError,
     CapgateDecisionModel,
-    capability_router,
+    choose_model_by_capability,
 )
 from capgate.backend import ChatMessage
 from capgate.errors import SettingsError
@@ -84,7 +84,7 @@ __all__ = [
     "CapabilityUnavailableError",
     "CapgateChatModel",
     "CapgateDecisionModel",
-    "capability_router",
+    "choose_model_by_capability",
     "model_target",
 ]
 

@@ -8,7 +8,7 @@
   ``Noul`` ("will the model answer this correctly?") with the capability estimate as the
   probability, a ``Score`` with the same estimate on the rubric, and a ``Choice`` among model
   choices by routing (below), so capgate stands wherever LangChain takes a decision model.
-* :func:`capability_router` is LangChain's ``ModelRouterMiddleware`` with a capgate decision
+* :func:`choose_model_by_capability` is LangChain's ``ModelRouterMiddleware`` with a capgate decision
   model as its classifier: with one estimator per model choice (``routes``), each run goes to the
   cheapest choice whose predicted capability clears the edge, else to the strongest.
 
@@ -52,7 +52,7 @@ __all__ = [
     "CapabilityApproval",
     "CapabilityUnavailableError",
     "CapgateDecisionModel",
-    "capability_router",
+    "choose_model_by_capability",
 ]
 
 ROUTER_INSTRUCTIONS = (
@@ -345,7 +345,7 @@ def _request_id(verdict: Verdict | None) -> str | None:
 # --------------------------------------------------------------------------- routing
 
 
-def capability_router(
+def choose_model_by_capability(
     choices: Mapping[str, ModelChoice | Any],
     *,
     gate: Gate | None = None,

@@ -1,10 +1,10 @@
-"""LangGraph integration: capability nodes, a decision router, a gated answer subgraph with human
+"""LangGraph integration: capability nodes, a branch on the decision, a gated answer subgraph with human
 escalation, and a tool-call gate for ``ToolNode``.
 
 * :func:`capability_node` estimates the capability of the step's query (read from graph state)
   and writes the estimate and the policy's decision into state (as JSON dicts).
-* :func:`route_on_decision` (or :func:`decision_router` for another key) routes on the decided
-  action in ``add_conditional_edges``.
+* :func:`branch_on_decision` (or :func:`decision_branch` for another key) branches on the
+  decided action in ``add_conditional_edges``.
 * :func:`capability_subgraph` returns an **uncompiled** ``StateGraph``
   (estimate → answer | abstain | clarify | escalate | resample) that the caller compiles with its
   own checkpointer. ``clarify`` and ``escalate`` pause with ``interrupt()``; resume with
@@ -80,11 +80,11 @@ __all__ = [
     "EscalationResponse",
     "QuerySource",
     "ToolCallGate",
+    "branch_on_decision",
     "capability_node",
     "capability_subgraph",
-    "decision_router",
+    "decision_branch",
     "read_decision",
-    "route_on_decision",
 ]
 
 ACTIONS: tuple[Action, ...] = ("answer", "abstain", "clarify", "escalate", "resample", "route")
@@ -146,7 +146,7 @@ def capability_node(
 
     The node works in sync and async graphs (``invoke`` / ``ainvoke``; the async path uses the
     estimator's ``aestimate``). Its state must have the two keys (see :class:`CapabilityState`).
-    The decision is self-contained: route on it (:func:`route_on_decision`) and act on it later,
+    The decision is self-contained: branch on it (:func:`branch_on_decision`) and act on it later,
     also in another process, without the policy.
 
     Args:
@@ -176,11 +176,12 @@ def capability_node(
     return RunnableLambda(lambda state: drive(flow(state)), afunc=aestimate, name="capgate_estimate")
 
 
-def decision_router(decision_key: str = "capgate_decision") -> Callable[[Mapping[str, Any]], Action]:
-    """A routing function for ``add_conditional_edges``: the action of the decision in state.
+def decision_branch(decision_key: str = "capgate_decision") -> Callable[[Mapping[str, Any]], Action]:
+    """A path function for ``add_conditional_edges``: the action of the decision in state
+    (named "branch", not "route": ``route`` is the policy action that chooses a model).
 
     Example:
-        >>> decision_router("d")({"d": {"action": "clarify"}})
+        >>> decision_branch("d")({"d": {"action": "clarify"}})
         'clarify'
     """
 
@@ -196,8 +197,8 @@ def decision_router(decision_key: str = "capgate_decision") -> Callable[[Mapping
     return route
 
 
-route_on_decision = decision_router()
-"""Route on ``state["capgate_decision"]``: returns ``"answer"``, ``"abstain"``, ``"clarify"``,
+branch_on_decision = decision_branch()
+"""Branch on ``state["capgate_decision"]``: returns ``"answer"``, ``"abstain"``, ``"clarify"``,
 ``"escalate"``, ``"resample"`` or ``"route"``."""
 
 
@@ -360,7 +361,7 @@ def capability_subgraph(
     targets: dict[Hashable, str] = {
         a: "answer" if a == "route" else a for a in ACTIONS
     }  # a routed query is answered
-    graph.add_conditional_edges("estimate", route_on_decision, targets)
+    graph.add_conditional_edges("estimate", branch_on_decision, targets)
     for node in ("answer", "resample", "abstain"):
         graph.add_edge(node, END)
     return graph
