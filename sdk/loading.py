@@ -12,8 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from capgate.errors import DataError, ProbeMismatchError
 
 if TYPE_CHECKING:
+    from capgate.estimators.base import CapabilityEstimator
     from capgate.estimators.guarded import InjectionGuard
     from capgate.estimators.probe import LinearProbe, ProbeEstimator
+    from capgate.learn import Calibration
 
 __all__ = [
     "DEFAULT_PROBE",
@@ -152,6 +154,7 @@ def load_estimator(
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
     batch_size: int = 32,
     guard: Literal[True],
+    calibration: None = None,
 ) -> InjectionGuard: ...
 
 
@@ -164,7 +167,21 @@ def load_estimator(
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
     batch_size: int = 32,
     guard: Literal[False] = ...,
+    calibration: None = None,
 ) -> ProbeEstimator: ...
+
+
+@overload
+def load_estimator(
+    model: str | os.PathLike[str] = "default",
+    *,
+    probe: str | os.PathLike[str] | None = None,
+    device: Literal["auto", "cpu", "cuda"] = "auto",
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+    batch_size: int = 32,
+    guard: bool = False,
+    calibration: str | os.PathLike[str] | Calibration,
+) -> CapabilityEstimator: ...
 
 
 def load_estimator(
@@ -175,7 +192,8 @@ def load_estimator(
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
     batch_size: int = 32,
     guard: bool = False,
-) -> ProbeEstimator | InjectionGuard:
+    calibration: str | os.PathLike[str] | Calibration | None = None,
+) -> CapabilityEstimator:
     """A saved capability estimator, ready to use: a probe and the reader model it reads.
 
     The probe is capgate's estimator with learned state on disk (safetensors + JSON); the
@@ -207,11 +225,16 @@ def load_estimator(
             trained blind to claims of easiness (:class:`~capgate.estimators.NuisanceProjection`),
             and the guard also flags some task-format asides such as "(A, B, C or D)" (6% of the
             default held-out split; ``bench/injection_bench.py``, bench/RESULTS.md).
+        calibration: A calibration learnt from a decision log (``capgate calibrate``'s folder, or
+            a loaded :class:`capgate.learn.Calibration`), applied to the probe
+            (:meth:`~capgate.learn.Calibration.apply`: a recalibration map, or the probe it
+            learnt over this reader's featurizer); the guard, if asked, wraps the result.
 
     Raises:
         ValueError: No probe was given for a model other than the default one.
         ProbeMismatchError: The probe was trained on other features.
-        DataError: The probe's files, or its recorded fast-path checks, are malformed.
+        DataError: The probe's files, or its recorded fast-path checks, are malformed; or the
+            calibration is, or maps another method's estimates.
     """
     from capgate.estimators.probe import LinearProbe, ProbeEstimator, check_spec_match
     from capgate.features import FeatureSpec, HiddenStateFeaturizer
@@ -247,7 +270,12 @@ def load_estimator(
     # or a fast path the probe records as checked; every other field must match.
     ignore = ("dtype",)
     check_spec_match(saved.feature_spec_, featurizer.spec, ignore=ignore)
-    estimator = ProbeEstimator(featurizer, saved, ignore_spec_fields=ignore)
+    estimator: CapabilityEstimator = ProbeEstimator(featurizer, saved, ignore_spec_fields=ignore)
+    if calibration is not None:
+        from capgate.learn import Calibration
+
+        loaded_cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
+        estimator = loaded_cal.apply(estimator, featurizer=featurizer if loaded_cal.kind == "probe" else None)
     if not guard:
         return estimator
     from capgate.estimators.guarded import InjectionGuard

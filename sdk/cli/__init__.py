@@ -21,6 +21,7 @@ app = typer.Typer(
 def _register_commands() -> None:
     from capgate.cli import (
         budget_cmd,
+        calibrate_cmd,
         demo_cmd,
         eval_cmd,
         harvest_cmd,
@@ -37,6 +38,7 @@ def _register_commands() -> None:
         demo_cmd,
         eval_cmd,
         budget_cmd,
+        calibrate_cmd,
         harvest_cmd,
         model_cmd,
         log_cmd,

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, cast, get_args
 
@@ -133,24 +131,15 @@ def calibrate_cmd(
     """
     from capgate.decision.risk import Loss, Procedure, PValue, calibrate_threshold
     from capgate.labels import read_labelled
-    from capgate.policies import Policy, PolicyError, load_policy
+    from capgate.learn.thresholds import base_policy, no_threshold_message, policy_header, risk_summary
+    from capgate.policies import PolicyError
 
     try:
         _choice("--below", below, ("abstain", "escalate"))
         _choice("--pvalue", pvalue, get_args(PValue))
         _choice("--loss", loss, get_args(Loss))
         _choice("--procedure", procedure, get_args(Procedure))
-        base = (
-            load_policy(policy)
-            if policy is not None
-            else Policy.model_validate(
-                {
-                    "name": name or f"calibrated-{data.stem}",
-                    "bands": [{"below": 0.5, "action": below}, {"action": "answer"}],
-                    "on_degraded": below,
-                }
-            )
-        )
+        base = base_policy(policy, name=name or f"calibrated-{data.stem}", below=below)
         base.with_answer_threshold(0.5, step=step, tool=tool)  # fail early if the top band does not answer
         labels = read_labelled(data, confidence=[confidence], allow_missing=True)
         conf = labels.confidences[confidence]
@@ -170,36 +159,12 @@ def calibrate_cmd(
     except (PolicyError, DataError, ValueError) as exc:
         raise _fail(exc) from None
 
-    summary: dict[str, object] = {
-        "threshold": result.threshold,
-        "alpha": result.alpha,
-        "delta": result.delta,
-        "pvalue": result.pvalue,
-        "loss": result.loss,
-        "procedure": result.procedure,
-        "n": result.n,
-        "n_unusable": result.n_unusable,
-        "n_answered": result.n_answered,
-        "coverage": result.coverage,
-        "risk": None if math.isnan(result.risk) else result.risk,
-        "mean_mu_answered": None if math.isnan(result.mean_mu) else result.mean_mu,
-        "tests": len(result.tests),
-        "out": None,
-    }
+    summary: dict[str, object] = {**risk_summary(result), "out": None}
     if result.threshold is None:
-        if result.tests:
-            best = min(result.tests, key=lambda t: t.pvalue / t.level)
-            where = (
-                f"none of {len(result.tests)} tests rejected (closest: threshold {best.threshold:g}, "
-                f"{best.n_answered} answered, risk {best.risk:.4f}, "
-                f"p-value {best.pvalue:.3g} at level {best.level:.3g})"
-            )
-        else:
-            where = f"no threshold answers the {result.min_answered} queries needed to certify anything"
-        msg = (
-            f"no threshold keeps the risk <= {risk:g} with probability >= {1 - delta:g} on this data: "
-            f"{where}. Answering nothing is the only certified choice; use more calibration data, "
-            "a larger --risk, or a different --min-answered. No policy written."
+        msg = no_threshold_message(
+            result,
+            advice="use more calibration data, a larger --risk, or a different --min-answered. "
+            "No policy written.",
         )
         if as_json:
             typer.echo(json.dumps(summary, indent=2))
@@ -207,18 +172,13 @@ def calibrate_cmd(
         raise typer.Exit(1)
 
     calibrated, notes = base.with_answer_threshold(result.threshold, step=step, tool=tool)
-    header = "\n".join(
-        [
-            f"Calibrated by `capgate policy calibrate` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.",
-            f"Data: {data} (confidence field {confidence!r}; {result.n} queries with a confidence).",
-            f"Answer when p >= {result.threshold:g}: the error rate among answered queries is <= {risk:g} "
-            f"with probability >= {1 - delta:g}",
-            f"(Learn-then-Test, {result.procedure} testing, {result.pvalue} p-value, {result.loss} loss).",
-            f"On the calibration data: coverage {result.coverage:.3f}, "
-            f"mean µ̂ of answered {result.mean_mu:.4f}.",
-            f"Based on: {policy if policy is not None else 'a new two-band policy'}.",
-            *notes,
-        ]
+    header = policy_header(
+        command="capgate policy calibrate",
+        data=f"{data} (confidence field {confidence!r}; {result.n} queries with a confidence)",
+        result=result,
+        threshold=result.threshold,
+        based_on=policy if policy is not None else "a new two-band policy",
+        notes=notes,
     )
     try:
         out.write_text(calibrated.to_yaml(header=header), encoding="utf-8")

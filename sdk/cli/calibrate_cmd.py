@@ -1,0 +1,287 @@
+"""``capgate calibrate``: learn a calibration from the decision log, then shadow, promote, roll back.
+
+``capgate calibrate --db LOG --out DIR`` writes a versioned calibration (:func:`capgate.learn.calibrate`)
+and prints the held-out table it was chosen on; ``shadow DIR`` runs it as a candidate beside the
+enforced version, ``promote DIR`` enforces it, ``rollback`` returns to the version before, and
+``status`` shows what is enforced and what shadows; each of these is recorded in the log.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from capgate.cli._common import fail, run_reporting_errors
+
+__all__ = ["calibrate_app", "register"]
+
+calibrate_app = typer.Typer(
+    name="calibrate",
+    help="Learn a calibration from the decision log's outcomes; shadow, promote or roll it back.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DbOpt = Annotated[
+    str | None, typer.Option("--db", help="Decision log (file or postgresql:// URL; default $CAPGATE_DB).")
+]
+TargetOpt = Annotated[
+    str | None, typer.Option("--target", help="The target model (when the log has several).")
+]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``calibrate`` (and ``calibrate shadow|promote|rollback|status``) to the CLI."""
+    app.add_typer(calibrate_app, name="calibrate")
+
+
+def _open(db: str | None) -> Any:
+    from capgate.decision.log import DecisionLog, default_log_path
+
+    return DecisionLog(db if db is not None else default_log_path())
+
+
+def _time(option: str, text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        fail(f"{option} must be an ISO 8601 time (2026-01-31 or 2026-01-31T12:00:00+00:00); got {text!r}")
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def _fmt(value: float | None, spec: str = ".4f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _print_result(result: Any) -> None:
+    from rich.table import Table
+
+    from capgate.cli._common import console
+
+    summary = result.summary
+    table = Table(
+        title=f"held-out: the latest {summary['n_holdout']} of {summary['n']} outcomes "
+        f"({summary['window']['first']} .. {summary['window']['last']})"
+    )
+    for name in (
+        "candidate",
+        "n",
+        "fitted on",
+        "Brier [95% CI]",
+        "vs previous (bound)",
+        "older, cross-fitted",
+    ):
+        table.add_column(name)
+    for row in result.table:
+        table.add_row(
+            ("* " if row.chosen else "  ") + row.candidate,
+            str(row.n),
+            str(row.n_fit),
+            f"{row.brier:.4f} [{row.brier_low:.4f}, {row.brier_high:.4f}]",
+            "-" if row.candidate == "previous" else f"{row.diff:+.4f} (< {row.diff_high:+.4f})",
+            _fmt(row.crossfit_brier),
+        )
+    console().print(table)
+    for mode, actions in sorted(summary["counts"].items()):
+        parts = ", ".join(
+            f"{action} {c['with_outcome']}/{c['with_outcome'] + c['without']}"
+            for action, c in sorted(actions.items())
+        )
+        typer.echo(f"{mode} decisions with outcomes, by action: {parts}")
+    thresholds = summary.get("thresholds")
+    if thresholds is not None and thresholds.get("threshold") is not None:
+        typer.echo(
+            f"threshold {thresholds['threshold']:g}: answer when p >= {thresholds['threshold']:g} "
+            f"(risk <= {thresholds['alpha']:g} with probability >= {1 - thresholds['delta']:g}; "
+            f"{thresholds['n']} outcomes, coverage {thresholds['coverage']:.3f})"
+        )
+    for note in result.notes:
+        typer.echo(f"note: {note}")
+    typer.echo(f"kept: {summary['chosen']} -> {result.kind} calibration {result.version}")
+    typer.echo(f"wrote {result.calibration.path}")
+
+
+@calibrate_app.callback()
+def calibrate_command(
+    ctx: typer.Context,
+    db: DbOpt = None,
+    out: Annotated[Path | None, typer.Option("--out", help="The calibration folder to write.")] = None,
+    target: TargetOpt = None,
+    method: Annotated[
+        str | None, typer.Option("--method", help="The estimator method (when the log has several).")
+    ] = None,
+    risk: Annotated[
+        float | None, typer.Option("--risk", help="Certify an answer threshold with this error rate.")
+    ] = None,
+    delta: Annotated[float, typer.Option("--delta", help="Allowed probability of exceeding --risk.")] = 0.05,
+    policy: Annotated[
+        str | None, typer.Option("--policy", help="Policy (file or preset) whose answer threshold to set.")
+    ] = None,
+    holdout: Annotated[float, typer.Option("--holdout", help="Share of the latest outcomes held out.")] = 0.3,
+    min_outcomes: Annotated[int, typer.Option("--min-outcomes", help="Refuse with fewer outcomes.")] = 100,
+    allow_mixed_versions: Annotated[
+        bool, typer.Option("--allow-mixed-versions", help="Learn across calibration versions.")
+    ] = False,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Only decisions made at or after this time.")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="Only decisions made before this time.")
+    ] = None,
+    no_probe: Annotated[
+        bool, typer.Option("--no-probe", help="Do not fit a probe on logged features.")
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the probe trainer and the LTT draw.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Learn a calibration from the log's outcomes and write it to --out (versioned, atomic).
+
+    Candidates (the previous estimator, isotonic and Platt maps of its estimates, a probe on
+    logged reader features) are fitted on the older outcomes and compared on the latest ones;
+    the previous estimator is kept unless one beats it beyond the noise. With --risk, an answer
+    threshold is certified by Learn-then-Test and written as DIR/policy.yaml.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if out is None:
+        fail(
+            "give --out DIR (the calibration folder to write), "
+            "or a command: shadow, promote, rollback, status"
+        )
+    from capgate.learn import calibrate
+
+    start, end = _time("--since", since), _time("--until", until)
+    log = _open(db)
+    try:
+        result = run_reporting_errors(
+            lambda: calibrate(
+                log,
+                out=out,
+                target=target,
+                method=method,
+                risk=risk,
+                delta=delta,
+                policy=policy,
+                holdout=holdout,
+                min_outcomes=min_outcomes,
+                allow_mixed_versions=allow_mixed_versions,
+                since=start,
+                until=end,
+                probe=not no_probe,
+                seed=seed,
+            )
+        )
+    finally:
+        log.close()
+    if as_json:
+        typer.echo(json.dumps({"version": result.version, "kind": result.kind, **result.summary}, indent=2))
+        return
+    _print_result(result)
+
+
+def _event(event: str, db: str | None, folder: Path) -> None:
+    from capgate.learn import Calibration
+
+    calibration = run_reporting_errors(lambda: Calibration.load(folder))
+    log = _open(db)
+    try:
+        active = run_reporting_errors(lambda: log.active_calibration(calibration.target))
+        previous = None if active is None else active.version
+        if event == "promote" and previous == calibration.version:
+            fail(f"{calibration.version} is already enforced for target {calibration.target!r}")
+        run_reporting_errors(
+            lambda: log.record_calibration_event(
+                event,
+                calibration.version,
+                str(folder.resolve()),
+                target=calibration.target,
+                previous=previous if event == "promote" else None,
+            )
+        )
+    finally:
+        log.close()
+    what = "shadows the enforced version" if event == "shadow" else "is enforced"
+    typer.echo(
+        f"{calibration.version} ({calibration.kind}) {what} for target {calibration.target!r} "
+        f"(was: {previous or 'uncalibrated'}); recorded in {log.location}"
+    )
+
+
+@calibrate_app.command("shadow")
+def shadow_command(
+    folder: Annotated[Path, typer.Argument(help="The calibration folder.")], db: DbOpt = None
+) -> None:
+    """Run a calibration as a candidate beside the enforced one (gate: shadow_calibration="candidate")."""
+    _event("shadow", db, folder)
+
+
+@calibrate_app.command("promote")
+def promote_command(
+    folder: Annotated[Path, typer.Argument(help="The calibration folder.")], db: DbOpt = None
+) -> None:
+    """Enforce a calibration from now on (gates with calibration="promoted")."""
+    _event("promote", db, folder)
+
+
+@calibrate_app.command("rollback")
+def rollback_command(db: DbOpt = None, target: TargetOpt = None) -> None:
+    """Return enforcement to the version promoted before the one in force (or to none)."""
+    log = _open(db)
+    try:
+        event = run_reporting_errors(lambda: log.rollback_calibration(target))
+    finally:
+        log.close()
+    typer.echo(
+        f"rolled back {event.previous} for target {target!r}: now {event.version or 'uncalibrated'}; "
+        f"recorded in {log.location}"
+    )
+
+
+@calibrate_app.command("status")
+def status_command(
+    db: DbOpt = None,
+    target: TargetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
+) -> None:
+    """What is enforced and what shadows for a target, and the events that got there."""
+    log = _open(db)
+    try:
+        active = run_reporting_errors(lambda: log.active_calibration(target))
+        candidate = run_reporting_errors(lambda: log.candidate_calibration(target))
+        events = run_reporting_errors(lambda: log.calibration_events(target))
+    finally:
+        log.close()
+
+    def show(e: Any) -> dict[str, Any] | None:
+        if e is None:
+            return None
+        return {
+            "at": e.at.isoformat(),
+            "event": e.event,
+            "target": e.target,
+            "version": e.version,
+            "path": e.path,
+            "previous": e.previous,
+        }
+
+    if as_json:
+        payload = {
+            "enforced": show(active),
+            "candidate": show(candidate),
+            "events": [show(e) for e in events],
+        }
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    typer.echo(f"target {target!r}: enforced {active.version if active else 'none (uncalibrated)'}")
+    typer.echo(f"candidate (shadow): {candidate.version if candidate else 'none'}")
+    for e in events:
+        extra = f" (was {e.previous})" if e.previous else ""
+        typer.echo(f"{e.at:%Y-%m-%d %H:%M:%S} {e.event:8} {e.target!s:20} {e.version or 'none'}{extra}")

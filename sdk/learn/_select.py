@@ -1,0 +1,125 @@
+"""Choosing a calibration on held-out outcomes: the table of candidates and the rule that keeps
+the previous estimator unless a candidate beats it beyond the noise of the comparison.
+
+Each candidate is scored by its capability Brier score on the held-out (latest) outcomes, with a
+95% interval, and by its paired difference from the previous estimator on the same decisions.
+A candidate replaces the previous estimator only when the upper end of a one-sided interval for
+that difference is below zero at level ``level / m`` (Bonferroni over the ``m`` candidates): a
+calibration that merely fits the noise of its own window does not ship. Ties go to the previous.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["HeldOutRow", "select", "table_rows"]
+
+FloatArray = npt.NDArray[np.float64]
+PREVIOUS = "previous"
+
+
+@dataclass(frozen=True)
+class HeldOutRow:
+    """One candidate's figures on the held-out outcomes.
+
+    Attributes:
+        candidate: ``"previous"``, ``"isotonic"``, ``"platt"`` or ``"probe"``.
+        n: Held-out outcomes the figures rest on.
+        n_fit: Older outcomes the candidate was fitted on (0 for the previous estimator).
+        brier: Capability Brier score (mean squared error against the outcome).
+        brier_low: Lower end of its 95% interval.
+        brier_high: Upper end of its 95% interval.
+        diff: Paired mean difference from the previous estimator's Brier (negative: better).
+        diff_high: Upper end of the one-sided interval for ``diff`` at the selection level.
+        crossfit_brier: Brier of cross-fitted predictions on the older part (``None`` if not
+            computed): the same comparison made inside the fitting data, never on fitted rows.
+        chosen: Whether this candidate was kept.
+    """
+
+    candidate: str
+    n: int
+    n_fit: int
+    brier: float
+    brier_low: float
+    brier_high: float
+    diff: float
+    diff_high: float
+    crossfit_brier: float | None
+    chosen: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (NaN as ``None``)."""
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+
+
+def _mean_interval(values: FloatArray, z: float) -> tuple[float, float, float]:
+    mean = float(values.mean())
+    half = z * float(values.std(ddof=1)) / math.sqrt(values.size) if values.size > 1 else math.inf
+    return mean, mean - half, mean + half
+
+
+def table_rows(
+    y: FloatArray,
+    predictions: Mapping[str, FloatArray],
+    *,
+    n_fit: Mapping[str, int],
+    crossfit_brier: Mapping[str, float | None] | None = None,
+    level: float = 0.05,
+) -> list[HeldOutRow]:
+    """The held-out table: one row per candidate (``predictions[name]``, aligned with ``y``),
+    the previous estimator (key ``"previous"``) first; no candidate is marked chosen yet."""
+    if PREVIOUS not in predictions:
+        raise ValueError("the candidates must include the previous estimator ('previous')")
+    m = max(1, len(predictions) - 1)
+    z95 = NormalDist().inv_cdf(0.975)
+    z_sel = NormalDist().inv_cdf(1.0 - level / m)
+    prev_sq = (predictions[PREVIOUS] - y) ** 2
+    rows = []
+    for name in [PREVIOUS, *(k for k in predictions if k != PREVIOUS)]:
+        sq = (predictions[name] - y) ** 2
+        brier, low, high = _mean_interval(sq, z95)
+        if name == PREVIOUS:
+            diff, diff_high = 0.0, 0.0
+        else:
+            diff, _, diff_high = _mean_interval(sq - prev_sq, z_sel)
+        rows.append(
+            HeldOutRow(
+                candidate=name,
+                n=int(y.size),
+                n_fit=int(n_fit.get(name, 0)),
+                brier=brier,
+                brier_low=max(0.0, low),
+                brier_high=high,
+                diff=diff,
+                diff_high=diff_high,
+                crossfit_brier=None if crossfit_brier is None else crossfit_brier.get(name),
+                chosen=False,
+            )
+        )
+    return rows
+
+
+def select(rows: Sequence[HeldOutRow]) -> tuple[str, list[HeldOutRow]]:
+    """The kept candidate and the table with it marked.
+
+    The candidate with the lowest held-out Brier is kept when its paired difference from the
+    previous estimator is significantly below zero (``diff_high < 0``); otherwise the previous.
+
+    Example:
+        >>> y = np.array([0.0, 1.0] * 50)
+        >>> rows = table_rows(y, {"previous": np.full(100, 0.5), "platt": 0.1 + 0.8 * y}, n_fit={})
+        >>> select(rows)[0]
+        'platt'
+    """
+    challengers = [r for r in rows if r.candidate != PREVIOUS]
+    best = min(challengers, key=lambda r: r.brier, default=None)
+    winner = best.candidate if best is not None and best.diff_high < 0.0 else PREVIOUS
+    marked = [HeldOutRow(**{**asdict(r), "chosen": r.candidate == winner}) for r in rows]
+    return winner, marked

@@ -1,0 +1,241 @@
+"""The logged traffic a calibration learns from: decisions with outcomes of one target and one
+estimator method, in time order, checked for the inputs :func:`~capgate.learn.calibrate` refuses."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from capgate.errors import DataError
+
+if TYPE_CHECKING:
+    from capgate.decision.log import DecisionLog, LoggedDecision
+
+__all__ = ["CalibrationRefusedError", "Traffic", "base_method", "read_traffic"]
+
+FloatArray = npt.NDArray[np.float64]
+
+_MAP_SUFFIXES = ("+isotonic", "+platt")
+
+
+class CalibrationRefusedError(DataError):
+    """The log cannot support the calibration asked for; the message says why and what is needed."""
+
+
+def base_method(method: str) -> str:
+    """The estimator method beneath a recalibration's name (``"probe+isotonic"`` -> ``"probe"``).
+
+    Example:
+        >>> base_method("verbalized+platt"), base_method("probe")
+        ('verbalized', 'probe')
+    """
+    for suffix in _MAP_SUFFIXES:
+        if method.endswith(suffix):
+            return method[: -len(suffix)]
+    return method
+
+
+def _raw_p(row: LoggedDecision) -> float:
+    """The base estimator's confidence behind a logged estimate (``raw_p`` of a recalibrated one)."""
+    estimate = row.decision.estimate
+    raw = estimate.details.get("raw_p") if estimate.method != base_method(estimate.method) else None
+    value = raw if isinstance(raw, int | float) else estimate.p
+    assert value is not None
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Decisions with outcomes of one target and method, oldest first.
+
+    Attributes:
+        ids: Decision ids.
+        at: When each decision was made.
+        p: The estimate each decision was made on (the previous estimator's confidence).
+        base_p: The base estimator's confidence (``raw_p`` of a recalibrated estimate, else ``p``):
+            what a new map is fitted on and applied to.
+        y: Each decision's outcome in [0, 1] (the mean over its sources).
+        shadow: Whether each decision was a shadow decision (made beside a call that proceeded).
+        target: The target model (``None`` when the decisions record none).
+        method: The base estimator method.
+        versions: Calibration versions the window's decisions were made under (``None``: none).
+        counts: Decisions in the window per action: ``{action: {"with_outcome": n, "without": m}}``,
+            enforced and shadow separately (keys ``"enforce"`` and ``"shadow"``).
+        excluded: Decisions left out and why (``{"candidate shadow": n, "other target": n, ...}``).
+        policy: The policy most of the window's decisions were made by (its name).
+        has_base: Whether every decision's base confidence is known: made uncalibrated, or under a
+            map that logged the raw confidence (a probe calibration's estimates have none).
+    """
+
+    ids: tuple[str, ...]
+    at: tuple[datetime, ...]
+    p: FloatArray
+    base_p: FloatArray
+    y: FloatArray
+    shadow: npt.NDArray[np.bool_]
+    target: str | None
+    method: str
+    versions: tuple[str | None, ...]
+    counts: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    excluded: dict[str, int] = field(default_factory=dict)
+    policy: str | None = None
+    has_base: bool = True
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def blocked_without_outcome(self) -> int:
+        """Enforced decisions that did not answer and have no outcome: the selection gap."""
+        enforce = self.counts.get("enforce", {})
+        return sum(c["without"] for action, c in enforce.items() if action != "answer")
+
+    @property
+    def window(self) -> dict[str, Any]:
+        """First and last decision time of the window (ISO 8601)."""
+        return {
+            "first": self.at[0].isoformat() if self.at else None,
+            "last": self.at[-1].isoformat() if self.at else None,
+        }
+
+
+def _label(values: Counter[Any]) -> str:
+    return ", ".join(f"{k if k is not None else 'none'}: {n}" for k, n in sorted(values.items(), key=str))
+
+
+def read_traffic(
+    log: DecisionLog,
+    *,
+    target: str | None = None,
+    method: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    allow_mixed_versions: bool = False,
+    min_outcomes: int = 1,
+) -> Traffic:
+    """Read the window's decisions with outcomes of one target and method from ``log``.
+
+    Enforced decisions and shadow decisions made as the gate's stand-in are read; a candidate's
+    shadow decision (one made *beside* an enforced decision) is left out: its outcome is the
+    enforced decision's and it speaks for the candidate, not for the estimator being calibrated.
+
+    Raises:
+        CalibrationRefusedError: No decisions, several targets or methods without one chosen, a
+            target or method the log does not hold, a window mixing calibration versions
+            (unless ``allow_mixed_versions``), or fewer than ``min_outcomes`` outcomes (the
+            message names the count needed and the count found).
+    """
+    where = log.location
+    rows = [r for r in log.decisions() if _in_window(r, since, until)]
+    excluded: Counter[str] = Counter()
+    kept: list[LoggedDecision] = []
+    for row in rows:
+        if getattr(row.decision, "beside", None) is not None:
+            excluded["candidate shadow"] += 1
+        else:
+            kept.append(row)
+    targets = Counter(r.decision.target for r in kept if r.value is not None)
+    if target is None:
+        if len(targets) > 1:
+            raise CalibrationRefusedError(
+                f"the window holds outcomes of several targets ({_label(targets)}); "
+                "calibrate one at a time: pass target (--target)",
+                path=where,
+            )
+        target = next(iter(targets), None)
+    elif target not in targets:
+        found = _label(targets) if targets else "no outcomes at all"
+        raise CalibrationRefusedError(
+            f"no outcomes for target {target!r} in the window; the log's outcomes are of another "
+            f"target ({found}): outcomes of one model do not calibrate another",
+            path=where,
+            field="target",
+        )
+    other = [r for r in kept if r.decision.target != target]
+    if other:
+        excluded["other target"] += len(other)
+    kept = [r for r in kept if r.decision.target == target]
+    methods = Counter(base_method(r.method) for r in kept if r.value is not None and r.p is not None)
+    if method is None:
+        if len(methods) > 1:
+            raise CalibrationRefusedError(
+                f"the window holds estimates of several methods ({_label(methods)}); "
+                "a calibration maps one estimator's: pass method (--method)",
+                path=where,
+            )
+        method = next(iter(methods), None)
+    if method is None or method not in methods:
+        found = _label(methods) if methods else "none"
+        raise CalibrationRefusedError(
+            f"no usable estimates with outcomes for method {method!r} (target {target!r}); "
+            f"methods with outcomes: {found}",
+            path=where,
+            field="method",
+        )
+    kept = [r for r in kept if base_method(r.method) == method]
+    counts = _counts(kept)
+    usable = [r for r in kept if r.value is not None and r.p is not None and not _degraded(r)]
+    excluded["no usable estimate"] += sum(1 for r in kept if r.value is not None) - len(usable)
+    versions = Counter(getattr(r.decision, "calibration", None) for r in usable)
+    if len(versions) > 1 and not allow_mixed_versions:
+        raise CalibrationRefusedError(
+            f"the window mixes decisions made under {len(versions)} calibration versions "
+            f"({_label(versions)}); their estimates are not one estimator's. Narrow the window "
+            "(since/until) to one version, or allow it (allow_mixed_versions, --allow-mixed-versions)",
+            path=where,
+        )
+    if len(usable) < min_outcomes:
+        raise CalibrationRefusedError(
+            f"too few outcomes: {len(usable)} decisions of target {target!r} and method {method!r} "
+            f"have an outcome and a usable estimate; at least {min_outcomes} are needed",
+            path=where,
+        )
+    usable.sort(key=lambda r: (r.decision.created_at, r.id))
+    policies = Counter(r.decision.policy for r in usable)
+    return Traffic(
+        ids=tuple(r.id for r in usable),
+        at=tuple(r.decision.created_at for r in usable),
+        p=np.array([r.p for r in usable], dtype=np.float64),
+        base_p=np.array([_raw_p(r) for r in usable], dtype=np.float64),
+        y=np.array([r.value for r in usable], dtype=np.float64),
+        shadow=np.array([r.decision.shadow for r in usable], dtype=bool),
+        target=target,
+        method=method,
+        versions=tuple(sorted(versions, key=str)),
+        counts=counts,
+        excluded={k: v for k, v in excluded.items() if v},
+        policy=policies.most_common(1)[0][0] if policies else None,
+        has_base=all(_has_base(r) for r in usable),
+    )
+
+
+def _has_base(row: LoggedDecision) -> bool:
+    estimate = row.decision.estimate
+    if getattr(row.decision, "calibration", None) is None:
+        return True
+    return estimate.method != base_method(estimate.method) and isinstance(
+        estimate.details.get("raw_p"), int | float
+    )
+
+
+def _degraded(row: LoggedDecision) -> bool:
+    return bool(row.decision.degraded or row.decision.estimate.degraded)
+
+
+def _in_window(row: LoggedDecision, since: datetime | None, until: datetime | None) -> bool:
+    at = row.decision.created_at
+    return (since is None or at >= since) and (until is None or at < until)
+
+
+def _counts(rows: list[LoggedDecision]) -> dict[str, dict[str, dict[str, int]]]:
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for r in rows:
+        mode = "shadow" if r.decision.shadow else "enforce"
+        entry = out.setdefault(mode, {}).setdefault(r.decision.action, {"with_outcome": 0, "without": 0})
+        entry["with_outcome" if r.value is not None else "without"] += 1
+    return out

@@ -1,0 +1,392 @@
+"""``calibrate``: learn from the decision log's outcomes, versioned and risk-controlled.
+
+From the logged decisions with outcomes of one target and one estimator method, in time order:
+
+1. the latest ``holdout`` share is held out (what the next days look like), the rest is the
+   older part;
+2. candidates are fitted on the older part only: an isotonic and a Platt map of the estimates the
+   gate made, and, where reader features were logged, a probe on them (``capgate probe fit``'s
+   trainer); the *previous* estimator (the estimates as logged) is a candidate too;
+3. each is scored on the held-out outcomes (capability Brier with a 95% interval, and its paired
+   difference from the previous estimator), and one is kept by :func:`capgate.learn.select`'s
+   rule: the previous one unless a candidate beats it beyond the noise of the comparison;
+4. with ``risk``, an answer threshold is certified by Learn-then-Test on cross-fitted
+   confidences of the kept estimator (every row scored by a fit that never saw its outcome) and
+   written into a policy;
+5. everything is written atomically to a versioned folder (:class:`~capgate.learn.Calibration`).
+
+Selection (enforced traffic). An enforcing gate gets outcomes only for what it let through, so
+nothing is known about the queries it blocked. ``calibrate`` counts the decisions with and
+without outcomes per action, and when enforced decisions were blocked without outcomes it never
+moves the answer threshold below the kept estimator's confidence at the lowest logged estimate
+that has an outcome (a monotone map keeps every blocked query below it); a probe orders queries
+in its own way, so on such traffic it gets no threshold at all (log shadow traffic instead: a
+shadow gate's calls all proceed, so all get outcomes).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from capgate._types import Estimate
+from capgate.backend import Prompt
+from capgate.estimators.base import CapabilityEstimator
+from capgate.learn._artefact import CALIBRATOR_FILE, POLICY_FILE, Calibration, Kind, write_calibration
+from capgate.learn._crossfit import cross_fit, fit_map, map_fitter, time_split
+from capgate.learn._probe import LoggedFeatureSet, fit_probe, logged_features
+from capgate.learn._select import PREVIOUS, HeldOutRow, select, table_rows
+from capgate.learn._traffic import CalibrationRefusedError, Traffic, read_traffic
+
+if TYPE_CHECKING:
+    from capgate.decision.log import DecisionLog
+    from capgate.policies import Policy
+
+__all__ = ["MIN_OUTCOMES", "CalibrationResult", "calibrate"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+MIN_OUTCOMES = 100
+"""Fewest decisions with outcomes ``calibrate`` learns from by default."""
+MIN_SIDE = 10
+"""Fewest outcomes on each side of the time split."""
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    """What :func:`calibrate` wrote and why.
+
+    Attributes:
+        calibration: The written calibration (load it again with :meth:`Calibration.load`).
+        kind: The kept candidate's kind (``"identity"`` when the previous estimator was kept).
+        table: The held-out table, the kept candidate marked ``chosen``.
+        threshold: The certified answer threshold (``None``: none asked for, or none certified).
+        notes: What the run decided that a reader should know (skipped candidates, thresholds).
+        summary: The account stored in ``calibration.json``.
+    """
+
+    calibration: Calibration
+    kind: Kind
+    table: list[HeldOutRow]
+    threshold: float | None
+    notes: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def version(self) -> str:
+        """The calibration's version."""
+        return self.calibration.version
+
+
+@dataclass
+class _Candidate:
+    name: str
+    holdout: FloatArray
+    n_fit: int
+    fitted: Any = None
+    crossfit_brier: float | None = None
+
+
+def _brier(p: FloatArray, y: FloatArray) -> float:
+    return float(np.mean((p - y) ** 2))
+
+
+def _previous_kind(log: DecisionLog, traffic: Traffic) -> tuple[Calibration | None, str | None]:
+    """The calibration the window was made under (loaded, when the log records its folder)."""
+    version = traffic.versions[0] if len(traffic.versions) == 1 else None
+    if version is None:
+        return None, None
+    events = getattr(log, "calibration_events", None)
+    for event in reversed(events(traffic.target) if callable(events) else []):
+        if event.version == version and event.path:
+            try:
+                return Calibration.load(event.path), version
+            except (OSError, ValueError):
+                break
+    return None, version
+
+
+def calibrate(
+    log: DecisionLog | str | os.PathLike[str],
+    *,
+    out: str | os.PathLike[str],
+    target: str | None = None,
+    method: str | None = None,
+    risk: float | None = None,
+    delta: float = 0.05,
+    policy: str | Path | Policy | None = None,
+    holdout: float = 0.3,
+    min_outcomes: int = MIN_OUTCOMES,
+    allow_mixed_versions: bool = False,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    probe: bool = True,
+    n_splits: int = 5,
+    seed: int = 0,
+) -> CalibrationResult:
+    """Learn a calibration from the log's outcomes and write it to ``out`` (see the module docs).
+
+    Args:
+        log: A :class:`~capgate.decision.DecisionLog`, or its path or URL.
+        out: The calibration folder to create.
+        target: The target model to calibrate (required when the window holds several).
+        method: The estimator method (required when the window holds several).
+        risk: Certify an answer threshold with error rate <= ``risk`` among answered queries.
+        delta: ... with probability >= 1 - ``delta``.
+        policy: The policy whose answer threshold is set (default: the one the decisions were
+            made by, when it is a shipped preset, else a new two-band policy).
+        holdout: Share of the latest outcomes held out to choose the candidate.
+        min_outcomes: Refuse with fewer outcomes than this.
+        allow_mixed_versions: Learn from a window whose decisions were made under several
+            calibration versions.
+        since: Only decisions made at or after this time.
+        until: Only decisions made before this time.
+        probe: Consider a probe on logged reader features.
+        n_splits: Blocks of the cross-fitting.
+        seed: Seed of the probe's trainer and the LTT one-response draw.
+
+    Raises:
+        CalibrationRefusedError: Too few outcomes (the count needed and found), another target
+            or method, features from several readers, mixed calibration versions.
+        DataError: ``out`` exists.
+    """
+    from capgate.decision.log import DecisionLog
+
+    own = not isinstance(log, DecisionLog)
+    opened = log if isinstance(log, DecisionLog) else DecisionLog(os.fspath(log))
+    try:
+        settings = (target, method, risk, delta, policy, holdout, min_outcomes, allow_mixed_versions)
+        return _calibrate(opened, Path(out), *settings, since, until, probe, n_splits, seed)
+    finally:
+        if own:
+            opened.close()
+
+
+def _calibrate(
+    log: DecisionLog,
+    out: Path,
+    target: str | None,
+    method: str | None,
+    risk: float | None,
+    delta: float,
+    policy: str | Path | Policy | None,
+    holdout: float,
+    min_outcomes: int,
+    allow_mixed_versions: bool,
+    since: datetime | None,
+    until: datetime | None,
+    probe: bool,
+    n_splits: int,
+    seed: int,
+) -> CalibrationResult:
+    if min_outcomes < 2 * MIN_SIDE:
+        raise ValueError(f"`min_outcomes` must be at least {2 * MIN_SIDE}; got {min_outcomes}")
+    traffic = read_traffic(
+        log,
+        target=target,
+        method=method,
+        since=since,
+        until=until,
+        allow_mixed_versions=allow_mixed_versions,
+        min_outcomes=min_outcomes,
+    )
+    split = time_split(len(traffic), holdout)
+    if min(len(split.train), len(split.holdout)) < MIN_SIDE:
+        raise CalibrationRefusedError(
+            f"too few outcomes on one side of the time split ({len(split.train)} older, "
+            f"{len(split.holdout)} held out); each side needs at least {MIN_SIDE}: "
+            "more outcomes or another holdout share",
+            path=log.location,
+        )
+    previous_cal, previous_version = _previous_kind(log, traffic)
+    notes: list[str] = []
+    tr, ho = split.train, split.holdout
+    y = traffic.y
+    candidates = [_Candidate(PREVIOUS, traffic.p[ho], 0, crossfit_brier=_brier(traffic.p[tr], y[tr]))]
+    base_known = traffic.has_base or (previous_cal is not None and previous_cal.kind == "identity")
+    if base_known:
+        bp = traffic.base_p
+        for name in ("isotonic", "platt"):
+            fitted = fit_map(name, bp[tr], y[tr])
+            oof = cross_fit(map_fitter(name, bp[tr], y[tr]), len(tr), n_splits=n_splits).predictions
+            candidates.append(_Candidate(name, fitted.predict(bp[ho]), len(tr), fitted, _brier(oof, y[tr])))
+    else:
+        notes.append(
+            "no isotonic or Platt candidate: the window's estimates came from a probe calibration "
+            "and do not record the base estimator's confidence"
+        )
+    features: LoggedFeatureSet | None = None
+    if probe and callable(getattr(log, "features", None)):
+        features = logged_features(log, traffic)
+        if features is not None:
+            probe_candidate = _probe_candidate(features, traffic, tr, ho, seed, log.location, notes)
+            if probe_candidate is not None:
+                candidates.append(probe_candidate)
+    rows = table_rows(
+        y[ho],
+        {c.name: c.holdout for c in candidates},
+        n_fit={c.name: c.n_fit for c in candidates},
+        crossfit_brier={c.name: c.crossfit_brier for c in candidates},
+    )
+    winner_name, rows = select(rows)
+    winner = next(c for c in candidates if c.name == winner_name)
+    kind: Kind = "identity" if winner_name == PREVIOUS else cast(Kind, winner_name)
+    kept_files: Calibration | None = None
+    if winner_name == PREVIOUS and previous_version is not None:
+        if previous_cal is None:
+            raise CalibrationRefusedError(
+                f"the previous estimator (calibration {previous_version}) stays best on the held-out "
+                "outcomes, but the log records no folder for it to carry forward: nothing written",
+                path=log.location,
+            )
+        kept_files, kind = previous_cal, previous_cal.kind
+        notes.append(f"the previous calibration {previous_version} stays: no candidate beat it")
+
+    threshold, policy_yaml, thresholds = None, None, None
+    if risk is not None:
+        from capgate.learn._ltt import certify
+
+        honest = _honest(winner, traffic, features, tr, ho, n_splits, seed, log.location)
+        threshold, policy_yaml, thresholds = certify(
+            honest,
+            traffic,
+            fitted=winner.fitted if winner.name in ("isotonic", "platt") else None,
+            kind=kind,
+            risk=risk,
+            delta=delta,
+            policy=policy,
+            seed=seed,
+            notes=notes,
+        )
+
+    summary = {
+        "window": traffic.window,
+        "n": len(traffic),
+        "n_train": len(tr),
+        "n_holdout": len(ho),
+        "holdout": holdout,
+        "counts": traffic.counts,
+        "excluded": traffic.excluded,
+        "selection_gap": traffic.blocked_without_outcome,
+        "previous_version": previous_version,
+        "versions": list(traffic.versions),
+        "features": _features_summary(features),
+        "table": [r.to_dict() for r in rows],
+        "chosen": winner_name,
+        "thresholds": thresholds,
+        "seed": seed,
+        "notes": notes,
+    }
+
+    def write_files(folder: Path) -> None:
+        if kept_files is not None:
+            for name in _estimator_files(kept_files):
+                shutil.copy2(kept_files.path / name, folder / name)
+        elif kind in ("isotonic", "platt"):
+            from capgate.estimators import Recalibrated
+
+            Recalibrated(_Named(traffic.method), winner.fitted).save(folder / CALIBRATOR_FILE)
+        elif kind == "probe":
+            winner.fitted.save(folder)
+        if policy_yaml is not None:
+            (folder / POLICY_FILE).write_text(policy_yaml, encoding="utf-8")
+
+    write_calibration(
+        out, kind=kind, target=traffic.target, method=traffic.method, summary=summary, write_files=write_files
+    )
+    return CalibrationResult(Calibration.load(out), kind, rows, threshold, notes, summary)
+
+
+def _features_summary(features: LoggedFeatureSet | None) -> dict[str, Any] | None:
+    if features is None:
+        return None
+    return {"spec_sha256": features.spec_sha256, "n": int(features.has.sum())}
+
+
+class _Named(CapabilityEstimator):
+    """Stands for the base estimator where only its method name is needed (saving a map)."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
+        raise NotImplementedError("a name only")
+
+
+def _estimator_files(calibration: Calibration) -> list[str]:
+    """The files that make a calibration's estimator (not its policy or its own record)."""
+    names = {"isotonic": [CALIBRATOR_FILE], "platt": [CALIBRATOR_FILE], "identity": []}
+    return names.get(calibration.kind, ["probe.safetensors", "probe.json"])
+
+
+def _probe_candidate(
+    features: LoggedFeatureSet,
+    traffic: Traffic,
+    tr: IntArray,
+    ho: IntArray,
+    seed: int,
+    location: str,
+    notes: list[str],
+) -> _Candidate | None:
+    missing = int((~features.has[ho]).sum())
+    train_rows = tr[features.has[tr]]
+    if missing:
+        notes.append(f"no probe candidate: {missing} held-out decisions have no logged features")
+        return None
+    if len(train_rows) < MIN_SIDE * 2:
+        notes.append(f"no probe candidate: {len(train_rows)} older decisions have features; it needs 20")
+        return None
+    fitted = fit_probe(
+        features.X[train_rows],
+        traffic.y[train_rows],
+        spec=features.spec,
+        target=traffic.target,
+        source=f"decision log {location}",
+        seed=seed,
+    )
+    return _Candidate("probe", fitted.predict(features.X[ho]), len(train_rows), fitted)
+
+
+def _honest(
+    winner: _Candidate,
+    traffic: Traffic,
+    features: LoggedFeatureSet | None,
+    tr: IntArray,
+    ho: IntArray,
+    n_splits: int,
+    seed: int,
+    location: str,
+) -> FloatArray:
+    """The kept candidate's confidence for every row from a fit that never saw the row's outcome
+    (NaN where it has none): cross-fitted on the older part, the older part's fit on the held-out."""
+    y = traffic.y
+    conf = np.full(len(traffic), np.nan)
+    conf[ho] = winner.holdout
+    if winner.name == PREVIOUS:
+        conf[tr] = traffic.p[tr]
+    elif winner.name in ("isotonic", "platt"):
+        bp = traffic.base_p
+        conf[tr] = cross_fit(map_fitter(winner.name, bp[tr], y[tr]), len(tr), n_splits=n_splits).predictions
+    else:
+        assert features is not None
+        rows = tr[features.has[tr]]
+        X = features.X
+
+        def fit_predict(a: IntArray, b: IntArray) -> FloatArray:
+            spec, source = features.spec, f"decision log {location}"
+            fitted = fit_probe(
+                X[rows[a]], y[rows[a]], spec=spec, target=traffic.target, source=source, seed=seed
+            )
+            return fitted.predict(X[rows[b]])
+
+        conf[rows] = cross_fit(fit_predict, len(rows), n_splits=n_splits).predictions
+    return conf
