@@ -183,7 +183,7 @@ def test_rejects_a_log_from_a_newer_capgate(db: str | Path) -> None:
     with DecisionLog(db) as log:
         log.record(make())
     execute(db, "UPDATE capgate_meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(DataError, match="schema version 99 is not the supported 3") as info:
+    with pytest.raises(DataError, match="schema version 99 is not the supported 4") as info:
         DecisionLog(db).record(make())
     assert info.value.field == "schema_version"
 
@@ -255,7 +255,7 @@ def test_several_processes_write_at_once(db: str | Path) -> None:
         ids = {r.id for r in log.decisions()}
     assert ids == {f"w{k}-{i}" for k in range(n_proc) for i in range(per_proc)}
     with DecisionLog(db) as log:  # the writers opened a fresh log at once: it migrated once
-        assert [v for v, _, _ in log.migrations()] == [1, 2, 3]
+        assert [v for v, _, _ in log.migrations()] == [1, 2, 3, 4]
 
 
 def test_writer_killed_mid_write_loses_nothing_committed(db: str | Path) -> None:

@@ -23,7 +23,7 @@ V1_FILE = Path(__file__).parent / "data" / "decision_log_v1.sqlite3"
 
 def test_a_fresh_log_is_at_the_current_version_with_its_history(log_location: str | Path) -> None:
     with DecisionLog(log_location) as log:
-        assert log.schema_version() == SCHEMA_VERSION == 3
+        assert log.schema_version() == SCHEMA_VERSION == 4
         history = log.migrations()
         log.record(Decision(action="answer", estimate=Estimate(p=0.5, method="m"), reason="r"))
         (row,) = log.decisions()
@@ -41,7 +41,7 @@ def test_a_version_1_sqlite_file_migrates_forward_in_place(tmp_path: Path) -> No
     assert fetch(path, "SELECT value FROM capgate_meta WHERE key = 'schema_version'") == [("1",)]
     assert "writer" not in {r[1] for r in fetch(path, "PRAGMA table_info(decisions)")}
     with DecisionLog(path) as log:
-        assert log.schema_version() == 3
+        assert log.schema_version() == 4
         old = log.decisions()
         assert [r.id for r in old] == [f"v1-{i}" for i in range(6)]
         assert [r.outcome is not None for r in old] == [True] * 3 + [False] * 3
@@ -85,7 +85,7 @@ def test_a_version_1_postgres_schema_migrates_forward(postgres_url: str) -> None
         (old.id, old.created_at.isoformat(), old.model_dump_json()),
     )
     with DecisionLog(url) as log:
-        assert log.schema_version() == 3
+        assert log.schema_version() == 4
         (row,) = log.decisions()
         assert row.decision == old
         assert row.writer is None
@@ -94,6 +94,7 @@ def test_a_version_1_postgres_schema_migrates_forward(postgres_url: str) -> None
             (1, True),
             (2, False),
             (3, False),
+            (4, False),
         ]
         assert log.integrity_check() == "ok"
 
@@ -101,11 +102,11 @@ def test_a_version_1_postgres_schema_migrates_forward(postgres_url: str) -> None
 def test_a_newer_schema_is_refused_without_touching_it(log_location: str | Path) -> None:
     with DecisionLog(log_location) as log:
         log.record(Decision(action="answer", estimate=Estimate(p=0.5, method="m"), reason="r"))
-    execute(log_location, "UPDATE capgate_meta SET value = '4' WHERE key = 'schema_version'")
-    with pytest.raises(Exception, match="schema version 4 is not the supported 3") as info:
+    execute(log_location, "UPDATE capgate_meta SET value = '5' WHERE key = 'schema_version'")
+    with pytest.raises(Exception, match="schema version 5 is not the supported 4") as info:
         DecisionLog(log_location).decisions()
     assert "upgrade capgate" in str(info.value)
-    assert fetch(log_location, "SELECT value FROM capgate_meta WHERE key = 'schema_version'") == [("4",)]
+    assert fetch(log_location, "SELECT value FROM capgate_meta WHERE key = 'schema_version'") == [("5",)]
 
 
 def test_a_version_2_log_migrates_to_outcomes_per_source(new_log_location: Callable[[], str | Path]) -> None:
@@ -138,7 +139,7 @@ def test_a_version_2_log_migrates_to_outcomes_per_source(new_log_location: Calla
         (shadow.id, shadow.created_at.isoformat()),
     )
     with DecisionLog(location) as log:
-        assert log.schema_version() == 3
+        assert log.schema_version() == 4
         old = log.get(shadow.id)
         assert [(o.source, o.correct) for o in old.outcomes] == [("unspecified", True)]
         log.record_outcome(shadow.id, score=0.5, source="grader")
@@ -146,4 +147,55 @@ def test_a_version_2_log_migrates_to_outcomes_per_source(new_log_location: Calla
         assert log.integrity_check() == "ok"
     assert sorted(fetch(location, "SELECT id, shadow, target, outcome_y FROM decisions")) == sorted(
         [(shadow.id, 1, "m1", 0.75), (plain.id, 0, None, None)]  # outcome_y: the mean of 1 and 0.5
+    )
+
+
+def test_a_version_3_log_migrates_to_calibration_versions_and_features(
+    new_log_location: Callable[[], str | Path],
+) -> None:
+    """Version 4 adds the calibration and beside columns, backfilled from each decision's JSON
+    (a decision that carries them in its JSON gets them; older rows get NULL), the features and
+    calibration-event tables, and the report index over the new columns."""
+    location = new_log_location()
+    dialect = SQLITE if isinstance(location, Path) else POSTGRES
+    if isinstance(location, Path):
+        location.parent.mkdir(parents=True, exist_ok=True)
+    for _, _, statements in dialect.migrations[:3]:  # the schema as version 3 left it
+        for statement in statements:
+            execute(location, statement)
+    execute(location, "CREATE TABLE capgate_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    execute(location, "INSERT INTO capgate_meta VALUES ('schema_version', '3')")
+    estimate = Estimate(p=0.3, method="probe")
+    enforced = Decision(action="abstain", estimate=estimate, reason="v3", calibration="cal-a")
+    candidate = Decision(
+        action="answer", estimate=estimate, reason="v3", shadow=True, calibration="cal-b", beside=enforced.id
+    )
+    old = Decision(action="answer", estimate=estimate, reason="v3")
+    old_json = old.model_dump_json(exclude={"calibration", "beside"})  # as capgate 3 wrote it
+    assert "calibration" not in old_json
+    for d, text in (
+        (enforced, enforced.model_dump_json()),
+        (candidate, candidate.model_dump_json()),
+        (old, old_json),
+    ):
+        execute(
+            location,
+            "INSERT INTO decisions (id, created_at, method, p, degraded, action, reason, decision_json,"
+            " shadow) VALUES (?, ?, 'probe', 0.3, 0, ?, 'v3', ?, ?)",
+            (d.id, d.created_at.isoformat(), d.action, text, int(d.shadow)),
+        )
+    with DecisionLog(location) as log:
+        assert log.schema_version() == 4
+        assert log.get(candidate.id).beside == enforced.id
+        assert log.get(candidate.id).calibration == "cal-b"
+        assert log.get(old.id).calibration is None
+        assert log.integrity_check() == "ok"
+        assert [v for v, _, _ in log.migrations()][-1] == 4
+        # the new tables work on the migrated log
+        assert log.record_features([(old.id, [1.0, 2.0])], {"model_id": "m"}) == 1
+        assert log.features([old.id])[old.id].vector.tolist() == [1.0, 2.0]
+        log.record_calibration_event("promote", "cal-a", "/a", target=None)
+        assert log.active_calibration(None) is not None
+    assert sorted(fetch(location, "SELECT id, calibration, beside FROM decisions")) == sorted(
+        [(enforced.id, "cal-a", None), (candidate.id, "cal-b", enforced.id), (old.id, None, None)]
     )

@@ -7,6 +7,8 @@ thresholds (:mod:`capgate.decision.risk`) are pure functions on arrays of confid
 """
 
 from capgate._types import Action, Decision, Outcome
+from capgate.decision.calibrations import CalibrationEvent
+from capgate.decision.features import LoggedFeatures
 from capgate.decision.log import DecisionLog, LoggedDecision, PostgresDecisionLog, default_log_path
 from capgate.decision.monitor import MethodReport, WindowStats, calibration_report
 from capgate.decision.outcomes import ImportSummary, OutcomeConflictError, OutcomeImportError, import_outcomes
@@ -17,12 +19,14 @@ from capgate.messages import query_hash
 
 __all__ = [
     "Action",
+    "CalibrationEvent",
     "Decision",
     "DecisionLog",
     "GateReport",
     "GroupReport",
     "ImportSummary",
     "LoggedDecision",
+    "LoggedFeatures",
     "MethodReport",
     "Outcome",
     "OutcomeConflictError",

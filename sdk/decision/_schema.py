@@ -16,7 +16,7 @@ from typing import Any
 
 from capgate.errors import DataError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The schema version this capgate writes; older logs are migrated forward to it when opened."""
 
 Migration = tuple[int, str, tuple[str, ...]]
@@ -36,6 +36,10 @@ class Dialect:
     json_shadow: str  # 1 if decision_json says shadow: true, else 0
     json_target: str  # decision_json's target (NULL if none)
     same: str  # null-safe equality
+    json_calibration: str  # decision_json's calibration version (NULL if none)
+    json_beside: str  # decision_json's beside: the id a candidate's shadow decision was made beside
+    blob: str  # a binary column
+    serial: str  # an integer primary key that counts up (the insertion order)
 
     def render(self, template: str) -> str:
         """A template with this dialect's words filled in."""
@@ -57,6 +61,10 @@ SQLITE = Dialect(
     "CASE WHEN json_extract(decision_json, '$.shadow') = 1 THEN 1 ELSE 0 END",
     "json_extract(decision_json, '$.target')",
     "IS",
+    "json_extract(decision_json, '$.calibration')",
+    "json_extract(decision_json, '$.beside')",
+    "BLOB",
+    "INTEGER PRIMARY KEY",
 )
 POSTGRES = Dialect(
     "DOUBLE PRECISION",
@@ -68,6 +76,10 @@ POSTGRES = Dialect(
     "CASE WHEN decision_json::jsonb ->> 'shadow' = 'true' THEN 1 ELSE 0 END",
     "decision_json::jsonb ->> 'target'",
     "IS NOT DISTINCT FROM",
+    "decision_json::jsonb ->> 'calibration'",
+    "decision_json::jsonb ->> 'beside'",
+    "BYTEA",
+    "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
 )
 
 META_TABLE = """CREATE TABLE IF NOT EXISTS capgate_meta (
@@ -153,6 +165,41 @@ _V3 = (
     "CREATE INDEX IF NOT EXISTS outcomes_values ON outcomes (decision_id, source, correct, mu_hat, score)",
 )
 
+_V4 = (
+    "ALTER TABLE decisions ADD COLUMN {if_not_exists}calibration TEXT",
+    "ALTER TABLE decisions ADD COLUMN {if_not_exists}beside TEXT",
+    # rows written before version 4 have neither key in their JSON: only rows that do are rewritten
+    "UPDATE decisions SET calibration = {json_calibration}, beside = {json_beside}"
+    " WHERE {json_calibration} IS NOT NULL OR {json_beside} IS NOT NULL",
+    "DROP INDEX IF EXISTS decisions_for_report",
+    "CREATE INDEX IF NOT EXISTS decisions_for_report ON decisions (policy, step, tool, target, shadow,"
+    " calibration, created_at, action, p, degraded, latency_s, outcome_y, samples_used, beside, id)",
+    # a candidate's shadow decisions, found by the decision they were made beside
+    "CREATE INDEX IF NOT EXISTS decisions_beside ON decisions (beside) WHERE beside IS NOT NULL",
+    """CREATE TABLE IF NOT EXISTS feature_specs (
+    spec_sha256 TEXT PRIMARY KEY,
+    spec_json   TEXT NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS features (
+    decision_id TEXT PRIMARY KEY REFERENCES decisions (id),
+    spec_sha256 TEXT NOT NULL REFERENCES feature_specs (spec_sha256),
+    encoding    TEXT NOT NULL,
+    dim         INTEGER NOT NULL,
+    data        {blob} NOT NULL,
+    recorded_at {time} NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS calibration_events (
+    seq      {serial},
+    at       {time} NOT NULL,
+    event    TEXT NOT NULL,
+    target   TEXT,
+    version  TEXT NOT NULL,
+    path     TEXT NOT NULL,
+    previous TEXT,
+    writer   TEXT
+)""",
+)
+
 _MIGRATIONS: tuple[Migration, ...] = (
     (1, "decisions and outcomes", _V1),
     (
@@ -166,6 +213,12 @@ _MIGRATIONS: tuple[Migration, ...] = (
         " columns and the report's covering indexes",
         _V3,
     ),
+    (
+        4,
+        "calibration version and beside (a candidate's shadow decision) per decision; reader features"
+        " (features, feature_specs); calibration events (shadow, promote, rollback)",
+        _V4,
+    ),
 )
 
 VERSION = "SELECT value FROM capgate_meta WHERE key = 'schema_version'"
@@ -173,7 +226,7 @@ VERSION = "SELECT value FROM capgate_meta WHERE key = 'schema_version'"
 _DECISION = (
     "INSERT INTO decisions (id, created_at, step, tool, query_sha256, query_text, method, p, degraded,"
     " degraded_reason, action, reason, budget, samples_used, latency_s, policy, decision_json, writer,"
-    f" shadow, target) VALUES ({', '.join('?' * 20)}) ON CONFLICT (id) DO "
+    f" shadow, target, calibration, beside) VALUES ({', '.join('?' * 22)}) ON CONFLICT (id) DO "
 )
 INSERT = _DECISION + "NOTHING"
 """A decision row (:meth:`DecisionLog._decision_row`); logging it again keeps the first."""

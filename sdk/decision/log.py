@@ -56,6 +56,8 @@ from capgate.decision._schema import (
 )
 from capgate.decision._sqlite import SQLiteStore
 from capgate.decision._store import Store
+from capgate.decision.calibrations import CalibrationLog
+from capgate.decision.features import FeatureLog
 from capgate.decision.postgres import PostgresStore
 from capgate.messages import query_hash
 
@@ -122,6 +124,16 @@ class LoggedDecision(BaseModel):
         return self.decision.estimate.p
 
     @property
+    def calibration(self) -> str | None:
+        """The calibration version the decision was made under (``None``: uncalibrated)."""
+        return _calibration_of(self.decision)
+
+    @property
+    def beside(self) -> str | None:
+        """For a candidate calibration's shadow decision: the id of the decision it was made beside."""
+        return _beside_of(self.decision)
+
+    @property
     def value(self) -> float | None:
         """The outcome as one number in [0, 1]: the mean over its sources of each outcome's
         :attr:`~capgate.Outcome.value` (``None`` without an outcome)."""
@@ -129,11 +141,21 @@ class LoggedDecision(BaseModel):
         return sum(values) / len(values) if values else None
 
 
+def _calibration_of(decision: Decision) -> str | None:
+    version: str | None = getattr(decision, "calibration", None)
+    return version
+
+
+def _beside_of(decision: Decision) -> str | None:
+    beside: str | None = getattr(decision, "beside", None)
+    return beside
+
+
 _FROM = "FROM decisions d"
 _HAS_OUTCOME = "EXISTS (SELECT 1 FROM outcomes o WHERE o.decision_id = d.id)"
 
 
-class DecisionLog:
+class DecisionLog(FeatureLog, CalibrationLog):
     """A store of decisions and their outcomes, safe for concurrent writers: an embedded SQLite
     file, or a PostgreSQL database when given a ``postgresql://`` URL, with the same API.
 
@@ -258,6 +280,8 @@ class DecisionLog:
             writer_id(),
             int(decision.shadow),
             decision.target,
+            _calibration_of(decision),
+            _beside_of(decision),
         )
         self.store.write(INSERT if decision.stopped_by is None else INSERT_SAMPLED, row)
         return decision.id
