@@ -82,7 +82,7 @@ def test_broken_target_records_are_located(tmp_path: Path) -> None:
     labels = tmp_path / "l.jsonl"
     labels.write_text("")
     meta_path(labels).write_text("{not json")
-    with pytest.raises(DataError, match="unreadable harvest settings"):
+    with pytest.raises(DataError, match="not valid JSON"):
         ProbeTarget.from_harvest(labels)
     meta_path(labels).write_text(json.dumps({"k": 3}))
     with pytest.raises(DataError, match="field 'model_id'"):

@@ -147,7 +147,32 @@ def parse_request_output(output: Any) -> list[Generation]:
         raise BackendError(f"unexpected vLLM output: {type(exc).__name__}: {exc}") from exc
 
 
-class VLLMBackend:
+class _LazyEngine:
+    """A ``vllm.LLM`` engine built from :meth:`engine_kwargs` on first use (or given)."""
+
+    model: str
+    dtype: str
+    max_model_len: int | None
+    _llm: Any
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The ``vllm.LLM`` arguments (no engine is built)."""
+        kwargs: dict[str, Any] = {"model": self.model, "dtype": self.dtype}
+        if self.max_model_len is not None:
+            kwargs["max_model_len"] = self.max_model_len
+        return kwargs
+
+    @property
+    def llm(self) -> Any:
+        """The ``vllm.LLM`` engine, built on first use."""
+        if self._llm is None:
+            from vllm import LLM
+
+            self._llm = LLM(**self.engine_kwargs())
+        return self._llm
+
+
+class VLLMBackend(_LazyEngine):
     """Offline vLLM engine as a capgate backend (batch sampling for harvesting).
 
     Args:
@@ -207,22 +232,11 @@ class VLLMBackend:
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments this backend builds its engine with."""
-        kwargs: dict[str, Any] = {"model": self.model, "dtype": self.dtype, "seed": self.seed}
-        if self.max_model_len is not None:
-            kwargs["max_model_len"] = self.max_model_len
+        kwargs = super().engine_kwargs() | {"seed": self.seed}
         if self.enforce_eager:
             kwargs["enforce_eager"] = True
         kwargs.update(self.llm_kwargs)
         return kwargs
-
-    @property
-    def llm(self) -> Any:
-        """The ``vllm.LLM`` engine, built on first use."""
-        if self._llm is None:
-            from vllm import LLM
-
-            self._llm = LLM(**self.engine_kwargs())
-        return self._llm
 
     def _sampling_params(self, params: SamplingParams) -> Any:
         from vllm import SamplingParams as VllmSamplingParams
@@ -260,7 +274,7 @@ class VLLMBackend:
 # ------------------------------------------------------------------------------ features
 
 
-class VLLMFeaturizer(_hidden_states.HiddenStateLayers):
+class VLLMFeaturizer(_LazyEngine, _hidden_states.HiddenStateLayers):
     """Probe features of queries computed by vLLM (see the module docstring for the two modes).
 
     Args:
@@ -308,9 +322,7 @@ class VLLMFeaturizer(_hidden_states.HiddenStateLayers):
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments for this featurizer's mode (no engine is built)."""
-        kwargs: dict[str, Any] = {"model": self.model, "dtype": self.dtype}
-        if self.max_model_len is not None:
-            kwargs["max_model_len"] = self.max_model_len
+        kwargs = super().engine_kwargs()
         if self.layers == "last":
             kwargs.update(
                 runner="pooling",
@@ -330,15 +342,6 @@ class VLLMFeaturizer(_hidden_states.HiddenStateLayers):
             )
         kwargs.update(self.llm_kwargs)
         return kwargs
-
-    @property
-    def llm(self) -> Any:
-        """The ``vllm.LLM`` engine, built on first use."""
-        if self._llm is None:
-            from vllm import LLM
-
-            self._llm = LLM(**self.engine_kwargs())
-        return self._llm
 
     def _token_prompts(self, queries: Sequence[Prompt]) -> list[dict[str, list[int]]]:
         tokenizer = self.llm.get_tokenizer()

@@ -128,12 +128,16 @@ def write_json(path: Path, payload: Mapping[str, Any]) -> None:
     atomic_write_json(path, payload, allow_nan=False)
 
 
-def read_json(path: Path, *, kind: str) -> dict[str, Any]:
-    """Read a JSON object saved by :func:`write_json`; check its ``format`` is ``kind``."""
+def read_json(path: Path, *, kind: str | None, what: str | None = None) -> dict[str, Any]:
+    """Read a JSON object saved by :func:`write_json`; check its ``format`` is ``kind`` (``None``:
+    any JSON object). ``what`` names the file in messages (default: ``kind``)."""
+    what = what or kind or "JSON object"
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise DataError(f"no saved {kind} here (file not found)", path=path) from None
+        raise DataError(f"no saved {what} here (file not found)", path=path) from None
+    except OSError as exc:
+        raise DataError(f"unreadable {what}: {exc}", path=path) from None
     try:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -141,7 +145,7 @@ def read_json(path: Path, *, kind: str) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise DataError(f"expected a JSON object; got {type(payload).__name__}", path=path)
     found = payload.get("format")
-    if found != kind:
+    if kind is not None and found != kind:
         raise DataError(f"expected a saved {kind!r}; got format {found!r}", path=path, field="format")
     return payload
 

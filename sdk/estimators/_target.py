@@ -10,7 +10,6 @@ beside the probe, and the gate refuses to gate calls to another model with it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capgate.backend import EndpointKind
 from capgate.errors import DataError, ProbeMismatchError
+from capgate.estimators._common import read_json
 
 _IDENTITY = ("model", "endpoint", "temperature", "top_p", "max_tokens", "prompt", "grader")
 """The fields that make two targets different models-under-settings (``k`` and the dataset do
@@ -96,12 +96,7 @@ class ProbeTarget(BaseModel):
         path = meta_path(labels)
         if not path.is_file():
             return None
-        try:
-            settings = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise DataError(f"unreadable harvest settings: {exc}", path=path) from None
-        if not isinstance(settings, dict):
-            raise DataError("expected a JSON object of harvest settings", path=path)
+        settings = read_json(path, kind=None, what="harvest settings")
         try:
             return cls.from_harvest_settings(settings)
         except DataError as exc:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from capgate.errors import DataError
-from capgate.estimators._common import spec_as_dict
+from capgate.estimators._common import read_json, spec_as_dict
 from capgate.estimators._linear_probe import META_FILE, WEIGHTS_FILE, sha256_file
 from capgate.estimators.probe import ProbeEstimator
 
@@ -53,12 +53,7 @@ def _probe_digest(folder: Path, reader_spec: object | None) -> str:
     for path in (weights, meta_path):
         if not path.is_file():
             raise DataError("not a saved probe: file missing", path=path)
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise DataError(f"unreadable probe metadata: {exc}", path=meta_path) from None
-    if not isinstance(meta, dict):
-        raise DataError("probe metadata is not a JSON object", path=meta_path)
+    meta = read_json(meta_path, kind=None, what="probe metadata")
     spec = meta.get("feature_spec") if reader_spec is None else spec_as_dict(reader_spec)
     validation = meta.get("validation")
     if isinstance(validation, dict) and "fast_path" in validation:
