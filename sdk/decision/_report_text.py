@@ -27,12 +27,12 @@ def _mass(value: float) -> str:
 
 
 def _group_lines(g: GroupReport, candidate: str | None) -> list[str]:
-    shadow = g.mode == "shadow"
+    shadow = g.mode != "enforce"  # shadow, or a candidate calibration's shadow: would-be actions
     lines = [
         f"== {g.label} ==",
         f"  {g.decisions} decisions, {g.with_outcome} with an outcome, {g.without_outcome} without, "
         f"{g.degraded} degraded",
-        f"  {'would-be actions (shadow)' if shadow else 'actions'}: "
+        f"  {f'would-be actions ({g.mode})' if shadow else 'actions'}: "
         + ", ".join(f"{a} {g.actions[a]}" for a in ACTIONS if g.actions[a]),
     ]
     through = g.actions["answer"] + g.actions["resample"]
@@ -81,6 +81,31 @@ def _group_lines(g: GroupReport, candidate: str | None) -> list[str]:
     return lines
 
 
+def _comparison_lines(c: Any) -> list[str]:
+    lines = [
+        f"== candidate calibration {c.label} (same decisions) ==",
+        f"  {c.pairs} decisions made under both, {c.with_outcome} with an outcome",
+    ]
+    if c.enough_outcomes:
+        better = ""
+        d = c.brier_difference
+        if d is not None and d.high < 0:
+            better = ": the candidate is better"
+        elif d is not None and d.low > 0:
+            better = ": the candidate is worse"
+        auroc = " vs ".join("-" if a is None else f"{a:.3f}" for a in (c.auroc_candidate, c.auroc_enforced))
+        lines += [
+            f"  Brier, candidate vs enforced   {_rate(c.brier_candidate)} vs {_rate(c.brier_enforced)}",
+            f"  Brier difference (cand - enf)  {_rate(d)}{better}",
+            f"  AUROC, candidate vs enforced   {auroc}",
+            f"  coverage, candidate vs enf.    {_rate(c.coverage_candidate)} vs {_rate(c.coverage_enforced)}",
+            f"  accuracy of the let-through    {_rate(c.accuracy_candidate)} vs {_rate(c.accuracy_enforced)}",
+            f"  same action                    {_rate(c.agreement)}",
+        ]
+    lines += [f"  note: {note}" for note in c.notes]
+    return lines
+
+
 def format_report(report: GateReport) -> str:
     """The report as text: a header, then each group's figures (rates with 95% intervals)."""
     window = f"{report.since.isoformat() if report.since else 'the first decision'} to "
@@ -97,6 +122,8 @@ def format_report(report: GateReport) -> str:
     lines.append(f"{report.decisions} decisions in {len(report.groups)} group(s)")
     for group in report.groups:
         lines += ["", *_group_lines(group, report.candidate_policy)]
+    for comparison in report.comparisons:
+        lines += ["", *_comparison_lines(comparison)]
     return "\n".join(lines)
 
 

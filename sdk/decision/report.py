@@ -1,8 +1,10 @@
 """What the gate buys, from the decision log: ``capgate report`` and :func:`gate_report`.
 
-For a time window, the logged decisions are grouped by policy, step, tool, target and mode
-(``shadow`` or ``enforce``). Each group gives its decisions by action (for shadow decisions, the
-actions the gate *would* have taken) and, where outcomes exist:
+For a time window, the logged decisions are grouped by policy, step, tool, target, mode
+(``shadow``, ``enforce``, or ``candidate``: a candidate calibration's shadow decisions, each
+scored on the outcome of the enforced decision it was made beside) and calibration version.
+Each group gives its decisions by action (for shadow decisions, the actions the gate *would* have
+taken) and, where outcomes exist:
 
 * **accuracy of everything** (the ungated agent: every decision with an outcome) against the
   **accuracy of what the gate let through** (``answer`` and ``resample``) and the coverage (the
@@ -29,7 +31,9 @@ in SQL; each decision's y is kept in its row, ``outcome_y``, by the transaction 
 outcome), so a million decisions are read in seconds (``bench/report_bench.py``); with ``source``
 y is averaged from that source's outcomes instead (slower: one index lookup per decision). A
 candidate policy (``policy=``) is replayed on the logged estimates and outcomes by
-:func:`capgate.decision.simulate.replay_policy`, the replay ``capgate simulate`` uses.
+:func:`capgate.decision.simulate.replay_policy`, the replay ``capgate simulate`` uses. A candidate
+calibration that ran beside the enforced one is compared with it on the same decisions
+(:mod:`capgate.decision._report_compare`: :attr:`GateReport.comparisons`).
 
 Example:
     >>> import os, tempfile
@@ -61,6 +65,7 @@ from numpy.typing import NDArray
 
 from capgate._types import Action
 from capgate._validate import check_int_at_least
+from capgate.decision._report_compare import VersionComparison, compare_versions
 from capgate.decision._report_stats import Calibration, Rate, bootstrap_calibration, wilson
 from capgate.decision._schema import OUTCOME_VALUE
 from capgate.decision.simulate import ACTIONS, ReplaySummary, replay_policy
@@ -69,7 +74,7 @@ if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
     from capgate.policies import Policy
 
-__all__ = ["Calibration", "GateReport", "GroupReport", "Rate", "gate_report", "wilson"]
+__all__ = ["Calibration", "GateReport", "GroupReport", "Rate", "VersionComparison", "gate_report", "wilson"]
 
 LET_THROUGH: tuple[Action, ...] = ("answer", "resample")
 """The actions that let a call through (an answer comes back from this model)."""
@@ -79,7 +84,8 @@ STOPPED: tuple[Action, ...] = ("abstain", "clarify", "escalate")
 
 @dataclass(frozen=True)
 class GroupReport:
-    """One policy / step / tool / target / mode's figures (see the module docstring).
+    """One policy / step / tool / target / mode / calibration version's figures (see the module
+    docstring); ``calibration_version`` is the version the decisions were made under.
 
     Counts of outcomes (``wrong_stopped``, ``right_stopped``) are outcome mass: the sum of
     1 - y and of y over the stopped decisions with an outcome (whole counts for binary outcomes).
@@ -116,14 +122,17 @@ class GroupReport:
     calibration: Calibration | None
     candidate: ReplaySummary | None = None
     notes: list[str] = field(default_factory=list)
+    calibration_version: str | None = None
     p: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
     y: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
 
     @property
     def label(self) -> str:
-        """``policy / step / tool / target / mode``, with ``-`` for what is not set."""
+        """``policy / step / tool / target / mode``, with ``-`` for what is not set, then
+        ``@ version`` when the decisions were made under a calibration."""
         parts = (self.policy, self.step, self.tool, self.target, self.mode)
-        return " / ".join(part or "-" for part in parts)
+        label = " / ".join(part or "-" for part in parts)
+        return label if self.calibration_version is None else f"{label} @ {self.calibration_version}"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (without the per-decision arrays ``p`` and ``y``)."""
@@ -157,6 +166,7 @@ class GateReport:
         min_outcomes: Outcomes a group needs before it gives outcome-based rates.
         groups: The groups, largest first.
         candidate_policy: Name of the candidate policy replayed, if any.
+        comparisons: Each candidate calibration against the enforced one, on the same decisions.
     """
 
     location: str
@@ -166,6 +176,7 @@ class GateReport:
     min_outcomes: int
     groups: list[GroupReport]
     candidate_policy: str | None = None
+    comparisons: list[VersionComparison] = field(default_factory=list)
 
     @property
     def decisions(self) -> int:
@@ -183,6 +194,7 @@ class GateReport:
             "candidate_policy": self.candidate_policy,
             "decisions": self.decisions,
             "groups": [g.to_dict() for g in self.groups],
+            "comparisons": [_finite(c.to_dict()) for c in self.comparisons],
         }
 
     def format(self) -> str:
@@ -212,14 +224,16 @@ def _window_sql(since: datetime | None, until: datetime | None, time: str) -> tu
     return (" WHERE " + " AND ".join(where) if where else ""), params
 
 
-_KEY = ("policy", "step", "tool", "target", "shadow")
+_KEY = ("d.policy", "d.step", "d.tool", "d.target", "d.shadow", "d.calibration")
+_CANDIDATE = "CASE WHEN d.beside IS NULL THEN 0 ELSE 1 END"  # a candidate calibration's shadow decision
 _ACTION_CODE = "CASE d.action " + " ".join(f"WHEN '{a}' THEN {i}" for i, a in enumerate(ACTIONS)) + " END"
 
 
 def _groups_in(log: DecisionLog, window: tuple[str, list[Any]]) -> list[tuple[Any, ...]]:
-    """The window's groups (policy, step, tool, target, shadow) with their samples, from SQL."""
+    """The window's groups (policy, step, tool, target, shadow, calibration, candidate) with their
+    samples, from SQL."""
     where, params = window
-    columns = ", ".join(f"d.{c}" for c in _KEY)
+    columns = ", ".join((*_KEY, _CANDIDATE))
     sql = f"SELECT {columns}, SUM(d.samples_used) FROM decisions d{where} GROUP BY {columns}"
     return log.store.read(sql, params)
 
@@ -231,14 +245,21 @@ def _rows_of(
 
     They are read off the covering index ``decisions_for_report``, which holds each decision's
     ``outcome_y`` (the mean over its sources, kept up to date in the transaction that writes an
-    outcome); for one ``source``, y is averaged from the outcomes' index ``outcomes_values``."""
+    outcome); for one ``source``, y is averaged from the outcomes' index ``outcomes_values``. A
+    candidate's shadow decision takes the y of the decision it was made beside."""
     dialect = log.store.dialect
-    y = "d.outcome_y"
+    y = (
+        "CASE WHEN d.beside IS NULL THEN d.outcome_y"
+        " ELSE (SELECT e.outcome_y FROM decisions e WHERE e.id = d.beside) END"
+    )
     if source is not None:
         value = dialect.render(OUTCOME_VALUE)
-        y = f"(SELECT AVG({value}) FROM outcomes o WHERE o.decision_id = d.id AND o.source = ?)"
+        y = (
+            f"(SELECT AVG({value}) FROM outcomes o WHERE o.decision_id = COALESCE(d.beside, d.id)"
+            " AND o.source = ?)"
+        )
     where, params = window
-    match = " AND ".join(f"d.{c} {dialect.same} ?" for c in _KEY)
+    match = " AND ".join(f"{c} {dialect.same} ?" for c in (*_KEY, _CANDIDATE))
     where = f" WHERE {match}" + (where.replace(" WHERE ", " AND ", 1) if where else "")
     sql = f"SELECT {_ACTION_CODE}, d.p, d.degraded, d.latency_s, {y} FROM decisions d{where}"
     rows = log.store.read(sql, ([source] if source is not None else []) + list(key) + params)
@@ -258,7 +279,7 @@ def _group(
     candidate: Policy | None,
     rng: np.random.Generator,
 ) -> GroupReport:
-    policy, step, tool, target, shadow = key
+    policy, step, tool, target, shadow, version, candidate_of = key
     n = int(actions.size)
     counts: dict[str, int] = {
         str(a): int(c) for a, c in zip(ACTIONS, np.bincount(actions, minlength=len(ACTIONS)), strict=True)
@@ -279,7 +300,11 @@ def _group(
         )
     elif n_scored < n:
         notes.append(f"{n - n_scored} decisions have no outcome: counted, left out of every outcome rate")
-    mode = "shadow" if shadow else "enforce"
+    mode = "candidate" if candidate_of else "shadow" if shadow else "enforce"
+    if candidate_of:
+        notes.append(
+            "a candidate calibration's shadow decisions, scored on the outcomes of the decisions beside them"
+        )
     if enough and mode == "enforce" and int((stopped & ~scored).sum()):
         notes.append(
             "enforce mode: stopped calls without an outcome (nothing was answered) are left out of "
@@ -334,6 +359,7 @@ def _group(
         calibration=calibration,
         candidate=replay,
         notes=notes,
+        calibration_version=version,
         p=p_scored,
         y=y_s,
     )
@@ -380,10 +406,10 @@ def gate_report(
     groups: list[GroupReport] = []
     for *key, samples in _groups_in(log, window):
         rows = _rows_of(log, key, window, source)
-        policy_name, step, tool, target, shadow = key
+        policy_name, step, tool, target, shadow, version, candidate_of = key
         groups.append(
             _group(
-                (policy_name, step, tool, target, bool(shadow)),
+                (policy_name, step, tool, target, bool(shadow), version, bool(candidate_of)),
                 rows[:, 0].astype(np.int64),
                 rows[:, 1],
                 rows[:, 2] == 1.0,
@@ -396,6 +422,7 @@ def gate_report(
             )
         )
     groups.sort(key=lambda g: (-g.decisions, g.label))
+    comparisons = compare_versions(log, window, source, min_outcomes)
     return GateReport(
         location=log.location,
         since=since,
@@ -404,4 +431,5 @@ def gate_report(
         min_outcomes=min_outcomes,
         groups=groups,
         candidate_policy=None if candidate is None else candidate.name,
+        comparisons=comparisons,
     )
