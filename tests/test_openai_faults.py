@@ -194,3 +194,31 @@ def test_unreachable_server_is_a_clear_error() -> None:
     dead = OpenAIBackend("m", base_url=url, max_retries=1, timeout=2.0, **FAST)
     with pytest.raises(BackendError, match="could not reach"):
         dead.generate(["hi"], SamplingParams())
+
+
+def test_the_async_path_imports_openai_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first ``import openai`` takes seconds: on the loop it would stall every call in flight
+    (a shadow gate's own calls included). Concurrent first calls all import it in worker threads."""
+    from capgate.adapters.backends import openai as module
+
+    threads: list[str] = []
+    real = module._import_openai
+
+    def spy() -> Any:
+        import threading
+
+        threads.append(threading.current_thread().name)
+        return real()
+
+    monkeypatch.setattr(module, "_OPENAI", [])
+    monkeypatch.setattr(module, "_import_openai", spy)
+
+    async def calls() -> list[list[Any]]:
+        be = backend(server)
+        return await asyncio.gather(*(be.agenerate([f"q{i}"], SamplingParams()) for i in range(4)))
+
+    with FaultServer(lambda body, i: ok(["fine"])) as server:
+        got = asyncio.run(calls())
+    assert [g[0][0].text for g in got] == ["fine"] * 4
+    assert threads
+    assert "MainThread" not in threads

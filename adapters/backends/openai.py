@@ -63,6 +63,23 @@ from capgate.errors import BackendError
 __all__ = ["ApiKind", "OpenAIBackend", "is_retryable"]
 
 
+_OPENAI: list[Any] = []
+"""The ``openai`` module, once :func:`_import_openai` has imported it completely."""
+
+
+def _import_openai() -> Any:
+    """``import openai`` (seconds, the first time), run in a worker thread by the async path.
+
+    While one thread imports it, ``sys.modules`` already holds the half-made module; concurrent
+    callers wait on the import lock here, in their own threads, never on the event loop.
+    """
+    import openai
+
+    if not _OPENAI:
+        _OPENAI.append(openai)
+    return openai
+
+
 class OpenAIBackend:
     """An OpenAI-compatible chat backend (sync ``generate`` and async ``agenerate``).
 
@@ -283,12 +300,13 @@ class OpenAIBackend:
 
     # ------------------------------------------------------------------ async I/O
 
-    def _aclient(self) -> tuple[Any, asyncio.Semaphore]:
+    async def _aclient(self) -> tuple[Any, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
         state = self._async_state
         if state is None or state[0] is not loop:
-            import openai
-
+            # The first import of openai takes seconds: in a thread, so that it never stalls the
+            # event loop (and every call in flight on it, a shadow gate's own calls included).
+            openai = _OPENAI[0] if _OPENAI else await asyncio.to_thread(_import_openai)
             client = openai.AsyncOpenAI(
                 base_url=self.base_url_, api_key=self._api_key, timeout=self.timeout, max_retries=0
             )
@@ -297,7 +315,7 @@ class OpenAIBackend:
         return state[1], state[2]
 
     async def _asend(self, kwargs: dict[str, Any]) -> Any:
-        client, slots = self._aclient()
+        client, slots = await self._aclient()
         async with slots:
             with self._watched():
                 if self.api == "chat":
