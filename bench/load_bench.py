@@ -70,6 +70,9 @@ from capgate.estimators.base import CapabilityEstimator  # noqa: E402
 POLICY = load_policy("balanced")
 ON_DEGRADED = POLICY.on_degraded.action
 SLACK_S = 2.0
+DELAY_S = 0.25
+"""In shadow mode, a call that returns this much later than the function's own time counts as
+delayed by the gate (the event loop of a loaded 2-core CPU lags by tens of milliseconds)."""
 """How long past its deadline a call may take to return (deciding and logging, on a loaded CPU)."""
 SUMMARY_NOTE = (
     "Calls: every gated call the load and fault runs made; p99 and degraded: the load runs only "
@@ -95,6 +98,19 @@ class Run:
     unreasoned: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
     actions: Counter[str] = field(default_factory=Counter)
+    mode: str = "enforce"
+    call_s: float = 0.0  # what the gated function itself takes
+    discarded: int = 0  # speculative: calls started with their estimate whose result was dropped
+
+    @property
+    def delays(self) -> list[float]:
+        """What the gate added to each returned call: its latency less the function's own time."""
+        return [max(0.0, x - self.call_s) for x in self.latencies]
+
+    @property
+    def delayed(self) -> int:
+        """Calls the gate held more than ``DELAY_S`` beyond the function's own time."""
+        return sum(d > DELAY_S for d in self.delays)
 
     @property
     def p50(self) -> float:
@@ -151,22 +167,31 @@ async def gated_calls(
     deadline: float,
     gate_concurrency: int,
     folder: Path,
+    mode: str = "enforce",
+    call_s: float = 0.0,
 ) -> Run:
-    """``len(prompts)`` calls of a guarded coroutine function, ``level`` in flight at once."""
-    log_path = folder / f"{name}-{level}-{time.monotonic_ns()}.sqlite3"
+    """``len(prompts)`` calls of a guarded coroutine function, ``level`` in flight at once.
+
+    ``mode``: ``"enforce"``, ``"shadow"`` (the gate decides beside each call) or ``"speculative"``
+    (enforce, the call started with its estimate); ``call_s``: what the function itself takes."""
+    log_path = folder / f"{name}-{mode}-{level}-{time.monotonic_ns()}.sqlite3"
     gate = Gate(
         policy=POLICY,
         estimator=estimator,
         log=log_path,
         max_concurrency=gate_concurrency,
         estimate_timeout_s=deadline,
+        mode="shadow" if mode == "shadow" else "enforce",
+        speculative=mode == "speculative",
     )
 
     @guard(gate=gate)
     async def ask(prompt: str) -> str:
+        if call_s:
+            await asyncio.sleep(call_s)
         return "answered"
 
-    run = Run(name=name, level=level, calls=len(prompts))
+    run = Run(name=name, level=level, calls=len(prompts), mode=mode, call_s=call_s)
     in_flight = asyncio.Semaphore(level)
 
     async def one(prompt: str) -> None:
@@ -185,11 +210,15 @@ async def gated_calls(
     start = time.monotonic()
     await asyncio.gather(*(one(p) for p in prompts))
     run.wall_s = time.monotonic() - start
+    if mode == "shadow":
+        await gate.aflush()  # the decisions made beside the calls are logged when they are done
     with DecisionLog(log_path) as log:
         run.rows = log.count()
         for row in log.decisions():
             decision = row.decision
             run.actions[decision.action] += 1
+            if decision.speculation is not None and decision.action != "answer":
+                run.discarded += 1
             if decision.degraded:
                 run.degraded += 1
                 reason = decision.estimate.reason or ""
@@ -423,6 +452,98 @@ def fault_server_runs(args: argparse.Namespace, folder: Path) -> list[Fault]:
     return faults
 
 
+# ------------------------------------------------------------------------------ shadow, speculative
+
+MODE_CALL_S = 0.05
+"""What the gated function takes in the shadow and speculative runs (a stand-in for the agent's call)."""
+
+
+def mode_runs(args: argparse.Namespace, folder: Path) -> list[Run]:
+    """The same gated function in shadow mode and speculative enforce mode, against the fault
+    server (healthy, then each fault) and, with a vLLM server, at each level of load."""
+    runs: list[Run] = []
+    n = args.fault_calls
+    scenarios: list[tuple[str, Any, dict[str, Any]]] = [
+        ("healthy", OK, {}),
+        ("HTTP 500", Reply({"error": {"message": "engine overloaded"}}, status=500), {}),
+        ("hang", Hang(60), {"timeout": 0.5, "max_retries": 1}),
+        ("truncated JSON", Raw(b'{"choices": [{"index": 0, "mess', content_length=400), {}),
+        ("slow drip", Drip(OK.body, chunk=4, every=0.5), {"timeout": 30.0}),
+    ]
+    print(MODE_ROW.format("mode", "fault / load", "level", "calls", "p50 +s", "p99 +s", "delayed", "degraded",
+                          "rows", "lost", "discarded"))  # fmt: skip
+    for mode in ("shadow", "speculative"):
+        for name, action, backend in scenarios:
+            with FaultServer(lambda body, i, action=action: action) as server:
+                run = asyncio.run(
+                    gated_calls(name, _fault_estimator(server.url, **backend), prompts_for(n),
+                                level=min(16, n), deadline=args.fault_deadline,
+                                gate_concurrency=args.gate_concurrency, folder=folder, mode=mode,
+                                call_s=MODE_CALL_S)
+                )  # fmt: skip
+            print(_mode_line(run), flush=True)
+            runs.append(run)
+        for est_name, make in estimators(args).items():
+            if est_name == "probe" and mode == "speculative":
+                continue  # speculative gating is for a remote call whose estimate is a call of its own
+            estimator = make()
+            for level in args.levels:
+                calls = args.calls or max(level, 8)
+                run = asyncio.run(
+                    gated_calls(f"{est_name} load", estimator, prompts_for(calls), level=level,
+                                deadline=args.deadline, gate_concurrency=args.gate_concurrency,
+                                folder=folder, mode=mode, call_s=MODE_CALL_S)
+                )  # fmt: skip
+                print(_mode_line(run), flush=True)
+                runs.append(run)
+    return runs
+
+
+MODE_ROW = "{:<12} {:<16} {:>5} {:>5} {:>7} {:>7} {:>7} {:>8} {:>5} {:>4} {:>9}"
+
+
+def _mode_cells(r: Run) -> tuple[Any, ...]:
+    delays = sorted(r.delays)
+    p50 = statistics.median(delays) if delays else float("nan")
+    p99 = delays[min(len(delays) - 1, round(0.99 * (len(delays) - 1)))] if delays else float("nan")
+    delayed = r.delayed if r.mode == "shadow" else "-"  # enforce waits for its decision by design
+    return (r.mode, r.name, r.level, r.calls, f"{p50:.3f}", f"{p99:.3f}", delayed,
+            f"{100 * r.degraded / max(r.calls, 1):.0f}%", r.rows, r.lost, r.discarded)  # fmt: skip
+
+
+def _mode_line(r: Run) -> str:
+    return MODE_ROW.format(*_mode_cells(r))
+
+
+def modes_report(args: argparse.Namespace, runs: list[Run], started: str) -> str:
+    shadow = [r for r in runs if r.mode == "shadow"]
+    sound = all(r.lost == 0 and r.rows == r.calls for r in runs)
+    lines = [
+        "## Shadow mode and speculative gating",
+        "",
+        f"Method: `bench/load_bench.py` (`mode_runs`); the gated coroutine takes {MODE_CALL_S:g} s; "
+        f"{args.fault_calls} calls per fault, 16 in flight, against the fault server (verbalized estimator, "
+        f"gate deadline {args.fault_deadline:g} s), and each estimator at {args.levels} in flight "
+        f"(deadline {args.deadline:g} s); vLLM server: {args.vllm_url or 'none'} "
+        f"({args.served_model or '-'}). "
+        f"'+s' is what the gate added to a call (its latency less the function's own time); a shadow call "
+        f"is *delayed* when the gate added more than {DELAY_S:g} s; *discarded*: speculative calls whose "
+        f"result was dropped because the decision blocked. Machine: {started}.",
+        "",
+        "| mode | fault / load | in flight | calls | p50 +s | p99 +s | delayed | degraded | log rows | lost "
+        "| discarded |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += ["| " + " | ".join(str(c) for c in _mode_cells(r)) + " |" for r in runs]
+    lines += [
+        "",
+        f"Shadow mode: {sum(r.calls for r in shadow)} calls, {sum(r.lost for r in shadow)} failed or lost, "
+        f"{sum(r.delayed for r in shadow)} delayed by the gate; decisions logged = calls in every run: "
+        f"{'yes' if sound else 'NO'}.",
+    ]
+    return "\n".join(lines)
+
+
 def vllm_restart_run(args: argparse.Namespace, folder: Path) -> Fault:
     state = Path(args.vllm_state_dir)
     pid = int((state / "pid").read_text())
@@ -545,6 +666,7 @@ def main() -> None:
     parser.add_argument("--fault-calls", type=int, default=32)
     parser.add_argument("--fault-deadline", type=float, default=5.0)
     parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument("--no-modes", action="store_true", help="skip the shadow and speculative runs")
     parser.add_argument("--no-restart", action="store_true", help="skip the vLLM kill + restart run")
     parser.add_argument("--no-report", action="store_true", help="do not rewrite bench/RELIABILITY.md")
     parser.add_argument(
@@ -574,7 +696,8 @@ def main() -> None:
             print()
             for f in faults:
                 print(f"fault {f.name:<24} survived={'yes' if f.survived else 'NO '}  {f.detail}")
-    every = runs + [r for f in faults for r in f.runs]
+        modes: list[Run] = [] if args.no_modes else mode_runs(args, folder)
+    every = runs + [r for f in faults for r in f.runs] + modes
     latencies = sorted(x for r in runs for x in r.latencies)
     p99 = (
         latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))] if latencies else float("nan")
@@ -595,6 +718,8 @@ def main() -> None:
             update_section("faults", fault_text)
         if sweep:
             update_section("coalescer", sweep_report(args, sweep, started))
+        if modes:
+            update_section("modes", modes_report(args, modes, started))
     print(summary)
 
 
