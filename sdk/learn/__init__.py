@@ -26,10 +26,10 @@ Example:
 """
 
 from capgate.learn._artefact import Calibration, content_version
+from capgate.learn._calibrate import MIN_OUTCOMES, CalibrationResult, calibrate
 from capgate.learn._crossfit import CrossFit, Split, cross_fit, fold_blocks, time_split
 from capgate.learn._select import HeldOutRow, select, table_rows
 from capgate.learn._traffic import CalibrationRefusedError, Traffic, base_method, read_traffic
-from capgate.learn.calibrate import MIN_OUTCOMES, CalibrationResult, calibrate
 
 __all__ = [
     "MIN_OUTCOMES",

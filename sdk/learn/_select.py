@@ -3,9 +3,17 @@ the previous estimator unless a candidate beats it beyond the noise of the compa
 
 Each candidate is scored by its capability Brier score on the held-out (latest) outcomes, with a
 95% interval, and by its paired difference from the previous estimator on the same decisions.
-A candidate replaces the previous estimator only when the upper end of a one-sided interval for
-that difference is below zero at level ``level / m`` (Bonferroni over the ``m`` candidates): a
-calibration that merely fits the noise of its own window does not ship. Ties go to the previous.
+The candidate with the lowest held-out Brier replaces the previous estimator only when
+
+* the upper end of the one-sided ``1 - level`` interval of that paired difference is below zero
+  (it is better on the held-out outcomes beyond their noise), and
+* on the older part, its cross-fitted predictions (each from a fit that never saw the row) are
+  better than the previous estimator's too: a veto, never a reason to switch on its own.
+
+Ties, and anything short of both, go to the previous estimator, so a map that merely fits its
+window's noise rarely ships. Simulated, 100 windows each (30% held out): a calibrated estimator
+(p ~ U(0.4, 0.6)) with its outcomes shuffled was replaced in 1%, 2% and 5% of windows of 100,
+300 and 500 outcomes; one overconfident like ``p**3`` in 59%, 97% and 99%.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["HeldOutRow", "select", "table_rows"]
+__all__ = ["HeldOutRow", "best_challenger", "select", "table_rows"]
 
 FloatArray = npt.NDArray[np.float64]
 PREVIOUS = "previous"
@@ -37,7 +45,7 @@ class HeldOutRow:
         brier_low: Lower end of its 95% interval.
         brier_high: Upper end of its 95% interval.
         diff: Paired mean difference from the previous estimator's Brier (negative: better).
-        diff_high: Upper end of the one-sided interval for ``diff`` at the selection level.
+        diff_high: Upper end of the one-sided ``1 - level`` interval of ``diff``.
         crossfit_brier: Brier of cross-fitted predictions on the older part (``None`` if not
             computed): the same comparison made inside the fitting data, never on fitted rows.
         chosen: Whether this candidate was kept.
@@ -77,9 +85,8 @@ def table_rows(
     the previous estimator (key ``"previous"``) first; no candidate is marked chosen yet."""
     if PREVIOUS not in predictions:
         raise ValueError("the candidates must include the previous estimator ('previous')")
-    m = max(1, len(predictions) - 1)
     z95 = NormalDist().inv_cdf(0.975)
-    z_sel = NormalDist().inv_cdf(1.0 - level / m)
+    z_sel = NormalDist().inv_cdf(1.0 - level)
     prev_sq = (predictions[PREVIOUS] - y) ** 2
     rows = []
     for name in [PREVIOUS, *(k for k in predictions if k != PREVIOUS)]:
@@ -107,10 +114,7 @@ def table_rows(
 
 
 def select(rows: Sequence[HeldOutRow]) -> tuple[str, list[HeldOutRow]]:
-    """The kept candidate and the table with it marked.
-
-    The candidate with the lowest held-out Brier is kept when its paired difference from the
-    previous estimator is significantly below zero (``diff_high < 0``); otherwise the previous.
+    """The kept candidate and the table with it marked (the rule in the module docstring).
 
     Example:
         >>> y = np.array([0.0, 1.0] * 50)
@@ -118,8 +122,19 @@ def select(rows: Sequence[HeldOutRow]) -> tuple[str, list[HeldOutRow]]:
         >>> select(rows)[0]
         'platt'
     """
-    challengers = [r for r in rows if r.candidate != PREVIOUS]
-    best = min(challengers, key=lambda r: r.brier, default=None)
-    winner = best.candidate if best is not None and best.diff_high < 0.0 else PREVIOUS
+    best = best_challenger(rows)
+    winner = best.candidate if best is not None and _beats_previous(best, rows) else PREVIOUS
     marked = [HeldOutRow(**{**asdict(r), "chosen": r.candidate == winner}) for r in rows]
     return winner, marked
+
+
+def best_challenger(rows: Sequence[HeldOutRow]) -> HeldOutRow | None:
+    """The candidate other than the previous estimator with the lowest held-out Brier."""
+    return min((r for r in rows if r.candidate != PREVIOUS), key=lambda r: r.brier, default=None)
+
+
+def _beats_previous(row: HeldOutRow, rows: Sequence[HeldOutRow]) -> bool:
+    previous = next(r for r in rows if r.candidate == PREVIOUS)
+    if row.crossfit_brier is None or previous.crossfit_brier is None:
+        return row.diff_high < 0.0
+    return row.diff_high < 0.0 and row.crossfit_brier < previous.crossfit_brier

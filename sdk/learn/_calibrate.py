@@ -43,7 +43,7 @@ from capgate.estimators.base import CapabilityEstimator
 from capgate.learn._artefact import CALIBRATOR_FILE, POLICY_FILE, Calibration, Kind, write_calibration
 from capgate.learn._crossfit import cross_fit, fit_map, map_fitter, time_split
 from capgate.learn._probe import LoggedFeatureSet, fit_probe, logged_features
-from capgate.learn._select import PREVIOUS, HeldOutRow, select, table_rows
+from capgate.learn._select import PREVIOUS, HeldOutRow, best_challenger, select, table_rows
 from capgate.learn._traffic import CalibrationRefusedError, Traffic, read_traffic
 
 if TYPE_CHECKING:
@@ -93,6 +93,7 @@ class _Candidate:
     holdout: FloatArray
     n_fit: int
     fitted: Any = None
+    train_oof: FloatArray | None = None  # cross-fitted on the older part (NaN: no prediction)
     crossfit_brier: float | None = None
 
 
@@ -211,14 +212,16 @@ def _calibrate(
     notes: list[str] = []
     tr, ho = split.train, split.holdout
     y = traffic.y
-    candidates = [_Candidate(PREVIOUS, traffic.p[ho], 0, crossfit_brier=_brier(traffic.p[tr], y[tr]))]
+    candidates = [_Candidate(PREVIOUS, traffic.p[ho], 0, None, traffic.p[tr], _brier(traffic.p[tr], y[tr]))]
     base_known = traffic.has_base or (previous_cal is not None and previous_cal.kind == "identity")
     if base_known:
         bp = traffic.base_p
         for name in ("isotonic", "platt"):
             fitted = fit_map(name, bp[tr], y[tr])
             oof = cross_fit(map_fitter(name, bp[tr], y[tr]), len(tr), n_splits=n_splits).predictions
-            candidates.append(_Candidate(name, fitted.predict(bp[ho]), len(tr), fitted, _brier(oof, y[tr])))
+            candidates.append(
+                _Candidate(name, fitted.predict(bp[ho]), len(tr), fitted, oof, _brier(oof, y[tr]))
+            )
     else:
         notes.append(
             "no isotonic or Platt candidate: the window's estimates came from a probe calibration "
@@ -231,12 +234,15 @@ def _calibrate(
             probe_candidate = _probe_candidate(features, traffic, tr, ho, seed, log.location, notes)
             if probe_candidate is not None:
                 candidates.append(probe_candidate)
-    rows = table_rows(
-        y[ho],
-        {c.name: c.holdout for c in candidates},
-        n_fit={c.name: c.n_fit for c in candidates},
-        crossfit_brier={c.name: c.crossfit_brier for c in candidates},
-    )
+    rows = _table(candidates, y[ho])
+    best = best_challenger(rows)
+    if best is not None and best.candidate == "probe" and best.diff_high < 0:  # its veto check
+        assert features is not None
+        found = candidates[-1]
+        found.train_oof = _probe_oof(features, traffic, tr, n_splits, seed, log.location)
+        known = ~np.isnan(found.train_oof)
+        found.crossfit_brier = _brier(found.train_oof[known], y[tr][known])
+        rows = _table(candidates, y[ho])
     winner_name, rows = select(rows)
     winner = next(c for c in candidates if c.name == winner_name)
     kind: Kind = "identity" if winner_name == PREVIOUS else cast(Kind, winner_name)
@@ -255,7 +261,10 @@ def _calibrate(
     if risk is not None:
         from capgate.learn._ltt import certify
 
-        honest = _honest(winner, traffic, features, tr, ho, n_splits, seed, log.location)
+        honest = np.full(len(traffic), np.nan)
+        honest[ho] = winner.holdout
+        if winner.train_oof is not None:
+            honest[tr] = winner.train_oof
         threshold, policy_yaml, thresholds = certify(
             honest,
             traffic,
@@ -356,37 +365,28 @@ def _probe_candidate(
     return _Candidate("probe", fitted.predict(features.X[ho]), len(train_rows), fitted)
 
 
-def _honest(
-    winner: _Candidate,
-    traffic: Traffic,
-    features: LoggedFeatureSet | None,
-    tr: IntArray,
-    ho: IntArray,
-    n_splits: int,
-    seed: int,
-    location: str,
+def _table(candidates: list[_Candidate], y_holdout: FloatArray) -> list[HeldOutRow]:
+    return table_rows(
+        y_holdout,
+        {c.name: c.holdout for c in candidates},
+        n_fit={c.name: c.n_fit for c in candidates},
+        crossfit_brier={c.name: c.crossfit_brier for c in candidates},
+    )
+
+
+def _probe_oof(
+    features: LoggedFeatureSet, traffic: Traffic, tr: IntArray, n_splits: int, seed: int, location: str
 ) -> FloatArray:
-    """The kept candidate's confidence for every row from a fit that never saw the row's outcome
-    (NaN where it has none): cross-fitted on the older part, the older part's fit on the held-out."""
-    y = traffic.y
-    conf = np.full(len(traffic), np.nan)
-    conf[ho] = winner.holdout
-    if winner.name == PREVIOUS:
-        conf[tr] = traffic.p[tr]
-    elif winner.name in ("isotonic", "platt"):
-        bp = traffic.base_p
-        conf[tr] = cross_fit(map_fitter(winner.name, bp[tr], y[tr]), len(tr), n_splits=n_splits).predictions
-    else:
-        assert features is not None
-        rows = tr[features.has[tr]]
-        X = features.X
+    """The probe's cross-fitted predictions on the older part (NaN where no features were logged):
+    each block predicted by a probe trained on the other blocks only."""
+    y, X = traffic.y, features.X
+    rows = tr[features.has[tr]]
+    spec, source = features.spec, f"decision log {location}"
 
-        def fit_predict(a: IntArray, b: IntArray) -> FloatArray:
-            spec, source = features.spec, f"decision log {location}"
-            fitted = fit_probe(
-                X[rows[a]], y[rows[a]], spec=spec, target=traffic.target, source=source, seed=seed
-            )
-            return fitted.predict(X[rows[b]])
+    def fit_predict(a: IntArray, b: IntArray) -> FloatArray:
+        fitted = fit_probe(X[rows[a]], y[rows[a]], spec=spec, target=traffic.target, source=source, seed=seed)
+        return fitted.predict(X[rows[b]])
 
-        conf[rows] = cross_fit(fit_predict, len(rows), n_splits=n_splits).predictions
-    return conf
+    oof = np.full(len(tr), np.nan)
+    oof[features.has[tr]] = cross_fit(fit_predict, len(rows), n_splits=n_splits).predictions
+    return oof

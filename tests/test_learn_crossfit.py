@@ -1,0 +1,131 @@
+"""Cross-fitting and the time split: no map is ever scored on an outcome it was fitted on.
+
+The planted-leak tests run the same checks on a deliberately leaking fold generator or split
+and require them to fail: the checks can see a leak, so their passing on the real code means it
+has none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _learn_traffic import log_traffic
+
+import capgate.learn._crossfit as crossfit_module
+from capgate.decision import DecisionLog
+from capgate.learn import calibrate, cross_fit, fold_blocks, time_split
+from capgate.learn._crossfit import map_fitter
+
+
+def _noise(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct confidences and outcomes that carry no signal at all (Brier floor 0.25)."""
+    rng = np.random.default_rng(seed)
+    return rng.permutation(np.linspace(0.01, 0.99, n)), (rng.random(n) < 0.5).astype(float)
+
+
+def _leaky_blocks(n: int, n_splits: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A planted leak: every fit also sees the block it predicts."""
+    return [(np.arange(n, dtype=np.int64), block) for _, block in fold_blocks(n, n_splits)]
+
+
+def test_the_held_out_part_is_the_latest_share() -> None:
+    split = time_split(100, 0.3)
+    assert split.train.tolist() == list(range(70))
+    assert split.holdout.tolist() == list(range(70, 100))
+    assert len(time_split(3, 0.01).holdout) == 1
+    assert len(time_split(3, 0.99).train) == 1
+    with pytest.raises(ValueError, match="holdout"):
+        time_split(10, 1.0)
+
+
+def test_blocks_are_contiguous_and_cover_every_row_once() -> None:
+    blocks = fold_blocks(23, 5)
+    predicted = np.concatenate([b for _, b in blocks])
+    assert sorted(predicted.tolist()) == list(range(23))
+    for fitted, block in blocks:
+        assert np.all(np.diff(block) == 1)
+        assert set(fitted.tolist()).isdisjoint(block.tolist())
+
+
+def _scored_rows_fitted_on(n: int = 60) -> list[int]:
+    """Rows whose prediction came from a fit that saw them (should be none)."""
+    seen: list[tuple[set[int], np.ndarray]] = []
+
+    def spy(train: np.ndarray, test: np.ndarray) -> np.ndarray:
+        seen.append((set(train.tolist()), test))
+        return np.zeros(len(test))
+
+    cross_fit(spy, n, n_splits=4)
+    return [int(i) for fitted, test in seen for i in test if int(i) in fitted]
+
+
+def _crossfit_noise_excess() -> float:
+    """Cross-fitted isotonic Brier on pure noise minus the outcomes' variance (the in-sample
+    Brier of their mean). A fit scored on its own rows is a least-squares fit that contains the
+    constant, so it can only come out at or below that variance: the excess is then <= 0."""
+    p, y = _noise(400)
+    brier = float(np.mean((cross_fit(map_fitter("isotonic", p, y), len(p)).predictions - y) ** 2))
+    return brier - float(y.var())
+
+
+def test_cross_fitting_never_scores_a_fit_on_its_own_rows() -> None:
+    assert _scored_rows_fitted_on() == []
+    # On pure noise a map that never saw the scored rows does worse than their mean would.
+    assert _crossfit_noise_excess() > 0
+
+
+def test_planted_leak_makes_the_cross_fitting_checks_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(crossfit_module, "fold_blocks", _leaky_blocks)
+    assert _scored_rows_fitted_on() != []
+    with pytest.raises(AssertionError):
+        assert _crossfit_noise_excess() > 0
+
+
+def _held_out_fitted_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[set[float], set[float], dict]:
+    """Run calibrate on noise, recording every confidence a map was fitted on; returns those,
+    the held-out confidences, and the summary."""
+    import capgate.learn._calibrate as calibrate_module
+
+    fitted_on: set[float] = set()
+    real_fit = calibrate_module.fit_map
+
+    def spy_fit(kind: str, p: np.ndarray, y: np.ndarray):  # type: ignore[no-untyped-def]
+        fitted_on.update(p.tolist())
+        return real_fit(kind, p, y)
+
+    monkeypatch.setattr(calibrate_module, "fit_map", spy_fit)
+    monkeypatch.setattr(crossfit_module, "fit_map", spy_fit)
+    p, y = _noise(200, seed=3)
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        log_traffic(log, p, y)
+        result = calibrate(log, out=tmp_path / "cal")
+    held_out = set(p[-result.summary["n_holdout"] :].tolist())
+    return fitted_on, held_out, result.summary
+
+
+def test_no_map_is_fitted_on_a_held_out_outcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fitted_on, held_out, summary = _held_out_fitted_on(tmp_path, monkeypatch)
+    assert fitted_on
+    assert fitted_on.isdisjoint(held_out)
+    iso = next(r for r in summary["table"] if r["candidate"] == "isotonic")
+    assert iso["brier"] > 0.235
+    assert iso["crossfit_brier"] > 0.235
+
+
+def test_planted_leak_in_the_time_split_is_seen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import capgate.learn._calibrate as calibrate_module
+
+    real = calibrate_module.time_split
+
+    def leaky(n: int, holdout: float) -> crossfit_module.Split:
+        split = real(n, holdout)
+        return crossfit_module.Split(train=np.arange(n, dtype=np.int64), holdout=split.holdout)
+
+    monkeypatch.setattr(calibrate_module, "time_split", leaky)
+    fitted_on, held_out, _ = _held_out_fitted_on(tmp_path, monkeypatch)
+    with pytest.raises(AssertionError):
+        assert fitted_on.isdisjoint(held_out)
