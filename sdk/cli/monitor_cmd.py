@@ -34,7 +34,7 @@ def _table(reports: list[MethodReport], window: int, db: str) -> Table:
     for r in reports:
         w, ref = r.window, r.reference
         table.add_row(
-            r.method,
+            r.label,
             str(r.n_decisions),
             str(r.n_unavailable),
             str(r.n_scored),
@@ -56,6 +56,13 @@ def monitor(
     db: DbOption = None,
     window: Annotated[int, typer.Option("--window", min=1, help="Decisions with outcomes per window.")] = 200,
     method: Annotated[str | None, typer.Option("--method", help="Only this estimator method.")] = None,
+    calibration: Annotated[
+        str | None,
+        typer.Option(
+            "--calibration",
+            help="Only decisions made under this calibration version ('none': only uncalibrated ones).",
+        ),
+    ] = None,
     min_count: Annotated[
         int,
         typer.Option("--min-count", min=1, help="Fewest decisions in a window before drift can be flagged."),
@@ -81,8 +88,11 @@ def monitor(
     """Report live capability calibration (Brier, ECE) per estimator from logged outcomes, and flag drift.
 
     Drift: the window's Brier exceeds the previous window's by more than --brier-tolerance, or
-    the calibration-in-the-large z = Σ(µ − p)/√Σp(1 − p) exceeds --z-threshold in size.
+    the calibration-in-the-large z = Σ(µ − p)/√Σp(1 − p) exceeds --z-threshold in size. Each
+    method, target and calibration version is reported apart; a flagged one names the `capgate
+    calibrate` command that recalibrates it on the recent outcomes.
     """
+    version = "" if calibration is not None and calibration.lower() == "none" else calibration
     log = open_existing_log(db)
     console = Console(width=200)
     refreshes = 0
@@ -94,6 +104,7 @@ def monitor(
                     log,
                     window=window,
                     method=method,
+                    calibration=version,
                     min_count=min_count,
                     brier_tolerance=brier_tolerance,
                     z_threshold=z_threshold,
@@ -110,7 +121,9 @@ def monitor(
                     console.print(_table(reports, window, log.location))
                     for r in reports:
                         for reason in r.reasons:
-                            console.print(f"DRIFT {r.method}: {reason}", highlight=False)
+                            console.print(f"DRIFT {r.label}: {reason}", highlight=False)
+                        if r.advice:
+                            console.print(f"  {r.advice}", highlight=False, soft_wrap=True)
             refreshes += 1
             if not follow or (max_refreshes is not None and refreshes >= max_refreshes):
                 break
@@ -120,6 +133,9 @@ def monitor(
     finally:
         log.close()
     if fail_on_drift and any(r.drift for r in reports):
+        for r in reports:
+            if r.drift:
+                typer.echo(f"drift flagged for {r.label}: {r.advice}", err=True)
         raise typer.Exit(EXIT_DRIFT)
 
 

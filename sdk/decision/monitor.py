@@ -1,7 +1,9 @@
 """Live calibration of logged decisions, and drift flags.
 
-For each estimator method in a :class:`~capgate.decision.log.DecisionLog`, the decisions that have
-both a predicted capability p and an outcome are taken in time order. The outcome's target is
+For each estimator method, target and calibration version (``capgate calibrate``) in a
+:class:`~capgate.decision.log.DecisionLog`, the decisions that have both a predicted capability p
+and an outcome are taken in time order (a candidate calibration's shadow decisions, made beside
+the enforced ones, are left to ``capgate report``'s paired comparison). The outcome's target is
 ``mu_hat`` when it was measured (correct / k), else ``correct`` as 0/1. The **window** is the
 latest ``window`` of them, the **reference** the ``window`` before it.
 
@@ -21,17 +23,20 @@ Drift is flagged, once the window holds at least ``min_count`` decisions, when e
    was miscalibrated from the start.
 
 ECE is reported but not used to flag drift: on windows of a few hundred it is noisy and biased
-upward by binning.
+upward by binning. A flagged report carries its ``advice``: the ``capgate calibrate`` command that
+refits the estimator for that method and target on the recent outcomes.
 """
 
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from capgate.decision.calibrations import NO_CALIBRATION
 from capgate.decision.log import DecisionLog, LoggedDecision, is_database_url
 from capgate.errors import DataError
 from capgate.metrics import capability_brier, expected_calibration_error
@@ -62,7 +67,7 @@ class WindowStats(BaseModel):
 
 
 class MethodReport(BaseModel):
-    """Live calibration of one estimator method.
+    """Live calibration of one estimator method (for one target and calibration version).
 
     Attributes:
         method: The estimator method.
@@ -75,6 +80,9 @@ class MethodReport(BaseModel):
         ece_delta: window ECE − reference ECE, when both exist.
         drift: Whether a drift rule fired.
         reasons: Which rules fired, in words.
+        target: The model the decisions were for (``None``: not recorded).
+        calibration: The calibration version they were made under (``None``: uncalibrated).
+        advice: When drift is flagged: the ``capgate calibrate`` command to recalibrate.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -89,6 +97,15 @@ class MethodReport(BaseModel):
     ece_delta: float | None
     drift: bool
     reasons: list[str]
+    target: str | None = None
+    calibration: str | None = None
+    advice: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``method``, then ``target`` and ``@ version`` where they are set."""
+        label = " ".join(part for part in (self.method, self.target) if part)
+        return label if self.calibration is None else f"{label} @ {self.calibration}"
 
 
 def _target(row: LoggedDecision) -> float | None:
@@ -117,9 +134,38 @@ def _stats(p: np.ndarray, mu: np.ndarray, n_bins: int) -> WindowStats:
     )
 
 
+_GROUP = "d.method, d.target, d.calibration"
+_SCORED = "d.p IS NOT NULL AND EXISTS (SELECT 1 FROM outcomes o WHERE o.decision_id = d.id)"
+
+
+def _groups(store: DecisionLog, method: str | None, calibration: str | None) -> list[tuple[object, ...]]:
+    """(method, target, calibration, decisions, unavailable, scored) per group, sorted."""
+    where, params = ["d.beside IS NULL"], []
+    if method is not None:
+        where.append("d.method = ?")
+        params.append(method)
+    if calibration is not None:
+        where.append("d.calibration IS NULL" if calibration == NO_CALIBRATION else "d.calibration = ?")
+        params += [] if calibration == NO_CALIBRATION else [calibration]
+    sql = (
+        f"SELECT {_GROUP}, COUNT(*), SUM(CASE WHEN d.p IS NULL THEN 1 ELSE 0 END),"
+        f" SUM(CASE WHEN {_SCORED} THEN 1 ELSE 0 END) FROM decisions d WHERE {' AND '.join(where)}"
+        f" GROUP BY {_GROUP}"
+    )
+    rows = store.store.read(sql, params)
+    return sorted(rows, key=lambda r: (str(r[0]), r[1] is not None, str(r[1]), r[2] is not None, str(r[2])))
+
+
+def advice(location: str, method: str, target: str | None) -> str:
+    """The ``capgate calibrate`` command that refits ``method``'s estimates for ``target``."""
+    words = ["capgate", "calibrate", "--db", location, "--out", "DIR", "--method", method]
+    words += [] if target is None else ["--target", target]
+    return "recalibrate on the recent outcomes: " + " ".join(shlex.quote(w) for w in words)
+
+
 def _report(
     store: DecisionLog,
-    method: str,
+    group: tuple[object, ...],
     *,
     window: int,
     min_count: int,
@@ -127,7 +173,11 @@ def _report(
     z_threshold: float,
     n_bins: int,
 ) -> MethodReport:
-    rows = store.decisions(method=method, with_outcome=True, usable=True, last=2 * window)
+    method, target, calibration, n_decisions, n_unavailable, n_scored = group
+    same = store.store.dialect.same
+    where = f" WHERE d.beside IS NULL AND d.method = ? AND d.target {same} ? AND d.calibration {same} ?"
+    where += f" AND {_SCORED}"
+    rows = store._read(where, (method, target, calibration), f" LIMIT {2 * window}")[::-1]
     scored = [(r.p, t) for r in rows if r.p is not None and (t := _target(r)) is not None]
     current = scored[-window:]
     previous = scored[-2 * window : -window] if len(scored) > window else []
@@ -163,16 +213,21 @@ def _report(
                 f"mean p {win.mean_p:.3f} vs outcome {win.mean_outcome:.3f}"
             )
     return MethodReport(
-        method=method,
-        n_decisions=store.count(method=method),
-        n_unavailable=store.count(method=method, usable=False),
-        n_scored=store.count(method=method, with_outcome=True, usable=True),
+        method=str(method),
+        target=None if target is None else str(target),
+        calibration=None if calibration is None else str(calibration),
+        n_decisions=int(str(n_decisions)),
+        n_unavailable=int(str(n_unavailable or 0)),
+        n_scored=int(str(n_scored or 0)),
         window=win,
         reference=ref,
         brier_delta=brier_delta,
         ece_delta=ece_delta,
         drift=bool(reasons),
         reasons=reasons,
+        advice=advice(store.location, str(method), None if target is None else str(target))
+        if reasons
+        else None,
     )
 
 
@@ -181,24 +236,28 @@ def calibration_report(
     *,
     window: int = 200,
     method: str | None = None,
+    calibration: str | None = None,
     min_count: int = 30,
     brier_tolerance: float = 0.05,
     z_threshold: float = 3.0,
     n_bins: int = 10,
 ) -> list[MethodReport]:
-    """Rolling-window calibration of the logged decisions, per estimator method, with drift flags.
+    """Rolling-window calibration of the logged decisions, per estimator method, target and
+    calibration version, with drift flags.
 
     Args:
         log: A decision log, or the path or database URL of one.
         window: Decisions (with p and an outcome) per window.
         method: Report only this estimator method.
+        calibration: Report only decisions made under this calibration version (``""``: only
+            uncalibrated ones; ``None``: every version, each apart).
         min_count: Fewest decisions a window needs before a drift rule may fire.
         brier_tolerance: Largest allowed rise of the window's Brier over the reference's.
         z_threshold: Largest allowed |z| of the calibration-in-the-large statistic.
         n_bins: ECE bins.
 
     Returns:
-        One report per method, sorted by method name.
+        One report per method, target and version, sorted by method name, target, version.
 
     Example:
         >>> import os, tempfile
@@ -229,18 +288,17 @@ def calibration_report(
             raise DataError("no decision log at this path", path=log)
         store, owned = DecisionLog(log), True
     try:
-        methods = [method] if method is not None else store.methods()
         return [
             _report(
                 store,
-                m,
+                group,
                 window=window,
                 min_count=min_count,
                 brier_tolerance=brier_tolerance,
                 z_threshold=z_threshold,
                 n_bins=n_bins,
             )
-            for m in methods
+            for group in _groups(store, method, calibration)
         ]
     finally:
         if owned:
