@@ -66,7 +66,11 @@ def certify(
     from capgate.policies import PRESETS
 
     result = calibrate_threshold(conf, traffic.y, alpha=risk, delta=delta, seed=seed)
-    info: dict[str, Any] = {**risk_summary(result), "selection_gap": traffic.blocked_without_outcome}
+    info: dict[str, Any] = {
+        **risk_summary(result),
+        "certified": result.threshold,  # before any floor
+        "selection_gap": traffic.blocked_without_outcome,
+    }
     floor: float | None = None
     if traffic.blocked_without_outcome:
         if kind == "probe":

@@ -1,0 +1,192 @@
+"""The calibration folder: versions derived from content, checked on load, applied to estimators;
+thresholds written as a policy; a probe learnt from logged features; the previous calibration
+carried forward when it stays best."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _learn_traffic import SPEC, START, log_traffic, overconfident
+
+from capgate import Estimate
+from capgate.decision import DecisionLog
+from capgate.errors import DataError, ProbeMismatchError
+from capgate.estimators import CapabilityEstimator, ProbeEstimator, Recalibrated
+from capgate.learn import Calibration, CalibrationRefusedError, calibrate
+
+
+class Fixed(CapabilityEstimator):
+    """Returns the p given for each query (queries are the p's as text)."""
+
+    def __init__(self, method: str = "verbalized") -> None:
+        self.method = method
+
+    def estimate(self, queries):  # type: ignore[no-untyped-def]
+        return [Estimate(p=float(q), method=self.method) for q in queries]
+
+
+class Toy:
+    """A featurizer whose features are the query's numbers (a query is 'a b c d')."""
+
+    spec = SPEC
+
+    def transform(self, queries):  # type: ignore[no-untyped-def]
+        return np.array([[float(v) for v in q.split()] for q in queries], dtype=np.float32)
+
+
+@pytest.fixture
+def isotonic_dir(tmp_path: Path) -> Path:
+    p, y = overconfident(400)
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        log_traffic(log, p, y)
+        result = calibrate(log, out=tmp_path / "cal")
+    assert result.kind in ("isotonic", "platt")
+    return tmp_path / "cal"
+
+
+def test_apply_maps_estimates_of_the_calibrated_method_only(isotonic_dir: Path) -> None:
+    cal = Calibration.load(isotonic_dir)
+    applied = cal.apply(Fixed())
+    assert isinstance(applied, Recalibrated)
+    e = applied.estimate_one("0.9")
+    assert e.method == f"verbalized+{cal.kind}"
+    assert e.details["raw_p"] == 0.9
+    assert e.p == pytest.approx(float(applied.calibrator.predict([0.9])[0]))
+    assert e.p < 0.85  # the estimator was overconfident (truth p**3)
+    with pytest.raises(DataError, match=r"maps 'verbalized' estimates; refusing to apply it to 'ptrue'"):
+        cal.apply(Fixed("ptrue"))
+    assert cal.policy is None
+
+
+def test_a_tampered_folder_is_refused(isotonic_dir: Path) -> None:
+    calibrator = isotonic_dir / "calibrator.json"
+    calibrator.write_text(calibrator.read_text().replace("0.", "0.1", 1))
+    with pytest.raises(DataError, match=r"calibrator\.json: does not match the SHA-256"):
+        Calibration.load(isotonic_dir)
+
+
+def test_the_version_is_derived_from_the_content(isotonic_dir: Path) -> None:
+    meta_path = isotonic_dir / "calibration.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["version"].startswith("cal-")
+    assert len(meta["version"]) == 16
+    meta["summary"]["n"] += 1
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"version 'cal-\w+' does not match the content"):
+        Calibration.load(isotonic_dir)
+
+
+def test_thresholds_are_written_as_a_policy(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    p = rng.uniform(0, 1, 600)
+    y = (rng.random(600) < p).astype(float)  # a calibrated estimator
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        log_traffic(log, p, y)
+        result = calibrate(log, out=tmp_path / "cal", risk=0.2, delta=0.1, policy="balanced")
+    cal = result.calibration
+    assert result.threshold is not None
+    assert 0.6 < result.threshold < 0.95
+    policy = cal.policy
+    assert policy is not None
+    assert policy.name == "balanced"
+    assert policy.rule().answer_edge == result.threshold
+    text = (cal.path / "policy.yaml").read_text()
+    assert "Calibrated by `capgate calibrate`" in text
+    assert "600 logged decisions" in text
+    assert result.summary["thresholds"]["n"] == 600  # every outcome, each scored honestly
+    # what the threshold answers in the window has an error rate <= the risk, as certified
+    answered = p >= result.threshold
+    assert 1 - y[answered].mean() <= 0.2
+
+
+def test_thresholds_never_go_below_the_outcomes_enforced_traffic_has(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    p = rng.uniform(0, 1, 800)
+    y = (rng.random(800) < np.clip(p + 0.3, 0, 1)).astype(float)
+    action = np.where(p >= 0.5, "answer", "abstain")
+    outcomes = [yi if a == "answer" else None for yi, a in zip(y, action, strict=True)]
+    with DecisionLog(tmp_path / "enforced.sqlite3") as log:
+        log_traffic(log, p, outcomes, action=list(action))
+        enforced = calibrate(log, out=tmp_path / "enforced", risk=0.2, probe=False)
+    counts = enforced.summary["counts"]["enforce"]
+    assert counts["abstain"] == {"with_outcome": 0, "without": int((p < 0.5).sum())}
+    assert enforced.summary["selection_gap"] == int((p < 0.5).sum())
+    floor = enforced.summary["thresholds"]["floor"]
+    assert enforced.threshold is not None
+    assert enforced.threshold >= floor
+    assert (
+        enforced.summary["thresholds"]["certified"] < floor
+    )  # without the floor it would answer blocked ones
+    # the floor: the kept estimator's confidence at the lowest estimate that has an outcome
+    lowest = float(p[p >= 0.5].min())
+    assert floor == pytest.approx(enforced.calibration.apply(Fixed()).estimate_one(repr(lowest)).p)
+    with DecisionLog(tmp_path / "shadow.sqlite3") as log:  # shadow traffic: every call proceeded
+        log_traffic(log, p, y, action=list(action), shadow=True)
+        shadow = calibrate(log, out=tmp_path / "shadow", risk=0.2, probe=False)
+    assert shadow.summary["selection_gap"] == 0
+    assert shadow.threshold is not None
+    assert shadow.threshold < floor
+
+
+def test_a_probe_learnt_from_logged_features_replaces_a_flat_prior(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(300, 4)).astype(np.float32)
+    mu = 1 / (1 + np.exp(-2.5 * X[:, 0]))
+    y = (rng.random(300) < mu).astype(float)
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        log_traffic(log, np.full(300, 0.5), y, features=X)
+        result = calibrate(log, out=tmp_path / "cal", n_splits=3)
+    assert result.kind == "probe", result.table
+    probe_row = next(r for r in result.table if r.candidate == "probe")
+    assert probe_row.crossfit_brier is not None
+    assert probe_row.n_fit == 210
+    cal = result.calibration
+    assert sorted(p.name for p in cal.path.iterdir()) == [
+        "calibration.json",
+        "probe.json",
+        "probe.safetensors",
+    ]
+    applied = cal.apply(Fixed(), featurizer=Toy())
+    assert isinstance(applied, ProbeEstimator)
+    assert applied.target_model == "m"
+    queries = [" ".join(str(v) for v in row) for row in X[-5:]]
+    assert applied.predict(queries) == pytest.approx(applied.probe.predict(X[-5:]), abs=1e-5)
+    with pytest.raises(ProbeMismatchError):
+        cal.apply(Fixed())  # no featurizer of that reader at hand: the default model is another
+
+
+def test_the_previous_calibration_is_carried_forward_when_it_stays_best(tmp_path: Path) -> None:
+    p, y = overconfident(300)
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        log_traffic(log, p, y)
+        first = calibrate(log, out=tmp_path / "v1")
+        v1 = first.calibration
+        log.record_calibration_event("promote", v1.version, str(v1.path), target="m")
+        applied = v1.apply(Fixed())
+        p2, y2 = overconfident(300, seed=1)
+        est = applied.estimate([str(x) for x in p2])
+        later = START.replace(day=3)
+        log_traffic(log, [e.p for e in est], y2, method=est[0].method, calibration=v1.version,
+                    start=later, details=[e.details for e in est])  # fmt: skip
+        second = calibrate(log, out=tmp_path / "v2", since=later)
+    assert second.summary["previous_version"] == v1.version
+    assert [r.candidate for r in second.table if r.chosen] == ["previous"]
+    assert second.kind == v1.kind  # v1's map, carried into the new version
+    assert (tmp_path / "v2" / "calibrator.json").read_bytes() == (
+        tmp_path / "v1" / "calibrator.json"
+    ).read_bytes()
+    assert second.version != v1.version
+    assert any("stays" in n for n in second.notes)
+
+
+def test_a_previous_calibration_the_log_cannot_locate_is_not_silently_dropped(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    p = rng.uniform(0.05, 0.95, 200)
+    y = (rng.random(200) < p).astype(float)
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        log_traffic(log, p, y, calibration="cal-0123456789ab")
+        with pytest.raises(CalibrationRefusedError, match=r"cal-0123456789ab\) stays best .* no folder"):
+            calibrate(log, out=tmp_path / "cal")
