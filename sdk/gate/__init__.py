@@ -11,6 +11,11 @@ runs ``resample`` through CAS over any function that draws one response per call
 (:meth:`Gate.sample` / :meth:`Gate.asample`), and turns ``abstain`` / ``clarify`` / ``escalate``
 into a typed :class:`Gated` result or a :class:`GateBlocked` exception (:meth:`Gate.block`).
 Per-call settings: :meth:`Gate.with_options`, which takes every setting the constructor takes.
+
+Learning from traffic (``capgate calibrate``): ``log_features`` keeps each decision's reader
+features in the log, ``calibration`` runs the gate under a learnt version (or the log's
+:data:`PROMOTED` one) and ``shadow_calibration`` logs a candidate's decision beside each of its own
+(or the log's :data:`CANDIDATE`); every decision records its ``calibration`` version.
 """
 
 from capgate._types import Extractor
@@ -27,14 +32,30 @@ from capgate.gate._results import (
     Sampled,
     Verdict,
 )
-from capgate.gate._settings import UNSET, GateOptions, GateSettings, OnBlock, PolicyLike, SharedOptions, Unset
+from capgate.gate._settings import (
+    CANDIDATE,
+    PROMOTED,
+    UNSET,
+    CalibrationLike,
+    CalibrationSetting,
+    GateOptions,
+    GateSettings,
+    OnBlock,
+    PolicyLike,
+    SharedOptions,
+    Unset,
+)
 from capgate.gate._stats import GateStats
 from capgate.messages import as_query
 
 __all__ = [
+    "CANDIDATE",
+    "PROMOTED",
     "RESAMPLE_FAILED_MESSAGE",
     "UNSET",
     "Abstained",
+    "CalibrationLike",
+    "CalibrationSetting",
     "ClarificationNeeded",
     "Escalated",
     "Extractor",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar, Unpack
@@ -11,12 +10,21 @@ from typing import TYPE_CHECKING, TypeVar, Unpack
 from capgate._types import Estimate, Extractor, RoutePlan
 from capgate.backend import Prompt
 from capgate.cas.loop import CASResult
-from capgate.errors import LogUnavailableError, SettingsError
+from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
+from capgate.gate._calibration import Calibrations, calibration_target
 from capgate.gate._defaults import default_estimator, default_extract
 from capgate.gate._limits import Limits, Slots, log_writer
+from capgate.gate._record import write_decision
 from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
-from capgate.gate._settings import GateOptions, GateSettings, OnBlock, given_settings
+from capgate.gate._settings import (
+    PROMOTED,
+    CalibrationLike,
+    GateOptions,
+    GateSettings,
+    OnBlock,
+    given_settings,
+)
 from capgate.gate._shadow import Shadows, astart_shadow, start_shadow
 from capgate.gate._stats import GateStats
 from capgate.gate.flow import (
@@ -39,9 +47,6 @@ __all__ = ["Gate"]
 
 T = TypeVar("T")
 
-_logger = logging.getLogger("capgate")
-
-
 _OVERRIDE_NOTE = "the estimator predicts {predicts!r}'s capability (allow_other_target)"
 
 
@@ -55,6 +60,7 @@ class _Shared:
         self.logs: dict[str, DecisionLog] = {}
         self.slots = Slots()
         self.shadows = Shadows()
+        self.calibrations = Calibrations()
 
 
 class Gate:
@@ -189,7 +195,11 @@ class Gate:
             return self._shared.logs[key]
 
     def resolve_policy(self) -> Policy:
-        """The policy in force (a preset or file is loaded once, then cached)."""
+        """The policy in force: the calibration's thresholds when it carries them, else the
+        ``policy`` setting (a preset or file is loaded once, then cached)."""
+        calibration = self.calibration()
+        if calibration is not None and (thresholds := self._shared.calibrations.policy(calibration)):
+            return self.settings.calibrated_policy(calibration.version, thresholds) or thresholds
         chosen = self.settings.policy
         if isinstance(chosen, Policy):
             return chosen
@@ -199,8 +209,17 @@ class Gate:
                 self._shared.policies[key] = load_policy(chosen)
             return self._shared.policies[key]
 
+    def calibration(self) -> CalibrationLike | None:
+        """The calibration the gate decides under (loaded on first use); ``None``: uncalibrated."""
+        setting = self.settings.calibration
+        if setting is None:
+            return None
+        return self._shared.calibrations.resolve(
+            setting, PROMOTED, self.log, calibration_target(self.settings)
+        )
+
     def resolve_estimator(self) -> CapabilityEstimator:
-        """The estimator in force.
+        """The estimator in force (under the gate's :meth:`calibration`, if any).
 
         Raises:
             SettingsError: None was given and no default is set.
@@ -213,7 +232,7 @@ class Gate:
                 "no capability estimator: pass estimator=... (any capgate CapabilityEstimator) or "
                 "call capgate.set_default_estimator(...)"
             )
-        return chosen
+        return self._shared.calibrations.applied(self.calibration(), chosen, self.settings)
 
     # ------------------------------------------------------------------ deciding
 
@@ -253,10 +272,14 @@ class Gate:
         """
         estimate = self._one(estimates, estimator)
         target, override = (
-            (self.settings.target, False) if estimator is None else self.settings.target_check(estimator)
+            (self.settings.target, False)
+            if estimator is None
+            else self.settings.target_check(self._shared.calibrations.for_target(estimator))
         )
         decision = self.resolve_policy().decide(estimate, step=self.settings.step, tool=self.settings.tool)
         extra: dict[str, object] = {} if shadow_of is None else {"id": shadow_of, "shadow": True}
+        if (calibration := self.calibration()) is not None:
+            extra["calibration"] = calibration.version
         if target is not None:
             extra |= {"target": target, "target_override": override}
             if override and estimator is not None:
@@ -379,6 +402,9 @@ class Gate:
         and logged as a warning on the ``capgate`` logger, unless the log was opened with
         ``fail_closed=True``.
 
+        Once logged, the decision's features (``log_features``) and a candidate calibration's
+        decision beside it (``shadow_calibration``) follow in a shadow thread (:meth:`flush`).
+
         Raises:
             LogUnavailableError: The log could not store the decision and is ``fail_closed``.
         """
@@ -392,27 +418,16 @@ class Gate:
         self._write(verdict, samples_used, cas)
 
     def _write(self, verdict: Verdict, samples_used: int | None, cas: CASResult | None) -> None:
-        log = self.log
-        if log is None:
-            return
-        decision = verdict.decision
-        if cas is not None:
-            samples_used = cas.samples_used
-            decision = decision.model_copy(update={"stopped_by": cas.stopped_by})
-        try:
-            log.record(decision, query=verdict.query, samples_used=samples_used)
-        except LogUnavailableError as exc:
-            self.stats.log_failed(exc)
-            closed = log.fail_closed
-            _logger.warning(
-                "decision %s (%s) was not logged%s: %s",
-                decision.id,
-                decision.action,
-                "; failing the call (fail_closed)" if closed else "",
-                exc,
-            )
-            if closed:
-                raise
+        shared = self._shared
+        write_decision(
+            self,
+            verdict,
+            samples_used,
+            cas,
+            shadows=shared.shadows,
+            calibrations=shared.calibrations,
+            make_gate=Gate.from_settings,
+        )  # then, beside the call: its features (log_features), a candidate's decision (shadow_calibration)
 
     # ------------------------------------------------------------------ blocking
 

@@ -7,19 +7,24 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias, TypedDict, runtime_checkable
 
 from capgate._types import Extractor, Mode
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
+from capgate.estimators.probe import Featurizer
 from capgate.policies import Policy
 
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
 
 __all__ = [
+    "CANDIDATE",
     "ON_BLOCK",
+    "PROMOTED",
     "UNSET",
+    "CalibrationLike",
+    "CalibrationSetting",
     "GateOptions",
     "GateSettings",
     "OnBlock",
@@ -54,6 +59,42 @@ MODES: tuple[Mode, ...] = ("enforce", "shadow")
 PolicyLike: TypeAlias = str | Path | Policy
 """A policy, a preset name (``"balanced"``) or a policy file path."""
 
+DEFAULT_POLICY: Final = "balanced"
+
+PROMOTED: Final = "promoted"
+"""``calibration="promoted"``: the version the decision log says is in force for the gate's target
+(``capgate calibrate promote`` / ``rollback``)."""
+
+CANDIDATE: Final = "candidate"
+"""``shadow_calibration="candidate"``: the version the decision log says is in shadow for the gate's
+target (``capgate calibrate shadow``), not yet promoted."""
+
+
+@runtime_checkable
+class CalibrationLike(Protocol):
+    """What a gate asks of a loaded calibration (:class:`capgate.learn.Calibration` is one)."""
+
+    @property
+    def version(self) -> str:
+        """Content-derived id, recorded in every decision made under it."""
+        ...
+
+    @property
+    def policy(self) -> Policy | None:
+        """The thresholds calibrated with it (Learn-then-Test), if it carries any."""
+        ...
+
+    def apply(
+        self, estimator: CapabilityEstimator, *, featurizer: Featurizer | None = None
+    ) -> CapabilityEstimator:
+        """The estimator to use in place of ``estimator`` under this calibration."""
+        ...
+
+
+CalibrationSetting: TypeAlias = str | Path | CalibrationLike
+"""A calibration folder (``capgate calibrate --out DIR``), a loaded calibration, or the keyword
+:data:`PROMOTED` (``calibration``) / :data:`CANDIDATE` (``shadow_calibration``)."""
+
 
 class SharedOptions(TypedDict, total=False):
     """The gate settings but ``on_block`` (whose type some overloads narrow)."""
@@ -71,6 +112,10 @@ class SharedOptions(TypedDict, total=False):
     routes: Mapping[str, CapabilityEstimator] | None
     mode: Mode | None
     speculative: bool
+    log_features: bool
+    feature_reader: Featurizer | None
+    calibration: CalibrationSetting | None
+    shadow_calibration: CalibrationSetting | None
 
 
 class GateOptions(SharedOptions, total=False):
@@ -118,13 +163,34 @@ class GateSettings:
             remote call whose estimate is a call of its own): an ``answer`` returns the call's
             result without waiting twice; a block discards it (an async call is cancelled). The
             decision records it (``speculation``). Only for calls that are safe to start and drop.
+        log_features: Write each logged decision's reader features to the log (keyed by its id,
+            tagged with the reader's feature spec), for ``capgate calibrate`` to fit a probe on the
+            gate's own traffic. A probe's are its own (no second pass); for another estimator
+            (verbalized, P(True), consistency) ``feature_reader`` computes them beside the call,
+            which it never delays or fails (failures are counted in ``stats.feature_failures``).
+            Needs a ``log``. Features are as sensitive as the text: hidden states can be inverted
+            to recover much of a prompt.
+        feature_reader: The featurizer whose features are logged. ``None``: a probe's own; for
+            another estimator, the embedded model's, with the default probe's spec (loaded once, on
+            the first decision that needs it, beside the call).
+        calibration: Run under a calibration (``capgate calibrate --out DIR``): a folder, a loaded
+            :class:`capgate.learn.Calibration`, or ``"promoted"`` (the version the log says is in
+            force for the gate's target, read when the gate first decides; nothing promoted: run
+            uncalibrated). The gate uses the calibration's estimator in place of ``estimator`` and
+            its thresholds (when it carries them) as its policy; every decision records its
+            ``calibration`` version.
+        shadow_calibration: A candidate calibration (as ``calibration``, or ``"candidate"``: the
+            version the log has in shadow). Beside every logged decision the gate also decides
+            under the candidate and logs that decision (``shadow``, with the candidate's
+            ``calibration`` and ``beside`` the enforced decision's id), never delaying or failing
+            the call; ``capgate report`` compares the two on the same decisions. Needs a ``log``.
 
     Raises:
         SettingsError: A setting has a wrong value or type (the message names it), or the
             estimator predicts another model than ``target`` without ``allow_other_target``.
     """
 
-    policy: PolicyLike = "balanced"
+    policy: PolicyLike = DEFAULT_POLICY
     estimator: CapabilityEstimator | None = None
     extract: Extractor | None = None
     on_block: OnBlock = "return"
@@ -138,6 +204,10 @@ class GateSettings:
     routes: Mapping[str, CapabilityEstimator] | None = None
     mode: Mode | None = None
     speculative: bool = False
+    log_features: bool = False
+    feature_reader: Featurizer | None = None
+    calibration: CalibrationSetting | None = None
+    shadow_calibration: CalibrationSetting | None = None
 
     def __post_init__(self) -> None:
         from capgate.decision.log import DecisionLog
@@ -181,6 +251,7 @@ class GateSettings:
             raise SettingsError(f"`mode` must be one of {MODES} or None; got {self.mode!r}")
         if self.estimator is not None:
             self.target_check(self.estimator)
+        self._check_learning()
         if self.routes is not None:
             if not isinstance(self.routes, Mapping) or not self.routes:
                 raise SettingsError(
@@ -193,6 +264,50 @@ class GateSettings:
                         f"got {name!r}: {estimator!r}"
                     )
             object.__setattr__(self, "routes", dict(self.routes))
+
+    def _check_learning(self) -> None:
+        """Check the settings of learning from traffic: features and calibrations."""
+        if not isinstance(self.log_features, bool):
+            raise SettingsError(f"`log_features` must be True or False; got {self.log_features!r}")
+        if self.log_features and self.log is None:
+            raise SettingsError(
+                "`log_features` writes each decision's features to the decision log: pass log=..."
+            )
+        if self.feature_reader is not None and not isinstance(self.feature_reader, Featurizer):
+            raise SettingsError(
+                "`feature_reader` must be a featurizer (with `spec` and `transform(queries)`) or None; "
+                f"got {self.feature_reader!r}"
+            )
+        for name, keyword in (("calibration", PROMOTED), ("shadow_calibration", CANDIDATE)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, str | Path | CalibrationLike) or (isinstance(value, str) and not value):
+                raise SettingsError(
+                    f"`{name}` must be a calibration folder, a loaded capgate.learn.Calibration, "
+                    f"{keyword!r} or None; got {value!r}"
+                )
+            other = CANDIDATE if keyword == PROMOTED else PROMOTED
+            if isinstance(value, str) and value == other:
+                raise SettingsError(f"`{name}` takes {keyword!r} (or a folder), not {other!r}")
+            if self.log is None and (value == keyword or name == "shadow_calibration"):
+                why = "reads the version from" if value == keyword else "logs its candidate decisions to"
+                raise SettingsError(f"`{name}`={value!r} {why} the decision log: pass log=...")
+        if isinstance(self.calibration, CalibrationLike):
+            self.calibrated_policy(self.calibration.version, self.calibration.policy)
+
+    def calibrated_policy(self, version: str, policy: Policy | None) -> Policy | None:
+        """``policy``, the thresholds calibration ``version`` carries (``None``: none).
+
+        Raises:
+            SettingsError: It carries thresholds and a non-default ``policy`` was also given.
+        """
+        if policy is not None and not (isinstance(self.policy, str) and self.policy == DEFAULT_POLICY):
+            raise SettingsError(
+                f"calibration {version} carries its own thresholds (policy.yaml), and "
+                f"`policy`={self.policy!r} was also given: pass one of them"
+            )
+        return policy
 
     def target_check(self, estimator: CapabilityEstimator) -> tuple[str | None, bool]:
         """The model a decision is about, and whether it overrides the estimator's own target.

@@ -22,12 +22,21 @@ from capgate.gate._effects import Decide, FlowGate
 from capgate.gate._results import ShadowDecision, Verdict
 from capgate.gate.flow import aperform, perform
 
-__all__ = ["SHADOW_REASON", "Shadows", "astart_shadow", "stand_in", "start_shadow"]
+__all__ = [
+    "SHADOW_REASON",
+    "WORKERS",
+    "Shadows",
+    "astart_shadow",
+    "failed_shadow",
+    "failure_reason",
+    "stand_in",
+    "start_shadow",
+]
 
 SHADOW_REASON = "shadow mode: the gate decides beside the call and logs what it would have done"
 
 _ERROR_TEXT = 200  # characters of an estimator's error kept in a degraded shadow decision's reason
-_WORKERS = 4  # threads making shadow decisions at once, for a gate without max_concurrency
+WORKERS = 4  # threads making shadow decisions at once, for a gate without max_concurrency
 
 
 def stand_in(query: Prompt) -> Verdict:
@@ -61,17 +70,27 @@ class Shadows:
         with self._lock:
             self._pending.discard(future)
 
-    def start(self, job: Callable[[], Verdict], workers: int) -> ShadowDecision:
-        """Run ``job`` in a worker thread (at most ``workers`` at once; more wait their turn)."""
+    def _threads(self, workers: int) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     workers, thread_name_prefix="capgate-shadow"
                 )
-            pool = self._pool
-        decision = ShadowDecision(pool.submit(job))  # its callbacks (the log write) run before
-        self._track(decision.future)  # the future is forgotten, so a flush waits for them too
+            return self._pool
+
+    def start(self, job: Callable[[], Verdict], workers: int) -> ShadowDecision:
+        """Run ``job`` in a worker thread (at most ``workers`` at once; more wait their turn)."""
+        decision = ShadowDecision(self._threads(workers).submit(job))  # its callbacks (the log
+        self._track(decision.future)  # write) run before the future is forgotten: a flush waits
         return decision
+
+    def beside(self, job: Callable[[], None], workers: int) -> None:
+        """Run ``job`` in one of the same worker threads, beside the call (a flush waits for it).
+
+        The work a logged decision brings along (its features, a candidate's decision) runs here:
+        ``job`` must catch its own errors, since nobody waits on its result.
+        """
+        self._track(self._threads(workers).submit(job))
 
     def astart(self, job: Callable[[], Any]) -> ShadowDecision:
         """Run the coroutine ``job()`` as a task of the running event loop."""
@@ -109,7 +128,7 @@ class Shadows:
             await asyncio.sleep(0)  # let the done callbacks (which track the log writes) run
 
 
-def _failed(gate: FlowGate, query: Prompt, decision_id: str, error: Exception) -> Verdict:
+def failed_shadow(gate: FlowGate, query: Prompt, decision_id: str, error: Exception) -> Verdict:
     """The degraded shadow decision of an estimate that raised (the policy's ``on_degraded``)."""
     try:
         estimator: CapabilityEstimator | None = gate.resolve_estimator()
@@ -128,11 +147,11 @@ def start_shadow(gate: FlowGate, query: Prompt, shadows: Shadows) -> Verdict:
         try:
             made: Verdict = perform(Decide(gate, query, decision_id))
         except Exception as exc:  # never the call's failure: a degraded decision naming it
-            made = _failed(gate, query, decision_id, exc)
+            made = failed_shadow(gate, query, decision_id, exc)
         return made
 
     gate.stats.proceeded()
-    pending = shadows.start(decide, gate.settings.max_concurrency or _WORKERS)
+    pending = shadows.start(decide, gate.settings.max_concurrency or WORKERS)
     return Verdict(decision=stand.decision, query=query, pending=pending)
 
 
@@ -145,7 +164,7 @@ def astart_shadow(gate: FlowGate, query: Prompt, shadows: Shadows) -> Verdict:
         try:
             made: Verdict = await aperform(Decide(gate, query, decision_id))
         except Exception as exc:  # never the call's failure: a degraded decision naming it
-            made = _failed(gate, query, decision_id, exc)
+            made = failed_shadow(gate, query, decision_id, exc)
         return made
 
     gate.stats.proceeded()

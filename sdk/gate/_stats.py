@@ -28,6 +28,14 @@ class GateStats:
         log_failures: Decisions the decision log could not store (each also logged as a warning
             on the ``capgate`` logger); the decisions were still returned.
         last_log_error: The most recent of those failures, in words.
+        features_logged: Decisions whose reader features were written to the log (``log_features``).
+        feature_failures: Decisions whose features could not be had or written (the call was not
+            affected; each is logged as a warning naming the decision, never the features).
+        candidate_decisions: Decisions a ``shadow_calibration`` candidate made and logged beside
+            the gate's own.
+        candidate_failures: Candidate decisions that could not be made or logged.
+        last_beside_error: The most recent feature or candidate failure (the error's type and
+            where it happened; no text or feature values).
     """
 
     calls: int = 0
@@ -39,6 +47,11 @@ class GateStats:
     last_cas: CASResult | None = None
     log_failures: int = 0
     last_log_error: str | None = None
+    features_logged: int = 0
+    feature_failures: int = 0
+    candidate_decisions: int = 0
+    candidate_failures: int = 0
+    last_beside_error: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def decided(self, decision: Decision) -> None:
@@ -75,11 +88,26 @@ class GateStats:
             self.log_failures += 1
             self.last_log_error = str(error)
 
+    def beside(self, work: str, *, failed: str | None = None) -> None:
+        """Count work done beside the call: ``"features"`` logged or a ``"candidate"`` decision
+        (``failed``: it could not be done, and why, in words without text or feature values)."""
+        with self._lock:
+            if failed is not None:
+                self.last_beside_error = failed
+            if work == "features":
+                self.features_logged += failed is None
+                self.feature_failures += failed is not None
+            else:
+                self.candidate_decisions += failed is None
+                self.candidate_failures += failed is not None
+
     def reset(self) -> None:
         """Zero every count."""
         with self._lock:
             self.calls = self.degraded = self.samples = self.log_failures = 0
-            self.last_log_error = None
+            self.features_logged = self.feature_failures = 0
+            self.candidate_decisions = self.candidate_failures = 0
+            self.last_log_error = self.last_beside_error = None
             self.actions.clear()
             self.shadow_actions.clear()
             self.last_decision = None

@@ -1,0 +1,225 @@
+"""The calibration a gate decides under, and a candidate it tries beside the call (issue 26).
+
+``calibration`` swaps the gate's estimator for the calibration's (:meth:`capgate.learn.Calibration.apply`)
+and, when the calibration carries thresholds, its policy for them; every decision records the
+version. ``shadow_calibration`` makes, beside every logged decision, the decision a candidate
+version would have made on the same query, and logs it as a shadow decision ``beside`` the
+enforced one, so ``capgate report`` compares them on the same outcomes before ``capgate calibrate
+promote``. The candidate decides through a gate of its own (same settings, the candidate's
+calibration, no log, enforce mode) run by the shadow machinery: its estimate never delays or fails
+the call, and an estimator that raises becomes a degraded candidate decision naming the error.
+
+The keywords ``"promoted"`` and ``"candidate"`` are read from the decision log's calibration events
+(``capgate calibrate promote / shadow / rollback``) when the gate first needs them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from capgate._types import Decision
+from capgate.errors import SettingsError
+from capgate.estimators.base import CapabilityEstimator
+from capgate.gate._defaults import default_estimator
+from capgate.gate._effects import Decide, FlowGate
+from capgate.gate._results import Verdict
+from capgate.gate._settings import CANDIDATE, PROMOTED, CalibrationLike, CalibrationSetting, GateSettings
+from capgate.gate._shadow import WORKERS, Shadows, failed_shadow
+from capgate.gate.flow import perform
+from capgate.policies import Policy
+
+if TYPE_CHECKING:
+    from capgate.decision.log import DecisionLog
+
+__all__ = ["Calibrations", "calibration_target", "decide_candidate", "load_calibration"]
+
+_logger = logging.getLogger("capgate")
+
+
+def load_calibration(
+    setting: CalibrationSetting, keyword: str, log: DecisionLog | None, target: str | None
+) -> CalibrationLike | None:
+    """The calibration a setting names: loaded as given, or (``keyword``) the version the log has
+    promoted / in shadow for ``target`` (``None`` when there is none).
+
+    Raises:
+        SettingsError: The calibration is for another target, or the log's event names a folder
+            that holds another version.
+        DataError: The folder is missing or not a calibration (from ``Calibration.load``).
+    """
+    if isinstance(setting, CalibrationLike):
+        loaded: CalibrationLike = setting
+    else:  # a folder, or the keyword: the version the log names
+        from capgate.learn import Calibration
+
+        expected: str | None = None
+        path: str | Path = setting
+        if isinstance(setting, str) and setting == keyword:
+            if log is None:  # GateSettings refuses it; kept for a direct call
+                raise SettingsError(f"{keyword!r} reads the calibration from the decision log: pass log=...")
+            event = (
+                log.active_calibration(target) if keyword == PROMOTED else log.candidate_calibration(target)
+            )
+            if event is None:
+                return None
+            expected, path = event.version, event.path
+        loaded = Calibration.load(path)
+        if expected is not None and loaded.version != expected:
+            raise SettingsError(
+                f"the decision log has {expected} as the {keyword} calibration of target {target!r}, but "
+                f"the folder it names ({path}) holds {loaded.version}"
+            )
+    return checked_target(loaded, target)
+
+
+def checked_target(calibration: CalibrationLike, target: str | None) -> CalibrationLike:
+    """``calibration``, unless it was learned for another target than ``target``.
+
+    Raises:
+        SettingsError: It records another target.
+    """
+    made_for = getattr(calibration, "target", None)
+    if made_for is not None and target is not None and made_for != target:
+        raise SettingsError(
+            f"calibration {calibration.version} was learned for target {made_for!r}; "
+            f"this gate's target is {target!r}"
+        )
+    return calibration
+
+
+class Calibrations:
+    """The calibrations one gate (and its views) uses: each setting loaded once, each calibrated
+    estimator built once (so batching by estimator still groups), each candidate's gate made once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._loaded: dict[tuple[Any, ...], tuple[Any, CalibrationLike | None]] = {}
+        self._applied: dict[tuple[str, int], tuple[CapabilityEstimator, CapabilityEstimator]] = {}
+        self._candidates: dict[str, FlowGate] = {}
+        self._policies: dict[str, Policy | None] = {}
+
+    def resolve(
+        self, setting: CalibrationSetting | None, keyword: str, log: DecisionLog | None, target: str | None
+    ) -> CalibrationLike | None:
+        """The calibration ``setting`` names (loaded once; a failure is raised and retried next time).
+
+        Raises:
+            SettingsError, DataError: See :func:`load_calibration`.
+        """
+        if setting is None:
+            return None
+        if isinstance(setting, CalibrationLike):
+            return checked_target(setting, target)
+        key = (keyword, str(setting), id(log), target)
+        with self._lock:
+            if key not in self._loaded:
+                self._loaded[key] = (log, load_calibration(setting, keyword, log, target))
+            return self._loaded[key][1]
+
+    def applied(
+        self, calibration: CalibrationLike | None, base: CapabilityEstimator, settings: GateSettings
+    ) -> CapabilityEstimator:
+        """``base`` under ``calibration`` (built once per pair); ``base`` itself when uncalibrated."""
+        if calibration is None:
+            return base
+        key = (calibration.version, id(base))
+        with self._lock:
+            if key not in self._applied:  # the base is kept, so its id is not reused
+                self._applied[key] = (base, calibration.apply(base, featurizer=settings.feature_reader))
+            return self._applied[key][1]
+
+    def policy(self, calibration: CalibrationLike) -> Policy | None:
+        """The thresholds ``calibration`` carries (read once), or ``None``."""
+        with self._lock:
+            if calibration.version not in self._policies:
+                self._policies[calibration.version] = calibration.policy
+            return self._policies[calibration.version]
+
+    def for_target(self, estimator: CapabilityEstimator) -> CapabilityEstimator:
+        """The estimator whose ``target_model`` a decision records: a calibrated estimator's own,
+        else (a recalibration that does not say) its base's."""
+        if estimator.target_model is not None:
+            return estimator
+        with self._lock:
+            for base, made in self._applied.values():
+                if made is estimator:
+                    return base
+        return estimator
+
+    def candidate_gate(
+        self, calibration: CalibrationLike, settings: GateSettings, make: Callable[[GateSettings], FlowGate]
+    ) -> FlowGate:
+        """The gate a candidate decides through: the same settings under the candidate, without a
+        log (its decisions are logged beside the enforced ones), in enforce mode."""
+        with self._lock:
+            if calibration.version not in self._candidates:
+                candidate = settings.replace(
+                    calibration=calibration,
+                    shadow_calibration=None,
+                    log_features=False,
+                    log=None,
+                    mode="enforce",
+                    speculative=False,
+                )
+                self._candidates[calibration.version] = make(candidate)
+            return self._candidates[calibration.version]
+
+
+def calibration_target(settings: GateSettings) -> str | None:
+    """The target whose calibration events a gate reads: its ``target``, else its estimator's."""
+    if settings.target is not None:
+        return settings.target
+    base = settings.estimator or default_estimator()
+    return None if base is None else base.target_model
+
+
+def _candidate_decision(gate: FlowGate, verdict: Verdict) -> Decision:
+    decision_id = uuid.uuid4().hex  # its own id; ``beside`` ties it to the enforced decision
+    try:
+        made: Verdict = perform(Decide(gate, verdict.query, decision_id))
+    except Exception as exc:  # the candidate's estimator raised: a degraded decision naming it
+        made = failed_shadow(gate, verdict.query, decision_id, exc)
+    return made.decision.model_copy(update={"beside": verdict.decision.id})
+
+
+def decide_candidate(
+    gate: FlowGate,
+    verdict: Verdict,
+    log: DecisionLog,
+    shadows: Shadows,
+    calibrations: Calibrations,
+    make: Callable[[GateSettings], FlowGate],
+) -> None:
+    """Beside a decision just logged, decide under the gate's ``shadow_calibration`` and log that.
+
+    Runs in one of the gate's shadow threads; a failure is counted (``stats.candidate_failures``)
+    and logged as a warning naming the decision, never raised.
+    """
+    settings = gate.settings
+    if settings.shadow_calibration is None or verdict.decision.beside is not None:
+        return
+
+    def job() -> None:
+        try:
+            candidate = calibrations.resolve(
+                settings.shadow_calibration, CANDIDATE, log, calibration_target(settings)
+            )
+            if candidate is None:  # "candidate", and the log has none in shadow
+                return
+            decision = _candidate_decision(calibrations.candidate_gate(candidate, settings, make), verdict)
+            log.record(decision, query=verdict.query)
+        except Exception as exc:  # beside the call: counted and logged, never raised
+            why = f"candidate decision beside {verdict.decision.id}: {type(exc).__name__}"
+            if isinstance(exc, SettingsError):
+                why = f"{why}: {exc}"
+            gate.stats.beside("candidate", failed=why)
+            _logger.warning("%s (not logged; the call was not affected)", why)
+            return
+        gate.stats.beside("candidate")
+
+    shadows.beside(job, settings.max_concurrency or WORKERS)
