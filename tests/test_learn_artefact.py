@@ -190,3 +190,29 @@ def test_a_previous_calibration_the_log_cannot_locate_is_not_silently_dropped(tm
         log_traffic(log, p, y, calibration="cal-0123456789ab")
         with pytest.raises(CalibrationRefusedError, match=r"cal-0123456789ab\) stays best .* no folder"):
             calibrate(log, out=tmp_path / "cal")
+
+
+@pytest.mark.slow
+def test_load_estimator_applies_a_calibration(tmp_path: Path) -> None:
+    from capgate import load_estimator
+    from capgate.estimators.guarded import InjectionGuard
+
+    p, y = overconfident(300)
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        log_traffic(log, p, y, method="probe")
+        result = calibrate(log, out=tmp_path / "cal")
+    assert result.kind in ("isotonic", "platt")
+    estimator = load_estimator("default", device="cpu", calibration=tmp_path / "cal")
+    assert isinstance(estimator, Recalibrated)
+    assert isinstance(estimator.estimator, ProbeEstimator)
+    e = estimator.estimate_one("What is 2 + 2?")
+    assert e.method == f"probe+{result.kind}"
+    assert e.p == pytest.approx(float(estimator.calibrator.predict([e.details["raw_p"]])[0]))
+    guarded = load_estimator("default", device="cpu", calibration=result.calibration, guard=True)
+    assert isinstance(guarded, InjectionGuard)
+    assert guarded.method == f"probe+{result.kind}"
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        log_traffic(log, p, y, method="verbalized", target="other", start=START.replace(day=5))
+        verbal = calibrate(log, out=tmp_path / "verbal", target="other")
+    with pytest.raises(DataError, match="maps 'verbalized' estimates; refusing to apply it to 'probe'"):
+        load_estimator("default", device="cpu", calibration=verbal.calibration)
