@@ -24,6 +24,8 @@ PUBLIC_MODULES = [
     "capgate.gate",
     "capgate.grading",
     "capgate.guard",
+    "capgate.learn",
+    "capgate.learn.thresholds",
     "capgate.messages",
     "capgate.metrics",
     "capgate.policies",
