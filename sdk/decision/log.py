@@ -126,12 +126,12 @@ class LoggedDecision(BaseModel):
     @property
     def calibration(self) -> str | None:
         """The calibration version the decision was made under (``None``: uncalibrated)."""
-        return _calibration_of(self.decision)
+        return self.decision.calibration
 
     @property
     def beside(self) -> str | None:
         """For a candidate calibration's shadow decision: the id of the decision it was made beside."""
-        return _beside_of(self.decision)
+        return self.decision.beside
 
     @property
     def value(self) -> float | None:
@@ -139,16 +139,6 @@ class LoggedDecision(BaseModel):
         :attr:`~capgate.Outcome.value` (``None`` without an outcome)."""
         values = [v for v in (o.value for o in self.outcomes) if v is not None]
         return sum(values) / len(values) if values else None
-
-
-def _calibration_of(decision: Decision) -> str | None:
-    version: str | None = getattr(decision, "calibration", None)
-    return version
-
-
-def _beside_of(decision: Decision) -> str | None:
-    beside: str | None = getattr(decision, "beside", None)
-    return beside
 
 
 _FROM = "FROM decisions d"
@@ -280,8 +270,8 @@ class DecisionLog(FeatureLog, CalibrationLog):
             writer_id(),
             int(decision.shadow),
             decision.target,
-            _calibration_of(decision),
-            _beside_of(decision),
+            decision.calibration,
+            decision.beside,
         )
         self.store.write(INSERT if decision.stopped_by is None else INSERT_SAMPLED, row)
         return decision.id
