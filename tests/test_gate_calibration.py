@@ -215,10 +215,11 @@ def test_promoted_refuses_an_event_whose_folder_holds_another_version(
 
 
 def test_a_candidate_decides_beside_each_logged_decision_on_the_same_query(
-    tmp_path: Path, calibrations: dict[str, Calibration]
+    log_location: str | Path, calibrations: dict[str, Calibration]
 ) -> None:
+    """On both stores."""
     enforced, candidate = calibrations["plain"], calibrations["other"]
-    log = DecisionLog(tmp_path / "log.sqlite3", store_text=True)
+    log = DecisionLog(log_location, store_text=True)
     gate = Gate(
         estimator=Marked(),
         target=TARGET,

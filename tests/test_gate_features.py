@@ -137,11 +137,12 @@ def _features(log: DecisionLog, decision_id: str) -> Any:
 
 
 def test_a_probe_gate_logs_the_features_its_estimate_was_made_from_without_a_second_pass(
-    tmp_path: Path,
+    log_location: str | Path,
 ) -> None:
+    """On both stores."""
     featurizer = CharCountFeaturizer(dim=8, seed=3)
     probe = _fitted_probe(featurizer)
-    log = DecisionLog(tmp_path / "log.sqlite3")
+    log = DecisionLog(log_location)
     gate = Gate(estimator=probe, log=log, log_features=True)
     query = "how many moons has mars?"
     featurizer.calls.clear()
@@ -275,3 +276,27 @@ def test_log_features_settings_are_checked() -> None:
         Gate(estimator=KeywordEstimator({}), feature_reader="smollm2")  # type: ignore[arg-type]
     with pytest.raises(SettingsError, match="`log_features` must be True or False"):
         Gate(estimator=KeywordEstimator({}), log=":memory:", log_features="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_the_embedded_models_features_are_logged_for_a_non_probe_gate(tmp_path: Path) -> None:
+    """The real default reader: the embedded model's features under the default probe's spec."""
+    from capgate import load_estimator
+    from capgate.estimators.feature_store import spec_as_dict
+
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    gate = Gate(estimator=KeywordEstimator({}), log=log, log_features=True)
+    queries = ["What is 7 times 8?", "Prove that the square root of 2 is irrational."]
+    verdicts = [gate.assess(q) for q in queries]
+    for verdict in verdicts:
+        gate.record(verdict)
+    assert gate.flush(600)
+    assert gate.stats.feature_failures == 0, gate.stats.last_beside_error
+    default = load_estimator()
+    expected = default.featurizer.transform(queries)
+    for verdict, row in zip(verdicts, expected, strict=True):
+        logged = _features(log, verdict.decision.id)
+        assert logged is not None
+        assert logged.spec == spec_as_dict(default.featurizer.spec)
+        assert logged.vector.shape == row.shape
+        np.testing.assert_allclose(logged.vector, row, rtol=1e-2, atol=1e-2)
