@@ -300,3 +300,21 @@ def test_the_embedded_models_features_are_logged_for_a_non_probe_gate(tmp_path: 
         assert logged.spec == spec_as_dict(default.featurizer.spec)
         assert logged.vector.shape == row.shape
         np.testing.assert_allclose(logged.vector, row, rtol=1e-2, atol=1e-2)
+
+
+def test_a_recalibrated_probe_still_logs_its_own_features_without_a_second_pass(tmp_path: Path) -> None:
+    from capgate.estimators import IsotonicCalibrator, Recalibrated
+
+    featurizer = CharCountFeaturizer(dim=8, seed=3)
+    probe = _fitted_probe(featurizer)
+    queries = random_queries(60, seed=9)
+    calibrated = Recalibrated(probe, IsotonicCalibrator()).fit(queries, np.linspace(0, 1, 60))
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    gate = Gate(estimator=calibrated, log=log, log_features=True)
+    featurizer.calls.clear()
+    verdict = gate.assess("which planet is largest?")
+    gate.record(verdict)
+    assert gate.flush(WAIT_S)
+    assert featurizer.calls == [1]
+    assert verdict.decision.estimate.method == "probe+isotonic"
+    assert _features(log, verdict.decision.id) is not None
