@@ -86,6 +86,8 @@ def generate(log: DecisionLog, n: int, seed: int = 0) -> None:
                     writer,
                     shadow,
                     "m1",
+                    None,  # calibration
+                    None,  # beside
                 )
             )
             if i % 10 != 9:
