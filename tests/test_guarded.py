@@ -102,3 +102,26 @@ def test_settings_are_checked() -> None:
         InjectionGuard(Gullible(), lift_tolerance=1.5)
     with pytest.raises(TypeError, match="CapabilityEstimator"):
         InjectionGuard(object())  # type: ignore[arg-type]
+
+
+class Reader(Gullible):
+    """Gullible, and keeps the features it read (as a probe does): the query's length, twice."""
+
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
+        spec = {"model_id": "toy", "dim": 2}
+        made = super().estimate(queries)
+        sizes = [float(sum(len(m["content"]) for m in as_messages(q))) for q in queries]
+        return [e.with_features([n, n], spec) for e, n in zip(made, sizes, strict=True)]
+
+
+def test_the_guard_keeps_the_features_of_the_query_as_given() -> None:
+    """A gate logging features reads them off the guarded estimate, with no second pass."""
+    attacked = UNSEEN[0]
+    assert isinstance(attacked, str)
+    clean, hit = InjectionGuard(Reader()).estimate([CLEAN, attacked])
+    assert hit.degraded  # a rebuilt estimate (the guard lowered p) still carries them
+    for estimate, query in ((clean, CLEAN), (hit, attacked)):
+        kept = estimate.features()
+        assert kept is not None
+        assert kept.vector.tolist() == [float(len(query))] * 2
+        assert kept.spec == {"model_id": "toy", "dim": 2}

@@ -167,9 +167,18 @@ class InjectionGuard(CapabilityEstimator):
                 p = min(p, without)
         details = dict(full.details)
         if not reasons:
-            return Estimate(p=full.p, method=self.method, degraded=full.degraded, reason=full.reason,
+            made = Estimate(p=full.p, method=self.method, degraded=full.degraded, reason=full.reason,
                             cost=cost, details=details)  # fmt: skip
+            return _with_features_of(full, made)
         details["injection"] = {"reasons": reasons, "p_as_given": full.p}
         degraded = self.on_claim == "degrade" or full.degraded
         reason = "; ".join([*([full.reason] if full.reason else []), *reasons]) if degraded else None
-        return Estimate(p=p, method=self.method, degraded=degraded, reason=reason, cost=cost, details=details)
+        made = Estimate(p=p, method=self.method, degraded=degraded, reason=reason, cost=cost, details=details)
+        return _with_features_of(full, made)
+
+
+def _with_features_of(full: Estimate, made: Estimate) -> Estimate:
+    """``made``, carrying the reader features of the query as given (``full``'s), if it has them:
+    a gate that logs features then needs no second pass under the guard."""
+    kept = full.features()
+    return made if kept is None else made.with_features(kept.vector, kept.spec)
