@@ -107,6 +107,9 @@ def _print_result(result: Any) -> None:
         typer.echo(f"note: {note}")
     typer.echo(f"kept: {summary['chosen']} -> {result.kind} calibration {result.version}")
     typer.echo(f"wrote {result.calibration.path}")
+    typer.echo(
+        f"next: capgate calibrate shadow {result.calibration.path} (then promote, once the report agrees)"
+    )
 
 
 @calibrate_app.callback()

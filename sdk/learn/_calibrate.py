@@ -106,8 +106,7 @@ def _previous_kind(log: DecisionLog, traffic: Traffic) -> tuple[Calibration | No
     version = traffic.versions[0] if len(traffic.versions) == 1 else None
     if version is None:
         return None, None
-    events = getattr(log, "calibration_events", None)
-    for event in reversed(events(traffic.target) if callable(events) else []):
+    for event in reversed(log.calibration_events(traffic.target)):
         if event.version == version and event.path:
             try:
                 return Calibration.load(event.path), version
@@ -228,7 +227,7 @@ def _calibrate(
             "and do not record the base estimator's confidence"
         )
     features: LoggedFeatureSet | None = None
-    if probe and callable(getattr(log, "features", None)):
+    if probe:
         features = logged_features(log, traffic)
         if features is not None:
             probe_candidate = _probe_candidate(features, traffic, tr, ho, seed, log.location, notes)

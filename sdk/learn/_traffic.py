@@ -135,7 +135,7 @@ def read_traffic(
     excluded: Counter[str] = Counter()
     kept: list[LoggedDecision] = []
     for row in rows:
-        if getattr(row.decision, "beside", None) is not None:
+        if row.decision.beside is not None:
             excluded["candidate shadow"] += 1
         else:
             kept.append(row)
@@ -181,7 +181,7 @@ def read_traffic(
     counts = _counts(kept)
     usable = [r for r in kept if r.value is not None and r.p is not None and not _degraded(r)]
     excluded["no usable estimate"] += sum(1 for r in kept if r.value is not None) - len(usable)
-    versions = Counter(getattr(r.decision, "calibration", None) for r in usable)
+    versions = Counter(r.decision.calibration for r in usable)
     if len(versions) > 1 and not allow_mixed_versions:
         raise CalibrationRefusedError(
             f"the window mixes decisions made under {len(versions)} calibration versions "
@@ -216,7 +216,7 @@ def read_traffic(
 
 def _has_base(row: LoggedDecision) -> bool:
     estimate = row.decision.estimate
-    if getattr(row.decision, "calibration", None) is None:
+    if row.decision.calibration is None:
         return True
     return estimate.method != base_method(estimate.method) and isinstance(
         estimate.details.get("raw_p"), int | float
