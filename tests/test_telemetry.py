@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import capgate
-from capgate import Gate, telemetry
+from capgate import Decision, Estimate, Gate, telemetry
 from capgate.decision import DecisionLog
 from capgate.policies import Policy
 
@@ -382,3 +382,28 @@ def test_a_route_decision_records_its_choice_and_each_choice_estimate(spans: InM
         dict(s.attributes or {})["capgate.p"] for s in _children(spans, gate, telemetry.SPAN_ESTIMATE)
     )
     assert ps == pytest.approx([0.3, 0.5, 0.9])  # the gate's estimate, then each choice's
+
+
+def test_a_decision_span_names_its_calibration_version_and_shadow_mode() -> None:
+    """A span says under which learnt calibration (capgate calibrate) a decision was made."""
+
+    class Span:
+        def __init__(self) -> None:
+            self.attributes: dict[str, Any] = {}
+
+        def is_recording(self) -> bool:
+            return True
+
+        def set_attributes(self, values: dict[str, Any]) -> None:
+            self.attributes = {**self.attributes, **values}
+
+    estimate = Estimate(p=0.8, method="probe")
+    made = Decision(action="answer", estimate=estimate, reason="r", calibration="cal-0123", shadow=True)
+    span = Span()
+    telemetry.record_decision(span, made)
+    assert span.attributes["capgate.calibration"] == "cal-0123"
+    assert span.attributes["capgate.shadow"] is True
+    plain = Span()
+    telemetry.record_decision(plain, made.model_copy(update={"calibration": None, "shadow": False}))
+    assert "capgate.calibration" not in plain.attributes
+    assert "capgate.shadow" not in plain.attributes
