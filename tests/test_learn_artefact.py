@@ -102,10 +102,19 @@ def test_thresholds_are_written_as_a_policy(tmp_path: Path) -> None:
     assert 1 - y[answered].mean() <= 0.2
 
 
+def _truth(p: np.ndarray) -> np.ndarray:
+    """The capability behind the estimates of the selection tests: higher than p says."""
+    return np.clip(p + 0.3, 0, 1)
+
+
 def test_thresholds_never_go_below_the_outcomes_enforced_traffic_has(tmp_path: Path) -> None:
+    """Replay where the truth is known: an enforcing gate answered p >= 0.5 and abstained below,
+    so only answered queries have outcomes. A threshold certified on those alone would answer the
+    blocked queries too, unseen; calibrate floors it, and the floored policy keeps its risk on
+    the next traffic, blocked queries included, where the unfloored one does not."""
     rng = np.random.default_rng(6)
     p = rng.uniform(0, 1, 800)
-    y = (rng.random(800) < np.clip(p + 0.3, 0, 1)).astype(float)
+    y = (rng.random(800) < _truth(p)).astype(float)
     action = np.where(p >= 0.5, "answer", "abstain")
     outcomes = [yi if a == "answer" else None for yi, a in zip(y, action, strict=True)]
     with DecisionLog(tmp_path / "enforced.sqlite3") as log:
@@ -114,15 +123,21 @@ def test_thresholds_never_go_below_the_outcomes_enforced_traffic_has(tmp_path: P
     counts = enforced.summary["counts"]["enforce"]
     assert counts["abstain"] == {"with_outcome": 0, "without": int((p < 0.5).sum())}
     assert enforced.summary["selection_gap"] == int((p < 0.5).sum())
-    floor = enforced.summary["thresholds"]["floor"]
+    thresholds = enforced.summary["thresholds"]
+    floor = thresholds["floor"]
     assert enforced.threshold is not None
     assert enforced.threshold >= floor
-    assert (
-        enforced.summary["thresholds"]["certified"] < floor
-    )  # without the floor it would answer blocked ones
+    assert thresholds["certified"] < floor  # without the floor it would answer blocked queries
     # the floor: the kept estimator's confidence at the lowest estimate that has an outcome
+    estimator = enforced.calibration.apply(Fixed())
     lowest = float(p[p >= 0.5].min())
-    assert floor == pytest.approx(enforced.calibration.apply(Fixed()).estimate_one(repr(lowest)).p)
+    assert floor == pytest.approx(estimator.estimate_one(repr(lowest)).p)
+    # the next traffic, every query (blocked ones too), scored against the known truth
+    nxt = rng.uniform(0, 1, 20_000)
+    conf = estimator.predict([repr(float(x)) for x in nxt])
+    error_floored = 1 - _truth(nxt)[conf >= enforced.threshold].mean()
+    error_unfloored = 1 - _truth(nxt)[conf >= thresholds["certified"]].mean()
+    assert error_floored <= 0.2 < error_unfloored
     with DecisionLog(tmp_path / "shadow.sqlite3") as log:  # shadow traffic: every call proceeded
         log_traffic(log, p, y, action=list(action), shadow=True)
         shadow = calibrate(log, out=tmp_path / "shadow", risk=0.2, probe=False)

@@ -142,6 +142,10 @@ def test_a_window_mixing_calibration_versions_is_refused_unless_allowed(
     assert result.summary["versions"] == [None, "cal-000000000001"]
     with DecisionLog(log_location) as log:  # a window of one version is fine
         one = calibrate(log, out=tmp_path / "cal2", until=START.replace(day=2))
+        # a time without a zone is read as UTC: the window holds the calibrated decisions only,
+        # whose calibration stays best but has no folder in the log to carry forward
+        with pytest.raises(CalibrationRefusedError, match=r"calibration cal-000000000001\) stays best"):
+            calibrate(log, out=tmp_path / "cal3", since=START.replace(day=2, tzinfo=None))
     assert one.summary["n"] == 100
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -131,6 +131,7 @@ def read_traffic(
             message names the count needed and the count found).
     """
     where = log.location
+    since, until = _aware(since), _aware(until)
     rows = [r for r in log.decisions() if _in_window(r, since, until)]
     excluded: Counter[str] = Counter()
     kept: list[LoggedDecision] = []
@@ -225,6 +226,11 @@ def _has_base(row: LoggedDecision) -> bool:
 
 def _degraded(row: LoggedDecision) -> bool:
     return bool(row.decision.degraded or row.decision.estimate.degraded)
+
+
+def _aware(at: datetime | None) -> datetime | None:
+    """A time without a zone is taken as UTC (the log's times are UTC)."""
+    return at.replace(tzinfo=UTC) if at is not None and at.tzinfo is None else at
 
 
 def _in_window(row: LoggedDecision, since: datetime | None, until: datetime | None) -> bool:
