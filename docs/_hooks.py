@@ -68,11 +68,16 @@ def cli_reference() -> str:
 
     def walk(command: Any, path: list[str], ctx: Any) -> None:
         if hasattr(command, "list_commands"):  # a group
+            if command.invoke_without_command:  # a group that is a command too (capgate calibrate)
+                section(command, path, ctx)
             for name in command.list_commands(ctx):
                 sub = command.get_command(ctx, name)
                 if sub is not None and not sub.hidden:
                     walk(sub, [*path, name], context(sub, info_name=name, parent=ctx))
             return
+        section(command, path, ctx)
+
+    def section(command: Any, path: list[str], ctx: Any) -> None:
         title = " ".join(path)
         usage = " ".join(command.collect_usage_pieces(ctx))
         help_text = (command.help or "").strip().replace("\b\n", "").replace("<", "&lt;")

@@ -155,6 +155,8 @@ def cli_commands() -> list[str]:
 
     def walk(command: Any, path: list[str], ctx: Any) -> None:
         if is_group(command):
+            if command.invoke_without_command:  # a group that is a command too (capgate calibrate)
+                names.append(" ".join(path))
             for name in command.list_commands(ctx):
                 sub = command.get_command(ctx, name)
                 assert sub is not None
@@ -190,7 +192,9 @@ def check_capgate_command(tokens: list[str], where: str) -> list[str]:
     rest = tokens[1:]
     path = ["capgate"]
     while is_group(command):
-        if not rest:
+        if not rest or rest[0].startswith("-"):
+            if command.invoke_without_command:
+                break  # the group runs itself with these options
             return [f"{where}: `{' '.join(path)}` needs a subcommand"]
         sub = command.get_command(ctx, rest[0])
         if sub is None:
