@@ -231,3 +231,20 @@ def test_load_estimator_applies_a_calibration(tmp_path: Path) -> None:
         verbal = calibrate(log, out=tmp_path / "verbal", target="other")
     with pytest.raises(DataError, match="maps 'verbalized' estimates; refusing to apply it to 'probe'"):
         load_estimator("default", device="cpu", calibration=verbal.calibration)
+
+
+def test_a_probe_gets_no_threshold_from_enforced_traffic_with_blocked_queries(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(400, 4)).astype(np.float32)
+    y = (rng.random(400) < 1 / (1 + np.exp(-2.5 * X[:, 0]))).astype(float)
+    p = rng.uniform(0.3, 0.7, 400)  # the enforced estimator knew nothing
+    action = np.where(p >= 0.4, "answer", "abstain")
+    outcomes = [yi if a == "answer" else None for yi, a in zip(y, action, strict=True)]
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        log_traffic(log, p, outcomes, action=list(action), features=X)
+        result = calibrate(log, out=tmp_path / "cal", risk=0.3, n_splits=3)
+    assert result.kind == "probe", result.table
+    assert result.threshold is None
+    assert result.calibration.policy is None
+    assert any("a probe orders queries its own way" in n for n in result.notes)
+    assert result.summary["thresholds"]["selection_gap"] == int((p < 0.4).sum())
