@@ -112,7 +112,9 @@ def test_a_corrupted_vector_is_a_data_error_naming_the_decision(log_location: st
     with DecisionLog(log_location) as log:
         log.record(d)
         log.record_features([(d.id, [4242.5, 1.0, 2.0])], SPEC)
+        assert log.integrity_check() == "ok"
         execute(log_location, "UPDATE features SET dim = 5")
+        assert log.integrity_check() == "1 feature vectors of an unknown encoding or the wrong size"
         with pytest.raises(DataError, match=f"features for decision {d.id}: 6 bytes for dim 5") as info:
             log.features([d.id])
         assert "4242" not in str(info.value)

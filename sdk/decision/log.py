@@ -432,16 +432,20 @@ class DecisionLog(FeatureLog, CalibrationLog):
 
     def integrity_check(self) -> str:
         """``"ok"``, or what is wrong: the store's own check (SQLite's ``PRAGMA integrity_check``),
-        the schema version, outcomes without their decision."""
+        the schema version, outcomes without their decision, feature vectors whose size is not
+        their dimension's."""
         problems = [str(r[0]) for r in self.store.read(self.store.dialect.integrity) if r[0] != "ok"]
-        ((version, orphans),) = self.store.read(
+        ((version, orphans, malformed),) = self.store.read(
             f"SELECT ({VERSION}), (SELECT COUNT(*) FROM outcomes o LEFT JOIN decisions d"
-            " ON d.id = o.decision_id WHERE d.id IS NULL)"
+            " ON d.id = o.decision_id WHERE d.id IS NULL),"
+            " (SELECT COUNT(*) FROM features WHERE encoding <> 'float16' OR LENGTH(data) <> 2 * dim)"
         )
         if version != str(SCHEMA_VERSION):
             problems.append(f"schema version {version!r}, expected {SCHEMA_VERSION}")
         if orphans:
             problems.append(f"{orphans} outcomes without their decision")
+        if malformed:
+            problems.append(f"{malformed} feature vectors of an unknown encoding or the wrong size")
         return "; ".join(problems) or "ok"
 
 
