@@ -30,6 +30,7 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
+from pydantic import BaseModel, Field
 
 from capgate import Estimate, SamplingParams
 from capgate.adapters.agents.langchain import CapabilityGate, model_target
@@ -95,7 +96,7 @@ class Server:
         aclient = httpx.AsyncClient(event_hooks={"request": [self._acount]}, timeout=180.0)
         self._clients.append(client)
         self._aclients.append(aclient)
-        settings = {"max_tokens": 24, "temperature": 0.8, "max_retries": 0, **settings}
+        settings = {"max_tokens": 48, "temperature": 0.8, "max_retries": 0, **settings}
         return ChatOpenAI(
             base_url=self.url, api_key="x", model=self.name,
             http_client=client, http_async_client=aclient, **settings,
@@ -119,10 +120,16 @@ def server() -> Iterator[Server]:
     found.close()
 
 
+class LookupArgs(BaseModel):
+    # Bounded: a forced call is decoded under this schema, so it always closes within max_tokens
+    # (an unbounded term from this tiny model runs past them ~1 time in 5: an invalid call).
+    term: str = Field(max_length=24, description="The term to look up.")
+
+
 def _lookup() -> tuple[Any, list[str]]:
     looked_up: list[str] = []
 
-    @tool
+    @tool(args_schema=LookupArgs)
     def lookup(term: str) -> str:
         """Look a term up in the encyclopedia."""
         looked_up.append(term)
