@@ -94,7 +94,8 @@ def test_shadow_promote_rollback_are_recorded(log_location: str | Path, tmp_path
         assert log.active_calibration("m").previous == v1
         assert [e.event for e in log.calibration_events("m")] == ["shadow", "promote", "promote"]
 
-    back = runner.invoke(app, ["calibrate", "rollback", "--db", db, "--target", "m"])
+    back = runner.invoke(app, ["calibrate", "rollback", "--db", db])  # the log's only target
+    assert "for target 'm'" in back.output
     assert back.exit_code == 0, back.output
     assert f"rolled back {v2}" in back.output
     assert f"now {v1}" in back.output

@@ -47,6 +47,14 @@ def _open(db: str | None) -> Any:
     return DecisionLog(db if db is not None else default_log_path())
 
 
+def _target(log: Any, target: str | None) -> str | None:
+    """``target``, or without one the only target the log's calibration events name."""
+    if target is not None:
+        return target
+    named = {e.target for e in run_reporting_errors(lambda: log.calibration_events())}
+    return named.pop() if len(named) == 1 else None
+
+
 def _time(option: str, text: str | None) -> datetime | None:
     if text is None:
         return None
@@ -236,9 +244,13 @@ def promote_command(
 
 @calibrate_app.command("rollback")
 def rollback_command(db: DbOpt = None, target: TargetOpt = None) -> None:
-    """Return enforcement to the version promoted before the one in force (or to none)."""
+    """Return enforcement to the version promoted before the one in force (or to none).
+
+    Without --target: the only target the log's calibration events name (else gates without one).
+    """
     log = _open(db)
     try:
+        target = _target(log, target)
         event = run_reporting_errors(lambda: log.rollback_calibration(target))
     finally:
         log.close()
@@ -254,9 +266,13 @@ def status_command(
     target: TargetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
 ) -> None:
-    """What is enforced and what shadows for a target, and the events that got there."""
+    """What is enforced and what shadows for a target, and the events that got there.
+
+    Without --target: the only target the log's calibration events name (else gates without one).
+    """
     log = _open(db)
     try:
+        target = _target(log, target)
         active = run_reporting_errors(lambda: log.active_calibration(target))
         candidate = run_reporting_errors(lambda: log.candidate_calibration(target))
         events = run_reporting_errors(lambda: log.calibration_events(target))
