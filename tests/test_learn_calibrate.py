@@ -80,6 +80,8 @@ def test_too_few_outcomes_is_refused_naming_the_counts(log_location: str | Path,
             calibrate(log, out=tmp_path / "cal")
         with pytest.raises(CalibrationRefusedError, match=r"at least 50 are needed"):
             calibrate(log, out=tmp_path / "cal", min_outcomes=50)
+        with pytest.raises(ValueError, match=r"give risk \(--risk\) too"):
+            calibrate(log, out=tmp_path / "cal", policy="balanced")
     assert not (tmp_path / "cal").exists()
 
 

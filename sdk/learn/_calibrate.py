@@ -188,6 +188,8 @@ def _calibrate(
     n_splits: int,
     seed: int,
 ) -> CalibrationResult:
+    if policy is not None and risk is None:
+        raise ValueError("`policy` is the policy whose answer threshold `risk` sets: give risk (--risk) too")
     if min_outcomes < 2 * MIN_SIDE:
         raise ValueError(f"`min_outcomes` must be at least {2 * MIN_SIDE}; got {min_outcomes}")
     traffic = read_traffic(
