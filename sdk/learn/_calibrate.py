@@ -12,7 +12,10 @@ From the logged decisions with outcomes of one target and one estimator method, 
    rule: the previous one unless a candidate beats it beyond the noise of the comparison;
 4. with ``risk``, an answer threshold is certified by Learn-then-Test on cross-fitted
    confidences of the kept estimator (every row scored by a fit that never saw its outcome) and
-   written into a policy;
+   written into a policy. The older rows' confidences come from fits on the other older blocks,
+   not from the shipped map itself, and the held-out rows also chose the candidate: two small
+   departures from the test's assumptions, measured by ``bench/learn_from_traffic.py`` (the
+   answered share's error on the next traffic, over seeded replays);
 5. everything is written atomically to a versioned folder (:class:`~capgate.learn.Calibration`).
 
 Selection (enforced traffic). An enforcing gate gets outcomes only for what it let through, so
