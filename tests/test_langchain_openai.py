@@ -6,8 +6,9 @@ a ``ChatOpenAI`` node) against the server ``scripts/with-vllm-server.sh`` starts
 with a tool-call parser (``scripts/vllm-server.sh``: ``--enable-auto-tool-choice
 --tool-call-parser xlam`` and a chat template that shows SmolLM2 its tools); without it every
 request with tools and no ``tool_choice`` is refused with HTTP 400. The model is far too small to
-choose a tool on its own, so the tool-call tests force one with a named ``tool_choice`` (decoded
-under the tool's JSON schema). Every request the chat model sends is counted at its HTTP client,
+choose a tool on its own, so the tool-call tests force one: with a named ``tool_choice`` (decoded
+under the tool's JSON schema), or, to check the parser under "auto", by constraining the reply's
+text to the model's own call format. Every request the chat model sends is counted at its HTTP client,
 so "nothing was sent" and "one request per sample" are checked on the wire.
 """
 
@@ -25,6 +26,7 @@ from _agent_scaffolding import ForceFirstTool
 from _ci_server import ci_vllm_server
 from _estimators import KeywordEstimator
 from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware, ModelRequest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -169,6 +171,46 @@ def test_an_agent_with_a_tool_is_gated_and_its_decisions_name_the_model(
     # One step per model call (two if the model chose to call the tool), then the blocked one.
     assert [d.action for d in steps] == ["answer"] * (len(steps) - 1) + ["abstain"]
     assert {d.target for d in steps} == {server.name}
+
+
+# What SmolLM2 writes when it calls a tool on its own (rare for 135M parameters, so it is made to).
+WRITTEN_CALL = r'<tool_call>\[\{"name": "lookup", "arguments": \{"term": "[A-Za-z ]{1,20}"\}\}\]</tool_call>'
+
+
+class WriteFirstCall(AgentMiddleware):
+    """On the first model step, constrain the reply's text to SmolLM2's own tool-call format
+    (vLLM's ``structured_outputs`` regex); ``tool_choice`` stays unset ("auto")."""
+
+    def wrap_model_call(self, request: ModelRequest[Any], handler: Any) -> Any:
+        if not any(isinstance(m, ToolMessage) for m in request.messages):
+            settings = {
+                **request.model_settings,
+                "extra_body": {"structured_outputs": {"regex": WRITTEN_CALL}},
+            }
+            request = request.override(model_settings=settings)
+        return handler(request)
+
+
+def test_the_server_shows_the_model_its_tools_and_parses_its_calls(server: Server, tmp_path: Path) -> None:
+    lookup, looked_up = _lookup()
+    question = [HumanMessage("Look up Rome in the encyclopedia.")]
+    bare = server.chat(max_tokens=1).invoke(question).usage_metadata
+    shown = server.chat(max_tokens=1).bind_tools([lookup]).invoke(question).usage_metadata
+    assert bare is not None
+    assert shown is not None
+    assert shown["input_tokens"] > bare["input_tokens"] + 50  # the chat template lists the tool
+
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    gate = CapabilityGate(policy=POLICY, estimator=KeywordEstimator(MARKERS), log=log)
+    agent = create_agent(server.chat(), tools=[lookup], middleware=[gate, WriteFirstCall()])
+    out = agent.invoke(_ask("Look up Rome in the encyclopedia."))
+    # The reply's text was a written call; the server's parser (xlam) made it a tool call.
+    proposal = next(m for m in out["messages"] if isinstance(m, AIMessage))
+    (call,) = proposal.tool_calls
+    assert call["name"] == "lookup"
+    assert looked_up == [call["args"]["term"]]  # gated (p = 0.9: answer), then run
+    (record,) = out["capgate_tool_decisions"].values()
+    assert (record["decision"]["action"], record["decision"]["target"]) == ("answer", server.name)
 
 
 def test_a_proposed_tool_call_is_gated_before_it_runs(server: Server, tmp_path: Path) -> None:
