@@ -240,6 +240,111 @@ def test_the_readme_keeps_the_two_commands_ci_runs() -> None:
     assert tests in ci
 
 
+# --------------------------------------------------------------------------- the demo's figures
+
+DEMO_PAGES = [ROOT / "README.md", DOCS / "index.md"]
+
+
+def _pct(rate: Any) -> str:  # as `capgate demo` prints a rate
+    return "n/a" if rate is None else f"{rate.value:.0%} [{rate.low:.0%}, {rate.high:.0%}]"
+
+
+def check_demo_table(text: str) -> list[str]:
+    """The live table a page shows, against what the demo computes from the counts it shows:
+    every rate and interval, every count that follows from others, the time added."""
+    from types import SimpleNamespace
+
+    from capgate.demo_compare import compare
+
+    title = re.search(r"LIVE: (\d+) questions, without the gate vs with the gate", text)
+    if title is None:
+        return ["no live table"]
+    cells = {}
+    for line in text.splitlines():
+        if line.startswith("│"):
+            row = [c.strip() for c in line.strip().strip("│").split("│")]
+            cells[row[0]] = row[1:]
+    n = int(title.group(1))
+
+    def count(row: str, column: int, pattern: str = r"(\d+)") -> int:
+        found = re.match(pattern, cells[row][column])
+        assert found is not None, f"row {row!r}: {cells[row][column]!r}"
+        return int(found.group(1))
+
+    answered = count("answered", 1)
+    right, wrong = count("right answers", 1), count("wrong answers", 1)
+    wrong_stopped = count("wrong answers", 1, r"\d+ given; (\d+) of")
+    samples = [int(c) for c in cells["samples spent"]]
+    seconds = [float(re.match(r"([\d.]+) s", c).group(1)) for c in cells["time"]]  # type: ignore[union-attr]
+    # Questions with the counts shown (compare() reads only these marginals).
+    rows = (
+        [(True, None)] * (n - answered - wrong_stopped)
+        + [(False, None)] * wrong_stopped
+        + [(True, True)] * right
+        + [(False, False)] * wrong
+    )
+    if len(rows) != n:
+        return [f"the counts shown do not add up to {n} questions"]
+    ones = [SimpleNamespace(ungated_correct=u, correct=g, samples=0, ungated_seconds=0.0, gated_seconds=0.0)
+            for u, g in rows]  # fmt: skip
+    ones[0].samples, ones[0].ungated_seconds, ones[0].gated_seconds = samples[1], seconds[0], seconds[1]
+    c = compare(ones)
+    off, on = c.without_gate, c.with_gate
+    expected = {
+        "answered": [f"{n} of {n}", f"{on.answered} of {n}: coverage {_pct(on.coverage)}"],
+        "accuracy": [_pct(off.accuracy), f"{_pct(on.accuracy)} among answered"],
+        "wrong answers": [
+            f"{off.wrong} given",
+            f"{on.wrong} given; {on.wrong_stopped} of {off.wrong} stopped ({_pct(on.wrong_stopped_share)})",
+        ],
+        "right answers": [
+            f"{off.right} given",
+            f"{on.right} given; {on.right_stopped} of {off.right} stopped ({_pct(on.right_stopped_share)})",
+        ],
+        "samples spent": [str(n), str(on.samples)],
+        "time": [f"{off.seconds:.1f} s", f"{on.seconds:.1f} s ({on.seconds_added:+.1f} s added)"],
+    }
+    return [
+        f"row {k!r}: shown {cells.get(k)}, computed {v}" for k, v in expected.items() if cells.get(k) != v
+    ]
+
+
+@pytest.mark.parametrize("page", DEMO_PAGES, ids=rel)
+def test_the_demo_table_shown_is_what_the_demo_computes(page: Path) -> None:
+    assert check_demo_table(page.read_text(encoding="utf-8")) == []
+
+
+def test_the_demo_table_check_fails_on_a_planted_wrong_count() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    planted = re.sub(r"(\d+) given; (\d+) of (\d+) stopped \(75%", r"\1 given; 5 of \3 stopped (75%", text)
+    assert planted != text
+    assert check_demo_table(planted) != []
+
+
+@pytest.fixture(scope="module")
+def replay() -> dict[str, Any]:
+    """The demo's recorded 20B part as `capgate demo --no-live --json` prints it (seconds)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "capgate.cli", "demo", "--no-live", "--json"],
+        capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout)["replay"]
+    assert isinstance(figures, dict)
+    return figures
+
+
+@pytest.mark.parametrize("page", DEMO_PAGES, ids=rel)
+def test_the_replay_figures_shown_are_the_demos(page: Path, replay: dict[str, Any]) -> None:
+    saved = [p["saved"] / p["uniform_samples"] for p in replay["passk"]]
+    claim = (
+        f"coverage {replay['coverage']['value']:.1%}, accuracy among answered "
+        f"{replay['accuracy_answered']['value']:.1%} vs {replay['accuracy_all']['value']:.1%} answering "
+        f"everything, and {100 * min(saved):.0f}–{max(saved):.0%} of a pass@k sampling budget saved"
+    )
+    assert claim in " ".join(page.read_text(encoding="utf-8").split())
+
+
 # --------------------------------------------------------------------------- data blocks
 
 
