@@ -24,6 +24,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -467,7 +468,8 @@ def render(page: Path, work: Path, *, dump_dom: bool) -> subprocess.CompletedPro
     args = [
         chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--hide-scrollbars", f"--user-data-dir={work / 'profile'}", "--window-size=1280,900",
+        "--hide-scrollbars", f"--user-data-dir={tempfile.mkdtemp(prefix='chromium-', dir=work)}",
+        "--window-size=1280,900",
         "--virtual-time-budget=3000",
     ]  # fmt: skip
     args += ["--dump-dom"] if dump_dom else [f"--screenshot={work / 'page.png'}"]
