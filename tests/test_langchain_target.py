@@ -50,7 +50,11 @@ def test_decisions_record_the_agents_model_once_it_has_been_called(tmp_path: Pat
     log = DecisionLog(tmp_path / "log.sqlite3")
     gate = CapabilityGate(estimator=KeywordEstimator({"LOW": 0.1}), log=log)
     agent = create_agent(NamedModel(responses=["4", "5"]), middleware=[gate])
-    _ask(agent, "What is 2 + 2?")
+    first = _ask(agent, "What is 2 + 2?")
+    # the first run's state and stats show the target too, not only its log row
+    assert first["capgate_decision"]["target"] == "served-model"
+    assert gate.stats.last_decision is not None
+    assert gate.stats.last_decision.target == "served-model"
     _ask(agent, "What is 2 + 3?")
     targets = [d.decision.target for d in log.decisions()]
     assert targets == ["served-model", "served-model"]  # the first logged at the first model call
@@ -102,9 +106,10 @@ def test_a_first_resample_step_is_logged_once_with_its_samples_and_the_target(tm
     log = DecisionLog(tmp_path / "log.sqlite3")
     gate = CapabilityGate(policy=policy, estimator=KeywordEstimator({"MID": 0.5}), log=log)
     agent = create_agent(NamedModel(responses=["4"] * 8), middleware=[gate])
-    _ask(agent, "MID: what is 2 + 2?")
+    out = _ask(agent, "MID: what is 2 + 2?")
     (logged,) = log.decisions()
     assert (logged.decision.action, logged.decision.target) == ("resample", "served-model")
+    assert out["capgate_decision"]["target"] == "served-model"
     assert logged.decision.stopped_by is not None
     assert logged.samples_used is not None
     assert logged.samples_used >= 2

@@ -62,7 +62,7 @@ from langchain.agents.middleware.types import ExtendedModelResponse, hook_config
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
 
-from capgate._types import Extractor
+from capgate._types import Decision, Extractor
 from capgate.adapters.agents import hitl
 from capgate.adapters.agents.chat_model import CapgateChatModel
 from capgate.adapters.agents.langchain_hooks import (
@@ -326,20 +326,39 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
             ]
         )
 
-    def _finish(self, response: Any, verdicts: Mapping[str, Verdict], voted: bool) -> ModelResult:
-        if not verdicts:
+    def _finish(
+        self, response: Any, verdicts: Mapping[str, Verdict], voted: bool, stamped: Verdict | None
+    ) -> ModelResult:
+        update: dict[str, Any] = {}
+        if verdicts:
+            update["capgate_tool_decisions"] = hitl.record_tool_decisions(verdicts, voted=voted)
+        if stamped is not None:  # the step's decision, now with the model it was made for
+            update["capgate_decision"] = stamped.decision.model_dump(mode="json")
+        if not update:
             return response  # type: ignore[no-any-return]
         model_response = response if isinstance(response, ModelResponse) else ModelResponse(result=[response])
-        update = {"capgate_tool_decisions": hitl.record_tool_decisions(verdicts, voted=voted)}
         return ExtendedModelResponse(model_response=model_response, command=Command(update=update))
+
+    def _restamped(self, stored: Decision | None, verdict: Verdict) -> Verdict | None:
+        """``verdict`` if stamping gave the step's stored decision its target (state and stats then
+        show it too, from the agent's first run on), else ``None``."""
+        if stored is None or stored.id != verdict.decision.id or stored.target == verdict.decision.target:
+            return None
+        stats = self.gate.stats
+        if stats.last_decision is not None and stats.last_decision.id == verdict.decision.id:
+            stats.last_decision = verdict.decision
+        return verdict
 
     def _model_call_flow(self, request: ModelRequest[Any], draw: Invoke) -> Flow[ModelResult]:
         voted = False
         step = self._step_verdict(request)
         stored = hitl.read_decision(cast("Mapping[str, Any] | None", request.state.get("capgate_decision")))
         unlogged = self._unlogged.pop(stored.id, None) if stored is not None else None
+        stamped = None if step is None else self._restamped(stored, step)
         if unlogged is not None and step is None:  # a resample is logged with its samples below
-            yield Record(self.gate, self._stamped(unlogged))
+            made = self._stamped(unlogged)
+            stamped = self._restamped(stored, made)
+            yield Record(self.gate, made)
         if step is not None:
             sampled = yield Sample(self._voter, step, draw, to_text=_response_key)
             yield Record(self.gate, step, cas=sampled.cas)
@@ -350,10 +369,10 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         else:
             response = yield draw
         if not self.gate_tools:
-            return response  # type: ignore[no-any-return]
+            return self._finish(response, {}, voted, stamped)
         message = _response_message(response)
         if not message.tool_calls:
-            return response  # type: ignore[no-any-return]
+            return self._finish(response, {}, voted, stamped)
         ids = [c["id"] or "" for c in message.tool_calls]
         verdicts = dict(zip(ids, (yield self._tool_assessments(request, message)), strict=True))
         redraw = next((v for v in verdicts.values() if v.action == "resample"), None)
@@ -367,7 +386,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
                 verdicts = dict(zip(ids, found, strict=True))
         for verdict in verdicts.values():
             yield Record(self.gate, verdict, samples_used=0)
-        return self._finish(response, verdicts, voted)
+        return self._finish(response, verdicts, voted, stamped)
 
     def _routed(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
         """The request with the chosen model, when the step's decision routed it."""
