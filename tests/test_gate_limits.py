@@ -134,3 +134,21 @@ def test_no_limits_calls_the_estimator_directly() -> None:
 def test_bad_limits_are_named(name: str, value: object) -> None:
     with pytest.raises(SettingsError, match=name):
         Gate(policy="balanced", **{name: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_an_estimate_past_its_deadline_never_aborts_the_process_at_exit() -> None:
+    """The late estimate is still in torch's forward pass when the script ends: a daemon worker
+    killed there aborted the process ("terminate called without an active exception")."""
+    import subprocess
+    import sys
+
+    script = (
+        "import capgate\n"
+        "gate = capgate.Gate(estimator=capgate.load_estimator('default'), estimate_timeout_s=0.05)\n"
+        "print(gate.assess('Calculate 62 - 10 = ' * 30).decision.degraded)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert "terminate called" not in done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "True"  # the deadline did pass: degraded

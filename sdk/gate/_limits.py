@@ -8,7 +8,8 @@ the policy routes to its ``on_degraded`` action. Neither set: the estimator is c
 
 A sync estimate that misses its deadline keeps running in its worker thread until the estimator
 returns (a thread cannot be cancelled; the backend's own time-outs end it), and keeps its slot
-until then, so the cap always bounds the work really in flight. An async one is cancelled.
+until then, so the cap always bounds the work really in flight; the interpreter waits for it at
+exit rather than kill it mid-forward-pass. An async one is cancelled.
 """
 
 from __future__ import annotations
@@ -115,7 +116,10 @@ def limited_estimate(
             if semaphore is not None:
                 semaphore.release()
 
-    worker = threading.Thread(target=work, name="capgate-estimate", daemon=True)
+    # Not a daemon: an estimate past its deadline may be inside native code (a torch forward
+    # pass), and a daemon thread killed there at interpreter exit aborts the process
+    # ("terminate called without an active exception"); exit waits for it to return instead.
+    worker = threading.Thread(target=work, name="capgate-estimate")
     worker.start()
     worker.join(max(0.0, deadline - time.monotonic()))
     if not box:

@@ -244,7 +244,9 @@ class Speculate(Effect):
             finally:
                 timing.append(time.monotonic() - started)
 
-        threading.Thread(target=call, name="capgate-speculative", daemon=True).start()
+        # not a daemon: the call may be in native code (a local model), where a daemon thread
+        # killed at interpreter exit aborts the process; exit waits for it instead
+        threading.Thread(target=call, name="capgate-speculative").start()
         verdict: Verdict = perform(self.assess)
         if verdict.action == "answer":
             value = done.result()
