@@ -402,6 +402,8 @@ def run_loop(
         scored.append(Scored(name, replay.index, n, result.kind, cal.version, **base,
                              p_learned=_p(learned, prompts), answered=answered))  # fmt: skip
     log.close()
+    kept = ", ".join(f"{s.n}: {s.kind}" for s in scored)
+    print(f"  {name} replay {replay.index}: {kept}", file=sys.stderr, flush=True)
     return scored
 
 
@@ -475,6 +477,7 @@ class Row:
     coverage: float  # mean over replays (0 where nothing was certified)
     error: float  # mean over replays that answered something
     within_risk: int  # replays whose answered share's error rate is at most the risk (or none answered)
+    answering: int  # replays whose calibrated gate answered some of the next traffic
     ungated: float  # mean µ̂ of the next traffic (the ungated accuracy)
 
 
@@ -512,6 +515,7 @@ def summarize(scored: Sequence[Scored], risk: float, seed: int) -> Row:
         coverage=float(np.mean(coverage)),
         error=float(np.mean(errors)) if errors else float("nan"),
         within_risk=within,
+        answering=len(errors),
         ungated=float(np.mean([s.mu.mean() for s in scored])),
     )
 
@@ -528,7 +532,7 @@ def _ci(value: tuple[float, float, float], fmt: str = "{:.4f}") -> str:
 
 def print_tables(rows: Sequence[Row], args: argparse.Namespace) -> None:
     """The issue's tables: Brier and AUROC, then risk/coverage; then each target, met or not."""
-    head = "{:<20} {:>5}  {:<28} {:<26} {:<26} {:<24} {}"
+    head = "{:<20} {:>5}  {:<36} {:<26} {:<26} {:<24} {}"
     print()
     print("capability Brier vs µ̂ and AUROC on the next traffic (mean over replays; 95% two-stage bootstrap)")
     columns = (
@@ -549,14 +553,12 @@ def print_tables(rows: Sequence[Row], args: argparse.Namespace) -> None:
     print()
     print(f"risk control on the next traffic: stated risk {args.risk}, delta {args.delta} (the calibrated "
           "policy's answered share; error = 1 - mean µ̂ of the answered queries)")  # fmt: skip
-    head = "{:<20} {:>5} {:>10} {:>9} {:>14} {:>12} {:>16}"
-    print(
-        head.format(
-            "start", "N", "certified", "coverage", "error (answered)", "within risk", "ungated accuracy"
-        )
-    )
+    head = "{:<20} {:>5} {:>10} {:>10} {:>9} {:>17} {:>12} {:>17}"
+    columns = ("start", "N", "certified", "answering", "coverage", "error (answered)", "within risk")
+    print(head.format(*columns, "ungated accuracy"))
     for r in rows:
-        print(head.format(STARTS[r.start], r.n, f"{r.certified}/{r.replays}", f"{r.coverage:.3f}",
+        print(head.format(STARTS[r.start], r.n, f"{r.certified}/{r.replays}", f"{r.answering}/{r.replays}",
+                          f"{r.coverage:.3f}",
                           "-" if np.isnan(r.error) else f"{r.error:.3f}", f"{r.within_risk}/{r.replays}",
                           f"{r.ungated:.3f}"))  # fmt: skip
     print()
@@ -576,6 +578,8 @@ def print_tables(rows: Sequence[Row], args: argparse.Namespace) -> None:
                       f"{_ci(r.auroc_ratio, '{:.1%}')}: {verdict}")  # fmt: skip
         needed = int(np.ceil((1 - args.delta) * r.replays))
         verdict = "met" if r.within_risk >= needed else "NOT met"
+        if verdict == "met" and r.answering < needed:
+            verdict = f"met only vacuously: {r.replays - r.answering} replays answered nothing"
         print(f"target {name}, N={r.n}: error <= {args.risk} in >= {needed}/{r.replays} replays: "
               f"{r.within_risk}/{r.replays}: {verdict}")  # fmt: skip
 
@@ -658,8 +662,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print_tables(rows, args)
     final = [r for r in rows if r.start == args.headline and r.n == n] or [rows[-1]]
     r = final[0]
+    risk = "n/a (nothing answered)" if np.isnan(r.error) else f"{r.error:.3f}"
     print(f"learn: after {r.n} outcomes Brier {r.brier_start[0]:.4f} -> {r.brier_learned[0]:.4f} "
-          f"(start: {STARTS[r.start]}); risk {r.error:.3f} at coverage {r.coverage:.3f}")  # fmt: skip
+          f"(start: {STARTS[r.start]}); risk {risk} at coverage {r.coverage:.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":
