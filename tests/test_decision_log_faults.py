@@ -182,3 +182,40 @@ def test_sqlite_locked_past_its_busy_timeout_is_a_bounded_failure(tmp_path: Path
         other.close()
     log.record(make())  # writable again once the lock is gone
     assert len(log) == 2
+
+
+def test_a_new_threads_connection_keeps_another_processs_reader_from_dropping_the_wal(tmp_path: Path) -> None:
+    """A thread opening its connection never closes a descriptor of the database file: that would
+    release the process's POSIX locks, SQLite's included, so another process closing the log would
+    think itself the last one and delete the WAL this process still writes to (its writes lost).
+    Seen as lost shadow decisions when ``capgate calibrate shadow`` ran beside a gate's threads."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "log.sqlite3"
+    log = DecisionLog(db)
+    log.record(make())
+    held, release = threading.Event(), threading.Event()
+
+    def keep_open() -> None:  # a worker whose connection stays open, as a shadow thread's does
+        log.record(make())
+        held.set()
+        release.wait()
+
+    worker = threading.Thread(target=keep_open)
+    worker.start()
+    held.wait()
+    later = threading.Thread(target=lambda: log.record(make()))  # a new thread opens a connection
+    later.start()
+    later.join()
+    count = "from capgate.decision import DecisionLog; log = DecisionLog({!r}); print(len(log)); log.close()"
+    subprocess.run([sys.executable, "-c", count.format(str(db))], check=True, capture_output=True)
+    for _ in range(5):
+        log.record(make())
+    release.set()
+    worker.join()
+    log.close()
+    done = subprocess.run(
+        [sys.executable, "-c", count.format(str(db))], check=True, capture_output=True, text=True
+    )
+    assert int(done.stdout) == 8

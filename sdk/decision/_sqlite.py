@@ -158,15 +158,16 @@ def ensure_private_file(path: Path) -> None:
             "sticky bit), so another user could replace the log: chmod o-w it or choose another folder",
             path=folder,
         )
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE_MODE)
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.geteuid():
-            raise DataError(
-                f"the decision log belongs to another user (uid {info.st_uid}); refusing to use it",
-                path=path,
-            )
-        if stat.S_IMODE(info.st_mode) & 0o077:
-            os.fchmod(fd, PRIVATE_FILE_MODE)
-    finally:
-        os.close(fd)
+    # An existing file is checked by name, never opened: closing a descriptor of the database file
+    # releases every POSIX lock this process holds on it, SQLite's included, and another process
+    # could then delete the WAL this one is still writing to (its later writes lost).
+    if not path.exists():
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE_MODE))
+    info = path.stat()
+    if info.st_uid != os.geteuid():
+        raise DataError(
+            f"the decision log belongs to another user (uid {info.st_uid}); refusing to use it",
+            path=path,
+        )
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        path.chmod(PRIVATE_FILE_MODE)
