@@ -179,3 +179,34 @@ def test_openai_agents_guardrail_against_the_vllm_server() -> None:
     triage = re.search(r"triage: .+\n  decision: (\w+); (handed to: (helper|reviewer)|tripped: \S)", out)
     assert triage is not None
     assert re.search(r"gate stats: calls=2 ", out)
+
+
+@pytest.mark.slow
+def test_learn_from_traffic_runs_the_whole_loop(tmp_path: Path) -> None:
+    """shadow -> graded outcomes -> calibrate -> the new version in shadow beside the current one ->
+    promote, on the embedded model: the log records each step and every decision's version."""
+    from capgate.decision import DecisionLog
+    from capgate.learn import Calibration
+
+    out = run("learn_from_traffic.py", "--work", str(tmp_path))
+    assert "1. shadow: 120 questions asked, 120 graded outcomes attached" in out
+    cal = Calibration.load(tmp_path / "calibration-1")
+    assert f"3. calibrate: kept {cal.kind!r}, version {cal.version}" in out
+    assert len(re.findall(r"^   (previous|isotonic|platt|probe) +Brier ", out, flags=re.M)) >= 3
+    assert out.count("  <- kept") == 1
+    with DecisionLog(tmp_path / "decisions.sqlite3") as log:
+        events = [(e.event, e.version) for e in log.calibration_events()]
+        rows = log.decisions()
+    assert events == [("shadow", cal.version), ("promote", cal.version)]
+    first = [r for r in rows if r.decision.shadow and r.decision.beside is None]
+    candidates = [r for r in rows if r.decision.beside is not None]
+    enforced = [r for r in rows if not r.decision.shadow]
+    assert len(first) == 120 + 40  # the shadow decisions, before and beside the candidate
+    assert all(r.decision.calibration is None for r in first)  # nothing promoted yet
+    assert len(candidates) == 40
+    assert all(r.decision.shadow and r.decision.calibration == cal.version for r in candidates)
+    assert {r.decision.beside for r in candidates} <= {r.id for r in first}
+    assert len(enforced) == 3
+    assert all(r.decision.calibration == cal.version for r in enforced)
+    assert len(re.findall(rf"^5\. \w+ under {cal.version} \(p=", out, flags=re.M)) == 3
+    assert f"target None: enforced {cal.version}" in out
