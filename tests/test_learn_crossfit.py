@@ -25,7 +25,7 @@ def _noise(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return rng.permutation(np.linspace(0.01, 0.99, n)), (rng.random(n) < 0.5).astype(float)
 
 
-def _leaky_blocks(n: int, n_splits: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _leaky_blocks(n: int, n_splits: int, groups: object = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """A planted leak: every fit also sees the block it predicts."""
     return [(np.arange(n, dtype=np.int64), block) for _, block in fold_blocks(n, n_splits)]
 
@@ -121,7 +121,7 @@ def test_planted_leak_in_the_time_split_is_seen(tmp_path: Path, monkeypatch: pyt
 
     real = calibrate_module.time_split
 
-    def leaky(n: int, holdout: float) -> crossfit_module.Split:
+    def leaky(n: int, holdout: float, groups: object = None) -> crossfit_module.Split:
         split = real(n, holdout)
         return crossfit_module.Split(train=np.arange(n, dtype=np.int64), holdout=split.holdout)
 
@@ -129,3 +129,38 @@ def test_planted_leak_in_the_time_split_is_seen(tmp_path: Path, monkeypatch: pyt
     fitted_on, held_out, _ = _held_out_fitted_on(tmp_path, monkeypatch)
     with pytest.raises(AssertionError):
         assert fitted_on.isdisjoint(held_out)
+
+
+def _recurring(n: int = 300, n_queries: int = 40, seed: int = 0) -> np.ndarray:
+    """Traffic whose queries recur, in a random order (as production traffic does)."""
+    return np.random.default_rng(seed).integers(0, n_queries, size=n).astype(str)
+
+
+def _shared(train: np.ndarray, test: np.ndarray, groups: np.ndarray) -> set[str]:
+    return set(groups[train].tolist()) & set(groups[test].tolist())
+
+
+def test_a_recurring_query_is_never_on_both_sides_of_a_split_or_a_fold() -> None:
+    """A fit that memorizes queries (a probe on their features) must be scored on queries it
+    never saw, as the next traffic's new queries will be."""
+    groups = _recurring()
+    split = time_split(len(groups), 0.3, groups)
+    assert _shared(split.train, split.holdout, groups) == set()
+    assert abs(len(split.holdout) - 90) < 40  # about the share asked for, in whole queries
+    last_seen = {g: int(np.flatnonzero(groups == g).max()) for g in set(groups.tolist())}
+    by_recency = sorted(last_seen, key=last_seen.__getitem__, reverse=True)
+    held = set(groups[split.holdout].tolist())
+    assert held == set(by_recency[: len(held)])  # the most recently seen queries, whole
+    for fitted, block in fold_blocks(len(groups), 5, groups):
+        assert _shared(fitted, block, groups) == set()
+    predicted = np.concatenate([b for _, b in fold_blocks(len(groups), 5, groups)])
+    assert sorted(predicted.tolist()) == list(range(len(groups)))
+
+
+def test_without_groups_recurring_queries_leak_across_the_split() -> None:
+    """The planted leak: the same traffic split by time alone shares queries between the sides,
+    so the check above can fail."""
+    groups = _recurring()
+    split = time_split(len(groups), 0.3)
+    assert _shared(split.train, split.holdout, groups) != set()
+    assert any(_shared(a, b, groups) for a, b in fold_blocks(len(groups), 5))

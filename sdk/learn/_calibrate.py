@@ -204,7 +204,8 @@ def _calibrate(
         allow_mixed_versions=allow_mixed_versions,
         min_outcomes=min_outcomes,
     )
-    split = time_split(len(traffic), holdout)
+    groups = traffic.groups  # a recurring query's outcomes stay on one side of every split
+    split = time_split(len(traffic), holdout, groups)
     if min(len(split.train), len(split.holdout)) < MIN_SIDE:
         raise CalibrationRefusedError(
             f"too few outcomes on one side of the time split ({len(split.train)} older, "
@@ -222,7 +223,9 @@ def _calibrate(
         bp = traffic.base_p
         for name in ("isotonic", "platt"):
             fitted = fit_map(name, bp[tr], y[tr])
-            oof = cross_fit(map_fitter(name, bp[tr], y[tr]), len(tr), n_splits=n_splits).predictions
+            within = None if groups is None else groups[tr]
+            fitter = map_fitter(name, bp[tr], y[tr])
+            oof = cross_fit(fitter, len(tr), n_splits=n_splits, groups=within).predictions
             candidates.append(
                 _Candidate(name, fitted.predict(bp[ho]), len(tr), fitted, oof, _brier(oof, y[tr]))
             )
@@ -392,5 +395,7 @@ def _probe_oof(
         return fitted.predict(X[rows[b]])
 
     oof = np.full(len(tr), np.nan)
-    oof[features.has[tr]] = cross_fit(fit_predict, len(rows), n_splits=n_splits).predictions
+    groups = traffic.groups
+    within = None if groups is None else groups[rows]
+    oof[features.has[tr]] = cross_fit(fit_predict, len(rows), n_splits=n_splits, groups=within).predictions
     return oof

@@ -5,6 +5,12 @@ The held-out part is the latest share of the traffic (what the next days look li
 random draw. Inside the older part, :func:`cross_fit` predicts each contiguous block of time
 with a map fitted on the other blocks only, so that threshold tests can use the whole window
 without scoring a map on the outcomes it learnt.
+
+Traffic repeats queries. Given ``groups`` (each decision's query), both keep every outcome of one
+query on one side: the held-out part is the most recently seen queries, whole, and a fold is the
+queries first seen in its block of time. Otherwise a fit that memorizes queries (a probe on their
+features) would be scored on outcomes of queries it was fitted on, and look better on the next
+traffic's new queries than it is.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -37,13 +44,19 @@ class Split:
     holdout: IntArray
 
 
-def time_split(n: int, holdout: float) -> Split:
+def time_split(n: int, holdout: float, groups: npt.ArrayLike | None = None) -> Split:
     """Hold out the latest ``holdout`` share of ``n`` time-ordered rows (at least one each side).
+
+    With ``groups`` (one label per row: its query), whole groups are held out, those seen most
+    recently first, until the share is reached; every row of a group is on one side.
 
     Example:
         >>> s = time_split(10, 0.3)
         >>> s.train.tolist(), s.holdout.tolist()
         ([0, 1, 2, 3, 4, 5, 6], [7, 8, 9])
+        >>> s = time_split(6, 0.3, groups=["a", "b", "a", "c", "b", "c"])
+        >>> s.train.tolist(), s.holdout.tolist()
+        ([0, 1, 2, 4], [3, 5])
     """
     if not 0.0 < holdout < 1.0:
         raise ValueError(f"`holdout` must be in (0, 1); got {holdout!r}")
@@ -51,22 +64,59 @@ def time_split(n: int, holdout: float) -> Split:
         raise ValueError(f"a time split needs at least 2 rows; got {n}")
     n_hold = min(n - 1, max(1, round(holdout * n)))
     rows = np.arange(n, dtype=np.int64)
-    return Split(train=rows[: n - n_hold], holdout=rows[n - n_hold :])
+    if groups is None:
+        return Split(train=rows[: n - n_hold], holdout=rows[n - n_hold :])
+    labels = _labels(groups, n)
+    last_seen = {g: i for i, g in enumerate(labels.tolist())}
+    held: set[Any] = set()
+    count = 0
+    by_recency = sorted(last_seen, key=last_seen.__getitem__, reverse=True)
+    sizes = dict(zip(*np.unique(labels, return_counts=True), strict=True))
+    for group in by_recency[:-1]:  # at least one group stays on the older side
+        if count >= n_hold:
+            break
+        held.add(group)
+        count += int(sizes[group])
+    in_holdout = np.array([g in held for g in labels.tolist()], dtype=bool)
+    return Split(train=rows[~in_holdout], holdout=rows[in_holdout])
 
 
-def fold_blocks(n: int, n_splits: int) -> list[tuple[IntArray, IntArray]]:
+def fold_blocks(
+    n: int, n_splits: int, groups: npt.ArrayLike | None = None
+) -> list[tuple[IntArray, IntArray]]:
     """``n_splits`` contiguous blocks of ``range(n)``: for each, (the other rows, the block).
+
+    With ``groups``, a row goes to the block where its group was first seen, so no group is on
+    both sides of a fold.
 
     Example:
         >>> [(a.tolist(), b.tolist()) for a, b in fold_blocks(5, 2)]
         [([3, 4], [0, 1, 2]), ([0, 1, 2], [3, 4])]
+        >>> [(a.tolist(), b.tolist()) for a, b in fold_blocks(5, 2, groups=["a", "b", "c", "a", "d"])]
+        [([4], [0, 1, 2, 3]), ([0, 1, 2, 3], [4])]
     """
     k = max(2, min(n_splits, n))
     rows = np.arange(n, dtype=np.int64)
+    block_of = np.empty(n, dtype=np.int64)
+    for b, block in enumerate(np.array_split(rows, k)):
+        block_of[block] = b
+    if groups is not None:
+        first: dict[Any, int] = {}
+        for i, g in enumerate(_labels(groups, n).tolist()):
+            block_of[i] = first.setdefault(g, int(block_of[i]))
     out = []
-    for block in np.array_split(rows, k):
-        out.append((np.setdiff1d(rows, block), block))
+    for b in range(k):
+        block = rows[block_of == b]
+        if len(block) and len(block) < n:
+            out.append((rows[block_of != b], block))
     return out
+
+
+def _labels(groups: npt.ArrayLike, n: int) -> npt.NDArray[Any]:
+    labels = np.asarray(groups)
+    if labels.shape != (n,):
+        raise ValueError(f"`groups` must have one label per row ({n}); got shape {labels.shape}")
+    return labels
 
 
 @dataclass(frozen=True)
@@ -82,13 +132,16 @@ class CrossFit:
     folds: tuple[tuple[IntArray, IntArray], ...]
 
 
-def cross_fit(fit_predict: Fitter, n: int, *, n_splits: int = 5) -> CrossFit:
+def cross_fit(
+    fit_predict: Fitter, n: int, *, n_splits: int = 5, groups: npt.ArrayLike | None = None
+) -> CrossFit:
     """Predict each of ``n`` rows with a fit that never saw it (contiguous blocks in time).
 
     Args:
         fit_predict: Fits on the rows it is given first and predicts the rows it is given second.
         n: Rows.
         n_splits: Blocks (fewer when there are fewer rows).
+        groups: One label per row (its query): a group's rows share a fold (see :func:`fold_blocks`).
 
     Example:
         >>> y = np.array([0.0, 1.0, 0.0, 1.0])
@@ -98,7 +151,7 @@ def cross_fit(fit_predict: Fitter, n: int, *, n_splits: int = 5) -> CrossFit:
     """
     predictions = np.full(n, np.nan)
     folds = []
-    for train, test in fold_blocks(n, n_splits):
+    for train, test in fold_blocks(n, n_splits, groups):
         predictions[test] = fit_predict(train, test)
         folds.append((train, test))
     return CrossFit(predictions=predictions, folds=tuple(folds))

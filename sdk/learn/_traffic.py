@@ -70,6 +70,7 @@ class Traffic:
         policy: The policy most of the window's decisions were made by (its name).
         has_base: Whether every decision's base confidence is known: made uncalibrated, or under a
             map that logged the raw confidence (a probe calibration's estimates have none).
+        queries: Each decision's query hash (``None`` where none was logged).
     """
 
     ids: tuple[str, ...]
@@ -85,6 +86,18 @@ class Traffic:
     excluded: dict[str, int] = field(default_factory=dict)
     policy: str | None = None
     has_base: bool = True
+    queries: tuple[str | None, ...] = ()
+
+    @property
+    def groups(self) -> npt.NDArray[np.str_] | None:
+        """One label per decision naming its query (its hash; a decision without one is its own
+        group), so that splits keep every outcome of a recurring query on one side; ``None``
+        when the decisions record no queries."""
+        if not self.queries or all(q is None for q in self.queries):
+            return None
+        pairs = zip(self.ids, self.queries, strict=True)
+        labels = [q if q is not None else f"decision:{i}" for i, q in pairs]
+        return np.array(labels)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -212,6 +225,7 @@ def read_traffic(
         excluded={k: v for k, v in excluded.items() if v},
         policy=policies.most_common(1)[0][0] if policies else None,
         has_base=all(_has_base(r) for r in usable),
+        queries=tuple(r.query_sha256 for r in usable),
     )
 
 
