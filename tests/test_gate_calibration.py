@@ -116,18 +116,26 @@ def test_an_uncalibrated_gate_records_no_version_and_keeps_the_estimators_target
 
 
 def test_a_calibration_with_thresholds_brings_its_policy_and_refuses_another(
-    tmp_path: Path, calibrations: dict[str, Calibration]
+    tmp_path: Path, calibrations: dict[str, Calibration], caplog: pytest.LogCaptureFixture
 ) -> None:
     cal = calibrations["thresholds"]
     loaded = Calibration.load(cal.path)
     assert loaded.policy is not None
     gate = Gate(estimator=Marked(), target=TARGET, calibration=loaded)
     assert gate.resolve_policy() == loaded.policy
-    with pytest.raises(SettingsError, match=rf"calibration {cal.version} carries its own thresholds"):
+    assert loaded.policy.name != "conservative"
+    with pytest.raises(SettingsError, match=rf"calibration {cal.version} carries thresholds for policy"):
         Gate(estimator=Marked(), target=TARGET, calibration=loaded, policy="conservative")
+    # the policy the thresholds were learnt for, named: the calibration's thresholds
+    named = Gate(estimator=Marked(), target=TARGET, calibration=loaded, policy=loaded.policy)
+    assert named.resolve_policy() == loaded.policy
+    # a folder (or "promoted") is read on first use: a live call never raises for it; the gate
+    # keeps the policy it names, says so, and still decides under the calibration's estimator
     folder_gate = Gate(estimator=Marked(), target=TARGET, calibration=cal.path, policy="conservative")
-    with pytest.raises(SettingsError, match="carries its own thresholds"):
-        folder_gate.assess("p=0.5")  # a folder is read on first use, and refused then
+    with caplog.at_level(logging.WARNING, logger="capgate"):
+        decided = folder_gate.assess("p=0.5").decision
+    assert (decided.policy, decided.calibration) == ("conservative", cal.version)
+    assert "keeps 'conservative'" in caplog.text
     # without thresholds, the gate's own policy stays
     plain = Gate(
         estimator=Marked(), target=TARGET, calibration=calibrations["plain"].path, policy="conservative"

@@ -195,18 +195,22 @@ class Gate:
             return self._shared.logs[key]
 
     def resolve_policy(self) -> Policy:
-        """The policy in force: the calibration's thresholds when it carries them, else the
-        ``policy`` setting (a preset or file is loaded once, then cached)."""
+        """The policy in force: a calibration's thresholds (see ``GateSettings.calibrated_policy``),
+        else the ``policy`` setting (a preset or file is loaded once, then cached)."""
         calibration = self.calibration()
-        if calibration is not None and (thresholds := self._shared.calibrations.policy(calibration)):
-            return self.settings.calibrated_policy(calibration.version, thresholds) or thresholds
-        chosen = self.settings.policy
-        if isinstance(chosen, Policy):
+        if calibration is not None and (
+            chosen := self.settings.calibrated_policy(
+                calibration.version, self._shared.calibrations.policy(calibration)
+            )
+        ):
             return chosen
-        key = str(chosen)
+        own = self.settings.policy
+        if isinstance(own, Policy):
+            return own
+        key = str(own)
         with self._shared.lock:
             if key not in self._shared.policies:
-                self._shared.policies[key] = load_policy(chosen)
+                self._shared.policies[key] = load_policy(own)
             return self._shared.policies[key]
 
     def calibration(self) -> CalibrationLike | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +15,7 @@ from capgate._types import Extractor, Mode
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.estimators.probe import Featurizer
-from capgate.policies import Policy
+from capgate.policies import Policy, load_policy
 
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
@@ -177,8 +179,10 @@ class GateSettings:
             :class:`capgate.learn.Calibration`, or ``"promoted"`` (the version the log says is in
             force for the gate's target, read when the gate first decides; nothing promoted: run
             uncalibrated). The gate uses the calibration's estimator in place of ``estimator`` and
-            its thresholds (when it carries them) as its policy; every decision records its
-            ``calibration`` version.
+            its thresholds (when it carries them) as its policy, unless ``policy`` names another
+            policy than the one they were learnt for (then the gate keeps its own, and says so
+            once on the ``capgate`` logger; refused at once for a loaded calibration); every
+            decision records its ``calibration`` version.
         shadow_calibration: A candidate calibration (as ``calibration``, or ``"candidate"``: the
             version the log has in shadow). Beside every logged decision the gate also decides
             under the candidate and logs that decision (``shadow``, with the candidate's
@@ -294,20 +298,35 @@ class GateSettings:
                 why = "reads the version from" if value == keyword else "logs its candidate decisions to"
                 raise SettingsError(f"`{name}`={value!r} {why} the decision log: pass log=...")
         if isinstance(self.calibration, CalibrationLike):
-            self.calibrated_policy(self.calibration.version, self.calibration.policy)
+            self.calibrated_policy(self.calibration.version, self.calibration.policy, at_start=True)
 
-    def calibrated_policy(self, version: str, policy: Policy | None) -> Policy | None:
-        """``policy``, the thresholds calibration ``version`` carries (``None``: none).
+    def calibrated_policy(
+        self, version: str, policy: Policy | None, *, at_start: bool = False
+    ) -> Policy | None:
+        """The policy a gate under calibration ``version`` decides by: its thresholds (``policy``)
+        when the gate's ``policy`` was left at the default or names the policy they were learnt
+        for; ``None`` (keep the gate's own policy, and say so once on the ``capgate`` logger) when
+        the gate names another one. A promotion never makes a running gate raise.
 
         Raises:
-            SettingsError: It carries thresholds and a non-default ``policy`` was also given.
+            SettingsError: ``at_start`` (a calibration given loaded, so known when the gate is
+                built) and the gate names another policy than the one its thresholds are for.
         """
-        if policy is not None and not (isinstance(self.policy, str) and self.policy == DEFAULT_POLICY):
-            raise SettingsError(
-                f"calibration {version} carries its own thresholds (policy.yaml), and "
-                f"`policy`={self.policy!r} was also given: pass one of them"
-            )
-        return policy
+        if policy is None or (isinstance(self.policy, str) and self.policy == DEFAULT_POLICY):
+            return policy
+        own = _policy_name(self.policy)
+        if own == policy.name:
+            return policy
+        message = (
+            f"calibration {version} carries thresholds for policy {policy.name!r}, and the gate "
+            f"names policy {own!r}"
+        )
+        if at_start:
+            raise SettingsError(f"{message}: pass one of them")
+        if (version, own) not in _KEPT_POLICY_WARNED:
+            _KEPT_POLICY_WARNED.add((version, own))
+            _LOG.warning("%s: the gate keeps %r (the calibration's estimator still applies)", message, own)
+        return None
 
     def target_check(self, estimator: CapabilityEstimator) -> tuple[str | None, bool]:
         """The model a decision is about, and whether it overrides the estimator's own target.
@@ -354,3 +373,17 @@ def given_settings(**values: Any) -> dict[str, Any]:
     if unknown:
         raise SettingsError(f"unknown gate setting(s): {', '.join(unknown)}")
     return {k: v for k, v in values.items() if v is not UNSET and v != getattr(defaults, k)}
+
+
+_LOG = logging.getLogger("capgate")
+_KEPT_POLICY_WARNED: set[tuple[str, str]] = set()
+
+
+@functools.lru_cache(maxsize=64)
+def _loaded_name(policy: str) -> str:
+    return load_policy(policy).name
+
+
+def _policy_name(policy: PolicyLike) -> str:
+    """The name of a policy setting (a preset or file is read once)."""
+    return policy.name if isinstance(policy, Policy) else _loaded_name(str(policy))
