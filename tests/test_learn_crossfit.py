@@ -164,3 +164,38 @@ def test_without_groups_recurring_queries_leak_across_the_split() -> None:
     split = time_split(len(groups), 0.3)
     assert _shared(split.train, split.holdout, groups) != set()
     assert any(_shared(a, b, groups) for a, b in fold_blocks(len(groups), 5))
+
+
+def test_thresholds_are_tested_over_queries_when_queries_recur(tmp_path: Path) -> None:
+    """A recurring query's outcomes are not independent trials: Learn-then-Test then counts
+    queries (each its mean outcome), not outcomes, and says so; distinct queries keep the test
+    over outcomes."""
+    from datetime import timedelta
+
+    from _learn_traffic import START
+
+    from capgate import Decision, Estimate
+
+    rng = np.random.default_rng(5)
+    n_queries, rounds = 60, 8
+    mu = rng.uniform(0.0, 1.0, n_queries)
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        i = 0
+        for _ in range(rounds):
+            for q in rng.permutation(n_queries):
+                estimate = Estimate(p=float(mu[q]), method="verbalized")
+                d = Decision(action="answer", estimate=estimate, reason="test", target="m",
+                             created_at=START + timedelta(minutes=i))  # fmt: skip
+                log.record(d, query=f"question {q}")
+                log.record_outcome(d.id, correct=bool(rng.random() < mu[q]))
+                i += 1
+        result = calibrate(log, out=tmp_path / "cal", risk=0.2, delta=0.1, probe=False)
+    said = [n for n in result.notes if "distinct queries" in n]
+    assert said
+    assert f"over {n_queries} distinct queries" in said[0]
+    assert f"not the {n_queries * rounds} outcomes" in said[0]
+    with DecisionLog(tmp_path / "distinct.sqlite3") as log:
+        p, y = _noise(200, seed=4)
+        log_traffic(log, p, y)
+        plain = calibrate(log, out=tmp_path / "plain", risk=0.4, delta=0.1, probe=False)
+    assert not [n for n in plain.notes if "distinct queries" in n]

@@ -35,6 +35,22 @@ def _floor(traffic: Traffic, fitted: Any, kind: str) -> float:
     return float(traffic.p[enforced].min())
 
 
+def _per_query(conf: FloatArray, traffic: Traffic) -> tuple[FloatArray, FloatArray] | None:
+    """One row per query when queries recur (the mean confidence and the mean outcome of its
+    decisions, skipping NaN confidences), else ``None``."""
+    groups = traffic.groups
+    if groups is None:
+        return None
+    keep = ~np.isnan(conf)
+    labels, index = np.unique(groups[keep], return_inverse=True)
+    if len(labels) == int(keep.sum()):
+        return None
+    counts = np.bincount(index).astype(np.float64)
+    mean_conf = np.bincount(index, weights=conf[keep]) / counts
+    mean_y = np.bincount(index, weights=traffic.y[keep]) / counts
+    return mean_conf, mean_y
+
+
 def certify(
     conf: FloatArray,
     traffic: Traffic,
@@ -65,7 +81,19 @@ def certify(
     from capgate.decision.risk import calibrate_threshold
     from capgate.policies import PRESETS
 
-    result = calibrate_threshold(conf, traffic.y, alpha=risk, delta=delta, seed=seed)
+    per_query = _per_query(conf, traffic)
+    if per_query is None:
+        result = calibrate_threshold(conf, traffic.y, alpha=risk, delta=delta, seed=seed)
+    else:  # outcomes of one query are not independent trials: test over queries, not outcomes
+        q_conf, q_mu = per_query
+        result = calibrate_threshold(
+            q_conf, q_mu, alpha=risk, delta=delta, pvalue="hoeffding-bentkus", loss="expected", seed=seed
+        )
+        notes.append(
+            f"thresholds tested over {len(q_mu)} distinct queries (their mean outcome each, "
+            f"Hoeffding-Bentkus), not the {len(traffic)} outcomes: a recurring query's outcomes are "
+            "not independent trials"
+        )
     info: dict[str, Any] = {
         **risk_summary(result),
         "certified": result.threshold,  # before any floor
