@@ -444,13 +444,15 @@ class Recalibrated(CapabilityEstimator):
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Save the calibrator (and the base method's name) as JSON; save the base separately."""
+        self.save_map(path, self.calibrator, base_method=self.estimator.method)
+
+    @staticmethod
+    def save_map(path: str | os.PathLike[str], calibrator: Calibrator, *, base_method: str) -> None:
+        """Save what :meth:`save` saves, for a fitted ``calibrator`` of ``base_method``'s
+        confidences, without the base estimator at hand (:meth:`load` puts it on one)."""
         write_json(
             Path(path),
-            {
-                "format": _RECALIBRATED_FORMAT,
-                "base_method": self.estimator.method,
-                "calibrator": self.calibrator.to_json(),
-            },
+            {"format": _RECALIBRATED_FORMAT, "base_method": base_method, "calibrator": calibrator.to_json()},
         )
 
     @classmethod

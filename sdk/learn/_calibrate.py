@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -40,9 +39,6 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from capgate._types import Estimate
-from capgate.backend import Prompt
-from capgate.estimators.base import CapabilityEstimator
 from capgate.learn._artefact import CALIBRATOR_FILE, POLICY_FILE, Calibration, Kind, write_calibration
 from capgate.learn._crossfit import cross_fit, fit_map, map_fitter, time_split
 from capgate.learn._probe import LoggedFeatureSet, fit_probe, logged_features
@@ -310,7 +306,7 @@ def _calibrate(
         elif kind in ("isotonic", "platt"):
             from capgate.estimators import Recalibrated
 
-            Recalibrated(_Named(traffic.method), winner.fitted).save(folder / CALIBRATOR_FILE)
+            Recalibrated.save_map(folder / CALIBRATOR_FILE, winner.fitted, base_method=traffic.method)
         elif kind == "probe":
             winner.fitted.save(folder)
         if policy_yaml is not None:
@@ -326,16 +322,6 @@ def _features_summary(features: LoggedFeatureSet | None) -> dict[str, Any] | Non
     if features is None:
         return None
     return {"spec_sha256": features.spec_sha256, "n": int(features.has.sum())}
-
-
-class _Named(CapabilityEstimator):
-    """Stands for the base estimator where only its method name is needed (saving a map)."""
-
-    def __init__(self, method: str) -> None:
-        self.method = method
-
-    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
-        raise NotImplementedError("a name only")
 
 
 def _estimator_files(calibration: Calibration) -> list[str]:
