@@ -662,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print_tables(rows, args)
     final = [r for r in rows if r.start == args.headline and r.n == n] or [rows[-1]]
     r = final[0]
-    risk = "n/a (nothing answered)" if np.isnan(r.error) else f"{r.error:.3f}"
+    risk = "n/a" if np.isnan(r.error) else f"{r.error:.3f}"  # n/a: nothing answered (coverage 0)
     print(f"learn: after {r.n} outcomes Brier {r.brier_start[0]:.4f} -> {r.brier_learned[0]:.4f} "
           f"(start: {STARTS[r.start]}); risk {risk} at coverage {r.coverage:.3f}")  # fmt: skip
 
