@@ -86,6 +86,16 @@ def _postgres_url(given: str | None) -> tuple[str, Path | None]:
     return done.stdout.strip(), state
 
 
+def _stop_postgres(state: Path) -> None:
+    """Stop the server :func:`_postgres_url` started (its state folder)."""
+    subprocess.run(
+        ["bash", str(REPO / "scripts/postgres-server.sh"), "stop"],
+        env={**os.environ, "CAPGATE_PG_STATE_DIR": str(state)},
+        capture_output=True,
+        check=False,
+    )
+
+
 def _fresh_schema(url: str) -> str:
     import psycopg
 
@@ -131,12 +141,7 @@ def main() -> None:
                 print(f"calibration report (window 1000, {len(reports)} methods): {took * 1000:.1f} ms\n")
     finally:
         if started is not None:
-            subprocess.run(
-                ["bash", str(REPO / "scripts/postgres-server.sh"), "stop"],
-                env={**os.environ, "CAPGATE_PG_STATE_DIR": str(started)},
-                capture_output=True,
-                check=False,
-            )
+            _stop_postgres(started)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from capgate import Estimate
 from capgate.decision import Decision, DecisionLog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decision_log_bench import REPO, _fresh_schema, _postgres_url
+from decision_log_bench import _fresh_schema, _postgres_url, _stop_postgres
 
 
 def _default_spec() -> dict[str, Any]:
@@ -153,12 +152,7 @@ def main() -> None:
             )
     finally:
         if started is not None:
-            subprocess.run(
-                ["bash", str(REPO / "scripts/postgres-server.sh"), "stop"],
-                env={**os.environ, "CAPGATE_PG_STATE_DIR": str(started)},
-                capture_output=True,
-                check=False,
-            )
+            _stop_postgres(started)
     print(
         "\ndecisions/s: log.record, one transaction each (for reference)\n"
         "bytes/decision: on disk per logged decision without features (query hash, no text)\n"
