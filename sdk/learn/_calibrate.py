@@ -237,7 +237,8 @@ def _calibrate(
             probe_candidate = _probe_candidate(features, traffic, tr, ho, seed, log.location, notes)
             if probe_candidate is not None:
                 candidates.append(probe_candidate)
-    rows = _table(candidates, y[ho])
+    held_groups = None if groups is None else groups[ho]
+    rows = _table(candidates, y[ho], held_groups)
     best = best_challenger(rows)
     if best is not None and best.candidate == "probe" and best.diff_high < 0:  # its veto check
         assert features is not None
@@ -245,7 +246,7 @@ def _calibrate(
         found.train_oof = _probe_oof(features, traffic, tr, n_splits, seed, log.location)
         known = ~np.isnan(found.train_oof)
         found.crossfit_brier = _brier(found.train_oof[known], y[tr][known])
-        rows = _table(candidates, y[ho])
+        rows = _table(candidates, y[ho], held_groups)
     winner_name, rows = select(rows)
     winner = next(c for c in candidates if c.name == winner_name)
     kind: Kind = "identity" if winner_name == PREVIOUS else cast(Kind, winner_name)
@@ -347,6 +348,7 @@ def _probe_candidate(
     if len(train_rows) < MIN_SIDE * 2:
         notes.append(f"no probe candidate: {len(train_rows)} older decisions have features; it needs 20")
         return None
+    groups = traffic.groups
     fitted = fit_probe(
         features.X[train_rows],
         traffic.y[train_rows],
@@ -354,16 +356,20 @@ def _probe_candidate(
         target=traffic.target,
         source=f"decision log {location}",
         seed=seed,
+        groups=None if groups is None else groups[train_rows],
     )
     return _Candidate("probe", fitted.predict(features.X[ho]), len(train_rows), fitted)
 
 
-def _table(candidates: list[_Candidate], y_holdout: FloatArray) -> list[HeldOutRow]:
+def _table(
+    candidates: list[_Candidate], y_holdout: FloatArray, groups: npt.NDArray[np.str_] | None
+) -> list[HeldOutRow]:
     return table_rows(
         y_holdout,
         {c.name: c.holdout for c in candidates},
         n_fit={c.name: c.n_fit for c in candidates},
         crossfit_brier={c.name: c.crossfit_brier for c in candidates},
+        groups=groups,
     )
 
 
@@ -376,12 +382,16 @@ def _probe_oof(
     rows = tr[features.has[tr]]
     spec, source = features.spec, f"decision log {location}"
 
+    groups = traffic.groups
+
     def fit_predict(a: IntArray, b: IntArray) -> FloatArray:
-        fitted = fit_probe(X[rows[a]], y[rows[a]], spec=spec, target=traffic.target, source=source, seed=seed)
+        by = None if groups is None else groups[rows[a]]
+        fitted = fit_probe(
+            X[rows[a]], y[rows[a]], spec=spec, target=traffic.target, source=source, seed=seed, groups=by
+        )
         return fitted.predict(X[rows[b]])
 
     oof = np.full(len(tr), np.nan)
-    groups = traffic.groups
     within = None if groups is None else groups[rows]
     oof[features.has[tr]] = cross_fit(fit_predict, len(rows), n_splits=n_splits, groups=within).predictions
     return oof

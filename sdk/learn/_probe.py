@@ -5,6 +5,11 @@ The trainer is ``capgate probe fit``'s: :class:`LinearProbe` with its learning-r
 early stopping chosen on a validation share *inside* the data it is given (nested: the held-out
 outcomes never choose its learning rate or its epoch), saved as the same safetensors + JSON
 artefact with the reader's spec and the target recorded.
+
+When queries recur, the probe is fitted on one row per query (its mean outcome: its µ̂ on this
+traffic), as ``capgate probe fit`` is on harvested µ̂. Fitted on the raw outcomes instead, its
+early-stopping share would hold outcomes of queries it trains on, and it would stop late, fitted
+to the recurring queries rather than to what generalizes to new ones.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
     from capgate.estimators.probe import LinearProbe
 
-__all__ = ["LoggedFeatureSet", "fit_probe", "logged_features"]
+__all__ = ["LoggedFeatureSet", "by_query", "fit_probe", "logged_features"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -93,11 +98,19 @@ def fit_probe(
     target: str | None,
     source: str,
     seed: int,
+    groups: npt.ArrayLike | None = None,
 ) -> LinearProbe:
     """``capgate probe fit``'s trainer on logged features and outcomes (lr swept, early stopping
-    on a seeded 10% share of what it is given), recording the reader spec and the target."""
+    on a seeded 10% share of what it is given), recording the reader spec and the target.
+
+    With ``groups`` (one label per outcome: its query), it is fitted on one row per query: the
+    query's mean outcome and its features (their mean, should a query's rows differ)."""
     from capgate.estimators import ProbeTarget
     from capgate.estimators.probe import LinearProbe
+
+    if groups is not None:
+        X, y = by_query(X, y, groups)
+        source = f"{source} ({len(y)} queries)"
 
     probe = LinearProbe(lr="sweep", validation_fraction=0.1, random_state=seed)
     with warnings.catch_warnings():
@@ -110,3 +123,30 @@ def fit_probe(
             target=None if target is None else ProbeTarget(model=target),
         )
     return probe
+
+
+def by_query(
+    X: npt.NDArray[np.float32], y: FloatArray, groups: npt.ArrayLike
+) -> tuple[npt.NDArray[np.float32], FloatArray]:
+    """One row per group (in order of first appearance): the mean of its feature rows and of its
+    outcomes.
+
+    Example:
+        >>> X = np.array([[1.0], [2.0], [1.0]], dtype=np.float32)
+        >>> Xq, yq = by_query(X, np.array([1.0, 0.0, 0.0]), ["a", "b", "a"])
+        >>> Xq.ravel().tolist(), yq.tolist()
+        ([1.0, 2.0], [0.5, 0.0])
+    """
+    labels = np.asarray(groups)
+    if labels.shape != (len(y),):
+        raise ValueError(f"`groups` must have one label per outcome ({len(y)}); got shape {labels.shape}")
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # unique() sorts labels; keep first-seen order
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    row = rank[inverse]
+    counts = np.bincount(row, minlength=order.size).astype(np.float64)
+    y_q = np.bincount(row, weights=np.asarray(y, dtype=np.float64), minlength=order.size) / counts
+    X_q = np.zeros((order.size, X.shape[1]), dtype=np.float64)
+    np.add.at(X_q, row, X.astype(np.float64))
+    return (X_q / counts[:, None]).astype(np.float32), y_q
