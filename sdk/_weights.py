@@ -23,7 +23,6 @@ MODEL_METADATA_FILE = "capgate_model.json"
 """Written into every folder capgate converts: model id, weights fingerprint, source."""
 
 _HASH_CACHE_FILE = "file-sha256.json"
-_CHUNK = 8 << 20
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -47,6 +46,12 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """The sha256 (hex) of a file's contents, read in blocks and never cached (see :func:`file_sha256`)."""
+    with Path(path).open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -80,11 +85,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         digest = entry.get("sha256")
         if isinstance(digest, str) and _HEX64.fullmatch(digest):
             return digest
-    hasher = hashlib.sha256()
-    with resolved.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            hasher.update(chunk)
-    digest = hasher.hexdigest()
+    digest = sha256_file(resolved)
     known[key] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
     with contextlib.suppress(OSError):  # a read-only cache only costs a re-hash next time
         atomic_write_json(store, known)

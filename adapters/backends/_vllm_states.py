@@ -9,7 +9,6 @@ torch only for bfloat16 files.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
+from capgate._weights import weights_fingerprint
 from capgate.errors import BackendError
 
 Pooling: TypeAlias = Literal["last", "mean"]
@@ -75,26 +75,8 @@ def pool_hidden_states(states: np.ndarray, prompt_len: int, pooling: Pooling) ->
 
 
 def folder_fingerprint(folder: Path) -> str:
-    """The weights digest :mod:`capgate.models` records, computed the same way when it is absent."""
-    import importlib
-
-    try:
-        models = importlib.import_module("capgate.models")
-    except ImportError:
-        pass
-    else:
-        return str(models.weights_fingerprint(folder))
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no *.safetensors weights to fingerprint")
-    combined = hashlib.sha256()
-    for file in files:
-        digest = hashlib.sha256()
-        with file.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        combined.update(f"{file.name}\0{digest.hexdigest()}\n".encode())
-    return f"safetensors-sha256:{combined.hexdigest()}"
+    """The weights digest :mod:`capgate.models` records (:func:`capgate.models.weights_fingerprint`)."""
+    return weights_fingerprint(folder)
 
 
 def _model_id(folder: Path, model: str) -> str:

@@ -7,7 +7,6 @@ prediction, saving and loading are numpy + safetensors only.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate._atomic import atomic_path
+from capgate._weights import sha256_file
 from capgate.errors import DataError
 from capgate.estimators._common import (
     FloatArray,
@@ -418,12 +418,3 @@ def as_target(value: object) -> ProbeTarget | None:
     if isinstance(value, Mapping):
         return ProbeTarget.model_validate(dict(value))
     raise TypeError(f"`target` must be a ProbeTarget, a mapping or None; got {value!r}")
-
-
-def sha256_file(path: Path) -> str:
-    """The SHA-256 of a file, read in blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -25,9 +25,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from capgate._weights import sha256_file
 from capgate.errors import DataError
 from capgate.estimators._common import read_json, spec_as_dict
-from capgate.estimators._linear_probe import META_FILE, WEIGHTS_FILE, sha256_file
+from capgate.estimators._linear_probe import META_FILE, WEIGHTS_FILE
 from capgate.estimators.probe import ProbeEstimator
 
 __all__ = ["estimator_fingerprint", "probe_fingerprint"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from capgate._atomic import fsync_dir
+from capgate._weights import sha256_file
 from capgate.errors import DataError, ProbeMismatchError
 
 if TYPE_CHECKING:
@@ -40,14 +41,6 @@ CALIBRATION_FILE = "calibration.json"
 CALIBRATOR_FILE = "calibrator.json"
 POLICY_FILE = "policy.yaml"
 _IGNORE_SPEC = ("dtype",)  # a reader pass's dtype, as load_estimator allows
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _canonical(payload: Any) -> bytes:
@@ -108,7 +101,7 @@ def write_calibration(
     tmp.mkdir(mode=0o700)
     try:
         write_files(tmp)
-        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         content = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -207,7 +200,7 @@ class Calibration:
             file = folder / str(name)
             if not file.is_file():
                 raise DataError("missing (listed in calibration.json)", path=file)
-            if _sha256(file) != digest:
+            if sha256_file(file) != digest:
                 raise DataError("does not match the SHA-256 recorded in calibration.json", path=file)
         content = {k: v for k, v in payload.items() if k not in ("version", "written_at")}
         version = payload.get("version")
