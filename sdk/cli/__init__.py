@@ -7,15 +7,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-import typer
+from capgate.cli._common import command_group
 
-app = typer.Typer(
-    name="capgate",
-    help="Predict an LLM's capability on queries, report calibration, and act on it.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+app = command_group("capgate", "Predict an LLM's capability on queries, report calibration, and act on it.")
 
 
 def _register_commands() -> None:

@@ -16,11 +16,11 @@ from capgate.errors import CapgateError
 __all__ = [
     "EXIT_BAD_INPUT",
     "check_option",
+    "command_group",
     "console",
     "fail",
     "parse_int_list",
     "run_reporting_errors",
-    "sub_app",
     "write_json",
 ]
 
@@ -33,12 +33,14 @@ def console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 200)
 
 
-def sub_app(name: str, description: str) -> typer.Typer:
-    """A ``capgate <name>`` command group: help when called bare, no completion or pretty tracebacks."""
+def command_group(name: str, description: str, *, invoke_without_command: bool = False) -> typer.Typer:
+    """A command group (``capgate`` or ``capgate <name>``): no completion or pretty tracebacks; called
+    bare it shows its help, or with ``invoke_without_command`` runs its own callback."""
     return typer.Typer(
         name=name,
         help=description,
-        no_args_is_help=True,
+        invoke_without_command=invoke_without_command,
+        no_args_is_help=not invoke_without_command,
         add_completion=False,
         pretty_exceptions_enable=False,
     )

@@ -15,17 +15,14 @@ from typing import Annotated, Any
 
 import typer
 
-from capgate.cli._common import fail, run_reporting_errors
+from capgate.cli._common import command_group, fail, run_reporting_errors
 
 __all__ = ["calibrate_app", "register"]
 
-calibrate_app = typer.Typer(
-    name="calibrate",
-    help="Learn a calibration from the decision log's outcomes; shadow, promote or roll it back.",
+calibrate_app = command_group(
+    "calibrate",
+    "Learn a calibration from the decision log's outcomes; shadow, promote or roll it back.",
     invoke_without_command=True,
-    no_args_is_help=False,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
 
 DbOpt = Annotated[

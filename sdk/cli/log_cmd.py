@@ -11,14 +11,14 @@ from rich.console import Console
 from rich.table import Table
 
 from capgate._validate import check_int_at_least, check_non_negative_number, check_unit_interval
-from capgate.cli._common import check_option, fail, sub_app
+from capgate.cli._common import check_option, command_group, fail
 from capgate.decision.log import DecisionLog, default_log_path, is_database_url
 from capgate.errors import CapgateError
 
 __all__ = ["log_app", "register"]
 
 
-log_app = sub_app("log", "Read the decision log and attach outcomes to logged decisions.")
+log_app = command_group("log", "Read the decision log and attach outcomes to logged decisions.")
 
 DbOption = Annotated[
     str | None,

@@ -8,12 +8,12 @@ from typing import Annotated, cast, get_args
 
 import typer
 
-from capgate.cli._common import EXIT_BAD_INPUT, sub_app
+from capgate.cli._common import EXIT_BAD_INPUT, command_group
 from capgate.errors import DataError
 
 __all__ = ["policy_app", "register"]
 
-policy_app = sub_app(
+policy_app = command_group(
     "policy", "Policy files: print the JSON Schema, validate files, calibrate a risk-controlled threshold."
 )
 
