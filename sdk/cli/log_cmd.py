@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from capgate._validate import check_int_at_least, check_non_negative_number, check_unit_interval
-from capgate.cli._common import check_option, command_group, fail
+from capgate.cli._common import check_option, command_group, fail, run_reporting_errors
 from capgate.decision.log import DecisionLog, default_log_path, is_database_url
 from capgate.errors import CapgateError
 
@@ -160,8 +160,8 @@ def outcome(
     if latency is not None:
         check_option(check_non_negative_number, "--latency", latency)
     with open_existing_log(db) as log:
-        try:
-            stored = log.record_outcome(
+        stored = run_reporting_errors(
+            lambda: log.record_outcome(
                 decision_id,
                 correct=flag,
                 mu_hat=mu_hat,
@@ -173,8 +173,7 @@ def outcome(
                 latency_s=latency,
                 replace=replace,
             )
-        except (CapgateError, ValueError) as exc:
-            fail(str(exc))
+        )
     said = {"correct": stored.correct, "mu_hat": stored.mu_hat, "k": stored.k, "score": stored.score}
     parts = " ".join(
         f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"

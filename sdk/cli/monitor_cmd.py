@@ -11,13 +11,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from capgate.cli._common import run_reporting_errors
 from capgate.cli.log_cmd import DbOption, open_existing_log
 from capgate.decision.monitor import MethodReport, calibration_report
-from capgate.errors import CapgateError
 
 __all__ = ["monitor", "register"]
 
-EXIT_BAD_INPUT = 2
 EXIT_DRIFT = 1
 
 
@@ -99,8 +98,8 @@ def monitor(
     reports: list[MethodReport] = []
     try:
         while True:
-            try:
-                reports = calibration_report(
+            reports = run_reporting_errors(
+                lambda: calibration_report(
                     log,
                     window=window,
                     method=method,
@@ -109,9 +108,7 @@ def monitor(
                     brier_tolerance=brier_tolerance,
                     z_threshold=z_threshold,
                 )
-            except (CapgateError, ValueError) as exc:
-                typer.echo(f"error: {exc}", err=True)
-                raise typer.Exit(EXIT_BAD_INPUT) from None
+            )
             if as_json:
                 typer.echo(json.dumps([r.model_dump(mode="json") for r in reports], ensure_ascii=False))
             else:
