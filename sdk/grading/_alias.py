@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import string
 import unicodedata
+from dataclasses import dataclass
 
 from capgate._text import last_boxed
 from capgate.datasets import DatasetItem
@@ -59,6 +60,7 @@ def final_answer_text(response: str) -> str | None:
     return span or None
 
 
+@dataclass(kw_only=True, eq=False)
 class AliasGrader(Grader):
     """Accepts a short answer equal to any reference alias after :func:`normalize_text`.
 
@@ -75,12 +77,7 @@ class AliasGrader(Grader):
     """
 
     kind = "alias"
-
-    def __init__(self, *, contains: bool = False) -> None:
-        self.contains = contains
-
-    def __repr__(self) -> str:
-        return f"AliasGrader(contains={self.contains})"
+    contains: bool = False
 
     def extract(self, response: str) -> str | None:
         span = final_answer_text(response)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from capgate._text import last_boxed
@@ -97,6 +98,7 @@ def _equivalent(reference: str, answer: str, timeout_s: int | None) -> bool:
     return bool(_math_verify().verify(list(gold), list(pred), timeout_seconds=timeout_s))
 
 
+@dataclass(kw_only=True, eq=False)
 class MathGrader(Grader):
     """Accepts a final ``\\boxed{}`` answer equivalent to a LaTeX reference.
 
@@ -121,17 +123,9 @@ class MathGrader(Grader):
     """
 
     kind = "math"
-
-    def __init__(self, *, symbolic: bool = True, timeout_s: int = 5, max_symbolic_chars: int = 500) -> None:
-        self.symbolic = symbolic
-        self.timeout_s = timeout_s
-        self.max_symbolic_chars = max_symbolic_chars
-
-    def __repr__(self) -> str:
-        return (
-            f"MathGrader(symbolic={self.symbolic}, timeout_s={self.timeout_s}, "
-            f"max_symbolic_chars={self.max_symbolic_chars})"
-        )
+    symbolic: bool = True
+    timeout_s: int = 5
+    max_symbolic_chars: int = 500
 
     def extract(self, response: str) -> str | None:
         boxed = last_boxed(response)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from fractions import Fraction
 
 from capgate._text import last_boxed
@@ -72,6 +73,7 @@ def parse_number(text: str) -> float | None:
     return float(values[0]) if len(values) == 1 else None
 
 
+@dataclass(kw_only=True, eq=False)
 class NumericGrader(Grader):
     """Accepts a final number within a tolerance of a numeric reference.
 
@@ -91,13 +93,8 @@ class NumericGrader(Grader):
     """
 
     kind = "numeric"
-
-    def __init__(self, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> None:
-        self.rel_tol = rel_tol
-        self.abs_tol = abs_tol
-
-    def __repr__(self) -> str:
-        return f"NumericGrader(rel_tol={self.rel_tol}, abs_tol={self.abs_tol})"
+    rel_tol: float = 1e-6
+    abs_tol: float = 1e-9
 
     def extract(self, response: str) -> str | None:
         boxed = last_boxed(response)
