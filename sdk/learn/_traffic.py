@@ -121,6 +121,13 @@ def _label(values: Counter[Any]) -> str:
     return ", ".join(f"{k if k is not None else 'none'}: {n}" for k, n in sorted(values.items(), key=str))
 
 
+def _the_only(values: Counter[Any], several: str, way_out: str, where: str) -> Any:
+    """The one value counted (``None`` when none is); several are refused, naming them."""
+    if len(values) > 1:
+        raise CalibrationRefusedError(f"the window holds {several} ({_label(values)}); {way_out}", path=where)
+    return next(iter(values), None)
+
+
 def read_traffic(
     log: DecisionLog,
     *,
@@ -155,13 +162,9 @@ def read_traffic(
             kept.append(row)
     targets = Counter(r.decision.target for r in kept if r.value is not None)
     if target is None:
-        if len(targets) > 1:
-            raise CalibrationRefusedError(
-                f"the window holds outcomes of several targets ({_label(targets)}); "
-                "calibrate one at a time: pass target (--target)",
-                path=where,
-            )
-        target = next(iter(targets), None)
+        target = _the_only(
+            targets, "outcomes of several targets", "calibrate one at a time: pass target (--target)", where
+        )
     elif target not in targets:
         found = _label(targets) if targets else "no outcomes at all"
         raise CalibrationRefusedError(
@@ -176,13 +179,12 @@ def read_traffic(
     kept = [r for r in kept if r.decision.target == target]
     methods = Counter(base_method(r.method) for r in kept if r.value is not None and r.p is not None)
     if method is None:
-        if len(methods) > 1:
-            raise CalibrationRefusedError(
-                f"the window holds estimates of several methods ({_label(methods)}); "
-                "a calibration maps one estimator's: pass method (--method)",
-                path=where,
-            )
-        method = next(iter(methods), None)
+        method = _the_only(
+            methods,
+            "estimates of several methods",
+            "a calibration maps one estimator's: pass method (--method)",
+            where,
+        )
     if method is None or method not in methods:
         found = _label(methods) if methods else "none"
         raise CalibrationRefusedError(
