@@ -200,25 +200,10 @@ class _DecisionModel(Model):
             item = _handoff_call(by_agent[name])
         return ModelResponse(output=[item], usage=Usage(), response_id=None)
 
-    async def stream_response(
-        self,
-        system_instructions: str | None,
-        input: str | list[TResponseInputItem],
-        model_settings: ModelSettings,
-        tools: list[Tool],
-        output_schema: AgentOutputSchemaBase | None,
-        handoffs: list[Handoff],
-        tracing: ModelTracing,
-        *,
-        previous_response_id: str | None,
-        conversation_id: str | None,
-        prompt: ResponsePromptParam | None,
-    ) -> AsyncIterator[TResponseStreamEvent]:
-        """The same decision as one completed event (``Runner.run_streamed``)."""
-        got = await self.get_response(
-            system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
-            previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt,
-        )  # fmt: skip
+    async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
+        """The same decision as one completed event (``Runner.run_streamed``); it takes
+        :meth:`get_response`'s arguments (the SDK's ``Model`` signature) and passes them on."""
+        got = await self.get_response(*args, **kwargs)
         response = Response(
             id=f"resp_capgate_{uuid.uuid4().hex[:16]}", created_at=time.time(), model="capgate-triage",
             object="response", output=got.output, tool_choice="none", tools=[], top_p=None,
