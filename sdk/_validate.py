@@ -6,6 +6,7 @@ reads the same way: what was expected and what was got (``"`n` must be a positiv
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -108,6 +109,14 @@ def check_number_in(name: str, value: float, low: float, high: float, *, open_en
         interval = f"({low:g}, {high:g})" if open_ends else f"[{low:g}, {high:g}]"
         raise ValueError(f"`{name}` must be a number in {interval}; got {value!r}")
     return float(value)
+
+
+def check_choice(name: str, value: object, choices: Sequence[str]) -> None:
+    """A setting that must be one of ``choices`` (a ``Literal`` option such as a mode or a solver)."""
+    if value not in choices:
+        *most, last = (repr(choice) for choice in choices)
+        listed = f"{', '.join(most)} or {last}" if most else last
+        raise ValueError(f"`{name}` must be {listed}; got {value!r}")
 
 
 def as_correct_and_k(correct: ArrayLike, k: ArrayLike | int, n: int) -> tuple[IntArray, IntArray]:

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 
 from tenacity import AsyncRetrying, Retrying
 
+from capgate._validate import check_choice
 from capgate.adapters.backends._breaker import CircuitBreaker
 from capgate.adapters.backends._openai_retry import (
     as_backend_error,
@@ -131,8 +132,7 @@ class OpenAIBackend:
     ) -> None:
         if not model:
             raise ValueError("`model` must be a non-empty model name; got ''")
-        if api not in ("chat", "responses"):
-            raise ValueError(f"`api` must be 'chat' or 'responses'; got {api!r}")
+        check_choice("api", api, ("chat", "responses"))
         if not timeout > 0:
             raise ValueError(f"`timeout` must be positive; got {timeout!r}")
         if max_retries < 0:

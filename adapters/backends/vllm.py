@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
+from capgate._validate import check_choice
 from capgate.adapters.backends import vllm_hidden_states as _hidden_states
 from capgate.adapters.backends._usage import logaddexp as _logaddexp
 from capgate.adapters.backends.vllm_hidden_states import (
@@ -304,8 +305,7 @@ class VLLMFeaturizer(_LazyEngine, _hidden_states.HiddenStateLayers):
         max_model_len: int | None = None,
         llm_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if pooling not in ("last", "mean"):
-            raise ValueError(f"`pooling` must be 'last' or 'mean'; got {pooling!r}")
+        check_choice("pooling", pooling, ("last", "mean"))
         _hidden_states.check_layers(layers)
         self.model = model
         self.layers = layers

@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from capgate._validate import check_choice
 from capgate.adapters.backends._vllm_states import (
     HiddenStateLayers,
     Pooling,
@@ -207,8 +208,7 @@ class VLLMServerFeaturizer(HiddenStateLayers):
         weights_fingerprint: str | None = None,
         timeout: float = 120.0,
     ) -> None:
-        if pooling not in ("last", "mean"):
-            raise ValueError(f"`pooling` must be 'last' or 'mean'; got {pooling!r}")
+        check_choice("pooling", pooling, ("last", "mean"))
         if isinstance(layers, str) and layers != "all":
             raise ValueError(f"a server featurizer needs layers='all' or indices; got {layers!r}")
         check_layers(layers)

@@ -66,6 +66,8 @@ from typing import Literal, TypeAlias
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from capgate._validate import check_choice
+
 __all__ = [
     "Loss",
     "PValue",
@@ -303,10 +305,8 @@ def calibrate_threshold(
         raise ValueError("`p` must be in [0, 1] (NaN for a missing estimate)")
     if np.any(np.isnan(mu)) or np.any((mu < 0.0) | (mu > 1.0)):
         raise ValueError("`mu_hat` must be in [0, 1] with no NaN")
-    if pvalue not in ("binomial", "hoeffding-bentkus"):
-        raise ValueError(f"`pvalue` must be 'binomial' or 'hoeffding-bentkus'; got {pvalue!r}")
-    if loss not in ("auto", "sampled", "expected"):
-        raise ValueError(f"`loss` must be 'auto', 'sampled' or 'expected'; got {loss!r}")
+    check_choice("pvalue", pvalue, ("binomial", "hoeffding-bentkus"))
+    check_choice("loss", loss, ("auto", "sampled", "expected"))
     resolved: Literal["sampled", "expected"] = (
         ("sampled" if pvalue == "binomial" else "expected") if loss == "auto" else loss
     )
@@ -315,8 +315,7 @@ def calibrate_threshold(
             "the binomial p-value needs 0/1 losses: use loss='sampled' (one response per query) or "
             "pvalue='hoeffding-bentkus' for the expected loss 1 - µ̂"
         )
-    if procedure not in ("fallback", "fixed-sequence"):
-        raise ValueError(f"`procedure` must be 'fallback' or 'fixed-sequence'; got {procedure!r}")
+    check_choice("procedure", procedure, ("fallback", "fixed-sequence"))
     thresholds = _grid(grid)
     if start != "auto" and not (isinstance(start, int | float) and 0.0 <= start <= 1.0):
         raise ValueError(f"`start` must be 'auto' or a threshold in [0, 1]; got {start!r}")

@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from capgate._validate import check_int_at_least, check_positive_int, check_positive_number
+from capgate._validate import check_choice, check_int_at_least, check_positive_int, check_positive_number
 from capgate.estimators._common import (
     FloatArray,
     as_matrix,
@@ -147,8 +147,7 @@ class ProbeSearch(Params):
             raise ValueError(f"`standardize` must be a non-empty list of booleans; got {self.standardize!r}")
         check_int_at_least("n_splits", self.n_splits, 2)
         check_positive_int("screen", self.screen)
-        if self.scoring not in ("brier", "bce"):
-            raise ValueError(f"`scoring` must be 'brier' or 'bce'; got {self.scoring!r}")
+        check_choice("scoring", self.scoring, ("brier", "bce"))
         check_int_at_least("random_state", self.random_state, 0)
 
     def _candidates(self, n_layers: int | None) -> list[tuple[int, ...] | None]:

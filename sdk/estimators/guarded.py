@@ -28,6 +28,7 @@ from typing import Literal
 import numpy as np
 
 from capgate._types import Cost, Estimate
+from capgate._validate import check_choice
 from capgate.backend import Prompt
 from capgate.estimators._claims import ClaimDetector
 from capgate.estimators._segments import CONTEXT_KINDS, Segment, remove_segments, split_segments
@@ -90,8 +91,7 @@ class InjectionGuard(CapabilityEstimator):
             raise TypeError(f"estimator must be a CapabilityEstimator; got {type(estimator).__name__}")
         if not 0.0 <= lift_tolerance < 1.0:
             raise ValueError(f"lift_tolerance must be in [0, 1); got {lift_tolerance!r}")
-        if on_claim not in ("degrade", "strip"):
-            raise ValueError(f"on_claim must be 'degrade' or 'strip'; got {on_claim!r}")
+        check_choice("on_claim", on_claim, ("degrade", "strip"))
         self.estimator = estimator
         self.detector = detector
         self.ablate_context = ablate_context

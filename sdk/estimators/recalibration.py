@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate._types import Estimate
-from capgate._validate import check_positive_int, check_positive_number
+from capgate._validate import check_choice, check_positive_int, check_positive_number
 from capgate.backend import Prompt
 from capgate.errors import DataError
 from capgate.estimators._common import (
@@ -124,8 +124,7 @@ class IsotonicCalibrator(Params):
         self, confidence: npt.ArrayLike, mu: npt.ArrayLike, *, sample_weight: npt.ArrayLike | None = None
     ) -> IsotonicCalibrator:
         """Fit on confidences and measured capabilities µ̂ (both in [0, 1]). Returns ``self``."""
-        if self.out_of_bounds not in ("clip", "raise"):
-            raise ValueError(f"`out_of_bounds` must be 'clip' or 'raise'; got {self.out_of_bounds!r}")
+        check_choice("out_of_bounds", self.out_of_bounds, ("clip", "raise"))
         x = as_vector(confidence, name="confidence", unit=True)
         y = as_vector(mu, name="mu", n=x.shape[0], unit=True)
         w = check_weights(sample_weight, x.shape[0])
