@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from capgate.cli._common import command_group
 from capgate.errors import CapgateError, DataError
 
-model_app = typer.Typer(
-    help="Local models: convert or download a model into a transformers folder.",
-    no_args_is_help=True,
-)
+model_app = command_group("model", "Local models: convert or download a model into a transformers folder.")
 
 
 @model_app.command("prepare")

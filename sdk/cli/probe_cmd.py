@@ -17,16 +17,13 @@ import numpy as np
 import numpy.typing as npt
 import typer
 
-from capgate.cli._common import console, fail, parse_int_list, run_reporting_errors, write_json
+from capgate.cli._common import command_group, console, fail, parse_int_list, run_reporting_errors, write_json
 from capgate.errors import DataError
 from capgate.labels import LabelledSet, iter_labelled, read_labelled
 
 __all__ = ["register"]
 
-probe_app = typer.Typer(
-    help="Fit and evaluate a linear capability probe on hidden-state features.",
-    no_args_is_help=True,
-)
+probe_app = command_group("probe", "Fit and evaluate a linear capability probe on hidden-state features.")
 
 FeaturesOpt = Annotated[
     Path | None,
