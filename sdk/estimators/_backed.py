@@ -78,3 +78,9 @@ class BackendEstimator(CapabilityEstimator):
     async def aestimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """Async twin of :meth:`estimate` (native when the backend has ``agenerate``)."""
         return await arun_plan(self._plan(queries), self.backend)
+
+    @property
+    def thread_safe_estimate(self) -> bool:
+        """True when the backend has a sync ``generate`` of its own (capgate's backends do; an
+        async-only backend would be run on a private loop, away from its client's)."""
+        return callable(getattr(self.backend, "generate", None))

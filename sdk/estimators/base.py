@@ -134,6 +134,17 @@ class CapabilityEstimator(Params, ABC):
         """Async twin of :meth:`estimate`."""
         return await asyncio.to_thread(self.estimate, queries)
 
+    @property
+    def thread_safe_estimate(self) -> bool:
+        """Whether :meth:`estimate` may stand in for :meth:`aestimate` in worker threads while
+        the caller's event loop runs (an async shadow decision then runs off that loop).
+
+        True when :meth:`aestimate` is the default (it runs :meth:`estimate` in a thread
+        anyway). An estimator with a native async path says so itself; ``False`` unless it
+        does, since its client may be bound to the caller's loop.
+        """
+        return type(self).aestimate is CapabilityEstimator.aestimate
+
     def estimate_one(self, query: Prompt) -> Estimate:
         """Estimate capability for a single query."""
         return self.estimate([query])[0]

@@ -133,6 +133,11 @@ class FallbackChain(CapabilityEstimator):
         """Async twin of :meth:`estimate`: each link's ``aestimate`` in turn."""
         return await adrive(self._plan(queries), _aask)
 
+    @property
+    def thread_safe_estimate(self) -> bool:
+        """True when every link's is."""
+        return all(est.thread_safe_estimate for est in self.estimators)
+
 
 @dataclass(frozen=True)
 class _Raised:

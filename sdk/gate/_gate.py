@@ -14,7 +14,7 @@ from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._calibration import Calibrations, calibration_target
 from capgate.gate._defaults import default_estimator, default_extract
-from capgate.gate._limits import Limits, Slots, log_writer
+from capgate.gate._limits import Limits, Slots
 from capgate.gate._record import write_decision
 from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
 from capgate.gate._settings import (
@@ -347,13 +347,16 @@ class Gate:
         return start_shadow(self, query, self._shared.shadows)
 
     async def ashadow(self, query: Prompt) -> Verdict:
-        """Async twin of :meth:`shadow`: the decision is made by a task of the running loop."""
+        """Async twin of :meth:`shadow`: the decision is made in a worker thread too, off the
+        running loop (an estimator with only a native async path: by a task of that loop; see
+        :mod:`capgate.gate._shadow`)."""
         return astart_shadow(self, query, self._shared.shadows)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the shadow decisions made in threads are made and logged (``False``: time-out).
 
-        Shadow decisions of async calls are tasks of their event loop: ``await`` :meth:`aflush`.
+        Shadow decisions made by tasks of an event loop (an estimator with only a native async
+        path): ``await`` :meth:`aflush`.
         """
         return self._shared.shadows.wait(timeout)
 
@@ -414,9 +417,7 @@ class Gate:
         """
         if verdict.pending is not None:  # a shadow decision: logged once made, from the log's thread
             verdict.pending.then(
-                lambda made: self._shared.shadows.track(
-                    log_writer().submit(self._write, made, samples_used, cas)
-                )
+                lambda made: self._shared.shadows.write(lambda: self._write(made, samples_used, cas))
             )
             return
         self._write(verdict, samples_used, cas)

@@ -1,15 +1,31 @@
 """Shadow decisions: made beside the gated call, so the estimate never delays or fails it.
 
 In shadow mode the gate hands the integration a stand-in ``answer`` decision at once and makes the
-real one in a worker thread (sync calls) or a task (async calls). The real decision keeps the
-stand-in's id and is logged when both it and the call are done; an estimator that raises becomes a
-degraded decision naming the error, never the call's failure.
+real one in a worker thread. The real decision keeps the stand-in's id and is logged when both it
+and the call are done; an estimator that raises becomes a degraded decision naming the error,
+never the call's failure.
+
+An async call's decision is made in the same worker threads, off the caller's event loop, so
+its work (parsing replies, a forward pass, a blocking call) never holds up the coroutines on that
+loop. The threads use the estimator's sync path, bounded by the gate's ``max_concurrency`` and
+``estimate_timeout_s`` as a sync call's are (an estimate past the deadline is a degraded decision
+at once, but keeps its thread and slot until the estimator returns). That needs a sync path that
+works from any thread (:attr:`~capgate.estimators.CapabilityEstimator.thread_safe_estimate`;
+capgate's own estimators over a backend with ``generate`` have one). An estimator with only a
+native async path is awaited by a task of the caller's loop instead: its client (a user's
+``AsyncOpenAI``, ``httpx.AsyncClient``) may be bound to that loop and cannot be awaited from
+another, so its work shares the loop, as it would in enforce mode.
+
+The worker threads are not daemons and finish their queue at interpreter exit; a decision made
+then is logged from its own thread when the log's thread takes no more work, so a script that
+ends without :meth:`~capgate.Gate.flush` loses none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +34,9 @@ from capgate._types import Decision, Estimate
 from capgate.backend import Prompt
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
+from capgate.gate._defaults import default_estimator
 from capgate.gate._effects import Decide, FlowGate
+from capgate.gate._limits import log_writer
 from capgate.gate._results import ShadowDecision, Verdict
 from capgate.gate.flow import aperform, perform
 
@@ -29,6 +47,7 @@ __all__ = [
     "astart_shadow",
     "failed_shadow",
     "failure_reason",
+    "off_loop",
     "stand_in",
     "start_shadow",
 ]
@@ -80,7 +99,7 @@ class Shadows:
 
     def start(self, job: Callable[[], Verdict], workers: int) -> ShadowDecision:
         """Run ``job`` in a worker thread (at most ``workers`` at once; more wait their turn)."""
-        decision = ShadowDecision(self._threads(workers).submit(job))  # its callbacks (the log
+        decision = ShadowDecision(_submit(self._threads(workers), job))  # its callbacks (the log
         self._track(decision.future)  # write) run before the future is forgotten: a flush waits
         return decision
 
@@ -90,17 +109,17 @@ class Shadows:
         The work a logged decision brings along (its features, a candidate's decision) runs here:
         ``job`` must catch its own errors, since nobody waits on its result.
         """
-        self._track(self._threads(workers).submit(job))
+        self._track(_submit(self._threads(workers), job))
+
+    def write(self, job: Callable[[], None]) -> None:
+        """Run the log write ``job`` of a shadow decision in the log's thread (a flush waits for it)."""
+        self._track(_submit(log_writer(), job))
 
     def astart(self, job: Callable[[], Any]) -> ShadowDecision:
         """Run the coroutine ``job()`` as a task of the running event loop."""
         decision = ShadowDecision(asyncio.get_running_loop().create_task(job()))
         self._track(decision.future)
         return decision
-
-    def track(self, future: concurrent.futures.Future[Any]) -> None:
-        """Also wait for ``future`` (a log write of a shadow decision) when flushing."""
-        self._track(future)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the shadow decisions made in threads (and their log writes); ``False`` on time-out."""
@@ -128,6 +147,35 @@ class Shadows:
             await asyncio.sleep(0)  # let the done callbacks (which track the log writes) run
 
 
+def _submit(
+    pool: concurrent.futures.ThreadPoolExecutor, job: Callable[[], Any]
+) -> concurrent.futures.Future[Any]:
+    """``pool.submit(job)``; at interpreter exit, when the pool takes no new work, ``job`` run here
+    (these pools are never shut down otherwise: exit is when their threads stop)."""
+    try:
+        return pool.submit(job)
+    except RuntimeError as exc:
+        if "cannot schedule new futures" not in str(exc):
+            raise
+    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    try:
+        done.set_result(job())
+    except BaseException as exc:  # the caller reads it from the future, as from the pool's
+        done.set_exception(exc)
+    return done
+
+
+def off_loop(gate: FlowGate) -> bool:
+    """Whether ``gate``'s async shadow decisions run in worker threads, off the caller's loop:
+    every estimator they may call (its own or the default, and its routes') has a sync path that
+    works from any thread (``thread_safe_estimate``). A gate without an estimator does too (the
+    thread logs the degraded decision naming it)."""
+    settings = gate.settings
+    own = settings.estimator if settings.estimator is not None else default_estimator()
+    estimators = [own, *(settings.routes or {}).values()]
+    return all(e is None or getattr(e, "thread_safe_estimate", False) for e in estimators)
+
+
 def failed_shadow(gate: FlowGate, query: Prompt, decision_id: str, error: Exception) -> Verdict:
     """The degraded shadow decision of an estimate that raised (the policy's ``on_degraded``)."""
     try:
@@ -151,12 +199,16 @@ def start_shadow(gate: FlowGate, query: Prompt, shadows: Shadows) -> Verdict:
         return made
 
     gate.stats.proceeded()
-    pending = shadows.start(decide, gate.settings.max_concurrency or WORKERS)
+    context = contextvars.copy_context()  # its span nests under the caller's, as a task's does
+    pending = shadows.start(lambda: context.run(decide), gate.settings.max_concurrency or WORKERS)
     return Verdict(decision=stand.decision, query=query, pending=pending)
 
 
 def astart_shadow(gate: FlowGate, query: Prompt, shadows: Shadows) -> Verdict:
-    """:func:`start_shadow` for an async call: the decision is made by a task of the running loop."""
+    """:func:`start_shadow` for an async call: in a worker thread, off the running loop, when
+    :func:`off_loop`; else (an estimator with only a native async path) by a task of that loop."""
+    if off_loop(gate):
+        return start_shadow(gate, query, shadows)
     stand = stand_in(query)
     decision_id = stand.decision.id
 
