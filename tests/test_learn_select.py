@@ -63,6 +63,6 @@ def test_the_probe_is_fitted_on_one_row_per_query() -> None:
     np.testing.assert_array_equal(X_rows, X_q[first])  # first-seen order, the query's features
     np.testing.assert_allclose(y_rows, [y[order == q].mean() for q in first])
     probe = fit_probe(X_q[order], y, spec={}, target=None, source="test", seed=0, groups=order)
-    assert probe.training_["n"] + probe.validation_["n"] == n_queries
+    assert probe.training_["n"] == n_queries
     assert "60 queries" in probe.training_["source"]
     assert np.corrcoef(probe.predict(X_q), mu)[0, 1] > 0.8

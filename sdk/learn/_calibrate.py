@@ -5,11 +5,13 @@ From the logged decisions with outcomes of one target and one estimator method, 
 1. the latest ``holdout`` share is held out (what the next days look like), the rest is the
    older part;
 2. candidates are fitted on the older part only: an isotonic and a Platt map of the estimates the
-   gate made, and, where reader features were logged, a probe on them (``capgate probe fit``'s
-   trainer); the *previous* estimator (the estimates as logged) is a candidate too;
+   gate made, and, where reader features were logged, a probe on them (the shipped probe's
+   ridge trainer, one row per query); the *previous* estimator (the estimates as logged) is a
+   candidate too;
 3. each is scored on the held-out outcomes (capability Brier with a 95% interval, and its paired
-   difference from the previous estimator), and one is kept by :func:`capgate.learn.select`'s
-   rule: the previous one unless a candidate beats it beyond the noise of the comparison;
+   difference from the previous estimator; cluster-robust by query when queries recur), and one
+   is kept by :func:`capgate.learn.select`'s rule: the previous one unless a candidate beats it
+   beyond the noise of the comparison;
 4. with ``risk``, an answer threshold is certified by Learn-then-Test on cross-fitted
    confidences of the kept estimator (every row scored by a fit that never saw its outcome) and
    written into a policy. The older rows' confidences come from fits on the other older blocks,
@@ -71,6 +73,9 @@ class CalibrationResult:
         threshold: The certified answer threshold (``None``: none asked for, or none certified).
         notes: What the run decided that a reader should know (skipped candidates, thresholds).
         summary: The account stored in ``calibration.json``.
+        candidates: Every challenger as fitted on the older part, kept or not, by name (an
+            isotonic or Platt map, a :class:`~capgate.estimators.LinearProbe`): to inspect what
+            lost and by how much; only the kept one is written.
     """
 
     calibration: Calibration
@@ -79,6 +84,7 @@ class CalibrationResult:
     threshold: float | None
     notes: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    candidates: dict[str, Any] = field(default_factory=dict)
 
     @property
     def version(self) -> str:
@@ -316,7 +322,8 @@ def _calibrate(
     write_calibration(
         out, kind=kind, target=traffic.target, method=traffic.method, summary=summary, write_files=write_files
     )
-    return CalibrationResult(Calibration.load(out), kind, rows, threshold, notes, summary)
+    fitted = {c.name: c.fitted for c in candidates if c.fitted is not None}
+    return CalibrationResult(Calibration.load(out), kind, rows, threshold, notes, summary, fitted)
 
 
 def _features_summary(features: LoggedFeatureSet | None) -> dict[str, Any] | None:
