@@ -226,3 +226,25 @@ calibrate({str(tmp_path / "log.sqlite3")!r}, out={str(tmp_path / "cal")!r})
     assert len(left) == 1
     with pytest.raises(DataError, match="not a calibration folder"):
         Calibration.load(tmp_path / "cal")
+
+
+def test_decisions_without_a_usable_estimate_still_teach_the_probe(tmp_path: Path) -> None:
+    """A verbalized estimator that mostly fails to parse (degraded decisions) still logs the
+    reader's features and gets outcomes: the probe learns from every one of them, while the
+    previous estimator and its maps are fitted and compared only where it had an estimate."""
+    rng = np.random.default_rng(2)
+    n = 400
+    X = rng.normal(size=(n, 4))
+    y = (rng.random(n) < 1 / (1 + np.exp(-2.5 * X[:, 0]))).astype(float)
+    p = [None if rng.random() < 0.6 else 0.5 for _ in range(n)]
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        log_traffic(log, p, y, features=X)
+        result = calibrate(log, out=tmp_path / "cal")
+    estimated = np.array([v is not None for v in p])
+    held = estimated[n - 120 :]
+    assert result.kind == "probe"
+    assert all(r.n == int(held.sum()) for r in result.table)  # compared where the previous had one
+    assert any("had no usable estimate" in note for note in result.notes)
+    assert result.candidates["probe"].training_["n"] == n - 120  # learnt from all older outcomes
+    assert result.candidates["isotonic"].y_thresholds_ is not None
+    assert result.summary["n"] == n

@@ -28,11 +28,12 @@ Example:
 from capgate.learn._artefact import Calibration, content_version
 from capgate.learn._calibrate import MIN_OUTCOMES, CalibrationResult, calibrate
 from capgate.learn._crossfit import CrossFit, Split, cross_fit, fold_blocks, time_split
-from capgate.learn._select import HeldOutRow, select, table_rows
+from capgate.learn._select import SELECTION_LEVEL, HeldOutRow, select, table_rows
 from capgate.learn._traffic import CalibrationRefusedError, Traffic, base_method, read_traffic
 
 __all__ = [
     "MIN_OUTCOMES",
+    "SELECTION_LEVEL",
     "Calibration",
     "CalibrationRefusedError",
     "CalibrationResult",

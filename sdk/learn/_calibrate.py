@@ -44,7 +44,7 @@ import numpy.typing as npt
 from capgate.learn._artefact import CALIBRATOR_FILE, POLICY_FILE, Calibration, Kind, write_calibration
 from capgate.learn._crossfit import cross_fit, fit_map, map_fitter, time_split
 from capgate.learn._probe import LoggedFeatureSet, fit_probe, logged_features
-from capgate.learn._select import PREVIOUS, HeldOutRow, best_challenger, select, table_rows
+from capgate.learn._select import PREVIOUS, SELECTION_LEVEL, HeldOutRow, best_challenger, select, table_rows
 from capgate.learn._traffic import CalibrationRefusedError, Traffic, read_traffic
 
 if TYPE_CHECKING:
@@ -102,8 +102,10 @@ class _Candidate:
     crossfit_brier: float | None = None
 
 
-def _brier(p: FloatArray, y: FloatArray) -> float:
-    return float(np.mean((p - y) ** 2))
+def _brier(p: FloatArray, y: FloatArray) -> float | None:
+    """Brier over the rows with a prediction (``None`` when none has one)."""
+    known = ~np.isnan(p)
+    return float(np.mean((p[known] - y[known]) ** 2)) if known.any() else None
 
 
 def _previous_kind(log: DecisionLog, traffic: Traffic) -> tuple[Calibration | None, str | None]:
@@ -137,6 +139,7 @@ def calibrate(
     probe: bool = True,
     n_splits: int = 5,
     seed: int = 0,
+    selection_level: float = SELECTION_LEVEL,
 ) -> CalibrationResult:
     """Learn a calibration from the log's outcomes and write it to ``out`` (see the module docs).
 
@@ -158,6 +161,9 @@ def calibrate(
         probe: Consider a probe on logged reader features.
         n_splits: Blocks of the cross-fitting.
         seed: Seed of the probe's trainer and the LTT one-response draw.
+        selection_level: One-sided level a challenger's held-out advantage over the previous
+            estimator must clear (split among the challengers); lower keeps the previous
+            estimator more often.
 
     Raises:
         CalibrationRefusedError: Too few outcomes (the count needed and found), another target
@@ -169,8 +175,10 @@ def calibrate(
     own = not isinstance(log, DecisionLog)
     opened = log if isinstance(log, DecisionLog) else DecisionLog(os.fspath(log))
     try:
+        if not 0.0 < selection_level < 1.0:
+            raise ValueError(f"`selection_level` must be in (0, 1); got {selection_level!r}")
         settings = (target, method, risk, delta, policy, holdout, min_outcomes, allow_mixed_versions)
-        return _calibrate(opened, Path(out), *settings, since, until, probe, n_splits, seed)
+        return _calibrate(opened, Path(out), *settings, since, until, probe, n_splits, seed, selection_level)
     finally:
         if own:
             opened.close()
@@ -192,6 +200,7 @@ def _calibrate(
     probe: bool,
     n_splits: int,
     seed: int,
+    selection_level: float,
 ) -> CalibrationResult:
     if policy is not None and risk is None:
         raise ValueError("`policy` is the policy whose answer threshold `risk` sets: give risk (--risk) too")
@@ -215,22 +224,38 @@ def _calibrate(
             "more outcomes or another holdout share",
             path=log.location,
         )
+    tr, ho = split.train, split.holdout
+    est = traffic.estimated
+    if min(int(est[tr].sum()), int(est[ho].sum())) < MIN_SIDE:
+        raise CalibrationRefusedError(
+            f"too few usable estimates on one side of the time split ({int(est[tr].sum())} older, "
+            f"{int(est[ho].sum())} held out); each side needs at least {MIN_SIDE} to compare "
+            "candidates with the previous estimator: more outcomes or another holdout share",
+            path=log.location,
+        )
     previous_cal, previous_version = _previous_kind(log, traffic)
     notes: list[str] = []
-    tr, ho = split.train, split.holdout
+    if not est.all():
+        notes.append(
+            f"{int((~est).sum())} of {len(traffic)} decisions with outcomes had no usable estimate "
+            "(degraded): the previous estimator and its maps are fitted and compared on the others; "
+            "a probe on logged features learns from them too"
+        )
     y = traffic.y
     candidates = [_Candidate(PREVIOUS, traffic.p[ho], 0, None, traffic.p[tr], _brier(traffic.p[tr], y[tr]))]
     base_known = traffic.has_base or (previous_cal is not None and previous_cal.kind == "identity")
     if base_known:
         bp = traffic.base_p
+        fit_rows = tr[est[tr]]
         for name in ("isotonic", "platt"):
-            fitted = fit_map(name, bp[tr], y[tr])
-            within = None if groups is None else groups[tr]
-            fitter = map_fitter(name, bp[tr], y[tr])
-            oof = cross_fit(fitter, len(tr), n_splits=n_splits, groups=within).predictions
-            candidates.append(
-                _Candidate(name, fitted.predict(bp[ho]), len(tr), fitted, oof, _brier(oof, y[tr]))
-            )
+            fitted = fit_map(name, bp[fit_rows], y[fit_rows])
+            within = None if groups is None else groups[fit_rows]
+            fitter = map_fitter(name, bp[fit_rows], y[fit_rows])
+            oof = np.full(len(tr), np.nan)
+            oof[est[tr]] = cross_fit(fitter, len(fit_rows), n_splits=n_splits, groups=within).predictions
+            held = np.full(len(ho), np.nan)
+            held[est[ho]] = fitted.predict(bp[ho[est[ho]]])
+            candidates.append(_Candidate(name, held, len(fit_rows), fitted, oof, _brier(oof, y[tr])))
     else:
         notes.append(
             "no isotonic or Platt candidate: the window's estimates came from a probe calibration "
@@ -243,16 +268,16 @@ def _calibrate(
             probe_candidate = _probe_candidate(features, traffic, tr, ho, seed, log.location, notes)
             if probe_candidate is not None:
                 candidates.append(probe_candidate)
-    held_groups = None if groups is None else groups[ho]
-    rows = _table(candidates, y[ho], held_groups)
+    compared = est[ho]  # every candidate is judged where the previous estimator had an estimate
+    held_groups = None if groups is None else groups[ho][compared]
+    rows = _table(candidates, y[ho], compared, held_groups, selection_level)
     best = best_challenger(rows)
     if best is not None and best.candidate == "probe" and best.diff_high < 0:  # its veto check
         assert features is not None
         found = candidates[-1]
         found.train_oof = _probe_oof(features, traffic, tr, n_splits, seed, log.location)
-        known = ~np.isnan(found.train_oof)
-        found.crossfit_brier = _brier(found.train_oof[known], y[tr][known])
-        rows = _table(candidates, y[ho], held_groups)
+        found.crossfit_brier = _brier(found.train_oof[est[tr]], y[tr][est[tr]])
+        rows = _table(candidates, y[ho], compared, held_groups, selection_level)
     winner_name, rows = select(rows)
     winner = next(c for c in candidates if c.name == winner_name)
     kind: Kind = "identity" if winner_name == PREVIOUS else cast(Kind, winner_name)
@@ -303,6 +328,7 @@ def _calibrate(
         "chosen": winner_name,
         "thresholds": thresholds,
         "seed": seed,
+        "selection_level": selection_level,
         "notes": notes,
     }
 
@@ -322,8 +348,8 @@ def _calibrate(
     write_calibration(
         out, kind=kind, target=traffic.target, method=traffic.method, summary=summary, write_files=write_files
     )
-    fitted = {c.name: c.fitted for c in candidates if c.fitted is not None}
-    return CalibrationResult(Calibration.load(out), kind, rows, threshold, notes, summary, fitted)
+    challengers = {c.name: c.fitted for c in candidates if c.fitted is not None}
+    return CalibrationResult(Calibration.load(out), kind, rows, threshold, notes, summary, challengers)
 
 
 def _features_summary(features: LoggedFeatureSet | None) -> dict[str, Any] | None:
@@ -369,13 +395,18 @@ def _probe_candidate(
 
 
 def _table(
-    candidates: list[_Candidate], y_holdout: FloatArray, groups: npt.NDArray[np.str_] | None
+    candidates: list[_Candidate],
+    y_holdout: FloatArray,
+    compared: npt.NDArray[np.bool_],
+    groups: npt.NDArray[np.str_] | None,
+    level: float,
 ) -> list[HeldOutRow]:
     return table_rows(
-        y_holdout,
-        {c.name: c.holdout for c in candidates},
+        y_holdout[compared],
+        {c.name: c.holdout[compared] for c in candidates},
         n_fit={c.name: c.n_fit for c in candidates},
         crossfit_brier={c.name: c.crossfit_brier for c in candidates},
+        level=level,
         groups=groups,
     )
 

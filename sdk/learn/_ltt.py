@@ -29,7 +29,7 @@ FloatArray = npt.NDArray[np.float64]
 
 def _floor(traffic: Traffic, fitted: Any, kind: str) -> float:
     """The kept estimator's confidence at the lowest enforced estimate that has an outcome."""
-    enforced = ~traffic.shadow
+    enforced = ~traffic.shadow & traffic.estimated
     if kind in ("isotonic", "platt") and fitted is not None:
         return float(fitted.predict(np.array([traffic.base_p[enforced].min()]))[0])
     return float(traffic.p[enforced].min())
@@ -82,8 +82,9 @@ def certify(
     from capgate.policies import PRESETS
 
     per_query = _per_query(conf, traffic)
-    if per_query is None:
-        result = calibrate_threshold(conf, traffic.y, alpha=risk, delta=delta, seed=seed)
+    if per_query is None:  # a row without a confidence is never answered: the fallback acts
+        known = ~np.isnan(conf)
+        result = calibrate_threshold(conf[known], traffic.y[known], alpha=risk, delta=delta, seed=seed)
     else:  # outcomes of one query are not independent trials: test over queries, not outcomes
         q_conf, q_mu = per_query
         result = calibrate_threshold(

@@ -5,15 +5,15 @@ Each candidate is scored by its capability Brier score on the held-out (latest) 
 95% interval, and by its paired difference from the previous estimator on the same decisions.
 The candidate with the lowest held-out Brier replaces the previous estimator only when
 
-* the upper end of the one-sided ``1 - level`` interval of that paired difference is below zero
-  (it is better on the held-out outcomes beyond their noise), and
+* the upper end of the one-sided ``1 - level / m`` interval of that paired difference is below
+  zero, ``m`` the number of challengers (it is better on the held-out outcomes beyond their
+  noise; the best of ``m`` is tested, so the level is split among them: Bonferroni), and
 * on the older part, its cross-fitted predictions (each from a fit that never saw the row) are
   better than the previous estimator's too: a veto, never a reason to switch on its own.
 
 Ties, and anything short of both, go to the previous estimator, so a map that merely fits its
-window's noise rarely ships. Simulated, 100 windows each (30% held out): a calibrated estimator
-(p ~ U(0.4, 0.6)) with its outcomes shuffled was replaced in 1%, 2% and 5% of windows of 100,
-300 and 500 outcomes; one overconfident like ``p**3`` in 59%, 97% and 99%.
+window's noise rarely ships: how rarely, and how often a miscalibrated estimator is replaced, is
+measured by ``bench/learn_selection.py`` (recorded in ``bench/RESULTS.md``).
 
 When queries recur, the intervals are cluster-robust by query: the outcomes of one query are not
 independent evidence (they share its features and its capability), and counting them as such
@@ -31,10 +31,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["HeldOutRow", "best_challenger", "select", "table_rows"]
+__all__ = ["SELECTION_LEVEL", "HeldOutRow", "best_challenger", "select", "table_rows"]
 
 FloatArray = npt.NDArray[np.float64]
 PREVIOUS = "previous"
+SELECTION_LEVEL = 0.05
+"""One-sided level of the test a challenger must pass to replace the previous estimator, split
+among the challengers."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class HeldOutRow:
         brier_low: Lower end of its 95% interval.
         brier_high: Upper end of its 95% interval.
         diff: Paired mean difference from the previous estimator's Brier (negative: better).
-        diff_high: Upper end of the one-sided ``1 - level`` interval of ``diff``.
+        diff_high: Upper end of the one-sided ``1 - level / m`` interval of ``diff`` (``m``
+            challengers).
         crossfit_brier: Brier of cross-fitted predictions on the older part (``None`` if not
             computed): the same comparison made inside the fitting data, never on fitted rows.
         chosen: Whether this candidate was kept.
@@ -95,7 +99,7 @@ def table_rows(
     *,
     n_fit: Mapping[str, int],
     crossfit_brier: Mapping[str, float | None] | None = None,
-    level: float = 0.05,
+    level: float = SELECTION_LEVEL,
     groups: npt.ArrayLike | None = None,
 ) -> list[HeldOutRow]:
     """The held-out table: one row per candidate (``predictions[name]``, aligned with ``y``),
@@ -109,7 +113,7 @@ def table_rows(
     if labels is not None and labels.shape != y.shape:
         raise ValueError(f"`groups` must have one label per outcome ({y.size}); got shape {labels.shape}")
     z95 = NormalDist().inv_cdf(0.975)
-    z_sel = NormalDist().inv_cdf(1.0 - level)
+    z_sel = NormalDist().inv_cdf(1.0 - level / max(1, len(predictions) - 1))
     prev_sq = (predictions[PREVIOUS] - y) ** 2
     rows = []
     for name in [PREVIOUS, *(k for k in predictions if k != PREVIOUS)]:

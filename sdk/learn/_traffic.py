@@ -56,9 +56,10 @@ class Traffic:
     Attributes:
         ids: Decision ids.
         at: When each decision was made.
-        p: The estimate each decision was made on (the previous estimator's confidence).
+        p: The estimate each decision was made on (the previous estimator's confidence; NaN
+            where it had none: a degraded decision, made by the policy's fallback).
         base_p: The base estimator's confidence (``raw_p`` of a recalibrated estimate, else ``p``):
-            what a new map is fitted on and applied to.
+            what a new map is fitted on and applied to (NaN where ``p`` is).
         y: Each decision's outcome in [0, 1] (the mean over its sources).
         shadow: Whether each decision was a shadow decision (made beside a call that proceeded).
         target: The target model (``None`` when the decisions record none).
@@ -103,6 +104,12 @@ class Traffic:
         return len(self.ids)
 
     @property
+    def estimated(self) -> npt.NDArray[np.bool_]:
+        """Which decisions had a usable estimate: the only ones a map of the previous estimator
+        is fitted on or compared on (a probe on logged features learns from the others too)."""
+        return np.asarray(~np.isnan(self.p))
+
+    @property
     def blocked_without_outcome(self) -> int:
         """Enforced decisions that did not answer and have no outcome: the selection gap."""
         enforce = self.counts.get("enforce", {})
@@ -143,6 +150,8 @@ def read_traffic(
     Enforced decisions and shadow decisions made as the gate's stand-in are read; a candidate's
     shadow decision (one made *beside* an enforced decision) is left out: its outcome is the
     enforced decision's and it speaks for the candidate, not for the estimator being calibrated.
+    A decision whose estimate could not be had (degraded) is read with ``p`` NaN: its outcome
+    still teaches a probe on logged features, and ``min_outcomes`` counts usable estimates only.
 
     Raises:
         CalibrationRefusedError: No decisions, several targets or methods without one chosen, a
@@ -195,9 +204,9 @@ def read_traffic(
         )
     kept = [r for r in kept if base_method(r.method) == method]
     counts = _counts(kept)
-    usable = [r for r in kept if r.value is not None and r.p is not None and not _degraded(r)]
-    excluded["no usable estimate"] += sum(1 for r in kept if r.value is not None) - len(usable)
-    versions = Counter(r.decision.calibration for r in usable)
+    learnable = [r for r in kept if r.value is not None]
+    usable = [r for r in learnable if _usable(r)]
+    versions = Counter(r.decision.calibration for r in learnable)
     if len(versions) > 1 and not allow_mixed_versions:
         raise CalibrationRefusedError(
             f"the window mixes decisions made under {len(versions)} calibration versions "
@@ -211,15 +220,16 @@ def read_traffic(
             f"have an outcome and a usable estimate; at least {min_outcomes} are needed",
             path=where,
         )
-    usable.sort(key=lambda r: (r.decision.created_at, r.id))
+    learnable.sort(key=lambda r: (r.decision.created_at, r.id))
     policies = Counter(r.decision.policy for r in usable)
+    nan = float("nan")
     return Traffic(
-        ids=tuple(r.id for r in usable),
-        at=tuple(r.decision.created_at for r in usable),
-        p=np.array([r.p for r in usable], dtype=np.float64),
-        base_p=np.array([_raw_p(r) for r in usable], dtype=np.float64),
-        y=np.array([r.value for r in usable], dtype=np.float64),
-        shadow=np.array([r.decision.shadow for r in usable], dtype=bool),
+        ids=tuple(r.id for r in learnable),
+        at=tuple(r.decision.created_at for r in learnable),
+        p=np.array([r.p if _usable(r) else nan for r in learnable], dtype=np.float64),
+        base_p=np.array([_raw_p(r) if _usable(r) else nan for r in learnable], dtype=np.float64),
+        y=np.array([r.value for r in learnable], dtype=np.float64),
+        shadow=np.array([r.decision.shadow for r in learnable], dtype=bool),
         target=target,
         method=method,
         versions=tuple(sorted(versions, key=str)),
@@ -227,8 +237,12 @@ def read_traffic(
         excluded={k: v for k, v in excluded.items() if v},
         policy=policies.most_common(1)[0][0] if policies else None,
         has_base=all(_has_base(r) for r in usable),
-        queries=tuple(r.query_sha256 for r in usable),
+        queries=tuple(r.query_sha256 for r in learnable),
     )
+
+
+def _usable(row: LoggedDecision) -> bool:
+    return row.p is not None and not _degraded(row)
 
 
 def _has_base(row: LoggedDecision) -> bool:
