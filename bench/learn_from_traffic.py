@@ -230,7 +230,7 @@ class ReplayedEstimates(_estimator_base()):  # type: ignore[misc]
             out.append(
                 Estimate(p=p, method=self.method)
                 if p is not None
-                else Estimate.unavailable(self.method, "no cached estimate for this query")
+                else Estimate.unavailable(self.method, "the live estimator gave no estimate for this query")
             )
         return out
 
@@ -480,6 +480,8 @@ class Row:
     auroc_shipped: float
     auroc_ratio: tuple[float, float, float]  # learned / shipped probe's, mean over replays, 95%
     auroc_probe: tuple[float, float, float]  # the learnt probe candidate's / shipped (NaN: none fitted)
+    estimated_start: float  # share of the next traffic the start had an estimate for
+    estimated_learned: float  # ... and the learned estimator
     probes: int  # replays whose calibration fitted a probe candidate
     certified: int  # replays whose calibration certified a threshold
     coverage: float  # mean over replays (0 where nothing was certified)
@@ -491,7 +493,10 @@ class Row:
 
 def summarize(scored: Sequence[Scored], risk: float, seed: int) -> Row:
     """The row of one start × checkpoint (all ``scored`` share both)."""
-    squares = [(_brier(s.p_start, s.mu), _brier(s.p_learned, s.mu)) for s in scored]
+    # Both Briers over the queries the start estimated (paired); what the start left without an
+    # estimate is counted apart (``estimated``), never scored as if it had been guessed.
+    squares = [(_brier(s.p_start, s.mu), np.where(np.isnan(s.p_start), np.nan, _brier(s.p_learned, s.mu)))
+               for s in scored]  # fmt: skip
     ratios = np.array([auroc_of(s.p_learned, s) / auroc_of(s.p_shipped, s) for s in scored])
     fitted = [s for s in scored if s.p_probe is not None]
     probe_ratios = np.array(
@@ -523,6 +528,8 @@ def summarize(scored: Sequence[Scored], risk: float, seed: int) -> Row:
         auroc_ratio=_mean_interval(ratios, seed),
         auroc_probe=_mean_interval(probe_ratios, seed),
         probes=len(fitted),
+        estimated_start=float(np.mean([np.mean(~np.isnan(s.p_start)) for s in scored])),
+        estimated_learned=float(np.mean([np.mean(~np.isnan(s.p_learned)) for s in scored])),
         certified=sum(s.answered is not None for s in scored),
         coverage=float(np.mean(coverage)),
         error=float(np.mean(errors)) if errors else float("nan"),
@@ -573,6 +580,11 @@ def print_tables(rows: Sequence[Row], args: argparse.Namespace) -> None:
         learnt = "-" if not r.probes else f"{_ci(r.auroc_probe, '{:.2f}')} ({r.probes})"
         print(head.format(STARTS[r.start], r.n, kept, _ci(r.brier_start), _ci(r.brier_learned),
                           _ci(r.change, "{:+.1%}"), auc, learnt))  # fmt: skip
+    for r in rows:
+        if r.estimated_start < 1.0:
+            print(f"{STARTS[r.start]}, N={r.n}: the start had an estimate for {r.estimated_start:.0%} of the "
+                  f"next traffic (Briers above are over those queries), the learned estimator for "
+                  f"{r.estimated_learned:.0%}")  # fmt: skip
     print()
     print(f"risk control on the next traffic: stated risk {args.risk}, delta {args.delta} (the calibrated "
           "policy's answered share; error = 1 - mean µ̂ of the answered queries)")  # fmt: skip

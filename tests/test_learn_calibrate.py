@@ -248,3 +248,15 @@ def test_decisions_without_a_usable_estimate_still_teach_the_probe(tmp_path: Pat
     assert result.candidates["probe"].training_["n"] == n - 120  # learnt from all older outcomes
     assert result.candidates["isotonic"].y_thresholds_ is not None
     assert result.summary["n"] == n
+
+
+def test_too_few_usable_estimates_to_compare_is_refused_naming_the_counts(tmp_path: Path) -> None:
+    """Enough outcomes, but almost no estimate to judge a candidate against the previous one."""
+    rng = np.random.default_rng(4)
+    p = [0.5 if i % 20 == 0 else None for i in range(200)]  # 10 usable estimates in 200
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        log_traffic(log, p, (rng.random(200) < 0.3).astype(float))
+        refused = r"too few usable estimates .* \(7 older, 3 held out\)"
+        with pytest.raises(CalibrationRefusedError, match=refused):
+            calibrate(log, out=tmp_path / "cal")
+    assert not (tmp_path / "cal").exists()

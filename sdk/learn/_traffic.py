@@ -151,7 +151,8 @@ def read_traffic(
     shadow decision (one made *beside* an enforced decision) is left out: its outcome is the
     enforced decision's and it speaks for the candidate, not for the estimator being calibrated.
     A decision whose estimate could not be had (degraded) is read with ``p`` NaN: its outcome
-    still teaches a probe on logged features, and ``min_outcomes`` counts usable estimates only.
+    still teaches a probe on logged features (``min_outcomes`` counts it; ``calibrate`` then
+    needs enough usable estimates to compare its candidates with the previous estimator).
 
     Raises:
         CalibrationRefusedError: No decisions, several targets or methods without one chosen, a
@@ -214,10 +215,11 @@ def read_traffic(
             "(since/until) to one version, or allow it (allow_mixed_versions, --allow-mixed-versions)",
             path=where,
         )
-    if len(usable) < min_outcomes:
+    if len(learnable) < min_outcomes:
         raise CalibrationRefusedError(
-            f"too few outcomes: {len(usable)} decisions of target {target!r} and method {method!r} "
-            f"have an outcome and a usable estimate; at least {min_outcomes} are needed",
+            f"too few outcomes: {len(learnable)} decisions of target {target!r} and method {method!r} "
+            f"have an outcome ({len(usable)} of them a usable estimate); at least {min_outcomes} "
+            "are needed",
             path=where,
         )
     learnable.sort(key=lambda r: (r.decision.created_at, r.id))
