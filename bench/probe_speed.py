@@ -5,25 +5,27 @@ on held-out prompts, in one run:
 
 * **where the time goes** (one list of 32, float32, today's path vs capgate's now): templating
   and tokenization, padding, the forward pass, pooling, the probe and the ``Estimate``s;
-* **speed table**, for float32 and bfloat16, batch 1 (``estimate_one`` in a loop), 8 and 32 (one
+* **speed table**, for float32, bfloat16 and bf16-mixed (float32 with the MLP matmuls in
+  bfloat16), batch 1 (``estimate_one`` in a loop), 8 and 32 (one
   list): a *bare forward* (the decoder's own call on pre-tokenized, padded ids, through the same
   26 layers, no hooks, ``torch.inference_mode``) against *capgate's estimate* (from the prompt
   text to the ``Estimate``), the ratio estimate/bare (1.00 = as fast as the bare pass), and
   *today's path* before issue 21 (the full model with every hidden state, float32, batches of
   8) with capgate's speed-up over it. Bare and capgate alternate per repetition, so a noisy
   machine slows both;
-* **the fast path's check**: on the held-out split (``--check-n``, default all of it), the
-  largest |Δp| between the bfloat16 and the float32 estimates and both capability Brier scores
-  against µ̂, passed when |Δp| <= 0.01 and the Brier moves by <= 0.0005. ``--record`` keeps the
-  check in the probe's metadata (default: the shipped probe), which is what lets
-  ``load_estimator`` choose bfloat16 by itself on a CPU that computes it natively.
+* **the fast paths' checks** (``--fast``, default bfloat16 and bf16-mixed): on the held-out
+  split (``--check-n``, default all of it), the largest |Δp| between the fast and the float32
+  estimates and both capability Brier scores against µ̂, passed when |Δp| <= 0.01 and the Brier
+  moves by <= 0.0005. ``--record`` keeps the checks in the probe's metadata (default: the
+  shipped probe), which is what lets ``load_estimator`` choose a fast path by itself on a CPU
+  that computes bfloat16 natively (bfloat16 if its check passed, else bf16-mixed if its did).
 
 The last line: ``probe speed: N/s at batch 32, M/s one at a time, within R× of a bare forward``
 for the path ``load_estimator("default")`` chooses on this machine (R: the worst of the three
 batch sizes).
 
-Run: ``python bench/probe_speed.py [--threads 2] [--repeats 2] [--check-n N] [--record]
-[--no-table]``.
+Run: ``python bench/probe_speed.py [--threads 2] [--repeats 2] [--check-n N] [--fast DTYPE,...]
+[--record] [--no-table]``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from capgate.loading import FastPathCheck, default_probe_path, load_estimator, r
 from capgate.models import native_bf16_cpu
 
 BATCHES = (1, 8, 32)
+DTYPES = ("float32", "bfloat16", "bf16-mixed")
 
 
 def timed(call: Callable[[], Any]) -> float:
@@ -82,13 +85,19 @@ def padded(loaded: Any, encoded: list[list[int]]) -> tuple[Any, Any, Any]:
     return input_ids, mask, (mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
-def bare_decoder(loaded: Any, layers: int, dtype: Any) -> Any:
+def bare_decoder(loaded: Any, layers: int, dtype: str) -> Any:
     """The decoder's own call through its first ``layers`` layers, in ``dtype`` (a plain copy, no hooks)."""
-    from capgate._reader import _decoder_copy, decoder_of
+    import torch
+
+    from capgate._reader import _decoder_copy, _mix_bf16_matmuls, decoder_of
 
     found = decoder_of(loaded.model, loaded.num_hidden_layers)
     assert found is not None
-    return _decoder_copy(*found, layers, dtype)[0]
+    mixed = dtype == "bf16-mixed"
+    decoder, kept = _decoder_copy(*found, layers, torch.float32 if mixed else getattr(torch, dtype))
+    if mixed:
+        _mix_bf16_matmuls(kept)
+    return decoder
 
 
 def estimator_for(loaded: Any, probe: LinearProbe, dtype: str, batch_size: int) -> ProbeEstimator:
@@ -139,10 +148,10 @@ def speed_table(
 
     today = ProbeEstimator(TodaysFeaturizer(loaded, layers=[26], batch_size=8), probe)
     rates: dict[str, dict[int, float]] = {}
-    print(f"{'dtype':<9} {'batch':>5} {'bare q/s':>9} {'capgate q/s':>12} {'ratio':>6} {'today q/s':>10} "
+    print(f"{'dtype':<10} {'batch':>5} {'bare q/s':>9} {'capgate q/s':>12} {'ratio':>6} {'today q/s':>10} "
           f"{'speed-up':>9}")  # fmt: skip
-    for dtype in ("float32", "bfloat16"):
-        bare = bare_decoder(loaded, 26, getattr(torch, dtype))
+    for dtype in DTYPES:
+        bare = bare_decoder(loaded, 26, dtype)
         estimator = estimator_for(loaded, probe, dtype, 32)
         rates[dtype] = {}
         for n in BATCHES:
@@ -188,7 +197,7 @@ def speed_table(
                 rates.setdefault("today", {})[n] = today_rate
             base = rates["today"][n]
             print(
-                f"{dtype:<9} {n:>5} {bare_rate:>9.1f} {capgate_rate:>12.1f} "
+                f"{dtype:<10} {n:>5} {bare_rate:>9.1f} {capgate_rate:>12.1f} "
                 f"{bare_rate / capgate_rate:>5.2f}x "
                 f"{today_rate:>10.1f} {capgate_rate / base:>8.2f}x",
                 flush=True,
@@ -196,24 +205,29 @@ def speed_table(
     return rates
 
 
-def check(loaded: Any, probe: LinearProbe, n: int | None) -> FastPathCheck:
+def check(loaded: Any, probe: LinearProbe, n: int | None, fast: list[str]) -> list[FastPathCheck]:
+    """Each fast dtype's estimates against float32's on the held-out split (the first ``n``)."""
     held_out = json.loads((resources.files("capgate.assets") / "default_split.json").read_text("utf-8"))[
         "test"
     ]
     questions = demo_questions(min(n or len(held_out), len(held_out)), seed=0)
     prompts = [q.prompt for q in questions]
     p32 = [e.p for e in estimator_for(loaded, probe, "float32", 32).estimate(prompts)]
-    pbf = [e.p for e in estimator_for(loaded, probe, "bfloat16", 32).estimate(prompts)]
     every = "all " if len(prompts) == len(held_out) else ""
     split = f"{every}{len(prompts)} held-out queries of the shipped split"
-    result = FastPathCheck.of(p32, pbf, [q.mu_hat for q in questions], dtype="bfloat16", split=split)
-    worst = int(np.argmax(np.abs(np.asarray(pbf) - np.asarray(p32))))
-    print(
-        f"check bfloat16 vs float32 on {split}: max |dp| {result.max_abs_dp:.4f} (<= 0.01; at p32 "
-        f"{p32[worst]:.3f}), Brier {result.brier_float32:.5f} -> {result.brier_fast:.5f} "
-        f"({result.brier_delta:+.5f}, within +-0.0005): {'PASSED' if result.passed else 'FAILED'}"
-    )
-    return result
+    results = []
+    for dtype in fast:
+        pfast = [e.p for e in estimator_for(loaded, probe, dtype, 32).estimate(prompts)]
+        result = FastPathCheck.of(p32, pfast, [q.mu_hat for q in questions], dtype=dtype, split=split)
+        worst = int(np.argmax(np.abs(np.asarray(pfast) - np.asarray(p32))))
+        print(
+            f"check {dtype} vs float32 on {split}: max |dp| {result.max_abs_dp:.4f} (<= 0.01; at p32 "
+            f"{p32[worst]:.3f}), Brier {result.brier_float32:.5f} -> {result.brier_fast:.5f} "
+            f"({result.brier_delta:+.5f}, within +-0.0005): {'PASSED' if result.passed else 'FAILED'}",
+            flush=True,
+        )
+        results.append(result)
+    return results
 
 
 def main() -> None:
@@ -223,7 +237,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--repeats", type=int, default=2, help="timed repetitions per cell (median)")
     parser.add_argument("--check-n", type=int, default=0, help="held-out queries checked (0: all)")
-    parser.add_argument("--record", action="store_true", help="save the check into the probe's metadata")
+    parser.add_argument("--fast", default="bfloat16,bf16-mixed", help="fast dtypes checked (comma-separated)")
+    parser.add_argument("--record", action="store_true", help="save the checks into the probe's metadata")
     parser.add_argument("--probe", type=Path, default=None, help="probe folder (default: the shipped one)")
     parser.add_argument("--no-table", action="store_true", help="only the check")
     args = parser.parse_args()
@@ -240,20 +255,24 @@ def main() -> None:
     loaded = chosen.featurizer.loaded
     prompts = [q.prompt for q in demo_questions(64, seed=1)]
     tokens = statistics.mean(len(loaded.prompt_ids(p)) for p in prompts)
-    recorded = recorded_fast_paths(probe).get("bfloat16")
+    recorded = {k: f"{'passed' if v.passed else 'failed'} ({v.max_abs_dp:.4f}, n={v.n})"
+                for k, v in recorded_fast_paths(probe).items()}  # fmt: skip
     print(f"machine: {machine()}; torch threads {args.threads}; native bfloat16: {native_bf16_cpu()}")
     print(
         f"data: held-out prompts of the shipped split (mean {tokens:.0f} tokens templated); probe reads "
         f"hidden state(s) {list(chosen.featurizer.layer_indices)} of {loaded.num_hidden_layers}; "
         f"load_estimator('default') chose {chosen.featurizer.dtype} "
-        f"(recorded check: {'none' if recorded is None else recorded.model_dump()}, "
-        f"{'passed' if recorded and recorded.passed else 'not passed'})"
+        f"(recorded checks: {recorded or 'none'})"
     )
-    result = check(loaded, probe, args.check_n or None)
+    fast = [d for d in args.fast.split(",") if d]
+    if unknown := set(fast) - set(DTYPES[1:]):
+        parser.error(f"--fast takes {', '.join(DTYPES[1:])}; got {', '.join(sorted(unknown))}")
+    results = check(loaded, probe, args.check_n or None, fast)
     if args.record:
-        result.record(probe)
+        for result in results:
+            result.record(probe)
         probe.save(path)
-        print(f"recorded the check in {path / 'probe.json'}")
+        print(f"recorded the checks in {path / 'probe.json'}")
     if args.no_table:
         return
     profile(loaded, probe, prompts[:32])

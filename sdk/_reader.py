@@ -14,7 +14,11 @@ sampling backend generating) never meets it.
 
 A reader in another dtype than the model's (bfloat16 on a CPU that computes it natively) runs a
 copy of the decoder in that dtype, holding only the layers it runs; buffers (rotary frequencies)
-keep their dtype.
+keep their dtype. A *mixed* reader (``"bf16-mixed"``) runs a float32 copy whose layers' MLP
+matmuls (each layer's ``mlp`` linears: gate, up and down projections) take bfloat16 weights and
+bfloat16-rounded inputs, accumulating and returning float32; the embeddings, norms, attention
+(its projections and softmax) and the residual stream stay float32. On the shipped probe that
+keeps the estimates within the fast-path check's tolerance where a pure bfloat16 pass does not.
 
 torch is imported when a reader is built, not at module import time.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -122,6 +127,52 @@ def _decoder_copy(decoder: Any, layers: Any, keep: int, dtype: Any) -> tuple[Any
     return clone, clone.layers
 
 
+@functools.cache
+def _bf16_linear_class() -> Any:
+    """The bfloat16 stand-in of an ``nn.Linear`` (a class built once, torch imported lazily)."""
+    import torch
+
+    class BFloat16Linear(torch.nn.Module):
+        """A linear layer with bfloat16 weights: inputs rounded to bfloat16, output in the input's dtype."""
+
+        def __init__(self, linear: torch.nn.Linear) -> None:
+            super().__init__()
+            self.in_features, self.out_features = linear.in_features, linear.out_features
+            self.weight = torch.nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
+            # The bias is added after the matmul, in the layer's own dtype.
+            bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(), False)
+            self.bias = bias
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = torch.nn.functional.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
+            return out if self.bias is None else out + self.bias
+
+    return BFloat16Linear
+
+
+def _mix_bf16_matmuls(layers: Any) -> None:
+    """Swap every ``nn.Linear`` of each layer's ``mlp`` for a bfloat16-weights one, in place.
+
+    Raises:
+        ValueError: A layer has no ``mlp`` with linear layers.
+    """
+    import torch
+
+    for index, layer in enumerate(layers):
+        mlp = getattr(layer, "mlp", None)
+        swapped = 0
+        for module in list(mlp.modules()) if isinstance(mlp, torch.nn.Module) else []:
+            for name, child in list(module.named_children()):
+                if isinstance(child, torch.nn.Linear):
+                    setattr(module, name, _bf16_linear_class()(child))
+                    swapped += 1
+        if not swapped:
+            raise ValueError(
+                f"cannot mix bfloat16 matmuls into layer {index} ({type(layer).__name__}): "
+                "it has no `mlp` with linear layers"
+            )
+
+
 class Reader:
     """Hidden states ``indices`` of ``model``, computed up to the deepest one, in ``dtype``.
 
@@ -130,22 +181,29 @@ class Reader:
         num_hidden_layers: Its decoder layers (the hidden states are ``0 .. num_hidden_layers``).
         indices: The hidden-state indices read.
         dtype: The torch dtype of the pass; another than the model's runs a copy of its decoder.
+        mixed: Run the layers' MLP matmuls with bfloat16 weights and inputs in a copy of the
+            decoder in ``dtype`` (see the module); everything else stays in ``dtype``.
 
     Raises:
-        ValueError: ``dtype`` differs from the model's but its decoder layers cannot be found.
+        ValueError: ``dtype`` differs from the model's, or ``mixed`` is asked for, but the
+            decoder layers (or their MLPs) cannot be found.
     """
 
-    def __init__(self, model: Any, num_hidden_layers: int, indices: Sequence[int], dtype: Any) -> None:
+    def __init__(
+        self, model: Any, num_hidden_layers: int, indices: Sequence[int], dtype: Any, *, mixed: bool = False
+    ) -> None:
         self.indices = tuple(sorted(set(indices)))
         self.deepest = self.indices[-1]
         self.dtype = dtype
+        self.mixed = mixed
         self.truncated = False
         found = decoder_of(model, num_hidden_layers)
         model_dtype = next(model.parameters()).dtype
         if found is None:
-            if dtype != model_dtype:
+            if dtype != model_dtype or mixed:
+                what = f"{dtype} with bfloat16 MLP matmuls" if mixed else str(dtype)
                 raise ValueError(
-                    f"cannot run {type(model).__name__} in {dtype} beside its {model_dtype} weights: "
+                    f"cannot run {type(model).__name__} in {what} beside its {model_dtype} weights: "
                     "its decoder layers were not found; load the model in that dtype instead"
                 )
             self._module: Any = model
@@ -154,9 +212,11 @@ class Reader:
         decoder, layers = found
         # The last state is the final norm's output: that one needs the whole decoder.
         self.truncated = self.deepest < num_hidden_layers
-        if dtype != model_dtype:
+        if dtype != model_dtype or mixed:
             keep = self.deepest if self.truncated else num_hidden_layers
             decoder, layers = _decoder_copy(decoder, layers, keep, dtype)
+            if mixed:
+                _mix_bf16_matmuls(layers)
         self._module = decoder
         self._layers = layers
         if self.truncated:

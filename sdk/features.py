@@ -48,11 +48,14 @@ __all__ = [
 Pooling: TypeAlias = Literal["last", "mean"]
 """``"last"``: the last prompt token's state; ``"mean"``: the mean over the prompt's tokens."""
 
-ReadDType: TypeAlias = Literal["float32", "bfloat16", "float16"]
-"""The number format of the reader's forward pass that made the features."""
+ReadDType: TypeAlias = Literal["float32", "bfloat16", "float16", "bf16-mixed"]
+"""The number format of the reader's forward pass that made the features (``"bf16-mixed"``:
+float32 with bfloat16 MLP matmuls, see :mod:`capgate._reader`)."""
 
-FeatureDType: TypeAlias = Literal["auto", "float32", "bfloat16", "float16"]
+FeatureDType: TypeAlias = Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"]
 """A featurizer's pass dtype: ``"auto"`` is the loaded model's own."""
+
+_FEATURE_DTYPES = ("auto", "float32", "bfloat16", "float16", "bf16-mixed")
 
 
 class FeatureSpec(BaseModel):
@@ -149,7 +152,9 @@ class HiddenStateFeaturizer:
         dtype: The number format of the pass: ``"auto"`` (the model's own), or ``"float32"``,
             ``"bfloat16"``, ``"float16"`` (another than the model's runs a copy of the layers
             read in that format; bfloat16 is fast on CPUs that compute it natively, see
-            :func:`capgate.models.native_bf16_cpu`). The spec records it.
+            :func:`capgate.models.native_bf16_cpu`), or ``"bf16-mixed"`` (a float32 copy of the
+            layers read whose MLP matmuls run in bfloat16: closer to float32 than bfloat16,
+            most of its speed). The spec records it.
 
     Example:
         >>> from capgate.models import load_model
@@ -174,8 +179,8 @@ class HiddenStateFeaturizer:
             raise ValueError(f"pooling must be 'last' or 'mean'; got {pooling!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
-        if dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16'; got {dtype!r}")
+        if dtype not in _FEATURE_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(map(repr, _FEATURE_DTYPES))}; got {dtype!r}")
         self.loaded = loaded
         self.layers = layers
         self.pooling = pooling
@@ -307,8 +312,13 @@ class HiddenStateFeaturizer:
         with self._readers_lock:
             reader = self._readers.get(key)
             if reader is None:
+                mixed = self.dtype == "bf16-mixed"
                 reader = self._readers[key] = Reader(
-                    self.loaded.model, self.loaded.num_hidden_layers, key, getattr(torch, self.dtype)
+                    self.loaded.model,
+                    self.loaded.num_hidden_layers,
+                    key,
+                    torch.float32 if mixed else getattr(torch, self.dtype),
+                    mixed=mixed,
                 )
             return reader
 

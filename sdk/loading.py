@@ -68,7 +68,7 @@ class FastPathCheck(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dtype: Literal["bfloat16", "float16"]
+    dtype: Literal["bfloat16", "float16", "bf16-mixed"]
     n: int = Field(ge=1)
     max_abs_dp: float = Field(ge=0)
     brier_float32: float = Field(ge=0, le=1)
@@ -133,16 +133,26 @@ def recorded_fast_paths(probe: LinearProbe) -> dict[str, FastPathCheck]:
     return checks
 
 
+_CPU_FAST_PATHS = ("bfloat16", "bf16-mixed")
+"""The CPU's fast reader passes, fastest first: each needs native bfloat16 and a passed check."""
+
+
 def _feature_dtype(dtype: str, device: str, probe: LinearProbe) -> str:
-    """The reader's pass dtype: on request, else bfloat16 where fast (native CPU) and checked."""
+    """The reader's pass dtype: on request, else the fastest checked fast path where native, else float32."""
     if dtype != "auto":
         return dtype
     if device != "cpu":
         return "auto"  # the model's own (bfloat16 or float16 on CUDA)
     from capgate import models
 
-    check = recorded_fast_paths(probe).get("bfloat16")
-    return "bfloat16" if check is not None and check.passed and models.native_bf16_cpu() else "float32"
+    if not models.native_bf16_cpu():
+        return "float32"
+    checks = recorded_fast_paths(probe)
+    for fast in _CPU_FAST_PATHS:
+        check = checks.get(fast)
+        if check is not None and check.passed:
+            return fast
+    return "float32"
 
 
 @overload
@@ -151,7 +161,7 @@ def load_estimator(
     *,
     probe: str | os.PathLike[str] | None = None,
     device: Literal["auto", "cpu", "cuda"] = "auto",
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"] = "auto",
     batch_size: int = 32,
     guard: Literal[True],
     calibration: None = None,
@@ -164,7 +174,7 @@ def load_estimator(
     *,
     probe: str | os.PathLike[str] | None = None,
     device: Literal["auto", "cpu", "cuda"] = "auto",
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"] = "auto",
     batch_size: int = 32,
     guard: Literal[False] = ...,
     calibration: None = None,
@@ -177,7 +187,7 @@ def load_estimator(
     *,
     probe: str | os.PathLike[str] | None = None,
     device: Literal["auto", "cpu", "cuda"] = "auto",
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"] = "auto",
     batch_size: int = 32,
     guard: bool = False,
     calibration: str | os.PathLike[str] | Calibration,
@@ -189,7 +199,7 @@ def load_estimator(
     *,
     probe: str | os.PathLike[str] | None = None,
     device: Literal["auto", "cpu", "cuda"] = "auto",
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"] = "auto",
     batch_size: int = 32,
     guard: bool = False,
     calibration: str | os.PathLike[str] | Calibration | None = None,
@@ -211,12 +221,14 @@ def load_estimator(
         probe: Folder of a saved probe; required unless ``model`` is ``"default"``.
         device: Where to run the model.
         dtype: Precision. ``"auto"``: on CUDA the model in bfloat16 (float16 where bf16 is
-            missing); on the CPU the model in float32 and the probe's reader pass in bfloat16
-            when the CPU computes bfloat16 natively (:func:`capgate.models.native_bf16_cpu`) and
-            the probe records a passed check of that fast path against float32
+            missing); on the CPU the model in float32 and the probe's reader pass in a fast
+            format when the CPU computes bfloat16 natively (:func:`capgate.models.native_bf16_cpu`)
+            and the probe records a passed check of that fast path against float32
             (:class:`FastPathCheck`: on its held-out split, |Δp| <= 0.01 and the capability Brier
-            within ±0.0005), else float32. An explicit dtype loads the model in it and runs the
-            pass in it. Each estimate's ``details["dtype"]`` says which dtype its pass used
+            within ±0.0005): ``"bfloat16"`` if its check passed, else ``"bf16-mixed"`` (float32
+            with the MLP matmuls in bfloat16) if its check passed, else float32. An explicit
+            dtype loads the model in it and runs the pass in it (``"bf16-mixed"``: the model in
+            float32). Each estimate's ``details["dtype"]`` says which dtype its pass used
             (the model's own when the pass was a shared prefill).
         batch_size: Queries per forward pass when featurizing.
         guard: Wrap the probe in :class:`~capgate.estimators.guarded.InjectionGuard`, so
@@ -249,7 +261,9 @@ def load_estimator(
     saved = LinearProbe.load(probe)
     spec = FeatureSpec.model_validate(saved.feature_spec_) if saved.feature_spec_ else None
     recorded_fast_paths(saved)  # a malformed record fails here, whatever the machine
-    loaded = load_model(model, device=device, dtype="auto" if dtype == "auto" else dtype)
+    # bf16-mixed is a pass over a float32 model (its MLP matmuls in bfloat16), not a weights dtype.
+    weights = "float32" if dtype == "bf16-mixed" else dtype
+    loaded = load_model(model, device=device, dtype=weights)
     feature_dtype = _feature_dtype(dtype, loaded.device, saved)
     pooling = spec.pooling if spec is not None else "last"
     chat_template = spec.chat_template if spec is not None else True

@@ -131,6 +131,37 @@ def test_a_bfloat16_pass_reads_a_copy_and_stays_close_to_float32(tiny_model: Loa
     assert all(buffer.dtype == torch.float32 for buffer in copy.buffers())  # rotary frequencies
 
 
+def test_a_mixed_pass_runs_only_the_mlp_matmuls_in_bfloat16(tiny_model: LoadedModel) -> None:
+    weights = {name: p.detach().clone() for name, p in tiny_model.model.named_parameters()}
+    f32 = HiddenStateFeaturizer(tiny_model, layers=[1])
+    mixed = HiddenStateFeaturizer(tiny_model, layers=[1], dtype="bf16-mixed")
+    assert mixed.spec.dtype == "bf16-mixed"
+    assert FeatureSpec.model_validate(mixed.spec.model_dump()) == mixed.spec
+    a, (b, made) = f32.transform(QUERIES), mixed.transform_with_details(QUERIES)
+    assert made == {"dtype": "bf16-mixed"}
+    assert b.dtype == np.float32
+    assert np.abs(a - b).max() <= 0.05 * np.abs(a).max()
+    assert not np.array_equal(a, b)  # the MLP matmuls really ran in bfloat16
+    for name, p in tiny_model.model.named_parameters():  # the loaded model is untouched
+        assert p.dtype == torch.float32, name
+        assert torch.equal(p, weights[name]), name
+    copy = mixed._reader()._module
+    assert len(copy.layers) == 1
+    for name, p in copy.named_parameters():
+        want = torch.bfloat16 if ".mlp." in name else torch.float32
+        assert p.dtype == want, name
+    assert any(".mlp." in name for name, _ in copy.named_parameters())
+    # A mixed pass of the same model in one process: the same features every time.
+    np.testing.assert_array_equal(mixed.transform(QUERIES), b)
+
+
+def test_a_mixed_pass_refuses_layers_without_an_mlp() -> None:
+    from capgate._reader import _mix_bf16_matmuls
+
+    with pytest.raises(ValueError, match=r"layer 0 .*no `mlp`"):
+        _mix_bf16_matmuls(torch.nn.ModuleList([torch.nn.Linear(2, 2)]))
+
+
 def test_the_shared_prefill_pass_runs_in_the_models_dtype(tiny_model_dir: Any) -> None:
     from capgate.models import load_model
 
@@ -185,13 +216,23 @@ def probe_with(validation: dict[str, Any]) -> LinearProbe:
         (True, None, "float32"),  # never checked: float32
         (True, passed_check(max_abs_dp=0.02), "float32"),  # checked and failed
         (True, passed_check(brier_fast=0.0207), "float32"),
+        # bfloat16 failed its check, the mixed pass passed its own: the mixed pass.
+        (
+            True,
+            {"bfloat16": passed_check(max_abs_dp=0.02), "bf16-mixed": passed_check(dtype="bf16-mixed")},
+            "bf16-mixed",
+        ),
+        (False, {"bf16-mixed": passed_check(dtype="bf16-mixed")}, "float32"),  # needs native bfloat16
+        (True, {"bf16-mixed": passed_check(dtype="bf16-mixed", max_abs_dp=0.011)}, "float32"),
+        (True, {"bfloat16": passed_check(), "bf16-mixed": passed_check(dtype="bf16-mixed")}, "bfloat16"),
     ],
 )
 def test_auto_picks_bfloat16_only_where_native_and_checked(
     monkeypatch: pytest.MonkeyPatch, native: bool, record: dict[str, Any] | None, expected: str
 ) -> None:
     monkeypatch.setattr("capgate.models.native_bf16_cpu", lambda: native)
-    probe = probe_with({} if record is None else {"fast_path": {"bfloat16": record}})
+    checks = record if record is None or "n" not in record else {"bfloat16": record}
+    probe = probe_with({} if checks is None else {"fast_path": checks})
     assert _feature_dtype("auto", "cpu", probe) == expected
     assert _feature_dtype("float32", "cpu", probe) == "float32"  # an explicit dtype wins
     assert _feature_dtype("auto", "cuda", probe) == "auto"  # the model's own on CUDA
@@ -251,8 +292,21 @@ def test_fast_path_estimates_match_float32_on_a_fixed_sample(default_model_dir: 
     # wider than the 0.01 the automatic choice asks for.
     assert 0 < check.max_abs_dp <= 0.03
     assert abs(check.brier_delta) <= 0.002
-    shipped = recorded_fast_paths(LinearProbe.load(default_probe_path()))["bfloat16"]
-    assert shipped.n == 356  # checked on the whole held-out split
+    shipped = recorded_fast_paths(LinearProbe.load(default_probe_path()))
+    assert shipped["bfloat16"].n == 356  # checked on the whole held-out split
+    # The mixed pass (MLP matmuls in bfloat16) is within the automatic choice's tolerance.
+    mixed = ProbeEstimator(
+        HiddenStateFeaturizer(reference.featurizer.loaded, layers=[26], batch_size=12, dtype="bf16-mixed"),
+        reference.probe,
+        ignore_spec_fields=["dtype"],
+    )
+    c = mixed.estimate(prompts)
+    assert {e.details["dtype"] for e in c} == {"bf16-mixed"}
+    mixed_check = FastPathCheck.of([e.p for e in a], [e.p for e in c], [q.mu_hat for q in questions],
+                                   dtype="bf16-mixed", split="12 held-out")  # fmt: skip
+    assert 0 < mixed_check.max_abs_dp <= 0.01
+    assert mixed_check.passed
+    assert shipped["bf16-mixed"].n == 356
 
 
 @pytest.mark.slow
@@ -261,10 +315,11 @@ def test_a_cpu_without_native_bfloat16_falls_back_to_float32(
 ) -> None:
     from capgate.loading import default_probe_path, load_estimator
 
-    shipped = recorded_fast_paths(LinearProbe.load(default_probe_path())).get("bfloat16")
+    shipped = recorded_fast_paths(LinearProbe.load(default_probe_path()))
+    passed = [fast for fast in ("bfloat16", "bf16-mixed") if fast in shipped and shipped[fast].passed]
     for native in (False, True):
         monkeypatch.setattr("capgate.models.native_bf16_cpu", lambda native=native: native)
         estimator = load_estimator("default", device="cpu")
-        expected = "bfloat16" if native and shipped is not None and shipped.passed else "float32"
+        expected = passed[0] if native and passed else "float32"
         assert estimator.featurizer.dtype == expected
         assert estimator.estimate_one("What is 2+3?").details["dtype"] == expected
