@@ -22,6 +22,7 @@ from capgate._prefill import PrefillCache, PrefillEntry, prefill_cache
 from capgate.adapters.backends.transformers import TransformersBackend, load_backend
 from capgate.estimators import LinearProbe, ProbeEstimator
 from capgate.features import HiddenStateFeaturizer
+from capgate.loading import FAST_PATH_MAX_ABS_DP
 from capgate.models import LoadedModel
 from capgate.policies import Policy
 
@@ -213,11 +214,12 @@ def test_a_featurizer_keeps_nothing_without_a_consumer(tiny_model_dir: Any) -> N
 
 
 @pytest.mark.slow
-def test_default_model_guard_matches_ungated_and_standalone(default_model_dir: Any) -> None:
+@pytest.mark.parametrize("dtype", ["auto", "float32"])
+def test_default_model_guard_matches_ungated_and_standalone(default_model_dir: Any, dtype: str) -> None:
     from capgate import load_estimator
 
     backend = load_backend("default", device="cpu")  # loaded apart from the estimator's copy
-    estimator = load_estimator("default", device="cpu")
+    estimator = load_estimator("default", device="cpu", dtype=dtype)  # type: ignore[arg-type]
     cache = prefill_cache(estimator.featurizer.loaded)  # type: ignore[attr-defined]
     assert cache is prefill_cache(backend.loaded)
     prompts = ["What is 17 * 23?", "Name the capital of France."]
@@ -236,10 +238,18 @@ def test_default_model_guard_matches_ungated_and_standalone(default_model_dir: A
                 got = guard(policy=ANSWER, estimator=estimator)(ask)(prompt)
             assert got == expected
             assert passes.prompt == 0  # the estimator's copy ran the only prefill
-    shared = [e.p for e in estimator.estimate(prompts)]
+    shared = estimator.estimate(prompts)
     cache.enabled = False
     try:
-        alone = [e.p for e in estimator.estimate(prompts)]
+        alone = estimator.estimate(prompts)
     finally:
         cache.enabled = True
-    assert shared == pytest.approx(alone, abs=1e-6)
+    # The shared prefill is the answer model's own pass (float32 here), and the estimate says so;
+    # alone, the estimator runs its reader's pass: the same numbers when that is float32 too, and
+    # within the fast path's checked tolerance when it is a faster one (`auto` picks bf16-mixed on
+    # CPUs with native bfloat16, where the shipped probe's check passes).
+    reader_dtype = estimator.featurizer.dtype  # type: ignore[attr-defined]
+    assert {e.details["dtype"] for e in shared} == {"float32"}
+    assert {e.details["dtype"] for e in alone} == {reader_dtype}
+    tolerance = 1e-6 if reader_dtype == "float32" else FAST_PATH_MAX_ABS_DP
+    assert [e.p for e in shared] == pytest.approx([e.p for e in alone], abs=tolerance)
