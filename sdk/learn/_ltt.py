@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from capgate.learn._probe import by_query
 from capgate.learn._traffic import Traffic
 from capgate.learn.thresholds import (
     base_policy,
@@ -42,13 +43,10 @@ def _per_query(conf: FloatArray, traffic: Traffic) -> tuple[FloatArray, FloatArr
     if groups is None:
         return None
     keep = ~np.isnan(conf)
-    labels, index = np.unique(groups[keep], return_inverse=True)
-    if len(labels) == int(keep.sum()):
+    if np.unique(groups[keep]).size == int(keep.sum()):
         return None
-    counts = np.bincount(index).astype(np.float64)
-    mean_conf = np.bincount(index, weights=conf[keep]) / counts
-    mean_y = np.bincount(index, weights=traffic.y[keep]) / counts
-    return mean_conf, mean_y
+    mean_conf, mean_y = by_query(conf[keep, None], traffic.y[keep], groups[keep])
+    return mean_conf[:, 0], mean_y
 
 
 def certify(

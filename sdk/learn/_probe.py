@@ -20,7 +20,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,7 @@ __all__ = ["LoggedFeatureSet", "by_query", "fit_probe", "logged_features"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+_Rows = TypeVar("_Rows", npt.NDArray[np.float32], npt.NDArray[np.float64])
 
 
 @dataclass(frozen=True)
@@ -129,11 +130,9 @@ def fit_probe(
     return search.best_estimator_
 
 
-def by_query(
-    X: npt.NDArray[np.float32], y: FloatArray, groups: npt.ArrayLike
-) -> tuple[npt.NDArray[np.float32], FloatArray]:
-    """One row per group (in order of first appearance): the mean of its feature rows and of its
-    outcomes.
+def by_query(X: _Rows, y: FloatArray, groups: npt.ArrayLike) -> tuple[_Rows, FloatArray]:
+    """One row per group (in order of first appearance): the mean of its feature rows (in ``X``'s
+    dtype) and of its outcomes.
 
     Example:
         >>> X = np.array([[1.0], [2.0], [1.0]], dtype=np.float32)
@@ -153,4 +152,4 @@ def by_query(
     y_q = np.bincount(row, weights=np.asarray(y, dtype=np.float64), minlength=order.size) / counts
     X_q = np.zeros((order.size, X.shape[1]), dtype=np.float64)
     np.add.at(X_q, row, X.astype(np.float64))
-    return (X_q / counts[:, None]).astype(np.float32), y_q
+    return (X_q / counts[:, None]).astype(X.dtype), y_q

@@ -3,6 +3,7 @@ estimator method, in time order, checked for the inputs :func:`~capgate.learn.ca
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -89,7 +90,7 @@ class Traffic:
     has_base: bool = True
     queries: tuple[str | None, ...] = ()
 
-    @property
+    @functools.cached_property
     def groups(self) -> npt.NDArray[np.str_] | None:
         """One label per decision naming its query (its hash; a decision without one is its own
         group), so that splits keep every outcome of a recurring query on one side; ``None``
@@ -103,7 +104,7 @@ class Traffic:
     def __len__(self) -> int:
         return len(self.ids)
 
-    @property
+    @functools.cached_property
     def estimated(self) -> npt.NDArray[np.bool_]:
         """Which decisions had a usable estimate: the only ones a map of the previous estimator
         is fitted on or compared on (a probe on logged features learns from the others too)."""
