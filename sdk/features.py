@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, get_args
 
 import numpy as np
 from pydantic import (
@@ -55,7 +55,7 @@ float32 with bfloat16 MLP matmuls, see :mod:`capgate._reader`)."""
 FeatureDType: TypeAlias = Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"]
 """A featurizer's pass dtype: ``"auto"`` is the loaded model's own."""
 
-_FEATURE_DTYPES = ("auto", "float32", "bfloat16", "float16", "bf16-mixed")
+_FEATURE_DTYPES: tuple[str, ...] = get_args(FeatureDType)
 
 
 class FeatureSpec(BaseModel):
