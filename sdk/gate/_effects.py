@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import inspect
 import itertools
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -17,8 +18,9 @@ from capgate.backend import Generation, Prompt
 from capgate.cas.drawn import DrawnValues
 from capgate.cas.loop import CASResult, sampling_plan
 from capgate.cas.settings import stop_rule
+from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
-from capgate.gate._limits import Limits, limited_aestimate, limited_estimate, log_writer
+from capgate.gate._limits import Limits, fail_closed, limited_aestimate, limited_estimate, log_writer
 from capgate.gate._results import Sampled, Verdict
 from capgate.gate._settings import GateSettings
 from capgate.gate._stats import GateStats
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
 
 R = TypeVar("R")
+_logger = logging.getLogger("capgate")
 
 
 class Effect(ABC):
@@ -44,6 +47,7 @@ class Effect(ABC):
 
 Flow: TypeAlias = Generator[Effect, Any, R]
 """A flow yields effects, receives their results, and returns its own."""
+Estimates: TypeAlias = list[Estimate]
 
 
 class Compound(Effect):
@@ -89,7 +93,7 @@ class FlowGate(Protocol):
 
     def resolve_estimator(self) -> CapabilityEstimator: ...
 
-    def estimate_call(self, estimator: CapabilityEstimator, queries: list[Prompt]) -> EstimateCall: ...
+    def estimates_flow(self, estimator: CapabilityEstimator, queries: list[Prompt]) -> Flow[Estimates]: ...
 
     def decide_on(
         self,
@@ -122,6 +126,22 @@ class EstimateCall(Effect):
 
     async def arun(self) -> list[Estimate]:
         return await limited_aestimate(self.estimator, self.queries, self.limits)
+
+
+def estimates_of(estimator: CapabilityEstimator, queries: list[Prompt], limits: Limits) -> Flow[Estimates]:
+    """One estimate per query from one :class:`EstimateCall`, failing closed: an estimator that
+    raises, or returns anything but one :class:`~capgate.Estimate` per query, gives degraded
+    estimates naming what went wrong (the policy's ``on_degraded`` acts; a warning on the
+    ``capgate`` logger), never the gated call's failure. A :class:`~capgate.errors.SettingsError`
+    (a misconfigured gate or estimator) is raised: it is not a missing estimate."""
+    try:
+        outcome: object = yield EstimateCall(estimator, queries, limits)
+    except SettingsError:
+        raise
+    except Exception as exc:
+        _logger.warning("%s failed; the decision is degraded", type(estimator).__name__, exc_info=exc)
+        outcome = exc
+    return fail_closed(estimator, queries, outcome)
 
 
 @dataclass(frozen=True)
@@ -255,12 +275,7 @@ class AssessEach(Compound):
             groups.setdefault(id(estimator), []).append(position)
         for positions in groups.values():
             _, gate, _, estimator = asked[positions[0]]
-            estimates = yield gate.estimate_call(estimator, [asked[i][2] for i in positions])
-            if not isinstance(estimates, list) or len(estimates) != len(positions):
-                raise TypeError(
-                    f"{type(estimator).__name__}.estimate(queries) must return one Estimate per query; "
-                    f"got {estimates!r} for {len(positions)} queries"
-                )
+            estimates = yield from gate.estimates_flow(estimator, [asked[i][2] for i in positions])
             for i, estimate in zip(positions, estimates, strict=True):
                 index, gate, query, _ = asked[i]
                 verdicts[index] = gate.decide_on(query, [estimate], estimator)

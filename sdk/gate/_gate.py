@@ -14,6 +14,7 @@ from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._calibration import Calibrations, calibration_target
 from capgate.gate._defaults import default_estimator, default_extract
+from capgate.gate._effects import estimates_of
 from capgate.gate._limits import Limits, Slots
 from capgate.gate._record import write_decision
 from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
@@ -29,7 +30,6 @@ from capgate.gate._shadow import Shadows, astart_shadow, start_shadow
 from capgate.gate._stats import GateStats
 from capgate.gate.flow import (
     Assess,
-    EstimateCall,
     Flow,
     Invoke,
     Sample,
@@ -246,9 +246,9 @@ class Gate:
         s = self.settings
         return Limits(self._shared.slots, s.max_concurrency, s.estimate_timeout_s)
 
-    def estimate_call(self, estimator: CapabilityEstimator, queries: list[Prompt]) -> EstimateCall:
-        """The effect of one call of ``estimator`` within this gate's :attr:`limits`."""
-        return EstimateCall(estimator, queries, self.limits)
+    def estimates_flow(self, estimator: CapabilityEstimator, queries: list[Prompt]) -> Flow[list[Estimate]]:
+        """One call of ``estimator`` within :attr:`limits`, failing closed (see ``estimates_of``)."""
+        return estimates_of(estimator, queries, self.limits)
 
     @staticmethod
     def _one(estimates: object, estimator: CapabilityEstimator | None) -> Estimate:
@@ -311,7 +311,7 @@ class Gate:
         """Estimate, decide and route in enforce mode (:class:`~capgate.gate.flow.Decide`)."""
         q = query
         estimator = self.resolve_estimator()
-        estimates = yield self.estimate_call(estimator, [q])
+        estimates = yield from self.estimates_flow(estimator, [q])
         verdict = self.decide_on(q, estimates, estimator, shadow_of=shadow_of)
         plan = verdict.decision.route_plan
         if plan is not None:
@@ -389,7 +389,7 @@ class Gate:
         choice's p, and the reason (:class:`~capgate.gate.flow.Route`)."""
         estimates: dict[str, Estimate] = {}
         for name, estimator in self.route_estimators(plan):
-            estimates[name] = self._one((yield self.estimate_call(estimator, [query])), estimator)
+            (estimates[name],) = yield from self.estimates_flow(estimator, [query])
             if choose_route(plan, estimates)[0] == name:
                 break
         return choose_route(plan, estimates)

@@ -6,6 +6,10 @@ estimator's backend: a burst of calls queues for a slot instead of opening a req
 estimate not had in time becomes a degraded :class:`~capgate.Estimate` naming the deadline, which
 the policy routes to its ``on_degraded`` action. Neither set: the estimator is called directly.
 
+Either way the gate fails closed (:func:`fail_closed`): an estimator that raises, or returns
+anything but one :class:`~capgate.Estimate` per query, gives degraded estimates naming what went
+wrong, never the gated call's failure and never a made-up value.
+
 A sync estimate that misses its deadline keeps running in its worker thread until the estimator
 returns (a thread cannot be cancelled; the backend's own time-outs end it), and keeps its slot
 until then, so the cap always bounds the work really in flight; the interpreter waits for it at
@@ -25,7 +29,17 @@ from capgate._types import Estimate
 from capgate.backend import Prompt
 from capgate.estimators.base import CapabilityEstimator
 
-__all__ = ["Limits", "Slots", "limited_aestimate", "limited_estimate", "log_writer"]
+__all__ = [
+    "Limits",
+    "Slots",
+    "fail_closed",
+    "failure_reason",
+    "limited_aestimate",
+    "limited_estimate",
+    "log_writer",
+]
+
+_ERROR_TEXT = 200  # characters of an error (or of a wrong return value) kept in a degraded reason
 
 _LOG_WRITER: ThreadPoolExecutor | None = None
 _LOG_WRITER_LOCK = threading.Lock()
@@ -86,6 +100,35 @@ def _timed_out(
     what = "no free estimator slot (max_concurrency)" if queued else "the estimate did not return"
     reason = f"{what} within the gate's estimate_timeout_s={timeout_s:g}s"
     return [Estimate.unavailable(estimator.method, reason, timeout_s=timeout_s) for _ in queries]
+
+
+def failure_reason(error: BaseException) -> str:
+    """Why an estimate failed, in words (the error's type and the start of its message)."""
+    text = _clipped(str(error))
+    return f"the estimator raised {type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= _ERROR_TEXT else text[:_ERROR_TEXT] + "..."
+
+
+def fail_closed(estimator: CapabilityEstimator, queries: Sequence[Prompt], outcome: object) -> list[Estimate]:
+    """One estimate per query from what an estimator call gave (``outcome``: its return value or
+    the error it raised): its own estimates when they are one :class:`~capgate.Estimate` per
+    query, else degraded ones naming the error or the wrong value (the policy's ``on_degraded``)."""
+    if isinstance(outcome, list) and len(outcome) == len(queries):
+        estimates = [e for e in outcome if isinstance(e, Estimate)]
+        if len(estimates) == len(queries):
+            return estimates
+    if isinstance(outcome, BaseException):
+        reason = failure_reason(outcome)
+    else:
+        reason = (
+            f"{type(estimator).__name__}.estimate returned {_clipped(repr(outcome))} for "
+            f"{len(queries)} queries, not one Estimate per query"
+        )
+    method = getattr(estimator, "method", None) or type(estimator).__name__
+    return [Estimate.unavailable(method, reason) for _ in queries]
 
 
 def limited_estimate(

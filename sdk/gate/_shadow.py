@@ -36,7 +36,7 @@ from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._defaults import default_estimator
 from capgate.gate._effects import Decide, FlowGate
-from capgate.gate._limits import log_writer
+from capgate.gate._limits import failure_reason, log_writer
 from capgate.gate._results import ShadowDecision, Verdict
 from capgate.gate.flow import aperform, perform
 
@@ -46,7 +46,6 @@ __all__ = [
     "Shadows",
     "astart_shadow",
     "failed_shadow",
-    "failure_reason",
     "off_loop",
     "stand_in",
     "start_shadow",
@@ -54,7 +53,6 @@ __all__ = [
 
 SHADOW_REASON = "shadow mode: the gate decides beside the call and logs what it would have done"
 
-_ERROR_TEXT = 200  # characters of an estimator's error kept in a degraded shadow decision's reason
 WORKERS = 4  # threads making shadow decisions at once, for a gate without max_concurrency
 
 
@@ -63,13 +61,6 @@ def stand_in(query: Prompt) -> Verdict:
     estimate = Estimate.unavailable("shadow", "estimated beside the call")
     decision = Decision(action="answer", estimate=estimate, reason=SHADOW_REASON, shadow=True)
     return Verdict(decision=decision, query=query)
-
-
-def failure_reason(error: BaseException) -> str:
-    """Why a shadow estimate failed, in words (the error's type and the start of its message)."""
-    text = str(error)
-    text = text if len(text) <= _ERROR_TEXT else text[:_ERROR_TEXT] + "..."
-    return f"the estimator raised {type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class Shadows:
