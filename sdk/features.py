@@ -151,8 +151,8 @@ class HiddenStateFeaturizer:
             :meth:`transform` calls share passes (up to 32 queries, see :mod:`capgate._coalesce`).
         dtype: The number format of the pass: ``"auto"`` (the model's own), or ``"float32"``,
             ``"bfloat16"``, ``"float16"`` (another than the model's runs a copy of the layers
-            read in that format; bfloat16 is fast on CPUs that compute it natively, see
-            :func:`capgate.models.native_bf16_cpu`), or ``"bf16-mixed"`` (a float32 copy of the
+            read in that format; bfloat16 is fast on some CPUs that compute it natively, see
+            :func:`capgate.models.bf16_pays_off`), or ``"bf16-mixed"`` (a float32 copy of the
             layers read whose MLP matmuls run in bfloat16: closer to float32 than bfloat16,
             most of its speed). The spec records it.
 

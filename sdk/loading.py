@@ -134,7 +134,8 @@ def recorded_fast_paths(probe: LinearProbe) -> dict[str, FastPathCheck]:
 
 
 _CPU_FAST_PATHS = ("bfloat16", "bf16-mixed")
-"""The CPU's fast reader passes, fastest first: each needs native bfloat16 and a passed check."""
+"""The CPU's fast reader passes, fastest first: each needs a passed check and a CPU where bfloat16
+pays off (:func:`capgate.models.bf16_pays_off`)."""
 
 
 def _feature_dtype(dtype: str, device: str, probe: LinearProbe) -> str:
@@ -145,7 +146,7 @@ def _feature_dtype(dtype: str, device: str, probe: LinearProbe) -> str:
         return "auto"  # the model's own (bfloat16 or float16 on CUDA)
     from capgate import models
 
-    if not models.native_bf16_cpu():
+    if not models.bf16_pays_off():
         return "float32"
     checks = recorded_fast_paths(probe)
     for fast in _CPU_FAST_PATHS:
@@ -222,11 +223,12 @@ def load_estimator(
         device: Where to run the model.
         dtype: Precision. ``"auto"``: on CUDA the model in bfloat16 (float16 where bf16 is
             missing); on the CPU the model in float32 and the probe's reader pass in a fast
-            format when the CPU computes bfloat16 natively (:func:`capgate.models.native_bf16_cpu`)
-            and the probe records a passed check of that fast path against float32
-            (:class:`FastPathCheck`: on its held-out split, |Δp| <= 0.01 and the capability Brier
-            within ±0.0005): ``"bfloat16"`` if its check passed, else ``"bf16-mixed"`` (float32
-            with the MLP matmuls in bfloat16) if its check passed, else float32. An explicit
+            format when bfloat16 pays off on the CPU (native, and its matmuls measured at least
+            1.5x as fast as float32's: :func:`capgate.models.bf16_pays_off`) and the probe records
+            a passed check of that fast path against float32 (:class:`FastPathCheck`: on its
+            held-out split, |Δp| <= 0.01 and the capability Brier within ±0.0005): ``"bfloat16"``
+            if its check passed, else ``"bf16-mixed"`` (float32 with the MLP matmuls in
+            bfloat16) if its check passed, else float32. An explicit
             dtype loads the model in it and runs the pass in it (``"bf16-mixed"``: the model in
             float32). Each estimate's ``details["dtype"]`` says which dtype its pass used
             (the model's own when the pass was a shared prefill).

@@ -209,6 +209,32 @@ def probe_with(validation: dict[str, Any]) -> LinearProbe:
 
 
 @pytest.mark.parametrize(
+    ("native", "speedup", "pays"), [(True, 2.4, True), (True, 0.6, False), (False, 2.4, False)]
+)
+def test_bfloat16_pays_off_only_where_native_and_measured_faster(
+    monkeypatch: pytest.MonkeyPatch, native: bool, speedup: float, pays: bool
+) -> None:
+    """A CPU that lists AVX512-BF16 may still multiply bfloat16 slower than float32 (0.6x on one
+    Xeon here): the fast path needs both the flag and the measured speed."""
+    from capgate import models
+
+    monkeypatch.setattr(models, "native_bf16_cpu", lambda: native)
+    monkeypatch.setattr(models, "bf16_speedup", lambda: speedup)
+    assert models.bf16_pays_off() is pays
+    probe = probe_with({"fast_path": {"bf16-mixed": passed_check(dtype="bf16-mixed")}})
+    assert _feature_dtype("auto", "cpu", probe) == ("bf16-mixed" if pays else "float32")
+
+
+def test_the_bfloat16_speedup_is_measured_on_this_cpu() -> None:
+    from capgate import models
+
+    speedup = models.bf16_speedup()
+    assert isinstance(speedup, float)
+    assert 0.01 < speedup < 100.0  # a ratio of two real timings, whichever way it goes here
+    assert models.bf16_speedup() == speedup  # cached: measured once per process
+
+
+@pytest.mark.parametrize(
     ("native", "record", "expected"),
     [
         (True, passed_check(), "bfloat16"),
@@ -230,7 +256,7 @@ def probe_with(validation: dict[str, Any]) -> LinearProbe:
 def test_auto_picks_bfloat16_only_where_native_and_checked(
     monkeypatch: pytest.MonkeyPatch, native: bool, record: dict[str, Any] | None, expected: str
 ) -> None:
-    monkeypatch.setattr("capgate.models.native_bf16_cpu", lambda: native)
+    monkeypatch.setattr("capgate.models.bf16_pays_off", lambda: native)
     checks = record if record is None or "n" not in record else {"bfloat16": record}
     probe = probe_with({} if checks is None else {"fast_path": checks})
     assert _feature_dtype("auto", "cpu", probe) == expected
@@ -318,7 +344,7 @@ def test_a_cpu_without_native_bfloat16_falls_back_to_float32(
     shipped = recorded_fast_paths(LinearProbe.load(default_probe_path()))
     passed = [fast for fast in ("bfloat16", "bf16-mixed") if fast in shipped and shipped[fast].passed]
     for native in (False, True):
-        monkeypatch.setattr("capgate.models.native_bf16_cpu", lambda native=native: native)
+        monkeypatch.setattr("capgate.models.bf16_pays_off", lambda native=native: native)
         estimator = load_estimator("default", device="cpu")
         expected = passed[0] if native and passed else "float32"
         assert estimator.featurizer.dtype == expected
