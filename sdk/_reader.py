@@ -12,7 +12,7 @@ The early stop is a forward hook on each decoder layer, installed once per layer
 only in the thread (context) that runs a reader pass, so another thread using the same model (a
 sampling backend generating) never meets it.
 
-A reader in another dtype than the model's (bfloat16 on a CPU that computes it natively) runs a
+A reader in another dtype than the model's (bfloat16 on a CPU where it pays off) runs a
 copy of the decoder in that dtype, holding only the layers it runs; buffers (rotary frequencies)
 keep their dtype. A *mixed* reader (``"bf16-mixed"``) runs a float32 copy whose layers' MLP
 matmuls (each layer's ``mlp`` linears: gate, up and down projections) take bfloat16 weights and

@@ -20,8 +20,6 @@ Nothing here imports torch or transformers at module import time.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib.util
 import os
 import re
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 from capgate._atomic import atomic_write_json
+from capgate._cpu import BF16_PAYS_OFF, bf16_pays_off, bf16_speedup, native_bf16_cpu
 from capgate._weights import (
     CACHE_ENV,
     MODEL_METADATA_FILE,
@@ -46,6 +45,7 @@ from capgate.backend import Prompt, as_messages
 from capgate.errors import CapgateError, DataError
 
 __all__ = [
+    "BF16_PAYS_OFF",
     "CACHE_ENV",
     "DEFAULT_GGUF_FILE",
     "DEFAULT_GGUF_PACKAGE",
@@ -333,83 +333,6 @@ class LoadedModel:
             [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
         )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-_NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
-"""CPU flags of native bfloat16 arithmetic: x86 AVX512-BF16 and AMX-BF16 (Linux), Arm's BF16 (Linux)."""
-
-
-def _cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as the OS lists them (empty where it does not)."""
-    import platform
-    import subprocess
-
-    flags: set[str] = set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip().lower() in ("flags", "features"):
-                flags.update(value.split())
-    if platform.system() == "Darwin":  # Apple silicon from M2 on
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            out = subprocess.run(
-                ["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True, timeout=5
-            )
-            if out.stdout.strip() == "1":
-                flags.add("bf16")
-    return frozenset(flags)
-
-
-@functools.lru_cache(maxsize=1)
-def native_bf16_cpu() -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX-BF16 on x86, BF16 on Arm).
-
-    There, a bfloat16 forward pass runs about twice as fast as a float32 one; elsewhere torch
-    emulates bfloat16, more slowly than float32. The answer is cached for the process.
-
-    Example:
-        >>> isinstance(native_bf16_cpu(), bool)
-        True
-    """
-    return bool(_cpu_flags() & _NATIVE_BF16_FLAGS)
-
-
-BF16_PAYS_OFF = 1.5
-"""The measured bfloat16 / float32 matmul speed ratio from which a CPU's fast reader pass is used."""
-
-
-@functools.lru_cache(maxsize=1)
-def bf16_speedup() -> float:
-    """How much faster this CPU multiplies bfloat16 than float32 matrices, measured (cached).
-
-    The CPU flag does not settle it: some CPUs that list AVX512-BF16 run torch's bfloat16
-    matmuls slower than float32 ones (0.6x on one Xeon here). Times a 512x1024 by 1024x1024
-    matmul in each dtype, interleaved, best of 7 (about 50 ms on 2 cores).
-    """
-    import time
-
-    import torch
-
-    timings: dict[torch.dtype, float] = {}
-    operands = {
-        dt: (torch.randn(512, 1024).to(dt), torch.randn(1024, 1024).to(dt))
-        for dt in (torch.float32, torch.bfloat16)
-    }
-    with torch.inference_mode():
-        for _ in range(8):
-            for dt, (a, b) in operands.items():
-                start = time.perf_counter()
-                torch.mm(a, b)
-                took = time.perf_counter() - start
-                timings[dt] = min(timings.get(dt, took), took)
-    return timings[torch.float32] / timings[torch.bfloat16]
-
-
-def bf16_pays_off() -> bool:
-    """Whether a bfloat16 reader pass is worth it on this CPU: native bfloat16
-    (:func:`native_bf16_cpu`) and bfloat16 matmuls measured at least :data:`BF16_PAYS_OFF` times
-    as fast as float32 ones (:func:`bf16_speedup`)."""
-    return native_bf16_cpu() and bf16_speedup() >= BF16_PAYS_OFF
 
 
 def _resolve_device(device: str) -> str:

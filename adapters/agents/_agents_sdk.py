@@ -109,9 +109,10 @@ def run_query(value: str | Sequence[TResponseInputItem]) -> Prompt:
 
 
 def failure(gate: Gate, query: Prompt, error: Exception) -> Verdict:
-    """The degraded decision of an estimate that raised (the policy's ``on_degraded``)."""
+    """The degraded decision when the gate could not decide (the policy's ``on_degraded``); an
+    estimator's own failure is already a degraded decision from the gate (fail closed)."""
     text = str(error)[:ERROR_TEXT]
-    reason = f"the estimator raised {type(error).__name__}" + (f": {text}" if text else "")
+    reason = f"the gate could not decide: {type(error).__name__}" + (f": {text}" if text else "")
     method = getattr(gate.settings.estimator, "method", None) or "unknown"
     return gate.decide_on(query, [Estimate.unavailable(method, reason)], None)
 

@@ -164,7 +164,7 @@ class CapabilityApproval:
             verdict = drive(_assess_flow(gate, tool_call_query(messages or [], call)))
         except SettingsError:  # a misconfigured gate is an error, not a reason to ask
             raise
-        except Exception:  # no estimate could be had: a human decides
+        except Exception:  # no decision could be had (say, a fail-closed log down): a human decides
             ask = True
         else:
             self.last_verdict = verdict

@@ -18,7 +18,7 @@ from capgate.backend import Generation, Prompt
 from capgate.cas.drawn import DrawnValues
 from capgate.cas.loop import CASResult, sampling_plan
 from capgate.cas.settings import stop_rule
-from capgate.errors import SettingsError
+from capgate.errors import NotFittedError, ProbeMismatchError, SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._limits import Limits, fail_closed, limited_aestimate, limited_estimate, log_writer
 from capgate.gate._results import Sampled, Verdict
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 _logger = logging.getLogger("capgate")
+MISCONFIGURED = (SettingsError, ProbeMismatchError, NotFittedError)
+"""Errors of a misconfigured gate or estimator: raised at once, never a degraded decision."""
 
 
 class Effect(ABC):
@@ -132,16 +134,20 @@ def estimates_of(estimator: CapabilityEstimator, queries: list[Prompt], limits: 
     """One estimate per query from one :class:`EstimateCall`, failing closed: an estimator that
     raises, or returns anything but one :class:`~capgate.Estimate` per query, gives degraded
     estimates naming what went wrong (the policy's ``on_degraded`` acts; a warning on the
-    ``capgate`` logger), never the gated call's failure. A :class:`~capgate.errors.SettingsError`
-    (a misconfigured gate or estimator) is raised: it is not a missing estimate."""
+    ``capgate`` logger, the traceback at debug level), never the gated call's failure. A
+    misconfiguration (:class:`~capgate.errors.SettingsError`, a probe that does not fit its
+    reader or was never fitted) is raised: it is not a missing estimate."""
     try:
         outcome: object = yield EstimateCall(estimator, queries, limits)
-    except SettingsError:
+    except MISCONFIGURED:
         raise
     except Exception as exc:
-        _logger.warning("%s failed; the decision is degraded", type(estimator).__name__, exc_info=exc)
+        _logger.debug("%s raised", type(estimator).__name__, exc_info=exc)
         outcome = exc
-    return fail_closed(estimator, queries, outcome)
+    estimates = fail_closed(estimator, queries, outcome)
+    if estimates is not outcome:
+        _logger.warning("%s; the decision is degraded", estimates[0].reason)
+    return estimates
 
 
 @dataclass(frozen=True)

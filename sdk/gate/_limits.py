@@ -190,7 +190,11 @@ async def limited_aestimate(
             acquired = True
             return await estimator.aestimate(queries)
 
+    deadline = asyncio.timeout(timeout_s)
     try:
-        return await asyncio.wait_for(bounded(), timeout_s)
+        async with deadline:
+            return await bounded()
     except TimeoutError:
-        return _timed_out(estimator, queries, timeout_s or 0.0, queued=semaphore is not None and not acquired)
+        if not deadline.expired():  # the estimator's own time-out: its error, not the gate's deadline
+            raise
+    return _timed_out(estimator, queries, timeout_s or 0.0, queued=semaphore is not None and not acquired)
