@@ -143,6 +143,14 @@ def test_a_broken_estimator_degrades_the_decision_and_on_degraded_acts(
         assert "the decision is degraded" in caplog.text
 
 
+def test_a_working_estimator_warns_of_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    gate = Gate(policy=POLICY, estimator=KeywordEstimator({}, default=0.9))
+    with caplog.at_level(logging.WARNING, logger="capgate"):
+        assert gate.assess("q").action == "answer"
+        assert perform(AssessEach([(gate, "a"), (gate, "b")]))[1].action == "answer"
+    assert caplog.records == []
+
+
 def test_the_gate_and_its_batch_fail_closed_per_query() -> None:
     gate = Gate(policy=POLICY, estimator=Returning([Estimate(p=0.9, method="returning")]))
     verdicts = perform(AssessEach([(gate, "first"), (gate, "second")]))  # one Estimate for two queries

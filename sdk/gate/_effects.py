@@ -144,10 +144,7 @@ def estimates_of(estimator: CapabilityEstimator, queries: list[Prompt], limits: 
     except Exception as exc:
         _logger.debug("%s raised", type(estimator).__name__, exc_info=exc)
         outcome = exc
-    estimates = fail_closed(estimator, queries, outcome)
-    if estimates is not outcome:
-        _logger.warning("%s; the decision is degraded", estimates[0].reason)
-    return estimates
+    return fail_closed(estimator, queries, outcome)
 
 
 @dataclass(frozen=True)

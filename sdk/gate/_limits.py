@@ -19,6 +19,7 @@ exit rather than kill it mid-forward-pass. An async one is cancelled.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ __all__ = [
     "log_writer",
 ]
 
+_logger = logging.getLogger("capgate")
 _ERROR_TEXT = 200  # characters of an error (or of a wrong return value) kept in a degraded reason
 
 _LOG_WRITER: ThreadPoolExecutor | None = None
@@ -115,7 +117,8 @@ def _clipped(text: str) -> str:
 def fail_closed(estimator: CapabilityEstimator, queries: Sequence[Prompt], outcome: object) -> list[Estimate]:
     """One estimate per query from what an estimator call gave (``outcome``: its return value or
     the error it raised): its own estimates when they are one :class:`~capgate.Estimate` per
-    query, else degraded ones naming the error or the wrong value (the policy's ``on_degraded``)."""
+    query, else degraded ones naming the error or the wrong value (the policy's ``on_degraded``),
+    with one warning line on the ``capgate`` logger."""
     if isinstance(outcome, list) and len(outcome) == len(queries):
         estimates = [e for e in outcome if isinstance(e, Estimate)]
         if len(estimates) == len(queries):
@@ -127,6 +130,7 @@ def fail_closed(estimator: CapabilityEstimator, queries: Sequence[Prompt], outco
             f"{type(estimator).__name__}.estimate returned {_clipped(repr(outcome))} for "
             f"{len(queries)} queries, not one Estimate per query"
         )
+    _logger.warning("%s; the decision is degraded", reason)
     method = getattr(estimator, "method", None) or type(estimator).__name__
     return [Estimate.unavailable(method, reason) for _ in queries]
 
