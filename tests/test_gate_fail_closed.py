@@ -220,3 +220,21 @@ def test_a_langgraph_node_fails_closed_too() -> None:
     assert decision.action == "escalate"
     assert decision.degraded
     assert "ConnectionError: probe server down" in (decision.estimate.reason or "")
+
+
+def test_in_shadow_mode_a_misconfiguration_is_a_logged_degraded_decision_never_the_calls_failure(
+    tmp_path: Path,
+) -> None:
+    log = DecisionLog(tmp_path / "log.sqlite3")
+
+    @capgate.guard(policy=POLICY, estimator=Misconfigured(), log=log, mode="shadow")
+    def ask(prompt: str) -> str:
+        return "answer"
+
+    assert ask("q") == "answer"
+    assert ask.gate.flush(10.0)
+    (logged,) = log.decisions()
+    assert (logged.decision.shadow, logged.decision.degraded) == (True, True)
+    assert logged.decision.estimate.reason == (
+        "the shadow decision raised SettingsError: the probe reads layer 40 of a 30-layer model"
+    )

@@ -182,7 +182,7 @@ def _candidate_decision(gate: FlowGate, verdict: Verdict) -> Decision:
     decision_id = uuid.uuid4().hex  # its own id; ``beside`` ties it to the enforced decision
     try:
         made: Verdict = perform(Decide(gate, verdict.query, decision_id))
-    except Exception as exc:  # the candidate's estimator raised: a degraded decision naming it
+    except Exception as exc:  # the candidate's decision failed (misconfigured): degraded, naming it
         made = failed_shadow(gate, verdict.query, decision_id, exc)
     return made.decision.model_copy(update={"beside": verdict.decision.id})
 

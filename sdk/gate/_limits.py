@@ -104,10 +104,10 @@ def _timed_out(
     return [Estimate.unavailable(estimator.method, reason, timeout_s=timeout_s) for _ in queries]
 
 
-def failure_reason(error: BaseException) -> str:
-    """Why an estimate failed, in words (the error's type and the start of its message)."""
+def failure_reason(error: BaseException, *, by: str = "the estimator") -> str:
+    """Why an estimate failed, in words: who raised what (the error's type and the start of its message)."""
     text = _clipped(str(error))
-    return f"the estimator raised {type(error).__name__}: {text}" if text else type(error).__name__
+    return f"{by} raised {type(error).__name__}" + (f": {text}" if text else "")
 
 
 def _clipped(text: str) -> str:

@@ -168,12 +168,15 @@ def off_loop(gate: FlowGate) -> bool:
 
 
 def failed_shadow(gate: FlowGate, query: Prompt, decision_id: str, error: Exception) -> Verdict:
-    """The degraded shadow decision of an estimate that raised (the policy's ``on_degraded``)."""
+    """The degraded shadow decision when the decision itself failed (say, a misconfigured gate:
+    an estimator's own errors are already degraded estimates), by the policy's ``on_degraded``."""
     try:
         estimator: CapabilityEstimator | None = gate.resolve_estimator()
     except SettingsError:
         estimator = None
-    estimate = Estimate.unavailable(estimator.method if estimator else "unknown", failure_reason(error))
+    estimate = Estimate.unavailable(
+        estimator.method if estimator else "unknown", failure_reason(error, by="the shadow decision")
+    )
     return gate.decide_on(query, [estimate], None, shadow_of=decision_id)
 
 
