@@ -18,6 +18,9 @@ Effects an integration yields:
 gate (:class:`Compound` effects): the driver runs them down to their leaves, :class:`EstimateCall`
 (one estimator call) and :class:`Draw` (one resample round), with the same driver, so a call walks
 down from the integration to the estimator once, calling back up only to run the user's code.
+The gate's flows fail closed around :class:`EstimateCall` (an estimator that raises or returns
+garbage gives degraded estimates naming it); an integration that yields :class:`EstimateCall`
+itself gets the raw error thrown back instead, so prefer ``yield from gate.estimates_flow(...)``.
 
 The driver also traces (:mod:`capgate.telemetry`, a no-op without OpenTelemetry): each decision
 is a ``capgate.gate`` span open until the flow ends, its estimator calls and resample rounds nest
