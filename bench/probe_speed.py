@@ -6,13 +6,14 @@ on held-out prompts, in one run:
 * **where the time goes** (one list of 32, float32, today's path vs capgate's now): templating
   and tokenization, padding, the forward pass, pooling, the probe and the ``Estimate``s;
 * **speed table**, for float32, bfloat16 and bf16-mixed (float32 with the MLP matmuls in
-  bfloat16), batch 1 (``estimate_one`` in a loop), 8 and 32 (one
-  list): a *bare forward* (the decoder's own call on pre-tokenized, padded ids, through the same
-  26 layers, no hooks, ``torch.inference_mode``) against *capgate's estimate* (from the prompt
-  text to the ``Estimate``), the ratio estimate/bare (1.00 = as fast as the bare pass), and
-  *today's path* before issue 21 (the full model with every hidden state, float32, batches of
-  8) with capgate's speed-up over it. Bare and capgate alternate per repetition, so a noisy
-  machine slows both;
+  bfloat16), batch 1 (``estimate_one`` in a loop), 8 and 32 (one list): a *bare forward* (the
+  decoder's own call on pre-tokenized, padded ids, through the same 26 layers, no hooks,
+  ``torch.inference_mode``, in the same length-bucketed passes capgate's featurizer makes of the
+  list, so both do the same forward work) against *capgate's estimate* (from the prompt text to
+  the ``Estimate``), the ratio estimate time / bare time (1.00 = as fast as the bare pass), and *today's
+  path* before issue 21 (the full model with every hidden state, float32, batches of 8) with
+  capgate's speed-up over it. Bare and capgate alternate per repetition, so a noisy machine slows
+  both;
 * **the fast paths' checks** (``--fast``, default bfloat16 and bf16-mixed): on the held-out
   split (``--check-n``, default all of it), the largest |Δp| between the fast and the float32
   estimates and both capability Brier scores against µ̂, passed when |Δp| <= 0.01 and the Brier
@@ -166,7 +167,9 @@ def speed_table(
         for n in BATCHES:
             queries = prompts[:n] if n > 1 else prompts[:8]
             encoded = [loaded.prompt_ids(q) for q in queries]
-            inputs = [padded(loaded, [ids]) for ids in encoded] if n == 1 else [padded(loaded, encoded)]
+            # the same passes capgate runs: one per query alone, else its length-bucketed passes
+            passes = [[i] for i in range(len(encoded))] if n == 1 else estimator.featurizer._chunks(encoded)
+            inputs = [padded(loaded, [encoded[i] for i in chunk]) for chunk in passes]
 
             def run_bare(inputs: list[Any] = inputs, bare: Any = bare) -> None:
                 with torch.inference_mode():
