@@ -271,7 +271,7 @@ def main() -> None:
                 for k, v in recorded_fast_paths(probe).items()}  # fmt: skip
     print(
         f"machine: {machine()}; torch threads {args.threads}; native bfloat16: {native_bf16_cpu()}; "
-        f"bfloat16 matmul measured {bf16_speedup():.2f}x float32 (pays off: {bf16_pays_off()})"
+        f"a bfloat16 linear layer measured {bf16_speedup():.2f}x float32 (pays off: {bf16_pays_off()})"
     )
     print(
         f"data: held-out prompts of the shipped split (mean {tokens:.0f} tokens templated); probe reads "

@@ -219,15 +219,15 @@ def load_estimator(
         device: Where to run the model.
         dtype: Precision. ``"auto"``: on CUDA the model in bfloat16 (float16 where bf16 is
             missing); on the CPU the model in float32 and the probe's reader pass in a fast
-            format when bfloat16 pays off on the CPU (native, and its matmuls measured at least
-            1.5x as fast as float32's: :func:`capgate.models.bf16_pays_off`) and the probe records
-            a passed check of that fast path against float32 (:class:`FastPathCheck`: on its
-            held-out split, |Δp| <= 0.01 and the capability Brier within ±0.0005): ``"bfloat16"``
-            if its check passed, else ``"bf16-mixed"`` (float32 with the MLP matmuls in
-            bfloat16) if its check passed, else float32. An explicit
+            format when bfloat16 pays off on the CPU (native, and a bfloat16 linear layer measured
+            at least 1.25x as fast as a float32 one: :func:`capgate.models.bf16_pays_off`) and the
+            probe records a passed check of that fast path against float32
+            (:class:`FastPathCheck`: on its held-out split, |Δp| <= 0.01 and the capability Brier
+            within ±0.0005): ``"bfloat16"`` if its check passed, else ``"bf16-mixed"`` (float32
+            with the MLP matmuls in bfloat16) if its check passed, else float32. An explicit
             dtype loads the model in it and runs the pass in it (``"bf16-mixed"``: the model in
-            float32). Each estimate's ``details["dtype"]`` says which dtype its pass used
-            (the model's own when the pass was a shared prefill).
+            float32). Each estimate's ``details["dtype"]`` says which dtype its pass used (the
+            model's own when the pass was a shared prefill).
         batch_size: Queries per forward pass when featurizing.
         guard: Wrap the probe in :class:`~capgate.estimators.guarded.InjectionGuard`, so
             capability claims and context in the query cannot lift the estimate: such estimates
