@@ -141,7 +141,8 @@ def profile(loaded: Any, probe: LinearProbe, prompts: list[str]) -> None:
         head = best_of(lambda features=features: [probe.predict(row[None, :]) for row in features])
         total = best_of(lambda estimator=estimator: estimator.estimate(prompts))
         rest = total - encode - pad - forward - head
-        rest_text = f"{rest * 1e3:.0f} ms" if rest >= 0 else f"{rest * 1e3:.0f} ms (below timing noise)"
+        overrun = "" if rest >= 0 else " (the parts, timed apart, exceed the total)"
+        rest_text = f"{rest * 1e3:.0f} ms{overrun}"
         print(
             f"profile {name:<5} (32 prompts, float32, batches of {featurizer.batch_size}; best of 3 each): "
             f"template+tokenize {encode * 1e3:.0f} ms, padding {pad * 1e3:.1f} ms, forward "
