@@ -426,3 +426,12 @@ def test_capgate_demo_runs_end_to_end(default_model_dir: Path, tmp_path: Path) -
         "replay_risk_coverage.png",
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == names
+
+
+def test_the_time_row_says_saved_when_the_gate_saves_time() -> None:
+    from capgate.cli.demo_cmd import time_change
+
+    assert time_change(1.25) == "+1.2 s added"
+    assert time_change(-0.6) == "0.6 s saved"
+    assert time_change(-0.04) == "+0.0 s added"  # rounds to nothing: not "0.0 s saved"
+    assert time_change(0.0) == "+0.0 s added"

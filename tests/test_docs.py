@@ -255,6 +255,7 @@ def check_demo_table(text: str) -> list[str]:
     every rate and interval, every count that follows from others, the time added."""
     from types import SimpleNamespace
 
+    from capgate.cli.demo_cmd import time_change
     from capgate.demo_compare import compare
 
     title = re.search(r"LIVE: (\d+) questions, without the gate vs with the gate", text)
@@ -303,7 +304,7 @@ def check_demo_table(text: str) -> list[str]:
             f"{on.right} given; {on.right_stopped} of {off.right} stopped ({_pct(on.right_stopped_share)})",
         ],
         "samples spent": [str(n), str(on.samples)],
-        "time": [f"{off.seconds:.1f} s", f"{on.seconds:.1f} s ({on.seconds_added:+.1f} s added)"],
+        "time": [f"{off.seconds:.1f} s", f"{on.seconds:.1f} s ({time_change(on.seconds_added)})"],
     }
     return [
         f"row {k!r}: shown {cells.get(k)}, computed {v}" for k, v in expected.items() if cells.get(k) != v

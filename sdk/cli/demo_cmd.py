@@ -25,6 +25,12 @@ __all__ = ["register"]
 SCHEMA = "capgate.demo/1"
 
 
+def time_change(seconds_added: float) -> str:
+    """What the gate did to the run's time, in words: ``+1.2 s added`` or ``0.6 s saved``."""
+    shown = round(seconds_added, 1) + 0.0  # + 0.0: no "-0.0"
+    return f"{-shown:.1f} s saved" if shown < 0 else f"{shown:+.1f} s added"
+
+
 def _pct(rate: Rate | None) -> str:
     """``42% [19%, 68%]`` (Wilson 95%), or ``n/a``."""
     if rate is None:
@@ -96,7 +102,7 @@ def _print_live(out: Console, report: DemoReport) -> None:
         f"{on.right} given; {on.right_stopped} of {off.right} stopped ({_pct(on.right_stopped_share)})",
     )
     table.add_row("samples spent", str(off.samples), str(on.samples))
-    table.add_row("time", f"{off.seconds:.1f} s", f"{on.seconds:.1f} s ({on.seconds_added:+.1f} s added)")
+    table.add_row("time", f"{off.seconds:.1f} s", f"{on.seconds:.1f} s ({time_change(on.seconds_added)})")
     out.print(table)
     s = report.summary()
 
