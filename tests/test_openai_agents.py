@@ -529,3 +529,19 @@ def test_server_shadow_and_a_failing_estimator_never_crash_the_run(tmp_path: Pat
         with pytest.raises(InputGuardrailTripwireTriggered) as caught:  # balanced: on_degraded abstains
             Runner.run_sync(server.agent(input_guardrails=[guard]), "What is 2 + 2?")
         assert tripped(caught.value).decision.degraded
+
+
+def test_a_gate_that_cannot_decide_gives_a_degraded_decision_naming_the_error() -> None:
+    """The guardrail's last line (an error from deciding itself, not from the estimator, which
+    the gate already turns into a degraded estimate): the same words as the gate's own reasons."""
+    from capgate.adapters.agents._agents_sdk import failure
+    from capgate.gate import Gate
+
+    gate = Gate(policy="conservative", estimator=KeywordEstimator(MARKERS))
+    verdict = failure(gate, "anything", RuntimeError("x" * 300))
+    assert verdict.decision.degraded
+    assert verdict.action == "escalate"
+    reason = verdict.decision.estimate.reason or ""
+    assert reason.startswith("the gate raised RuntimeError: " + "x" * 200)
+    assert reason.endswith("...")
+    assert "x" * 201 not in reason

@@ -17,7 +17,7 @@ from capgate._types import Decision, Estimate, Speculation
 from capgate.backend import ChatMessage, Prompt
 from capgate.errors import SettingsError
 from capgate.gate import Gate, GateOptions, Verdict
-from capgate.gate.flow import Assess, Flow, Record, adrive, drive
+from capgate.gate.flow import Assess, Flow, Record, adrive, drive, failure_reason
 from capgate.messages import content_text
 
 __all__ = [
@@ -36,7 +36,6 @@ DEFAULT_ESTIMATE_TIMEOUT_S = 30.0
 """The guardrail's deadline on one estimate when none is given: a hung estimator never hangs a run."""
 
 BLOCKING = ("abstain", "clarify", "escalate")
-ERROR_TEXT = 200
 
 
 @dataclass(frozen=True)
@@ -111,8 +110,7 @@ def run_query(value: str | Sequence[TResponseInputItem]) -> Prompt:
 def failure(gate: Gate, query: Prompt, error: Exception) -> Verdict:
     """The degraded decision when the gate could not decide (the policy's ``on_degraded``); an
     estimator's own failure is already a degraded decision from the gate (fail closed)."""
-    text = str(error)[:ERROR_TEXT]
-    reason = f"the gate could not decide: {type(error).__name__}" + (f": {text}" if text else "")
+    reason = failure_reason(error, by="the gate")
     method = getattr(gate.settings.estimator, "method", None) or "unknown"
     return gate.decide_on(query, [Estimate.unavailable(method, reason)], None)
 

@@ -72,6 +72,7 @@ from capgate.gate._effects import (
     Sample,
     Shadow,
 )
+from capgate.gate._limits import failure_reason
 from capgate.gate._results import GateBlocked, Verdict
 
 __all__ = [
@@ -93,6 +94,7 @@ __all__ = [
     "adrive",
     "aperform",
     "drive",
+    "failure_reason",
     "perform",
 ]
 R = TypeVar("R")
