@@ -284,3 +284,31 @@ else:
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     with DecisionLog(path) as log:
         assert [(d.decision.shadow, d.decision.action) for d in log.decisions()] == [(True, "abstain")] * 4
+
+
+def test_an_async_shadow_call_never_waits_on_the_logs_thread(tmp_path: Path) -> None:
+    """The log's one thread may be busy (opening a log, other gates' writes): a shadow call must
+    not queue behind it. Recording a shadow decision only arranges its write for later."""
+    from capgate.gate._limits import log_writer
+
+    gate = Gate(policy="balanced", estimator=VerbalizedConfidence(Busy("blocking")), log=tmp_path / "log.db",
+                mode="shadow")  # fmt: skip
+
+    @capgate.guard(gate=gate)
+    async def ask(prompt: str) -> str:
+        return "answered"
+
+    release = threading.Event()
+    held = log_writer().submit(release.wait, WAIT_S)  # the log's thread, busy until released
+
+    async def calls() -> list[str]:
+        return await asyncio.wait_for(asyncio.gather(*(ask(f"q{i}") for i in range(8))), WAIT_S / 3)
+
+    try:
+        assert asyncio.run(calls()) == ["answered"] * 8  # returned while the log's thread was held
+    finally:
+        release.set()
+    held.result(WAIT_S)
+    assert gate.flush(WAIT_S)
+    with DecisionLog(tmp_path / "log.db") as log:
+        assert log.count() == 8
