@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -101,16 +102,57 @@ class Run:
     mode: str = "enforce"
     call_s: float = 0.0  # what the gated function itself takes
     discarded: int = 0  # speculative: calls started with their estimate whose result was dropped
+    windows: list[tuple[float, float]] = field(default_factory=list)  # each returned call: start, end
+    collections: list[tuple[float, float]] = field(default_factory=list)  # full GCs during the run
 
     @property
     def delays(self) -> list[float]:
         """What the gate added to each returned call: its latency less the function's own time."""
         return [max(0.0, x - self.call_s) for x in self.latencies]
 
+    def _in_gc(self, start: float, end: float) -> float:
+        """How long the process stood still in full garbage collections within ``start``-``end``."""
+        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in self.collections)
+
     @property
     def delayed(self) -> int:
-        """Calls the gate held more than ``DELAY_S`` beyond the function's own time."""
-        return sum(d > DELAY_S for d in self.delays)
+        """Calls the gate held more than ``DELAY_S`` beyond the function's own time, not counting
+        the time the whole process stood still in a full garbage collection (see :attr:`held_by_gc`)."""
+        return sum(d - self._in_gc(*w) > DELAY_S for d, w in zip(self.delays, self.windows, strict=True))
+
+    @property
+    def held_by_gc(self) -> int:
+        """Calls over ``DELAY_S`` only because a full garbage collection of the process (every
+        coroutine and thread held, gated or not) fell inside them."""
+        return sum(d > DELAY_S for d in self.delays) - self.delayed
+
+    @property
+    def longest_gc(self) -> float:
+        return max((b - a for a, b in self.collections), default=0.0)
+
+
+class FullCollections:
+    """Records when the interpreter runs a full (generation 2) garbage collection: it stops every
+    thread and coroutine of the process for as long as it takes to walk every object it holds."""
+
+    def __init__(self, into: list[tuple[float, float]]) -> None:
+        self.into = into
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.monotonic()
+        else:
+            self.into.append((self._started, time.monotonic()))
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
     @property
     def p50(self) -> float:
@@ -203,12 +245,15 @@ async def gated_calls(
                 run.lost += 1
                 run.reasons[f"lost: {type(exc).__name__}"] += 1
                 return
-            elapsed = time.monotonic() - start
+            end = time.monotonic()
+            elapsed = end - start
             run.latencies.append(elapsed)
+            run.windows.append((start, end))
             run.late += int(elapsed > deadline + SLACK_S)
 
     start = time.monotonic()
-    await asyncio.gather(*(one(p) for p in prompts))
+    with FullCollections(run.collections):
+        await asyncio.gather(*(one(p) for p in prompts))
     run.wall_s = time.monotonic() - start
     if mode == "shadow":
         await gate.aflush()  # the decisions made beside the calls are logged when they are done
@@ -470,8 +515,8 @@ def mode_runs(args: argparse.Namespace, folder: Path) -> list[Run]:
         ("truncated JSON", Raw(b'{"choices": [{"index": 0, "mess', content_length=400), {}),
         ("slow drip", Drip(OK.body, chunk=4, every=0.5), {"timeout": 30.0}),
     ]
-    print(MODE_ROW.format("mode", "fault / load", "level", "calls", "p50 +s", "p99 +s", "delayed", "degraded",
-                          "rows", "lost", "discarded"))  # fmt: skip
+    print(MODE_ROW.format("mode", "fault / load", "level", "calls", "p50 +s", "p99 +s", "delayed", "by GC",
+                          "GC s", "degraded", "rows", "lost", "discarded"))  # fmt: skip
     for mode in ("shadow", "speculative"):
         for name, action, backend in scenarios:
             with FaultServer(lambda body, i, action=action: action) as server:
@@ -499,16 +544,18 @@ def mode_runs(args: argparse.Namespace, folder: Path) -> list[Run]:
     return runs
 
 
-MODE_ROW = "{:<12} {:<16} {:>5} {:>5} {:>7} {:>7} {:>7} {:>8} {:>5} {:>4} {:>9}"
+MODE_ROW = "{:<12} {:<16} {:>5} {:>5} {:>7} {:>7} {:>7} {:>6} {:>7} {:>8} {:>5} {:>4} {:>9}"
 
 
 def _mode_cells(r: Run) -> tuple[Any, ...]:
     delays = sorted(r.delays)
     p50 = statistics.median(delays) if delays else float("nan")
     p99 = delays[min(len(delays) - 1, round(0.99 * (len(delays) - 1)))] if delays else float("nan")
-    delayed = r.delayed if r.mode == "shadow" else "-"  # enforce waits for its decision by design
-    return (r.mode, r.name, r.level, r.calls, f"{p50:.3f}", f"{p99:.3f}", delayed,
-            f"{100 * r.degraded / max(r.calls, 1):.0f}%", r.rows, r.lost, r.discarded)  # fmt: skip
+    shadow = r.mode == "shadow"  # enforce waits for its decision by design: no "delayed" there
+    delayed, by_gc = (r.delayed, r.held_by_gc) if shadow else ("-", "-")
+    return (r.mode, r.name, r.level, r.calls, f"{p50:.3f}", f"{p99:.3f}", delayed, by_gc,
+            f"{r.longest_gc:.3f}", f"{100 * r.degraded / max(r.calls, 1):.0f}%", r.rows, r.lost,
+            r.discarded)  # fmt: skip
 
 
 def _mode_line(r: Run) -> str:
@@ -527,19 +574,25 @@ def modes_report(args: argparse.Namespace, runs: list[Run], started: str) -> str
         f"(deadline {args.deadline:g} s); vLLM server: {args.vllm_url or 'none'} "
         f"({args.served_model or '-'}). "
         f"'+s' is what the gate added to a call (its latency less the function's own time); a shadow call "
-        f"is *delayed* when the gate added more than {DELAY_S:g} s; *discarded*: speculative calls whose "
-        f"result was dropped because the decision blocked. Machine: {started}.",
+        f"is *delayed* when the gate added more than {DELAY_S:g} s, not counting the time the process stood "
+        f"still in full garbage collections within the call; *by GC*: shadow calls over {DELAY_S:g} s only "
+        f"because such a collection fell inside them (it holds every thread and coroutine, gated or not); "
+        f"*GC s*: the longest full collection during the run (recorded by a `gc.callbacks` hook); "
+        f"*discarded*: speculative calls whose result was dropped because the decision blocked. "
+        f"Machine: {started}.",
         "",
-        "| mode | fault / load | in flight | calls | p50 +s | p99 +s | delayed | degraded | log rows | lost "
-        "| discarded |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| mode | fault / load | in flight | calls | p50 +s | p99 +s | delayed | by GC | GC s | degraded "
+        "| log rows | lost | discarded |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += ["| " + " | ".join(str(c) for c in _mode_cells(r)) + " |" for r in runs]
     lines += [
         "",
         f"Shadow mode: {sum(r.calls for r in shadow)} calls, {sum(r.lost for r in shadow)} failed or lost, "
-        f"{sum(r.delayed for r in shadow)} delayed by the gate; decisions logged = calls in every run: "
-        f"{'yes' if sound else 'NO'}.",
+        f"{sum(r.delayed for r in shadow)} delayed by the gate, {sum(r.held_by_gc for r in shadow)} held "
+        f"by a full garbage collection (longest {max((r.longest_gc for r in runs), default=0.0):.2f} s; the "
+        f"process tracked {len(gc.get_objects()):,} objects at the end: torch, transformers, the clients "
+        f"and the bench's own); decisions logged = calls in every run: {'yes' if sound else 'NO'}.",
     ]
     return "\n".join(lines)
 
