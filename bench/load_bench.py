@@ -130,30 +130,6 @@ class Run:
     def longest_gc(self) -> float:
         return max((b - a for a, b in self.collections), default=0.0)
 
-
-class FullCollections:
-    """Records when the interpreter runs a full (generation 2) garbage collection: it stops every
-    thread and coroutine of the process for as long as it takes to walk every object it holds."""
-
-    def __init__(self, into: list[tuple[float, float]]) -> None:
-        self.into = into
-        self._started = 0.0
-
-    def _callback(self, phase: str, info: dict[str, int]) -> None:
-        if info["generation"] != 2:
-            return
-        if phase == "start":
-            self._started = time.monotonic()
-        else:
-            self.into.append((self._started, time.monotonic()))
-
-    def __enter__(self) -> FullCollections:
-        gc.callbacks.append(self._callback)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self._callback)
-
     @property
     def p50(self) -> float:
         return statistics.median(self.latencies) if self.latencies else float("nan")
@@ -198,6 +174,30 @@ def _reason_kind(reason: str) -> str:
         if needle in reason:
             return kind
     return "other"
+
+
+class FullCollections:
+    """Records when the interpreter runs a full (generation 2) garbage collection: it stops every
+    thread and coroutine of the process for as long as it takes to walk every object it holds."""
+
+    def __init__(self, into: list[tuple[float, float]]) -> None:
+        self.into = into
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.monotonic()
+        else:
+            self.into.append((self._started, time.monotonic()))
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 async def gated_calls(
