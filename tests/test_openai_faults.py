@@ -222,3 +222,44 @@ def test_the_async_path_imports_openai_off_the_event_loop(monkeypatch: pytest.Mo
     assert [g[0][0].text for g in got] == ["fine"] * 4
     assert threads
     assert "MainThread" not in threads
+
+
+def test_an_async_client_closes_with_its_event_loop(caplog: pytest.LogCaptureFixture) -> None:
+    """One backend, ``asyncio.run`` twice (a script, a notebook, a test suite): each loop's client
+    is closed on that loop when it shuts down, so none is left to be closed on a later loop at
+    garbage collection (which failed with "Event loop is closed" and printed a traceback)."""
+    import gc
+
+    clients = []
+    with FaultServer(lambda body, i: ok(["hello"])) as server:
+        be = backend(server)
+
+        async def one() -> str:
+            (got,) = await be.agenerate(["hi"], SamplingParams())
+            assert be._async_state is not None
+            clients.append(be._async_state[1])
+            return got[0].text
+
+        with caplog.at_level("ERROR", logger="asyncio"):
+            assert asyncio.run(one()) == "hello"
+            assert clients[0].is_closed()  # closed as its loop ended
+            assert asyncio.run(one()) == "hello"  # a new loop: a new client
+            gc.collect()
+    assert clients[1] is not clients[0]
+    assert clients[1].is_closed()
+    assert not [r for r in caplog.records if "Event loop is closed" in r.getMessage() or r.exc_info]
+
+
+def test_aclose_closes_the_running_loops_client() -> None:
+    with FaultServer(lambda body, i: ok(["hello"])) as server:
+        be = backend(server)
+
+        async def use_then_close() -> Any:
+            await be.agenerate(["hi"], SamplingParams())
+            assert be._async_state is not None
+            client = be._async_state[1]
+            await be.aclose()
+            assert be._async_state is None
+            return client
+
+        assert asyncio.run(use_then_close()).is_closed()

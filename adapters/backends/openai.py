@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
@@ -168,7 +168,7 @@ class OpenAIBackend:
         self._lock = threading.Lock()
         self._sync_client: Any = None
         self._sync_slots = threading.BoundedSemaphore(max_concurrency)
-        self._async_state: tuple[asyncio.AbstractEventLoop, Any, asyncio.Semaphore] | None = None
+        self._async_state: _LoopClient | None = None
 
     def __repr__(self) -> str:
         return (
@@ -310,7 +310,9 @@ class OpenAIBackend:
             client = openai.AsyncOpenAI(
                 base_url=self.base_url_, api_key=self._api_key, timeout=self.timeout, max_retries=0
             )
-            state = (loop, client, asyncio.Semaphore(self.max_concurrency))
+            keeper = _closed_with_loop(client)
+            await anext(keeper)  # started on this loop: its shutdown (asyncio.run's end) closes the client
+            state = (loop, client, asyncio.Semaphore(self.max_concurrency), keeper)
             self._async_state = state
         return state[1], state[2]
 
@@ -349,4 +351,22 @@ class OpenAIBackend:
         state = self._async_state
         self._async_state = None
         if state is not None and state[0] is asyncio.get_running_loop():
-            await state[1].close()
+            await state[3].aclose()  # closes the client
+
+
+_LoopClient = tuple[asyncio.AbstractEventLoop, Any, asyncio.Semaphore, AsyncGenerator[None, None]]
+"""An event loop's async client, its request slots and what closes the client with the loop."""
+
+
+async def _closed_with_loop(client: Any) -> AsyncGenerator[None, None]:
+    """Held open while its event loop runs; closes ``client`` on that loop when the loop shuts its
+    async generators down (``asyncio.run`` does, before closing the loop).
+
+    Without it an ``AsyncOpenAI`` client outlives the loop it was made on (a script that calls
+    ``asyncio.run`` twice with one backend): when it is collected, the SDK schedules its close on
+    whatever loop then runs, which fails ("Event loop is closed") and prints a traceback.
+    """
+    try:
+        yield
+    finally:
+        await client.close()
