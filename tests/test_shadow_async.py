@@ -312,3 +312,37 @@ def test_an_async_shadow_call_never_waits_on_the_logs_thread(tmp_path: Path) -> 
     assert gate.flush(WAIT_S)
     with DecisionLog(tmp_path / "log.db") as log:
         assert log.count() == 8
+
+
+def test_a_shadow_decision_its_loop_ends_before_is_logged_degraded(tmp_path: Path) -> None:
+    """A native async estimator decides on the caller's loop; when that loop ends first
+    (``asyncio.run`` cancels the tasks left), the decision is logged, degraded, saying so."""
+    from capgate.gate._shadow import LOOP_CLOSED
+
+    class Endless(CapabilityEstimator):
+        method = "endless"
+
+        def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
+            raise AssertionError("the async path must use aestimate")
+
+        async def aestimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
+            await asyncio.Event().wait()  # never set
+            raise AssertionError("unreachable")
+
+    log = DecisionLog(tmp_path / "log.sqlite3")
+
+    @capgate.guard(policy="balanced", estimator=Endless(), mode="shadow", log=log, estimate_timeout_s=None)
+    async def ask(prompt: str) -> str:
+        return "42"
+
+    async def main() -> list[str]:
+        first = await ask("started")
+        await asyncio.sleep(0.05)  # this one's estimate is under way when the loop ends
+        return [first, await ask("never started")]  # this one's task never ran
+
+    assert asyncio.run(main()) == ["42", "42"]
+    assert ask.gate.flush(WAIT_S)
+    rows = [r.decision for r in log.decisions()]
+    assert len(rows) == 2
+    assert all(d.shadow and d.degraded and d.estimate.reason == LOOP_CLOSED for d in rows)
+    assert {d.action for d in rows} == {"abstain"}  # balanced's on_degraded

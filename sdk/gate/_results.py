@@ -53,20 +53,36 @@ class _DecisionFacts:
 
 
 class ShadowDecision:
-    """A shadow decision being made: :meth:`then` runs a callback with its verdict once it exists."""
+    """A shadow decision being made: :meth:`then` runs a callback with its verdict once it exists.
 
-    def __init__(self, future: concurrent.futures.Future[Verdict] | asyncio.Future[Verdict]) -> None:
+    ``unmade``: the verdict when the decision's task was cancelled before it was made (its event
+    loop closed: ``asyncio.run`` cancels the tasks left), so that one is logged too, degraded.
+    """
+
+    def __init__(
+        self,
+        future: concurrent.futures.Future[Verdict] | asyncio.Future[Verdict],
+        unmade: Callable[[], Verdict] | None = None,
+    ) -> None:
         self.future = future
+        self._unmade = unmade
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[Verdict], None]] = []
         future.add_done_callback(self._done)
 
+    def _verdict(self) -> Verdict | None:
+        """The verdict of the finished future (``None``: it failed, or was cancelled with no ``unmade``)."""
+        if self.future.cancelled():
+            return self._unmade() if self._unmade is not None else None
+        return self.future.result() if self.future.exception() is None else None
+
     def _done(self, future: Any) -> None:
         with self._lock:
             callbacks, self._callbacks = self._callbacks, []
-        if not future.cancelled() and future.exception() is None:  # cancelled: its loop closed
+        verdict = self._verdict() if callbacks else None
+        if verdict is not None:
             for callback in callbacks:
-                callback(future.result())
+                callback(verdict)
 
     def then(self, callback: Callable[[Verdict], None]) -> None:
         """Call ``callback(verdict)`` once the decision is made (now, if it is)."""
@@ -74,8 +90,9 @@ class ShadowDecision:
             if not self.future.done():
                 self._callbacks.append(callback)
                 return
-        if not self.future.cancelled() and self.future.exception() is None:
-            callback(self.future.result())
+        verdict = self._verdict()
+        if verdict is not None:
+            callback(verdict)
 
 
 @dataclass(frozen=True)

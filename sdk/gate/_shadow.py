@@ -14,7 +14,9 @@ works from any thread (:attr:`~capgate.estimators.CapabilityEstimator.thread_saf
 capgate's own estimators over a backend with ``generate`` have one). An estimator with only a
 native async path is awaited by a task of the caller's loop instead: its client (a user's
 ``AsyncOpenAI``, ``httpx.AsyncClient``) may be bound to that loop and cannot be awaited from
-another, so its work shares the loop, as it would in enforce mode.
+another, so its work shares the loop, as it would in enforce mode; ``await gate.aflush()`` before
+the loop ends, or the decisions still being made are logged degraded (:data:`LOOP_CLOSED`), since
+``asyncio.run`` cancels the tasks it leaves.
 
 The worker threads are not daemons and finish their queue at interpreter exit; a decision made
 then is logged from its own thread when the log's thread takes no more work, so a script that
@@ -41,6 +43,7 @@ from capgate.gate._results import ShadowDecision, Verdict
 from capgate.gate.flow import aperform, perform
 
 __all__ = [
+    "LOOP_CLOSED",
     "SHADOW_REASON",
     "WORKERS",
     "Shadows",
@@ -52,6 +55,9 @@ __all__ = [
 ]
 
 SHADOW_REASON = "shadow mode: the gate decides beside the call and logs what it would have done"
+
+LOOP_CLOSED = "the event loop closed before the shadow decision was made (await gate.aflush() before it ends)"
+"""The reason logged for a shadow decision made on the caller's loop that the loop's end cancelled."""
 
 WORKERS = 4  # threads making shadow decisions at once, for a gate without max_concurrency
 
@@ -106,9 +112,10 @@ class Shadows:
         """Run the log write ``job`` of a shadow decision in the log's thread (a flush waits for it)."""
         self._track(_submit(log_writer(), job))
 
-    def astart(self, job: Callable[[], Any]) -> ShadowDecision:
-        """Run the coroutine ``job()`` as a task of the running event loop."""
-        decision = ShadowDecision(asyncio.get_running_loop().create_task(job()))
+    def astart(self, job: Callable[[], Any], unmade: Callable[[], Verdict]) -> ShadowDecision:
+        """Run the coroutine ``job()`` as a task of the running event loop; ``unmade()``: the
+        verdict logged instead when the loop closes before the task is done."""
+        decision = ShadowDecision(asyncio.get_running_loop().create_task(job()), unmade)
         self._track(decision.future)
         return decision
 
@@ -167,16 +174,16 @@ def off_loop(gate: FlowGate) -> bool:
     return all(e is None or getattr(e, "thread_safe_estimate", False) for e in estimators)
 
 
-def failed_shadow(gate: FlowGate, query: Prompt, decision_id: str, error: Exception) -> Verdict:
+def failed_shadow(gate: FlowGate, query: Prompt, decision_id: str, error: Exception | str) -> Verdict:
     """The degraded shadow decision when the decision itself failed (say, a misconfigured gate:
-    an estimator's own errors are already degraded estimates), by the policy's ``on_degraded``."""
+    an estimator's own errors are already degraded estimates), by the policy's ``on_degraded``;
+    ``error``: what failed, or the reason in words."""
     try:
         estimator: CapabilityEstimator | None = gate.resolve_estimator()
     except SettingsError:
         estimator = None
-    estimate = Estimate.unavailable(
-        estimator.method if estimator else "unknown", failure_reason(error, by="the shadow decision")
-    )
+    reason = error if isinstance(error, str) else failure_reason(error, by="the shadow decision")
+    estimate = Estimate.unavailable(estimator.method if estimator else "unknown", reason)
     return gate.decide_on(query, [estimate], None, shadow_of=decision_id)
 
 
@@ -213,5 +220,8 @@ def astart_shadow(gate: FlowGate, query: Prompt, shadows: Shadows) -> Verdict:
             made = failed_shadow(gate, query, decision_id, exc)
         return made
 
+    def unmade() -> Verdict:
+        return failed_shadow(gate, query, decision_id, LOOP_CLOSED)
+
     gate.stats.proceeded()
-    return Verdict(decision=stand.decision, query=query, pending=shadows.astart(decide))
+    return Verdict(decision=stand.decision, query=query, pending=shadows.astart(decide, unmade))
