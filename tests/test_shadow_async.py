@@ -346,3 +346,28 @@ def test_a_shadow_decision_its_loop_ends_before_is_logged_degraded(tmp_path: Pat
     assert len(rows) == 2
     assert all(d.shadow and d.degraded and d.estimate.reason == LOOP_CLOSED for d in rows)
     assert {d.action for d in rows} == {"abstain"}  # balanced's on_degraded
+
+
+def test_a_cancelled_shadow_decision_is_made_once_for_every_callback() -> None:
+    from capgate.gate._results import ShadowDecision
+    from capgate.gate._shadow import stand_in
+
+    made: list[Any] = []
+
+    def unmade() -> Any:
+        made.append(stand_in("q"))
+        return made[-1]
+
+    async def main() -> list[Any]:
+        task = asyncio.get_running_loop().create_task(asyncio.Event().wait())
+        decision = ShadowDecision(task, unmade)  # type: ignore[arg-type]
+        seen: list[Any] = []
+        decision.then(seen.append)  # before the cancel
+        task.cancel()
+        await asyncio.sleep(0.01)
+        decision.then(seen.append)  # after it
+        return seen
+
+    seen = asyncio.run(main())
+    assert len(made) == 1
+    assert seen == [made[0], made[0]]

@@ -66,6 +66,7 @@ class ShadowDecision:
     ) -> None:
         self.future = future
         self._unmade = unmade
+        self._unmade_verdict: Verdict | None = None  # made once: every callback gets the same one
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[Verdict], None]] = []
         future.add_done_callback(self._done)
@@ -73,7 +74,10 @@ class ShadowDecision:
     def _verdict(self) -> Verdict | None:
         """The verdict of the finished future (``None``: it failed, or was cancelled with no ``unmade``)."""
         if self.future.cancelled():
-            return self._unmade() if self._unmade is not None else None
+            with self._lock:
+                if self._unmade_verdict is None and self._unmade is not None:
+                    self._unmade_verdict = self._unmade()
+                return self._unmade_verdict
         return self.future.result() if self.future.exception() is None else None
 
     def _done(self, future: Any) -> None:
