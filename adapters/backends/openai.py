@@ -81,6 +81,10 @@ def _import_openai() -> Any:
     return openai
 
 
+_LoopClient = tuple[asyncio.AbstractEventLoop, Any, asyncio.Semaphore, AsyncGenerator[None, None]]
+"""An event loop's async client, its request slots and what closes the client with the loop."""
+
+
 class OpenAIBackend:
     """An OpenAI-compatible chat backend (sync ``generate`` and async ``agenerate``).
 
@@ -352,10 +356,6 @@ class OpenAIBackend:
         self._async_state = None
         if state is not None and state[0] is asyncio.get_running_loop():
             await state[3].aclose()  # closes the client
-
-
-_LoopClient = tuple[asyncio.AbstractEventLoop, Any, asyncio.Semaphore, AsyncGenerator[None, None]]
-"""An event loop's async client, its request slots and what closes the client with the loop."""
 
 
 async def _closed_with_loop(client: Any) -> AsyncGenerator[None, None]:
