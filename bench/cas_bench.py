@@ -79,7 +79,7 @@ from capgate.cas import (
 )
 from capgate.cas.stop import StopFn
 from capgate.estimators.fingerprint import probe_fingerprint
-from capgate.labels import iter_labelled
+from capgate.labels.labelled import iter_labelled
 from capgate.metrics import greedy_allocation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -26,7 +26,7 @@ Provenance:
   (``capgate.cas.verbalized_confidence``; ``None`` when absent or malformed).
 
 Output: ``bench/data/cas_fresh_pools.jsonl`` (+ ``.meta.json``), appended and fsynced per wave by
-``capgate.harvest``: rerun the same command to resume after a crash or kill::
+``capgate.labels.harvesting``: rerun the same command to resume after a crash or kill::
 
     export CAPGATE_VLLM_STATE_DIR=$PWD/.vllm-harvest CAPGATE_VLLM_MAX_MODEL_LEN=1024 \\
         CAPGATE_VLLM_EXTRA_ARGS="--block-size 32" VLLM_CPU_OMP_THREADS_BIND=1
@@ -46,11 +46,11 @@ from pathlib import Path
 import numpy as np
 from probe_smollm2 import ROOT, build_items, make_backend, prompt_for
 
-from capgate.backend import ChatMessage
 from capgate.cas import verbalized_confidence
+from capgate.core.backend import ChatMessage
 from capgate.datasets import DatasetItem
-from capgate.harvest import harvest
-from capgate.labels import iter_labelled
+from capgate.labels.harvesting import harvest
+from capgate.labels.labelled import iter_labelled
 
 DATA = ROOT / "bench" / "data"
 OUT = DATA / "cas_fresh_pools.jsonl"

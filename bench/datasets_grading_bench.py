@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from capgate.backend import Generation, Prompt, SamplingParams
+from capgate.core.backend import Generation, Prompt, SamplingParams
 from capgate.datasets import DatasetItem, list_datasets, load_dataset
 from capgate.grading import AliasGrader, ChoiceGrader, Grader, MathGrader, NumericGrader
-from capgate.harvest import harvest
+from capgate.labels.harvesting import harvest
 
 
 def _best_of(runs: int, action: Callable[[], object]) -> float:

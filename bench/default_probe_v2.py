@@ -16,7 +16,7 @@ compares the refit with the shipped probe on two held-out sets. Steps, each resu
    labels' settings, so µ̂ means the same thing), through an OpenAI-compatible server
    (``--server``, the vLLM CPU server). Queries go in a seeded shuffled order, so a partial
    harvest is a random subset of every source. The output, ``bench/data/default_v2_labels.jsonl``
-   (+ ``.meta.json``), lives in the repo; ``capgate.harvest`` appends and fsyncs per batch, so
+   (+ ``.meta.json``), lives in the repo; ``capgate.labels.harvesting`` appends and fsyncs per batch, so
    rerunning the same command resumes it.
 3. Split: 25% of each source held out (seeded), fixed by id before any label is seen; written to
    ``bench/data/default_v2_split.json``. Training set = the other 75% plus the shipped probe's
@@ -65,9 +65,9 @@ from probe_smollm2 import ASSETS, ROOT, build_items, make_backend, prompt_for
 
 from capgate import LabelledQuery
 from capgate.datasets import DatasetItem
-from capgate.harvest import harvest
-from capgate.labels import read_labelled
-from capgate.report import CalibrationRow, calibration_row, format_table
+from capgate.labels.harvesting import harvest
+from capgate.labels.labelled import read_labelled
+from capgate.metrics.table import CalibrationRow, calibration_row, format_table
 
 DATA = ROOT / "bench" / "data"
 V1 = DATA / "default_v1"  # the shipped probe and split before this bench: probe/, split.json
@@ -271,8 +271,8 @@ def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str
     from capgate.estimators import ConstantPrior, LinearProbe, NuisanceProjection, ProbeSearch
     from capgate.estimators._convex import pool_layers
     from capgate.estimators.feature_store import featurize_to
-    from capgate.features import HiddenStateFeaturizer
-    from capgate.models import load_model
+    from capgate.local.hidden_states import HiddenStateFeaturizer
+    from capgate.local.models import load_model
 
     new = {r.id: r for r in read_labelled(args.labels).records}
     old_split = v1_split()

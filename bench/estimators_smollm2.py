@@ -12,7 +12,7 @@ per query at temperature 0.7), it compares
 * Probe (the shipped ``sdk/assets/default_probe`` on the stored features of the exact prompt),
 * and two extra rows: Consistency(k=5)+isotonic, and Consistency(k=5) on the bare question,
 
-printing capability Brier, ECE, AUROC and Spearman (``capgate.report.calibration_row``), the
+printing capability Brier, ECE, AUROC and Spearman (``capgate.metrics.table.calibration_row``), the
 cost per query (forward passes, prompt and completion tokens, calls, seconds) and how many
 estimates were degraded (unavailable), then where SmolLM2 agrees with the paper's Brier
 ordering on Qwen3-8B (Probe < P(True)+iso < Verbalized+iso < Verbalized < Uniform) and how each
@@ -83,7 +83,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate import Estimate
-from capgate.backend import ChatMessage, Prompt, SamplingParams, as_messages
+from capgate.core.backend import ChatMessage, Prompt, SamplingParams, as_messages
 from capgate.errors import DataError
 from capgate.estimators import (
     CapabilityEstimator,
@@ -97,9 +97,9 @@ from capgate.estimators import (
 )
 from capgate.estimators.fingerprint import probe_fingerprint
 from capgate.estimators.verbalized import render_verbalized_prompt
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 from capgate.metrics import capability_brier, spearman
-from capgate.report import CalibrationRow, calibration_row, format_table
+from capgate.metrics.table import CalibrationRow, calibration_row, format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "sdk" / "assets"
@@ -675,7 +675,7 @@ def run_probe(
     notes: list[str] = []
     # Prompt tokens of the probe's one prefill: the chat-templated exact prompt.
     if estimator is None:
-        from capgate.models import load_model
+        from capgate.local.models import load_model
 
         loaded = load_model("default", device="cpu")
     else:

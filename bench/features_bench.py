@@ -80,8 +80,8 @@ def main() -> None:
 
     from capgate import Generation, SamplingParams
     from capgate.adapters.backends.transformers import TransformersBackend
-    from capgate.features import HiddenStateFeaturizer
-    from capgate.models import load_model, prepare_model
+    from capgate.local.hidden_states import HiddenStateFeaturizer
+    from capgate.local.models import load_model, prepare_model
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU thread(s), device={args.device}")
     print(f"cache: {os.environ.get('CAPGATE_CACHE_DIR', '(user cache)')}")

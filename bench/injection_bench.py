@@ -41,12 +41,12 @@ from _cache import check_jsonl
 from injection_families import FAMILIES, Family
 
 from capgate import Estimate
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.datasets import DatasetItem
 from capgate.estimators import CapabilityEstimator, LinearProbe, ProbeEstimator
 from capgate.estimators.fingerprint import estimator_fingerprint
 from capgate.estimators.guarded import InjectionGuard
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 
 ROOT = Path(__file__).resolve().parents[1]
 EDGES = (0.2, 0.5)
@@ -61,8 +61,8 @@ class LayerCache:
     """Per-layer hidden states of the embedded model, cached per prompt as ``.npy`` files."""
 
     def __init__(self, folder: Path) -> None:
-        from capgate.features import HiddenStateFeaturizer
-        from capgate.models import load_model
+        from capgate.local.hidden_states import HiddenStateFeaturizer
+        from capgate.local.models import load_model
 
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
@@ -179,7 +179,7 @@ def measured_mu(
     """The model's µ̂ on attacked prompts (``--mu-n`` queries per family), harvested resumably."""
     from probe_smollm2 import make_backend
 
-    from capgate.harvest import harvest
+    from capgate.labels.harvesting import harvest
 
     rng = np.random.default_rng(args.seed + 7)
     picked = sorted(str(q) for q in rng.choice(sorted(items), size=args.mu_n, replace=False))

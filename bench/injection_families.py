@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ class Query:
 
 def shipped_training() -> tuple[set[str], set[str]]:
     """Ids and prompts of the queries the shipped default probe was fitted on."""
-    from capgate.labels import iter_labelled
+    from capgate.labels.labelled import iter_labelled
 
     train = set(json.loads((ASSETS / "default_split.json").read_text(encoding="utf-8"))["train"])
     prompts = {
@@ -96,8 +96,8 @@ def load_traffic(labels: Path, split: Path) -> list[Query]:
         SystemExit: A replayed query is one the shipped probe was fitted on (by id or prompt), a
             record has no prompt, or the split names ids the labels lack.
     """
-    from capgate.demo import question_source
-    from capgate.labels import iter_labelled
+    from capgate.demo.live import question_source
+    from capgate.labels.labelled import iter_labelled
 
     held_out = json.loads(split.read_text(encoding="utf-8"))["test"]
     wanted = set(held_out)

@@ -62,9 +62,9 @@ from _report import machine, update_section  # noqa: E402
 
 from capgate import Gate, guard, load_policy  # noqa: E402
 from capgate.adapters.backends.openai import OpenAIBackend  # noqa: E402
-from capgate.backend import SamplingParams  # noqa: E402
+from capgate.core.backend import SamplingParams  # noqa: E402
 from capgate.decision import DecisionLog  # noqa: E402
-from capgate.demo import demo_questions  # noqa: E402
+from capgate.demo.live import demo_questions  # noqa: E402
 from capgate.estimators import PTrue, VerbalizedConfidence  # noqa: E402
 from capgate.estimators.base import CapabilityEstimator  # noqa: E402
 
@@ -349,7 +349,7 @@ def sweep_report(args: argparse.Namespace, sweep: list[tuple[float, int, Run]], 
         f'Method: `bench/load_bench.py --coalesce-sweep`: the probe (`load_estimator("default")`) behind the '
         f"gate (`max_concurrency={args.gate_concurrency}`, `estimate_timeout_s={args.deadline:g}`), "
         f"{args.sweep_level} calls in flight, {args.sweep_level * 2} calls per setting of the coalescer "
-        f"(`capgate._coalesce`: window under load, most items per batch). Machine: {started}.",
+        f"(`capgate.local._coalesce`: window under load, most items per batch). Machine: {started}.",
         "",
         "| window | max batch | calls/s | p50 s | p99 s | degraded |",
         "| ---: | ---: | ---: | ---: | ---: | ---: |",

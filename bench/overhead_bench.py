@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from capgate import Gate, guard
-from capgate.backend import Backend, SamplingParams
-from capgate.demo import demo_questions
+from capgate.core.backend import Backend, SamplingParams
+from capgate.demo.live import demo_questions
 from capgate.estimators.base import CapabilityEstimator
 from capgate.policies import Policy
 
@@ -80,7 +80,7 @@ def measure_local(
     """Ungated vs standalone-probe vs shared-prefill gated calls vs the same gate in shadow mode;
     returns the shared ratio. A shadow call's estimate runs beside it (the timed call); the next
     call starts once that estimate is done (flushed, untimed), so none spills into another's time."""
-    from capgate._prefill import prefill_cache
+    from capgate.local.prefill import prefill_cache
 
     cache = prefill_cache(backend.loaded)
     ask = ask_with(backend, max_tokens)
@@ -140,8 +140,8 @@ def measure_breakdown(backend: Any, estimator: Any, prompts: list[str], max_toke
     the gate's own flow (``guard`` with a constant estimator around a function that returns at
     once, 50 calls).
     """
-    from capgate._prefill import prefill_cache
-    from capgate._types import Estimate
+    from capgate.core.types import Estimate
+    from capgate.local.prefill import prefill_cache
 
     class Constant(CapabilityEstimator):
         method = "constant"
@@ -191,7 +191,7 @@ def measure_vllm_engine(prompts: list[str], python: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import vllm_hidden_states_bench as vhs
 
-    from capgate.models import prepare_model
+    from capgate.local.models import prepare_model
 
     model = str(prepare_model("default"))
     with tempfile.TemporaryDirectory(prefix="capgate-overhead-vllm-") as tmp:

@@ -227,8 +227,8 @@ def run_uqlm(
 
 def dataset_items(labels: Path, ids: set[str]) -> dict[str, Any]:
     """The label file's queries as capgate :class:`~capgate.datasets.DatasetItem` (to grade answers)."""
-    from capgate.demo import labelled_item
-    from capgate.labels import iter_labelled
+    from capgate.demo.live import labelled_item
+    from capgate.labels.labelled import iter_labelled
 
     return {r.id: labelled_item(r) for _, r in iter_labelled(labels) if r.id in ids}
 
@@ -799,7 +799,7 @@ def main() -> None:
     train, test, split_seed = read_split(args.split, records)
     ids = [*train, *test]
     write_jsonl(args.results / "items.jsonl", [{"id": i, "prompt": records[i].prompt} for i in ids])
-    from capgate.models import prepare_model
+    from capgate.local.models import prepare_model
 
     model_dir = str(prepare_model("default"))
     if "probe" not in skip:

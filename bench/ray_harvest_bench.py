@@ -24,8 +24,8 @@ from pathlib import Path
 
 from capgate.cli.harvest_cmd import worker_backend
 from capgate.datasets import DatasetItem
-from capgate.harvest import harvest
-from capgate.harvest_ray import ray_harvest
+from capgate.labels.harvest_ray import ray_harvest
+from capgate.labels.harvesting import harvest
 
 
 def main() -> None:

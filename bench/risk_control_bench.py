@@ -10,7 +10,7 @@ Data:
 * synthetic: confidence C ~ Beta(5, 1.5), capability µ(C) (calibrated µ = C; overconfident µ = C^2;
   "inverted top": µ = 0.75 above C = 0.97, else min(1, C + 0.08)), µ̂ from 10 sampled responses;
   2000 calibration queries a draw; the population risk R(λ) is computed by quadrature.
-* MATH-500 (examples/data): the 500 queries with their Probe-MATH confidence and µ̂ from 100
+* MATH-500 (sdk/assets): the 500 queries with their Probe-MATH confidence and µ̂ from 100
   responses, as the population: 300 calibration queries drawn with replacement each time, risk of
   λ̂ computed over all 500.
 
@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from capgate.decision.risk import calibrate_threshold
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 
 Array = NDArray[np.float64]
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def synthetic(mu: Callable[[Array], Array], n: int = 2000, k: int = 10) -> Popul
 
 def math500(n: int = 300) -> Population:
     data = read_labelled(
-        ROOT / "examples/data/math500_gpt-oss-20b_probe-math.jsonl", confidence=["probe_conf_raw"]
+        ROOT / "sdk/assets/math500_gpt-oss-20b_probe-math.jsonl", confidence=["probe_conf_raw"]
     )
     conf, mu = data.confidences["probe_conf_raw"], data.mu_hat
 

@@ -7,7 +7,7 @@ question, its lettered options, "Answer with the letter..."), with the embedded 
 * **engine features** (``VLLMFeaturizer(layers="all")``: ``extract_hidden_states`` + capgate's CPU
   hidden-states connector): each question is *one* request that generates the answer and
   captures the prompt's hidden states (``generate_with_features``). Its features are compared
-  with ``capgate.features.HiddenStateFeaturizer`` (transformers, float32, same folder) on the
+  with ``capgate.local.hidden_states.HiddenStateFeaturizer`` (transformers, float32, same folder) on the
   same prompts: max abs and relative L2 difference per row, last-token and mean pooling; its
   greedy answers with a plain engine's.
 * **prefix caching** (a plain engine): the generation request cold (prefix cache reset) against
@@ -158,8 +158,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from capgate.datasets import build_prompt, load_dataset
-    from capgate.features import HiddenStateFeaturizer
-    from capgate.models import load_model, prepare_model
+    from capgate.local.hidden_states import HiddenStateFeaturizer
+    from capgate.local.models import load_model, prepare_model
 
     model = str(prepare_model("default"))
     prompts = [build_prompt(item) for item in load_dataset("arc_easy", split="test", limit=args.questions)]

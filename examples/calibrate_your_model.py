@@ -51,7 +51,7 @@ def capgate(*args: str) -> subprocess.CompletedProcess[str]:
 
 def split_file(labels: Path, train: Path, test: Path) -> None:
     """70/30 split; each part keeps the harvest's settings file (the labels' target)."""
-    from capgate.harvest import meta_path
+    from capgate.labels.harvesting import meta_path
 
     lines = [line for line in labels.read_text(encoding="utf-8").splitlines() if line.strip()]
     cut = int(len(lines) * 0.7)

@@ -2,7 +2,7 @@
 the answer threshold with a risk guarantee on real data.
 
 Data: the paper's Probe-MATH capability estimates for gpt-oss-20b on MATH-500, each question
-sampled 100 times (examples/data/math500_gpt-oss-20b_probe-math.jsonl; see its README).
+sampled 100 times (sdk/assets/math500_gpt-oss-20b_probe-math.jsonl; see its README).
 
 Run: .venv/bin/python examples/policy_walkthrough.py
 """
@@ -10,14 +10,14 @@ Run: .venv/bin/python examples/policy_walkthrough.py
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 from capgate import Estimate
+from capgate.assets import MATH500_GPT_OSS_20B
 from capgate.decision import calibrate_threshold
 from capgate.labels import read_labelled
 from capgate.policies import PRESETS, Policy, PolicyError, load_policy
 
-DATA = Path(__file__).parent / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
+DATA = MATH500_GPT_OSS_20B
 
 BROKEN = """\
 version: 1

@@ -1,7 +1,7 @@
 """Recalibrate a real probe's confidences, honestly: cross-fitted isotonic and Platt maps.
 
 Data: the paper's Probe-MATH confidences for gpt-oss-20b on MATH-500 with 100 graded samples
-per question (examples/data/math500_gpt-oss-20b_probe-math.jsonl; see its README). Each
+per question (sdk/assets/math500_gpt-oss-20b_probe-math.jsonl; see its README). Each
 calibrator is fitted on four fifths of the questions and applied to the held-out fifth, five
 times, so every reported number is out-of-sample.
 
@@ -10,16 +10,15 @@ Run: .venv/bin/python examples/recalibrate_probe_math500.py
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from rich.console import Console
 
+from capgate.assets import MATH500_GPT_OSS_20B
 from capgate.estimators import IsotonicCalibrator, PlattCalibrator
 from capgate.labels import read_labelled
-from capgate.report import calibration_row, format_table
+from capgate.metrics.table import calibration_row, format_table
 
-DATA = Path(__file__).parent / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
+DATA = MATH500_GPT_OSS_20B
 
 
 def cross_fitted(

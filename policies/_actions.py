@@ -8,7 +8,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from capgate._types import Action, ConfidenceGap, Estimate, RoutePlan, SamplingPlan, StopSettings
+from capgate.core.types import Action, ConfidenceGap, Estimate, RoutePlan, SamplingPlan, StopSettings
 from capgate.policies import _templates as tpl
 from capgate.policies._base import Loc, PolicyIssueError, Strict, expand_shorthand
 

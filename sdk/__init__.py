@@ -11,7 +11,9 @@ Importing capgate is light: heavy optional dependencies (torch, transformers, vl
 langchain, openai) load only inside the modules that need them.
 """
 
-from capgate._types import (
+from capgate._util import moved as _moved
+from capgate.core.backend import AsyncBackend, Backend, ChatMessage, Generation, Prompt, SamplingParams
+from capgate.core.types import (
     Action,
     ConfidenceGap,
     Cost,
@@ -26,7 +28,6 @@ from capgate._types import (
     SamplingPlan,
     StopSettings,
 )
-from capgate.backend import AsyncBackend, Backend, ChatMessage, Generation, Prompt, SamplingParams
 from capgate.errors import (
     BackendError,
     CapgateError,
@@ -54,9 +55,11 @@ from capgate.gate import (
     default_extract,
     set_default_estimator,
 )
-from capgate.guard import guard, last_decision
+from capgate.gate.decorator import guard, last_decision
 from capgate.loading import load_estimator
 from capgate.policies import Policy, load_policy
+
+_moved.install()
 
 __version__ = "0.1.0"
 

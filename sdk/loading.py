@@ -88,7 +88,7 @@ class FastPathCheck(BaseModel):
     @classmethod
     def of(cls, p_float32: Any, p_fast: Any, mu_hat: Any, *, dtype: str, split: str) -> FastPathCheck:
         """The check of paired predictions ``p_float32``, ``p_fast`` against capability ``mu_hat``."""
-        from capgate._validate import as_probabilities, same_length
+        from capgate._util.validate import as_probabilities, same_length
         from capgate.metrics import capability_brier
 
         ref = as_probabilities("p_float32", p_float32)
@@ -135,7 +135,7 @@ def recorded_fast_paths(probe: LinearProbe) -> dict[str, FastPathCheck]:
 
 _CPU_FAST_PATHS = ("bfloat16", "bf16-mixed")
 """The CPU's fast reader passes, fastest first: each needs a passed check and a CPU where bfloat16
-pays off (:func:`capgate.models.bf16_pays_off`)."""
+pays off (:func:`capgate.local.models.bf16_pays_off`)."""
 
 
 def _feature_dtype(dtype: str, device: str, probe: LinearProbe) -> str:
@@ -145,7 +145,7 @@ def _feature_dtype(dtype: str, device: str, probe: LinearProbe) -> str:
         return dtype
     if device != "cpu":
         return "auto"  # the model's own (bfloat16 or float16 on CUDA)
-    from capgate import models
+    from capgate.local import models
 
     checks = recorded_fast_paths(probe)
     passed = [fast for fast in _CPU_FAST_PATHS if fast in checks and checks[fast].passed]
@@ -220,7 +220,7 @@ def load_estimator(
         dtype: Precision. ``"auto"``: on CUDA the model in bfloat16 (float16 where bf16 is
             missing); on the CPU the model in float32 and the probe's reader pass in a fast
             format when bfloat16 pays off on the CPU (native, and a bfloat16 linear layer measured
-            at least 1.25x as fast as a float32 one: :func:`capgate.models.bf16_pays_off`) and the
+            at least 1.25x as fast as a float32 one: :func:`capgate.local.models.bf16_pays_off`) and the
             probe records a passed check of that fast path against float32
             (:class:`FastPathCheck`: on its held-out split, |Δp| <= 0.01 and the capability Brier
             within ±0.0005): ``"bfloat16"`` if its check passed, else ``"bf16-mixed"`` (float32
@@ -247,8 +247,8 @@ def load_estimator(
             calibration is, or maps another method's estimates.
     """
     from capgate.estimators.probe import LinearProbe, ProbeEstimator, check_spec_match
-    from capgate.features import FeatureSpec, HiddenStateFeaturizer
-    from capgate.models import load_model
+    from capgate.local.hidden_states import FeatureSpec, HiddenStateFeaturizer
+    from capgate.local.models import load_model
 
     if probe is None:
         if str(model) != "default":

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 
 from capgate import Estimate
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.estimators import CapabilityEstimator, query_text
 
 

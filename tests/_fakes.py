@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from capgate.backend import Generation, Prompt, SamplingParams, TokenLogprob, as_messages
+from capgate.core.backend import Generation, Prompt, SamplingParams, TokenLogprob, as_messages
 
 Respond = Callable[[str, SamplingParams], list[Generation] | Exception]
 

@@ -20,12 +20,12 @@ import yaml
 from hypothesis import strategies as st
 
 from capgate import DataError, Estimate, Generation, MessageError, SamplingParams
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
+from capgate.core.messages import as_query
 from capgate.datasets import read_dataset
 from capgate.estimators import VerbalizedConfidence
 from capgate.estimators._linear_probe import META_FILE, LinearProbe
-from capgate.labels import read_labelled
-from capgate.messages import as_query
+from capgate.labels.labelled import read_labelled
 from capgate.policies import Policy
 from capgate.policies._yaml import PolicyError
 

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.estimators.base import query_text
 
 ALPHABET = string.ascii_lowercase + string.digits + " ?"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from capgate.models import LoadedModel
+    from capgate.local.models import LoadedModel
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -41,7 +41,7 @@ def _single_thread_torch() -> None:
 @pytest.fixture(scope="session")
 def default_model_dir(capgate_cache: Path) -> Path:
     """The default model converted (for real) into the session's cache."""
-    from capgate.models import prepare_model
+    from capgate.local.models import prepare_model
 
     _single_thread_torch()
     return prepare_model("default")
@@ -92,7 +92,7 @@ def real_backend(default_model_dir: Path) -> Any:
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_dir: Path) -> LoadedModel:
     """The tiny Llama, loaded on the CPU in float32."""
-    from capgate.models import load_model
+    from capgate.local.models import load_model
 
     _single_thread_torch()
     return load_model(tiny_model_dir, device="cpu", dtype="float32")

@@ -83,7 +83,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_import_graph_is_read_from_the_source() -> None:
     """The checker below sees real edges (lazy ones too), so its silence means something."""
-    assert "capgate.gate" in GRAPH["capgate.guard"]
+    assert "capgate.gate.flow" in GRAPH["capgate.gate.decorator"]
     assert "capgate.policies" in GRAPH["capgate.gate._settings"]
     # a lazy import inside a function body counts
     assert "capgate.decision.log" in GRAPH["capgate.gate._settings"]
@@ -120,11 +120,11 @@ def test_no_module_imports_another_packages_private_modules() -> None:
                 problems.append(f"{name} imports {target}")
     assert problems == []
     assert _owner_of_private("capgate.gate._flow") == "capgate.gate"
-    assert _owner_of_private("capgate._types") is None
+    assert _owner_of_private("capgate._util.validate") is None
 
 
 # The applications on top of the core: they compose backends into commands and the demo.
-APPLICATIONS = ("capgate.cli", "capgate.demo")
+APPLICATIONS = ("capgate.cli", "capgate.demo.live")
 
 
 def test_layers() -> None:
@@ -135,7 +135,7 @@ def test_layers() -> None:
         core = not name.startswith(("capgate.adapters", "capgate.policies", *APPLICATIONS))
         if core:
             assert not any(t.startswith("capgate.adapters") for t in targets), (name, targets)
-    assert not any(t.startswith("capgate.gate") for t in TYPED_GRAPH["capgate.telemetry"])
+    assert not any(t.startswith("capgate.gate") for t in TYPED_GRAPH["capgate.gate.telemetry"])
     for name, targets in GRAPH.items():
         if name.startswith("capgate.policies"):
             assert not any(t.startswith("capgate.decision") for t in targets), (name, targets)
@@ -143,8 +143,8 @@ def test_layers() -> None:
             assert not any(t.startswith("capgate.adapters.agents") for t in targets), (name, targets)
         if not name.startswith("capgate.adapters"):
             assert not any(t.startswith("capgate.adapters.agents") for t in targets), (name, targets)
-    assert GRAPH["capgate._types"] == {"capgate._plans"}
-    assert GRAPH["capgate._plans"] == set()
+    assert GRAPH["capgate.core.types"] == {"capgate.core.plans"}
+    assert GRAPH["capgate.core.plans"] == set()
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -262,11 +262,11 @@ def test_examples_use_only_public_names(path: Path) -> None:
 
 def test_the_public_surface_check_catches_private_and_unexported_names() -> None:
     bad = ast.parse(
-        "from capgate.gate._gate import Gate\nfrom capgate.gate import _Shared\nimport capgate._types"
+        "from capgate.gate._gate import Gate\nfrom capgate.gate import _Shared\nimport capgate._util.validate"
     )
     problems = [p for node in ast.walk(bad) for p in _check_import(node, "t")]
     assert len(problems) == 3
-    assert _check_dotted("capgate.models.load_backend", "t") != []
+    assert _check_dotted("capgate.local.models.load_backend", "t") != []
     assert _check_dotted("capgate.guard", "t") == []
 
 
@@ -275,12 +275,12 @@ def test_the_public_surface_check_catches_private_and_unexported_names() -> None
 
 def _capgate_path(frame: object) -> list[str]:
     """The capgate modules on the stack below ``frame``, outermost first, repeats in a row merged;
-    ``capgate._twins``, the one plan driver every flow of the house runs on, is plumbing, not a stop."""
+    ``capgate._util.drive``, the one plan driver every flow of the house runs on, is plumbing, not a stop."""
     path: list[str] = []
     current = frame
     while current is not None:
         module = current.f_globals.get("__name__", "")  # type: ignore[attr-defined]
-        if module == "capgate._twins":
+        if module == "capgate._util.drive":
             pass
         elif module.startswith("capgate") and (not path or path[-1] != module):
             path.append(module)
@@ -296,8 +296,8 @@ def test_a_guarded_call_walks_down_once_and_calls_up_only_to_run_the_function() 
 
     import capgate
     from capgate import Estimate
+    from capgate.core.messages import as_query
     from capgate.estimators import CapabilityEstimator
-    from capgate.messages import as_query
 
     seen: dict[str, list[str]] = {}
 
@@ -336,9 +336,92 @@ def test_a_guarded_call_walks_down_once_and_calls_up_only_to_run_the_function() 
 
     assert ask_plain("What is 2 + 2?") == "4"
     walk = seen["estimator"]
-    assert walk == ["capgate.guard", "capgate.gate.flow", "capgate.gate._effects", "capgate.gate._limits"], (
-        walk
-    )
+    assert walk == [
+        "capgate.gate.decorator",
+        "capgate.gate.flow",
+        "capgate.gate._effects",
+        "capgate.gate._limits",
+    ], walk
     assert len(set(walk)) == len(walk)
     up = seen["function"]
-    assert up == ["capgate.guard", "capgate.gate.flow", "capgate.gate._effects", "capgate.guard"], up
+    assert up == [
+        "capgate.gate.decorator",
+        "capgate.gate.flow",
+        "capgate.gate._effects",
+        "capgate.gate.decorator",
+    ], up
+
+
+# --------------------------------------------------------------------------- the layout
+
+
+LOOSE_MODULES_ALLOWED = 4
+
+
+def test_sdk_keeps_only_what_a_user_imports_first_loose() -> None:
+    """Everything else lives in a folder whose name says its job."""
+    loose = sorted(p.name for p in (ROOT / "sdk").glob("*.py"))
+    assert len(loose) <= LOOSE_MODULES_ALLOWED, f"sdk/ has {len(loose)} loose modules: {loose}"
+    assert {"__init__.py", "errors.py"} <= set(loose)
+
+
+def _shadowed_modules() -> list[str]:
+    """Submodules hidden by a same-named non-module attribute of their package (``capgate.x.y``
+    where ``capgate.x.y`` is a function re-exported by ``capgate.x``): ``import capgate.x.y as m``
+    then binds the function, not the module."""
+    import types
+
+    found = []
+    for name in sorted(MODULES):
+        package, _, child = name.rpartition(".")
+        if not package or package not in MODULES or MODULES[package].name != "__init__.py":
+            continue
+        try:
+            parent = importlib.import_module(package)
+            importlib.import_module(name)
+        except ImportError:  # an adapter whose extra is missing here is checked where it is installed
+            continue
+        attribute = getattr(parent, child, None)
+        if attribute is not None and not isinstance(attribute, types.ModuleType):
+            found.append(f"{name} is hidden by {package}.{child} ({type(attribute).__name__})")
+    return found
+
+
+def test_no_module_shares_its_name_with_a_name_its_package_exports() -> None:
+    assert _shadowed_modules() == []
+
+
+def test_the_shadow_check_sees_a_hidden_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    import capgate.demo
+
+    monkeypatch.setattr(capgate.demo, "live", lambda: None)
+    assert _shadowed_modules() == ["capgate.demo.live is hidden by capgate.demo.live (function)"]
+
+
+def test_moved_modules_keep_their_old_import_paths() -> None:
+    """Documented paths from before the layout (0.1.0) give the same module, with a warning naming
+    the new path (checked in a fresh interpreter, where nothing is imported yet)."""
+    import json
+    import subprocess
+    import sys
+
+    from capgate._util.moved import MOVED_MODULES
+
+    assert all(old not in MODULES and new in MODULES for old, new in MOVED_MODULES.items())
+    code = """
+import importlib, json, sys, warnings
+problems = []
+for old, new in json.loads(sys.argv[1]).items():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    if module is not importlib.import_module(new):
+        problems.append(f"{old} is not {new}")
+    if not any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught):
+        problems.append(f"{old}: no DeprecationWarning naming {new}")
+print(json.dumps(problems))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(MOVED_MODULES)], capture_output=True, text=True, check=True
+    )
+    assert json.loads(done.stdout) == []

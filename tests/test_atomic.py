@@ -1,4 +1,4 @@
-"""capgate._atomic: a failed write leaves the target as it was and no temporary file behind."""
+"""capgate._util.atomic: a failed write leaves the target as it was and no temporary file behind."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from capgate._atomic import atomic_open, atomic_path, atomic_write_bytes, atomic_write_json
+from capgate._util.atomic import atomic_open, atomic_path, atomic_write_bytes, atomic_write_json
 
 
 def test_writers_replace_the_target_and_leave_only_it(tmp_path: Path) -> None:

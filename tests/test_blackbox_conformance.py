@@ -16,7 +16,7 @@ import pytest
 from _fakes import ScriptedBackend, gen
 
 from capgate import SamplingParams
-from capgate.backend import TokenLogprob
+from capgate.core.backend import TokenLogprob
 from capgate.estimators import CapabilityEstimator, Consistency, FallbackChain, PTrue, VerbalizedConfidence
 
 QUERIES = ["What is 2+2?", "Name the capital of Peru.", "Prove Fermat's last theorem.", "Say hi."]

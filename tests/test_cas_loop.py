@@ -10,7 +10,6 @@ from collections.abc import Sequence
 import pytest
 
 from capgate import Sample
-from capgate.backend import Generation, Prompt, SamplingParams
 from capgate.cas import (
     DEFAULT_STOP,
     LogprobConfidence,
@@ -23,6 +22,7 @@ from capgate.cas import (
     stop_after_samples,
     stop_never,
 )
+from capgate.core.backend import Generation, Prompt, SamplingParams
 
 
 class Scripted:

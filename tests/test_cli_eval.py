@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from capgate.cli import app
 
-DATA = Path(__file__).resolve().parents[1] / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
+DATA = Path(__file__).resolve().parents[1] / "sdk" / "assets" / "math500_gpt-oss-20b_probe-math.jsonl"
 runner = CliRunner()
 
 

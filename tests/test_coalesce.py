@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from capgate._coalesce import Coalescer, _Call
+from capgate.local._coalesce import Coalescer, _Call
 
 
 def test_calls_that_arrive_during_a_batch_run_together_next() -> None:

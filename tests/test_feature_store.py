@@ -18,7 +18,7 @@ import pytest
 from _probe_helpers import CharCountFeaturizer, random_queries
 
 from capgate import DataError, ProbeMismatchError
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.estimators.feature_store import featurize_to, load_features, save_features, spec_path
 
 SPEC = {"model_id": "m", "weights_fingerprint": "f", "dim": 3}

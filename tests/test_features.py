@@ -1,4 +1,4 @@
-"""capgate.features: hidden-state features and their spec, on a tiny random-weight Llama."""
+"""capgate.local.hidden_states: hidden-state features and their spec, on a tiny random-weight Llama."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from capgate.backend import Prompt
-from capgate.features import FeatureSpec, HiddenStateFeaturizer
-from capgate.models import LoadedModel
+from capgate.core.backend import Prompt
+from capgate.local.hidden_states import FeatureSpec, HiddenStateFeaturizer
+from capgate.local.models import LoadedModel
 
 QUERIES: list[Prompt] = [
     "What is 2+3?",
@@ -161,9 +161,9 @@ def test_empty_input_gives_an_empty_matrix(tiny_model: LoadedModel) -> None:
 def test_docstring_examples_run(default_model_dir: object) -> None:
     import doctest
 
-    import capgate.features
+    import capgate.local.hidden_states
 
-    result = doctest.testmod(capgate.features, raise_on_error=False)
+    result = doctest.testmod(capgate.local.hidden_states, raise_on_error=False)
     assert result.attempted >= 4
     assert result.failed == 0
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capgate import Estimate, Gate
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.estimators import CapabilityEstimator
 from capgate.estimators._linear_probe import META_FILE, LinearProbe
 

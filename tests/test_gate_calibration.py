@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from capgate import Decision, Estimate, Gate, SettingsError
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.decision import DecisionLog
 from capgate.errors import DataError
 from capgate.estimators import CapabilityEstimator, query_text

@@ -18,7 +18,7 @@ from _estimators import KeywordEstimator
 
 import capgate
 from capgate import Estimate, Gate, Gated, NotFittedError, ProbeMismatchError, SettingsError
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.decision import DecisionLog
 from capgate.estimators import CapabilityEstimator
 from capgate.gate.flow import AssessEach, perform

@@ -19,7 +19,7 @@ from _estimators import KeywordEstimator
 from _probe_helpers import CharCountFeaturizer, linear_capability, random_queries, sampled_mu_hat
 
 from capgate import Decision, Estimate, Gate, SettingsError, guard
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.decision import DecisionLog
 from capgate.estimators import LinearProbe, ProbeEstimator
 

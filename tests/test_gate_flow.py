@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from capgate import Estimate, Gate
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.estimators import CapabilityEstimator
 from capgate.gate.flow import AssessEach, aperform, perform
 

@@ -13,7 +13,7 @@ import pytest
 
 import capgate
 from capgate import Estimate, Gate, SettingsError
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.decision import DecisionLog
 from capgate.estimators import CapabilityEstimator
 

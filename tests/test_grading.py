@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from capgate._text import boxed_contents, last_boxed
+from capgate._util.text import boxed_contents, last_boxed
 from capgate.datasets import AnswerKind, DatasetItem, load_dataset
 from capgate.grading import (
     AliasGrader,

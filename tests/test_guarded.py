@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from capgate import Estimate, Gate
-from capgate.backend import Prompt, as_messages
+from capgate.core.backend import Prompt, as_messages
 from capgate.estimators import CapabilityEstimator
 from capgate.estimators._claims import ClaimDetector
 from capgate.estimators._segments import split_segments
 from capgate.estimators.guarded import MIN_CLAIM_WORDS, InjectionGuard
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 from capgate.policies import Policy
 
 ASSETS = Path(__file__).resolve().parents[1] / "sdk" / "assets"

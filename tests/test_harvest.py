@@ -1,4 +1,4 @@
-"""capgate.harvest and ``capgate harvest``: batching, grading, the append-only log, and resuming.
+"""capgate.labels.harvesting and ``capgate harvest``: batching, grading, the append-only log, and resuming.
 
 The model here is a small deterministic Backend written for the test: it answers "What is a + b?"
 with a + b, or with a + b + 1 when a hash of (prompt, sample index) says so. Its answers do not
@@ -25,12 +25,12 @@ import typer
 from typer.testing import CliRunner
 
 from capgate import LabelledQuery, SamplingParams
-from capgate._jsonl import cut_torn_tail
-from capgate.backend import AsyncBackend, Backend, Generation, Prompt, as_messages
+from capgate._util.jsonl import cut_torn_tail
 from capgate.cli import harvest_cmd
+from capgate.core.backend import AsyncBackend, Backend, Generation, Prompt, as_messages
 from capgate.datasets import DatasetItem, build_prompt, write_dataset
 from capgate.errors import DataError
-from capgate.harvest import HarvestRun, HarvestTarget, aharvest, harvest, meta_path
+from capgate.labels.harvesting import HarvestRun, HarvestTarget, aharvest, harvest, meta_path
 
 TESTS = Path(__file__).resolve().parent
 
@@ -339,7 +339,7 @@ def test_cut_torn_tail_cuts_only_what_a_killed_write_left(tmp_path: Path) -> Non
 
 
 def test_the_public_pieces_drive_a_harvest_in_any_batch_order(tmp_path: Path) -> None:
-    """What capgate.harvest_ray does: open, ask per batch, write answers as they come (here last
+    """What capgate.labels.harvest_ray does: open, ask per batch, write answers as they come (here last
     batch first), close; the file holds the labels of a local run and resumes like one."""
     out = tmp_path / "labels.jsonl"
     backend = ScriptedBackend()
@@ -418,7 +418,7 @@ def test_two_runs_cannot_write_one_file(tmp_path: Path) -> None:
 CHILD = """
 import json, os, signal, sys, time
 sys.path.insert(0, {tests!r})
-import capgate.harvest as harvest_module
+import capgate.labels.harvesting as harvest_module
 from test_harvest import ScriptedBackend, make_items
 
 mode, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -566,7 +566,7 @@ def test_cli_reports_bad_input_with_exit_code_2(tmp_path: Path) -> None:
 def test_importing_datasets_grading_and_harvest_stays_light() -> None:
     heavy = ["pyarrow", "math_verify", "sympy", "datasets", "olmo_eval", "torch", "transformers", "rich"]
     code = (
-        "import sys, json, capgate.datasets, capgate.grading, capgate.harvest;"
+        "import sys, json, capgate.datasets, capgate.grading, capgate.labels.harvesting;"
         f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
     )
     assert json.loads(subprocess.check_output([sys.executable, "-c", code], text=True)) == []
@@ -624,4 +624,4 @@ def test_cli_confidence_tag_asks_for_the_tag_and_records_the_source(tmp_path: Pa
     assert all(s.confidence is None for r in records for s in r.samples)  # the scripted replies carry no tag
     meta = json.loads(meta_path(out).read_text())
     assert meta["confidence"] == "capgate.cas.confidence.verbalized_confidence"
-    assert meta["prompt"] == "capgate.harvest.prompt_with_confidence_tag"
+    assert meta["prompt"] == "capgate.labels.harvesting.prompt_with_confidence_tag"

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from capgate import LabelledQuery
 from capgate.cli import app
 from capgate.datasets import DatasetItem, write_dataset
-from capgate.harvest import harvest, meta_path
+from capgate.labels.harvesting import harvest, meta_path
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +79,7 @@ def factory(server: tuple[str, str], pid_dir: Path, worker: str = "vllm_worker")
 def harvest_killing_worker_0(make: functools.partial[object], out: Path, pids: Path, workers: int) -> object:
     """Harvest 12 queries on Ray and SIGKILL worker 0's process once two records are written;
     returns the harvest's report, or the exception it raised."""
-    from capgate.harvest_ray import ray_harvest
+    from capgate.labels.harvest_ray import ray_harvest
 
     done: list[object] = []
 
@@ -107,7 +107,7 @@ def test_a_ray_harvest_writes_the_resumable_labels_of_a_local_one(
     ray_local: str, server: tuple[str, str], tmp_path: Path
 ) -> None:
     from capgate.adapters.backends.openai import OpenAIBackend
-    from capgate.harvest_ray import ray_harvest
+    from capgate.labels.harvest_ray import ray_harvest
 
     out = tmp_path / "labels.jsonl"
     report = ray_harvest(factory(server, tmp_path / "pids"), items(6), out, k=4, workers=2, **SETTINGS)
@@ -132,7 +132,7 @@ def test_a_ray_harvest_writes_the_resumable_labels_of_a_local_one(
 def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(
     ray_local: str, server: tuple[str, str], tmp_path: Path, workers: int
 ) -> None:
-    from capgate.harvest_ray import RayHarvestReport
+    from capgate.labels.harvest_ray import RayHarvestReport
 
     out, pids = tmp_path / "labels.jsonl", tmp_path / "pids"
     # the killed worker takes 5 s to come back: alone, the run waits for it; with another, that one
@@ -152,7 +152,7 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(
 def test_when_every_worker_is_dead_for_good_the_run_stops_and_keeps_what_it_wrote(
     ray_local: str, server: tuple[str, str], tmp_path: Path
 ) -> None:
-    from capgate.harvest_ray import ray_harvest
+    from capgate.labels.harvest_ray import ray_harvest
 
     out, pids = tmp_path / "labels.jsonl", tmp_path / "pids"
     error = harvest_killing_worker_0(factory(server, pids, "broken_restart_worker"), out, pids, workers=1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from capgate import DataError, Estimate
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.estimators import CapabilityEstimator, estimate_jsonl
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from capgate import DataError, LabelledQuery
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 
 
 def write(tmp_path: Path, *lines: str) -> Path:

@@ -38,7 +38,7 @@ from capgate import Estimate, SamplingParams
 from capgate.adapters.agents.langchain import CapabilityGate, model_target
 from capgate.adapters.agents.langgraph import ToolCallGate, capability_subgraph
 from capgate.adapters.backends.openai import OpenAIBackend
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.decision import DecisionLog
 from capgate.estimators import CapabilityEstimator, VerbalizedConfidence
 from capgate.policies import Policy

@@ -11,7 +11,7 @@ import pytest
 from capgate import Estimate, ProbeMismatchError, load_estimator
 from capgate.estimators import ProbeEstimator
 from capgate.estimators.guarded import InjectionGuard
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 from capgate.loading import default_probe_path
 from capgate.metrics import capability_brier
 

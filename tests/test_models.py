@@ -1,4 +1,4 @@
-"""capgate.models: cache, hashing, atomic conversion, model resolution and loading; the CLI command."""
+"""capgate.local.models: cache, hashing, atomic conversion, model resolution and loading; the CLI command."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import capgate.models as models
+import capgate.local.models as models
 from capgate.cli import app
 from capgate.errors import CapgateError, DataError
-from capgate.models import (
+from capgate.local.models import (
     DEFAULT_GGUF_FILE,
     MODEL_METADATA_FILE,
     LoadedModel,
@@ -259,7 +259,7 @@ def test_prompt_ids_without_a_template_is_a_clear_error(tiny_model: LoadedModel)
 
 def test_import_capgate_models_stays_light() -> None:
     code = (
-        "import sys, capgate, capgate.models, capgate.features, capgate.cli; "
+        "import sys, capgate, capgate.local.models, capgate.local.hidden_states, capgate.cli; "
         "heavy = [m for m in ('torch', 'transformers', 'gguf', 'huggingface_hub') if m in sys.modules]; "
         "assert not heavy, heavy"
     )
@@ -293,7 +293,7 @@ def test_default_model_end_to_end(default_model_dir: Path, monkeypatch: pytest.M
 
     from capgate import SamplingParams
     from capgate.adapters.backends.transformers import TransformersBackend
-    from capgate.features import HiddenStateFeaturizer
+    from capgate.local.hidden_states import HiddenStateFeaturizer
 
     gguf = default_gguf_path()
     gguf_sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
@@ -359,7 +359,7 @@ def test_default_model_end_to_end(default_model_dir: Path, monkeypatch: pytest.M
 def test_docstring_examples_run(default_model_dir: Path) -> None:
     import doctest
 
-    from capgate import _weights
+    from capgate.local import weights as _weights
 
     for module in (models, _weights):  # models re-exports the weights helpers of _weights
         result = doctest.testmod(module, raise_on_error=False)

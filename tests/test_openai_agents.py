@@ -39,7 +39,7 @@ from capgate.adapters.agents.openai_agents import (
     capability_triage,
     target_of,
 )
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.decision import DecisionLog
 from capgate.errors import SettingsError
 from capgate.estimators import CapabilityEstimator

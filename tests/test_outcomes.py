@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 import capgate
 from capgate import DataError, Estimate, Outcome
 from capgate.cli import app
+from capgate.core.messages import query_hash
 from capgate.decision import Decision, DecisionLog
 from capgate.decision.outcomes import OutcomeConflictError, OutcomeImportError
-from capgate.messages import query_hash
 
 WAIT_S = 30.0
 

@@ -11,10 +11,10 @@ import yaml
 from typer.testing import CliRunner
 
 from capgate.cli import app
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 from capgate.policies import Policy, load_policy, policy_json_schema
 
-MATH500 = Path(__file__).resolve().parents[1] / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
+MATH500 = Path(__file__).resolve().parents[1] / "sdk" / "assets" / "math500_gpt-oss-20b_probe-math.jsonl"
 runner = CliRunner()
 
 

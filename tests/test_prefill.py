@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from capgate import SamplingParams, guard
-from capgate._prefill import PrefillCache, PrefillEntry, prefill_cache
 from capgate.adapters.backends.transformers import TransformersBackend, load_backend
 from capgate.estimators import LinearProbe, ProbeEstimator
-from capgate.features import HiddenStateFeaturizer
 from capgate.loading import FAST_PATH_MAX_ABS_DP
-from capgate.models import LoadedModel
+from capgate.local.hidden_states import HiddenStateFeaturizer
+from capgate.local.models import LoadedModel
+from capgate.local.prefill import PrefillCache, PrefillEntry, prefill_cache
 from capgate.policies import Policy
 
 PROMPTS: list[Any] = [
@@ -206,7 +206,7 @@ def test_the_cache_is_bounded() -> None:
 
 
 def test_a_featurizer_keeps_nothing_without_a_consumer(tiny_model_dir: Any) -> None:
-    from capgate.models import load_model
+    from capgate.local.models import load_model
 
     loaded = load_model(tiny_model_dir, device="cpu", dtype="bfloat16")  # another identity
     HiddenStateFeaturizer(loaded).transform(PROMPTS)

@@ -20,7 +20,7 @@ from _probe_helpers import (
 )
 
 from capgate import DataError, NotFittedError, ProbeMismatchError
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.estimators import ConstantPrior, LinearProbe, ProbeEstimator, UniformRandom
 from capgate.estimators.probe import LR_GRID, check_spec_match
 from capgate.metrics import capability_brier

@@ -182,7 +182,7 @@ def test_the_chosen_layers_featurize_correctly_at_load_time(tiny_model: Any, tmp
     from _probe_helpers import random_queries
 
     from capgate.estimators import ProbeEstimator
-    from capgate.features import FeatureSpec, HiddenStateFeaturizer
+    from capgate.local.hidden_states import FeatureSpec, HiddenStateFeaturizer
 
     queries = random_queries(40, 3)
     featurizer = HiddenStateFeaturizer(tiny_model, batch_size=8)

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from capgate._prefill import prefill_cache
 from capgate.errors import DataError, ProbeMismatchError
 from capgate.estimators.probe import LinearProbe, ProbeEstimator, check_spec_match
-from capgate.features import FeatureSpec, HiddenStateFeaturizer
 from capgate.loading import FastPathCheck, _feature_dtype, recorded_fast_paths
-from capgate.models import LoadedModel
+from capgate.local.hidden_states import FeatureSpec, HiddenStateFeaturizer
+from capgate.local.models import LoadedModel
+from capgate.local.prefill import prefill_cache
 
 QUERIES = [
     "What is 2+3?",
@@ -30,7 +30,7 @@ def no_shared_prefill() -> Any:
     """These tests read the reader's own pass: a sampling backend of the same model, built by an
     earlier test of the session, turns the shared prefill on for it (the full pass in the model's
     dtype); switch that off here and restore it after."""
-    from capgate import _prefill
+    from capgate.local import prefill as _prefill
 
     with _prefill._REGISTRY_LOCK:
         caches = list(_prefill._REGISTRY.values())
@@ -156,14 +156,14 @@ def test_a_mixed_pass_runs_only_the_mlp_matmuls_in_bfloat16(tiny_model: LoadedMo
 
 
 def test_a_mixed_pass_refuses_layers_without_an_mlp() -> None:
-    from capgate._reader import _mix_bf16_matmuls
+    from capgate.local._reader import _mix_bf16_matmuls
 
     with pytest.raises(ValueError, match=r"layer 0 .*no `mlp`"):
         _mix_bf16_matmuls(torch.nn.ModuleList([torch.nn.Linear(2, 2)]))
 
 
 def test_the_shared_prefill_pass_runs_in_the_models_dtype(tiny_model_dir: Any) -> None:
-    from capgate.models import load_model
+    from capgate.local.models import load_model
 
     loaded = load_model(tiny_model_dir, device="cpu", dtype="float32")
     cache = prefill_cache(loaded)
@@ -216,11 +216,11 @@ def test_bfloat16_pays_off_only_where_native_and_measured_faster(
 ) -> None:
     """A CPU that lists AVX512-BF16 may still multiply bfloat16 slower than float32 (0.6x on one
     Xeon here): the fast path needs both the flag and the measured speed."""
-    from capgate import _cpu
+    from capgate.local import _cpu
 
     monkeypatch.setattr(_cpu, "native_bf16_cpu", lambda: native)
     monkeypatch.setattr(_cpu, "bf16_speedup", lambda: speedup)
-    monkeypatch.setattr("capgate.models.bf16_pays_off", _cpu.bf16_pays_off)
+    monkeypatch.setattr("capgate.local.models.bf16_pays_off", _cpu.bf16_pays_off)
     assert _cpu.bf16_pays_off() is pays
     probe = probe_with({"fast_path": {"bf16-mixed": passed_check(dtype="bf16-mixed")}})
     assert _feature_dtype("auto", "cpu", probe) == ("bf16-mixed" if pays else "float32")
@@ -231,7 +231,7 @@ def test_the_bfloat16_speedup_is_measured_once_without_touching_the_random_strea
 
     import torch
 
-    from capgate import _cpu
+    from capgate.local import _cpu
 
     _cpu._BF16_SPEEDUP.clear()
     torch.manual_seed(0)
@@ -270,7 +270,7 @@ def test_the_bfloat16_speedup_is_measured_once_without_touching_the_random_strea
 def test_auto_picks_a_fast_path_only_where_bfloat16_pays_off_and_checked(
     monkeypatch: pytest.MonkeyPatch, native: bool, record: dict[str, Any] | None, expected: str
 ) -> None:
-    monkeypatch.setattr("capgate.models.bf16_pays_off", lambda: native)
+    monkeypatch.setattr("capgate.local.models.bf16_pays_off", lambda: native)
     checks = record if record is None or "n" not in record else {"bfloat16": record}
     probe = probe_with({} if checks is None else {"fast_path": checks})
     assert _feature_dtype("auto", "cpu", probe) == expected
@@ -312,7 +312,7 @@ def test_a_check_is_computed_and_recorded() -> None:
 def test_fast_path_estimates_match_float32_on_a_fixed_sample(default_model_dir: Any) -> None:
     """bfloat16 tracks float32 closely on a fixed sample; the shipped probe records its own check
     on its whole held-out split (the automatic choice follows it: the next test)."""
-    from capgate.demo import demo_questions
+    from capgate.demo.live import demo_questions
     from capgate.loading import default_probe_path, load_estimator
 
     questions = demo_questions(12, seed=3)
@@ -358,7 +358,7 @@ def test_a_cpu_where_bfloat16_does_not_pay_off_falls_back_to_float32(
     shipped = recorded_fast_paths(LinearProbe.load(default_probe_path()))
     passed = [fast for fast in ("bfloat16", "bf16-mixed") if fast in shipped and shipped[fast].passed]
     for native in (False, True):
-        monkeypatch.setattr("capgate.models.bf16_pays_off", lambda native=native: native)
+        monkeypatch.setattr("capgate.local.models.bf16_pays_off", lambda native=native: native)
         estimator = load_estimator("default", device="cpu")
         expected = passed[0] if native and passed else "float32"
         assert estimator.featurizer.dtype == expected

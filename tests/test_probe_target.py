@@ -18,7 +18,7 @@ from capgate.cli import app
 from capgate.datasets import DatasetItem
 from capgate.errors import DataError, ProbeMismatchError
 from capgate.estimators import LinearProbe, ProbeEstimator, ProbeTarget, check_target_match
-from capgate.harvest import harvest, meta_path
+from capgate.labels.harvesting import harvest, meta_path
 
 FEATURIZER = "_probe_helpers:CharCountFeaturizer"
 runner = CliRunner()
@@ -32,7 +32,13 @@ def _labels(path: Path, n: int, seed: int, target: dict[str, object] | None) -> 
         for i, (q, c) in enumerate(zip(queries, correct, strict=True)):
             fh.write(json.dumps({"id": f"q{i}", "question": q, "k": 16, "correct": int(c)}) + "\n")
     if target is not None:
-        settings = {"format": "capgate.harvest", "version": 1, "k": 16, "temperature": 0.7, **target}
+        settings = {
+            "format": "capgate.labels.harvesting",
+            "version": 1,
+            "k": 16,
+            "temperature": 0.7,
+            **target,
+        }
         meta_path(path).write_text(json.dumps(settings))
     return path
 
@@ -60,7 +66,7 @@ def test_harvest_records_the_target_and_the_probe_keeps_it(tmp_path: Path) -> No
 def test_backends_say_how_they_reach_their_model() -> None:
     from capgate.adapters.backends.function import FunctionBackend
     from capgate.adapters.backends.openai import OpenAIBackend
-    from capgate.backend import backend_endpoint
+    from capgate.core.backend import backend_endpoint
 
     assert backend_endpoint(OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", api_key="x")) == (
         "openai",

@@ -9,7 +9,7 @@ import pytest
 from _fakes import AsyncScriptedBackend, ScriptedBackend, gen
 
 from capgate import BackendError, SamplingParams
-from capgate.backend import TokenLogprob, as_messages
+from capgate.core.backend import TokenLogprob, as_messages
 from capgate.estimators import PTrue, read_p_true
 
 

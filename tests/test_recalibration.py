@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capgate import DataError, Estimate, NotFittedError
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.estimators import IsotonicCalibrator, PlattCalibrator, Recalibrated, UniformRandom
 from capgate.estimators.base import CapabilityEstimator
 from capgate.estimators.recalibration import pool_adjacent_violators
@@ -274,14 +274,14 @@ def test_recalibrated_load_refuses_another_base_method(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ real data
 
-MATH500 = Path(__file__).resolve().parents[1] / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
+MATH500 = Path(__file__).resolve().parents[1] / "sdk" / "assets" / "math500_gpt-oss-20b_probe-math.jsonl"
 
 
 @pytest.mark.parametrize("make", [IsotonicCalibrator, PlattCalibrator])
 def test_recalibrating_the_papers_probe_lowers_its_ece_out_of_sample(
     make: type[IsotonicCalibrator] | type[PlattCalibrator],
 ) -> None:
-    from capgate.labels import read_labelled
+    from capgate.labels.labelled import read_labelled
 
     labelled = read_labelled(MATH500, confidence=["probe_conf_raw"])
     raw, mu = labelled.confidences["probe_conf_raw"], labelled.mu_hat

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from capgate.backend import Generation, TokenLogprob
 from capgate.cas import (
     CONFIDENCE_INSTRUCTION,
     DEFAULT_CONFIDENCE,
@@ -18,6 +17,7 @@ from capgate.cas import (
     verbalized_confidence,
     with_confidence_instruction,
 )
+from capgate.core.backend import Generation, TokenLogprob
 
 
 @pytest.mark.parametrize(

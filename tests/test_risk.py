@@ -19,9 +19,9 @@ from capgate.decision.risk import (
     hoeffding_bentkus_pvalue,
     min_answered_to_reject,
 )
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 
-MATH500 = Path(__file__).resolve().parents[1] / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
+MATH500 = Path(__file__).resolve().parents[1] / "sdk" / "assets" / "math500_gpt-oss-20b_probe-math.jsonl"
 Array = NDArray[np.float64]
 
 

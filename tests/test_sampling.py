@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from _fakes import AsyncScriptedBackend, ScriptedBackend, gen
 
 from capgate import BackendError, Generation, SamplingParams
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.estimators import VerbalizedConfidence
 from capgate.estimators._sampling import Round, cost_of, sample_round, wrap_last_user_turn
 

@@ -17,7 +17,7 @@ from _estimators import KeywordEstimator
 
 import capgate
 from capgate import Estimate, Gate, SettingsError
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.decision import DecisionLog
 from capgate.estimators import CapabilityEstimator
 from capgate.policies import load_policy

@@ -24,7 +24,7 @@ import pytest
 
 import capgate
 from capgate import Estimate, Gate
-from capgate.backend import Generation, Prompt, SamplingParams
+from capgate.core.backend import Generation, Prompt, SamplingParams
 from capgate.decision import DecisionLog
 from capgate.estimators import CapabilityEstimator, FallbackChain, VerbalizedConfidence
 

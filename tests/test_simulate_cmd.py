@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from capgate.cli import app
 from capgate.decision.simulate import replay_policy, threshold_frontier
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 from capgate.policies import load_policy
 
-MATH500 = Path(__file__).resolve().parents[1] / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
+MATH500 = Path(__file__).resolve().parents[1] / "sdk" / "assets" / "math500_gpt-oss-20b_probe-math.jsonl"
 runner = CliRunner()
 BASE = ["simulate", "--data", str(MATH500), "--confidence", "probe_conf_raw"]
 

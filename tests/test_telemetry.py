@@ -22,8 +22,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import capgate
-from capgate import Decision, Estimate, Gate, telemetry
+from capgate import Decision, Estimate, Gate
 from capgate.decision import DecisionLog
+from capgate.gate import telemetry
 from capgate.policies import Policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -241,7 +242,8 @@ def test_without_opentelemetry_everything_works_and_nothing_is_traced() -> None:
                     raise ImportError("opentelemetry is not installed here")
         sys.meta_path.insert(0, Block())
         import capgate
-        from capgate import Estimate, telemetry
+        from capgate import Estimate
+        from capgate.gate import telemetry
         from capgate.estimators import CapabilityEstimator
         class Mid(CapabilityEstimator):
             method = "mid"

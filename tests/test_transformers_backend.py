@@ -9,8 +9,8 @@ import torch
 
 from capgate import Backend, Generation, SamplingParams
 from capgate.adapters.backends.transformers import TransformersBackend, load_backend
-from capgate.backend import Prompt
-from capgate.models import LoadedModel
+from capgate.core.backend import Prompt
+from capgate.local.models import LoadedModel
 
 SHORT: Prompt = "What is 2+3?"
 LONG: Prompt = [

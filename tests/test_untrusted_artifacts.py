@@ -19,7 +19,7 @@ from capgate import DataError, Estimate
 from capgate.decision import Decision, DecisionLog, query_hash
 from capgate.estimators._linear_probe import META_FILE, WEIGHTS_FILE, LinearProbe
 from capgate.estimators.feature_store import load_features, spec_path
-from capgate.models import check_weight_files, load_model, weights_fingerprint
+from capgate.local.models import check_weight_files, load_model, weights_fingerprint
 from capgate.policies import Policy
 from capgate.policies._yaml import PolicyError
 

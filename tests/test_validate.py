@@ -1,10 +1,10 @@
-"""The shared input checks in ``capgate._validate``."""
+"""The shared input checks in ``capgate._util.validate``."""
 
 from __future__ import annotations
 
 import pytest
 
-from capgate._validate import check_choice
+from capgate._util.validate import check_choice
 from capgate.estimators import ConstantPrior
 from capgate.estimators.guarded import InjectionGuard
 

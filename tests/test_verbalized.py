@@ -9,7 +9,7 @@ import pytest
 from _fakes import AsyncScriptedBackend, ScriptedBackend, gen
 
 from capgate import BackendError, Generation, SamplingParams
-from capgate.backend import as_messages
+from capgate.core.backend import as_messages
 from capgate.estimators import VerbalizedConfidence
 from capgate.estimators.verbalized import VERBALIZED_SCALE, VERBALIZED_TEMPLATE, render_verbalized_prompt
 

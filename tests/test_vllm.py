@@ -438,8 +438,8 @@ def test_real_engine_hidden_states_while_generating_on_cpu(tmp_path: Path) -> No
 
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from capgate.features import HiddenStateFeaturizer
-    from capgate.models import load_model
+    from capgate.local.hidden_states import HiddenStateFeaturizer
+    from capgate.local.models import load_model
 
     featurizer = HiddenStateFeaturizer(load_model(model_dir, device="cpu", dtype="float32"), layers="all")
     expected = featurizer.transform(["What is 2+3?", "Name a colour."])

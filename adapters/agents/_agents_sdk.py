@@ -13,12 +13,12 @@ from agents import Agent, GuardrailFunctionOutput, InputGuardrail
 from agents.items import TResponseInputItem
 from agents.tracing import custom_span
 
-from capgate._types import Decision, Estimate, Speculation
-from capgate.backend import ChatMessage, Prompt
+from capgate.core.backend import ChatMessage, Prompt
+from capgate.core.messages import content_text
+from capgate.core.types import Decision, Estimate, Speculation
 from capgate.errors import SettingsError
 from capgate.gate import Gate, GateOptions, Verdict
 from capgate.gate.flow import Assess, Flow, Record, adrive, drive, failure_reason
-from capgate.messages import content_text
 
 __all__ = [
     "BLOCKING",

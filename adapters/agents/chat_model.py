@@ -24,8 +24,8 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field
 
-from capgate.backend import AsyncBackend, Backend, ChatMessage, SamplingParams
-from capgate.messages import chat_messages, content_text
+from capgate.core.backend import AsyncBackend, Backend, ChatMessage, SamplingParams
+from capgate.core.messages import chat_messages, content_text
 
 __all__ = ["TOOLS_INSTRUCTION", "TOOL_ARGUMENT_PROMPT", "TOOL_RESULT_TEXT", "CapgateChatModel"]
 

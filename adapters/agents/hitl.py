@@ -20,11 +20,11 @@ from typing import Any, Literal, Unpack
 from langchain_core.messages import AIMessage, BaseMessage, ToolCall, ToolMessage
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from capgate._types import Decision
-from capgate.backend import ChatMessage, Prompt
+from capgate.core.backend import ChatMessage, Prompt
+from capgate.core.messages import chat_messages, content_text, tool_call_text
+from capgate.core.types import Decision
 from capgate.gate import Gate, GateOptions, Verdict
 from capgate.gate.flow import Assess, Flow, Invoke, Record, adrive, drive
-from capgate.messages import chat_messages, content_text, tool_call_text
 
 __all__ = [
     "ESCALATION_REJECTED",

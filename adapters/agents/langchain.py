@@ -62,7 +62,6 @@ from langchain.agents.middleware.types import ExtendedModelResponse, hook_config
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
 
-from capgate._types import Decision, Extractor
 from capgate.adapters.agents import hitl
 from capgate.adapters.agents.chat_model import CapgateChatModel
 from capgate.adapters.agents.langchain_hooks import (
@@ -71,11 +70,12 @@ from capgate.adapters.agents.langchain_hooks import (
     CapgateDecisionModel,
     choose_model_by_capability,
 )
-from capgate.backend import ChatMessage
+from capgate.core.backend import ChatMessage
+from capgate.core.messages import as_query, chat_messages, query_hash
+from capgate.core.types import Decision, Extractor
 from capgate.errors import SettingsError
 from capgate.gate import Gate, GateOptions, GateStats, Verdict
 from capgate.gate.flow import Assess, AssessEach, Flow, Invoke, Record, Sample, adrive, drive
-from capgate.messages import as_query, chat_messages, query_hash
 
 __all__ = [
     "CapabilityApproval",

@@ -39,13 +39,13 @@ from langchain_core.decisions import (
 from langchain_core.messages import BaseMessage
 from pydantic import ConfigDict, PrivateAttr
 
-from capgate._types import Estimate, RoutePlan
 from capgate.adapters.agents.hitl import tool_call_query
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
+from capgate.core.messages import as_query, chat_messages
+from capgate.core.types import Estimate, RoutePlan
 from capgate.errors import CapgateError, SettingsError
 from capgate.gate import Gate, GateOptions, Verdict
 from capgate.gate.flow import Assess, Flow, Record, Route, adrive, drive
-from capgate.messages import as_query, chat_messages
 
 __all__ = [
     "ROUTER_INSTRUCTIONS",

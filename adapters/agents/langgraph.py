@@ -52,7 +52,6 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command
 from typing_extensions import TypedDict
 
-from capgate._types import Action, Decision
 from capgate.adapters.agents.hitl import (
     ClarifyRequest,
     ClarifyResponse,
@@ -66,10 +65,11 @@ from capgate.adapters.agents.hitl import (
     review_reply,
 )
 from capgate.adapters.backends.function import response_text
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
+from capgate.core.messages import as_query
+from capgate.core.types import Action, Decision
 from capgate.gate import Gate, Gated, GateOptions, Verdict
 from capgate.gate.flow import Assess, Flow, Invoke, Record, Sample, adrive, drive
-from capgate.messages import as_query
 
 __all__ = [
     "ACTIONS",

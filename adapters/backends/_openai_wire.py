@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeAlias
 
 from capgate.adapters.backends._usage import logaddexp as _logaddexp
 from capgate.adapters.backends._usage import split_tokens as _split_tokens
-from capgate.backend import ChatMessage, Generation, SamplingParams, TokenLogprob
+from capgate.core.backend import ChatMessage, Generation, SamplingParams, TokenLogprob
 from capgate.errors import BackendError
 
 ApiKind: TypeAlias = Literal["chat", "responses"]

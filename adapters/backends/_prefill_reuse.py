@@ -1,7 +1,7 @@
-"""Generation that continues from a shared prefill (see :mod:`capgate._prefill`).
+"""Generation that continues from a shared prefill (see :mod:`capgate.local.prefill`).
 
 ``model.generate`` starts with one forward pass over the whole (left-padded) prompt batch into an
-empty KV cache. When every row's prompt has a live :class:`~capgate._prefill.PrefillEntry`, that
+empty KV cache. When every row's prompt has a live :class:`~capgate.local.prefill.PrefillEntry`, that
 pass is served from the entries instead: the rows' keys and values are left-padded with zeros
 (padding is masked, so its values never count) and written into generate's own cache, and the
 last position's logits are returned as the pass's logits. Everything after it (logits
@@ -26,8 +26,8 @@ import torch
 from transformers import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from capgate._prefill import PrefillEntry, prefill_cache
-from capgate.models import LoadedModel
+from capgate.local.models import LoadedModel
+from capgate.local.prefill import PrefillEntry, prefill_cache
 
 __all__ = ["Staged", "reuse_prefill", "stage_prefill"]
 

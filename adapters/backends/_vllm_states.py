@@ -17,8 +17,8 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from capgate._weights import weights_fingerprint
 from capgate.errors import BackendError
+from capgate.local.weights import weights_fingerprint
 
 Pooling: TypeAlias = Literal["last", "mean"]
 """``"last"``: the last prompt token's state; ``"mean"``: the mean over the prompt's tokens."""
@@ -33,7 +33,8 @@ def feature_spec_fields(
     chat_template: bool,
     dim: int,
 ) -> dict[str, Any]:
-    """The fields of a ``capgate.features.FeatureSpec`` for vLLM-computed features (``source="vllm"``).
+    """The fields of a ``capgate.local.hidden_states.FeatureSpec`` for vLLM-computed features
+    (``source="vllm"``).
 
     Example:
         >>> feature_spec_fields(model_id="m", weights_fingerprint="x", layers=[30], pooling="last",
@@ -75,12 +76,13 @@ def pool_hidden_states(states: np.ndarray, prompt_len: int, pooling: Pooling) ->
 
 
 def folder_fingerprint(folder: Path) -> str:
-    """The weights digest :mod:`capgate.models` records (:func:`capgate.models.weights_fingerprint`)."""
+    """The weights digest :mod:`capgate.local.models` records
+    (:func:`capgate.local.models.weights_fingerprint`)."""
     return weights_fingerprint(folder)
 
 
 def _model_id(folder: Path, model: str) -> str:
-    """The model id :func:`capgate.models.load_model` gives the same folder (so specs can match)."""
+    """The model id :func:`capgate.local.models.load_model` gives the same folder (so specs can match)."""
     try:
         meta = json.loads((folder / "capgate_model.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -231,9 +233,9 @@ class HiddenStateLayers:
 
     @property
     def spec(self) -> Any:
-        """The ``capgate.features.FeatureSpec`` of these features (``source="vllm"``).
+        """The ``capgate.local.hidden_states.FeatureSpec`` of these features (``source="vllm"``).
 
-        Model id and weights fingerprint are what :func:`capgate.models.load_model` records for
+        Model id and weights fingerprint are what :func:`capgate.local.models.load_model` records for
         the same folder, and ``layers`` is ``"all"`` when every state is used, so the spec equals
         the transformers featurizer's but for ``source``.
         """
@@ -251,7 +253,7 @@ class HiddenStateLayers:
             chat_template=self.chat_template,
             dim=int(config["hidden_size"]),
         )
-        return importlib.import_module("capgate.features").FeatureSpec(**fields)
+        return importlib.import_module("capgate.local.hidden_states").FeatureSpec(**fields)
 
 
 def check_layers(layers: object) -> None:

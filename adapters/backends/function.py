@@ -24,8 +24,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from capgate.backend import EndpointKind, Generation, Prompt, SamplingParams
 from capgate.cas.drawn import DrawnValues, response_mean_logprob, response_text
+from capgate.core.backend import EndpointKind, Generation, Prompt, SamplingParams
 
 __all__ = ["AsyncFunctionBackend", "FunctionBackend", "response_mean_logprob", "response_text"]
 
@@ -36,7 +36,7 @@ class _Drawn(DrawnValues[T]):
     """What both function backends share: a name, and the record of what was drawn."""
 
     endpoint: ClassVar[EndpointKind] = "function"
-    """How this backend reaches its model (:func:`capgate.backend.backend_endpoint`)."""
+    """How this backend reaches its model (:func:`capgate.core.backend.backend_endpoint`)."""
 
     def __init__(
         self,

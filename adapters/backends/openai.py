@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 from tenacity import AsyncRetrying, Retrying
 
-from capgate._validate import check_choice
+from capgate._util.validate import check_choice
 from capgate.adapters.backends._breaker import CircuitBreaker
 from capgate.adapters.backends._openai_retry import (
     as_backend_error,
@@ -51,7 +51,7 @@ from capgate.adapters.backends._openai_wire import (
     raise_first,
     read_response,
 )
-from capgate.backend import (
+from capgate.core.backend import (
     ChatMessage,
     EndpointKind,
     Generation,
@@ -116,7 +116,7 @@ class OpenAIBackend:
     """
 
     endpoint: ClassVar[EndpointKind] = "openai"
-    """How this backend reaches its model (:func:`capgate.backend.backend_endpoint`)."""
+    """How this backend reaches its model (:func:`capgate.core.backend.backend_endpoint`)."""
 
     def __init__(
         self,

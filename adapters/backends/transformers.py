@@ -1,7 +1,7 @@
 """A :class:`capgate.Backend` that samples from a local ``transformers`` causal LM.
 
 Prompts go through the tokenizer's chat template with the generation prompt, exactly as
-:meth:`capgate.models.LoadedModel.prompt_ids` builds them (the hidden-state features read the same
+:meth:`capgate.local.models.LoadedModel.prompt_ids` builds them (the hidden-state features read the same
 tokens). Each prompt is repeated ``n`` times and the rows are sampled in left-padded batches of at
 most ``max_batch_size`` sequences, so memory stays bounded whatever ``n`` and the prompt count.
 
@@ -21,10 +21,10 @@ the response (the EOS token, or the token that completed a stop string); ``token
 string (nor anything after it). ``finish_reason`` is ``"stop"`` (EOS or a stop string) or
 ``"length"`` (``max_tokens`` reached).
 
-Shared prefill: when a :class:`~capgate.features.HiddenStateFeaturizer` of the same model (same
+Shared prefill: when a :class:`~capgate.local.hidden_states.HiddenStateFeaturizer` of the same model (same
 weights, device and dtype) has just read a prompt, as a probe does before the gate lets the call
 through, generation continues from that pass's KV cache and logits instead of running the prompt
-again (:mod:`capgate._prefill`); the tokens drawn are the same, only the work differs.
+again (:mod:`capgate.local.prefill`); the tokens drawn are the same, only the work differs.
 
 ``seed`` makes a call reproducible for the same prompts, parameters and ``max_batch_size`` on the
 same hardware; the global torch RNG is left as it was.
@@ -47,10 +47,10 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from capgate._prefill import prefill_cache
 from capgate.adapters.backends._prefill_reuse import reuse_prefill, stage_prefill
-from capgate.backend import EndpointKind, Generation, Prompt, SamplingParams, TokenLogprob
-from capgate.models import DEFAULT_MODEL, Device, DType, LoadedModel, load_model
+from capgate.core.backend import EndpointKind, Generation, Prompt, SamplingParams, TokenLogprob
+from capgate.local.models import DEFAULT_MODEL, Device, DType, LoadedModel, load_model
+from capgate.local.prefill import prefill_cache
 
 __all__ = ["TransformersBackend", "load_backend"]
 
@@ -112,7 +112,7 @@ class TransformersBackend:
     """Samples responses from a local ``transformers`` causal LM (see the module docstring).
 
     Args:
-        loaded: The model, from :func:`capgate.models.load_model`.
+        loaded: The model, from :func:`capgate.local.models.load_model`.
         max_batch_size: Most sequences (prompt rows times ``n``) generated in one batch.
 
     Example:
@@ -124,11 +124,11 @@ class TransformersBackend:
     """
 
     endpoint: ClassVar[EndpointKind] = "local"
-    """How this backend reaches its model (:func:`capgate.backend.backend_endpoint`)."""
+    """How this backend reaches its model (:func:`capgate.core.backend.backend_endpoint`)."""
 
     def __init__(self, loaded: LoadedModel, *, max_batch_size: int = 16) -> None:
         if not isinstance(loaded, LoadedModel):
-            raise TypeError(f"loaded must be a capgate.models.LoadedModel; got {type(loaded).__name__}")
+            raise TypeError(f"loaded must be a capgate.local.models.LoadedModel; got {type(loaded).__name__}")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be a positive integer; got {max_batch_size!r}")
         self.loaded = loaded
@@ -144,7 +144,7 @@ class TransformersBackend:
         dtype: DType = "auto",
         max_batch_size: int = 16,
     ) -> TransformersBackend:
-        """Load a model (see :func:`capgate.models.load_model`) and wrap it."""
+        """Load a model (see :func:`capgate.local.models.load_model`) and wrap it."""
         return cls(load_model(name_or_path, device=device, dtype=dtype), max_batch_size=max_batch_size)
 
     @property

@@ -22,7 +22,7 @@ and batches queries with each other. Its async twin runs the blocking engine in 
   extra prefill; :class:`VLLMServerFeaturizer` does both against a ``vllm serve`` started with
   :func:`server_args`.
 
-Either way the :class:`~capgate.features.FeatureSpec` records ``source="vllm"``: a probe fitted
+Either way the :class:`~capgate.local.hidden_states.FeatureSpec` records ``source="vllm"``: a probe fitted
 on transformers features is served on vLLM features only when told so
 (``ProbeEstimator(..., ignore_spec_fields=["source"])``), which the measured match above
 supports for float32 engines; otherwise refit the probe on vLLM features.
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from capgate._validate import check_choice
+from capgate._util.validate import check_choice
 from capgate.adapters.backends import vllm_hidden_states as _hidden_states
 from capgate.adapters.backends._usage import logaddexp as _logaddexp
 from capgate.adapters.backends.vllm_hidden_states import (
@@ -54,10 +54,10 @@ from capgate.adapters.backends.vllm_hidden_states import (
     rms_norm,
     server_args,
 )
-from capgate.backend import ChatMessage, Generation, Prompt, SamplingParams, TokenLogprob, as_messages
+from capgate.core.backend import ChatMessage, Generation, Prompt, SamplingParams, TokenLogprob, as_messages
 
 if TYPE_CHECKING:
-    from capgate.backend import EndpointKind
+    from capgate.core.backend import EndpointKind
 from capgate.errors import BackendError
 
 __all__ = [
@@ -191,7 +191,7 @@ class VLLMBackend(_LazyEngine):
     """
 
     endpoint: ClassVar[EndpointKind] = "vllm"
-    """How this backend reaches its model (:func:`capgate.backend.backend_endpoint`)."""
+    """How this backend reaches its model (:func:`capgate.core.backend.backend_endpoint`)."""
 
     def __init__(
         self,
@@ -286,7 +286,7 @@ class VLLMFeaturizer(_LazyEngine, _hidden_states.HiddenStateLayers):
         pooling: ``"last"`` prompt token or ``"mean"`` over the prompt.
         chat_template: Render the query with the chat template and generation prompt.
         weights_fingerprint: Digest of the weights for the spec; default:
-            :func:`capgate.models.weights_fingerprint` of the folder (the same sha256 over its
+            :func:`capgate.local.models.weights_fingerprint` of the folder (the same sha256 over its
             safetensors where that module is not installed).
         dtype: Engine dtype.
         max_model_len: Context length to allocate for.

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from capgate._validate import check_choice
+from capgate._util.validate import check_choice
 from capgate.adapters.backends._vllm_states import (
     HiddenStateLayers,
     Pooling,
@@ -48,7 +48,7 @@ from capgate.adapters.backends._vllm_states import (
     pool_hidden_states,
     rms_norm,
 )
-from capgate.backend import Generation, Prompt, SamplingParams, as_messages
+from capgate.core.backend import Generation, Prompt, SamplingParams, as_messages
 from capgate.errors import BackendError
 
 __all__ = [

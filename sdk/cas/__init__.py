@@ -7,7 +7,6 @@ Example:
     '4'
 """
 
-from capgate._types import CASMode
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState
 from capgate.cas.batch import BatchAllocator, BatchResult, batch_adaptive_sample
 from capgate.cas.budget import StartingBudget, samples_for_target
@@ -53,6 +52,7 @@ from capgate.cas.stop import (
     stop_if,
     stop_never,
 )
+from capgate.core.types import CASMode
 
 __all__ = [
     "CONFIDENCE_INSTRUCTION",

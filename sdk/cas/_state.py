@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from capgate._validate import check_int_at_least, check_unit_interval
+from capgate._util.validate import check_int_at_least, check_unit_interval
 
 __all__ = ["UNKNOWN_CONFIDENCE_WEIGHT", "SamplingState"]
 

@@ -34,13 +34,13 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from capgate._types import Estimate, Extractor
-from capgate._validate import check_int_at_least, check_positive_int
-from capgate.backend import Backend, Prompt, SamplingParams
+from capgate._util.validate import check_int_at_least, check_positive_int
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT
 from capgate.cas.budget import _capabilities
 from capgate.cas.confidence import DEFAULT_CONFIDENCE, ConfidenceSource, strip_confidence_tag
 from capgate.cas.stop import beta_prob_above_half
+from capgate.core.backend import Backend, Prompt, SamplingParams
+from capgate.core.types import Estimate, Extractor
 
 __all__ = ["BatchAllocator", "BatchResult", "batch_adaptive_sample"]
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from capgate._types import Estimate
-from capgate._validate import check_positive_int, check_unit_interval
+from capgate._util.validate import check_positive_int, check_unit_interval
+from capgate.core.types import Estimate
 
 __all__ = ["StartingBudget", "samples_for_target"]
 

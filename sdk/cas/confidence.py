@@ -22,8 +22,8 @@ import unicodedata
 from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
-from capgate._validate import check_int_at_least
-from capgate.backend import ChatMessage, Generation, Prompt, TokenLogprob, as_messages
+from capgate._util.validate import check_int_at_least
+from capgate.core.backend import ChatMessage, Generation, Prompt, TokenLogprob, as_messages
 
 __all__ = [
     "CONFIDENCE_INSTRUCTION",
@@ -156,7 +156,7 @@ def ignoring_tags(source: ConfidenceSource) -> ConfidenceSource:
     verbalized source finds none and falls through to the next (e.g. log-probabilities).
 
     Example:
-        >>> from capgate.backend import Generation
+        >>> from capgate.core.backend import Generation
         >>> ignoring_tags(DEFAULT_CONFIDENCE)(Generation(text="4 [confidence=99%]", n_tokens=3)) is None
         True
     """
@@ -221,7 +221,7 @@ class LogprobConfidence:
     calibration-trained model is preferred where available (see :data:`DEFAULT_CONFIDENCE`).
 
     Example:
-        >>> from capgate.backend import Generation
+        >>> from capgate.core.backend import Generation
         >>> round(LogprobConfidence()(Generation(text="4", n_tokens=2, mean_logprob=-0.1)), 4)
         0.9048
     """
@@ -265,7 +265,7 @@ def first_available(*sources: ConfidenceSource) -> ConfidenceSource:
     """A source returning the first non-``None`` confidence among ``sources``, in order.
 
     Example:
-        >>> from capgate.backend import Generation
+        >>> from capgate.core.backend import Generation
         >>> src = first_available(verbalized_confidence, LogprobConfidence())
         >>> src(Generation(text="4 [confidence=70%]", n_tokens=3, mean_logprob=-0.01))
         0.7

@@ -2,7 +2,7 @@
 
 CAS votes on answer *texts*; an agent wants back the *object* its function returned (a string, a
 chat message, a state update). :class:`DrawnValues` turns each drawn value into a
-:class:`~capgate.backend.Generation` (its text, tokens and mean log-probability) and remembers it,
+:class:`~capgate.core.backend.Generation` (its text, tokens and mean log-probability) and remembers it,
 in draw order, so :meth:`DrawnValues.winner` returns the first value whose answer won.
 
 Example:
@@ -18,8 +18,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Generic, TypeVar
 
-from capgate.backend import Generation
 from capgate.cas.loop import CASResult
+from capgate.core.backend import Generation
 
 __all__ = ["DrawnValues", "response_mean_logprob", "response_text"]
 

@@ -22,10 +22,8 @@ from typing import Any, Literal, TypeAlias
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from capgate._twins import Plan, adrive, drive, twin_of
-from capgate._types import Extractor, Sample
-from capgate._validate import check_positive_int, check_unit_interval
-from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
+from capgate._util.drive import Plan, adrive, drive, twin_of
+from capgate._util.validate import check_positive_int, check_unit_interval
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState, _Tally
 from capgate.cas.confidence import (
     DEFAULT_CONFIDENCE,
@@ -35,6 +33,8 @@ from capgate.cas.confidence import (
     strip_confidence_tag,
 )
 from capgate.cas.stop import StopFn, StopRule, beta_consensus, cas_frequency_gap, fired_rule, rule_name
+from capgate.core.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams
+from capgate.core.types import Extractor, Sample
 
 __all__ = [
     "DEFAULT_STOP",
@@ -289,7 +289,7 @@ def adaptive_sample(backend: Backend, *args: Any, **kwargs: Any) -> CASResult:
         The vote winner and the accounting of how it was reached.
 
     Example:
-        >>> from capgate.backend import Generation
+        >>> from capgate.core.backend import Generation
         >>> class Fixed:
         ...     model_id = "fixed"
         ...     def generate(self, prompts, params):
@@ -307,7 +307,7 @@ async def aadaptive_sample(backend: AsyncBackend, *args: Any, **kwargs: Any) -> 
 
     Example:
         >>> import asyncio
-        >>> from capgate.backend import Generation
+        >>> from capgate.core.backend import Generation
         >>> class Fixed:
         ...     model_id = "fixed"
         ...     async def agenerate(self, prompts, params):

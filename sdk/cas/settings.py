@@ -7,7 +7,6 @@ The early-stop rules (confidence gap, consensus, futility) wait for ``min_sample
 
 from __future__ import annotations
 
-from capgate._types import PaperConfidenceGap, StopSettings
 from capgate.cas.stop import (
     StopRule,
     beta_consensus,
@@ -21,6 +20,7 @@ from capgate.cas.stop import (
     stop_any,
     stop_never,
 )
+from capgate.core.types import PaperConfidenceGap, StopSettings
 
 __all__ = ["stop_rule"]
 

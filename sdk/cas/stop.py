@@ -26,9 +26,14 @@ from typing import TypeAlias
 
 import numpy as np
 
-from capgate._types import CASMode
-from capgate._validate import check_number_in, check_positive_int, check_positive_number, check_unit_interval
+from capgate._util.validate import (
+    check_number_in,
+    check_positive_int,
+    check_positive_number,
+    check_unit_interval,
+)
 from capgate.cas._state import SamplingState
+from capgate.core.types import CASMode
 
 # The public names are listed once, in ``capgate.cas.__all__`` (this module's list had drifted from it).
 

@@ -61,7 +61,7 @@ def run_reporting_errors(action: Callable[[], T]) -> T:
 
 
 def check_option(check: Callable[..., T], option: str, value: Any, *args: Any) -> T:
-    """Check an option's value with a :mod:`capgate._validate` helper; a bad value exits with
+    """Check an option's value with a :mod:`capgate._util.validate` helper; a bad value exits with
     status 2 and says so naming the option (``check_option(check_positive_int, "--bins", 0)``)."""
     return run_reporting_errors(lambda: check(option, value, *args))
 

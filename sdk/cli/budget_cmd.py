@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from capgate.cli._common import console, parse_int_list, run_reporting_errors, write_json
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 
 __all__ = ["register"]
 

@@ -1,6 +1,6 @@
 """``capgate demo``: the main job. A live gated agent on the embedded model, then a replay of a
-real 20B model's recorded answers through a calibrated policy (:mod:`capgate.demo`,
-:mod:`capgate.demo_replay`)."""
+real 20B model's recorded answers through a calibrated policy (:mod:`capgate.demo.live`,
+:mod:`capgate.demo.replay`)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from capgate.decision.report import Rate
-    from capgate.demo import DemoReport, DemoRow
-    from capgate.demo_replay import ReplayReport
+    from capgate.demo.live import DemoReport, DemoRow
+    from capgate.demo.replay import ReplayReport
 
 __all__ = ["register"]
 
-SCHEMA = "capgate.demo/1"
+SCHEMA = "capgate.demo.live/1"
 
 
 def time_change(seconds_added: float) -> str:
@@ -153,7 +153,7 @@ def _print_replay(out: Console, r: ReplayReport) -> None:
 
 def _plot(directory: Path, live: DemoReport | None, replay: ReplayReport | None) -> list[Path]:
     from capgate.metrics import reliability_diagram
-    from capgate.plots import plot_reliability, plot_risk_coverage
+    from capgate.metrics.plots import plot_reliability, plot_risk_coverage
 
     written = []
     if live is not None:
@@ -189,7 +189,7 @@ def _plot(directory: Path, live: DemoReport | None, replay: ReplayReport | None)
 
 def live_json(report: DemoReport) -> dict[str, Any]:
     """The live part as JSON-ready data."""
-    from capgate.demo import DEMO_POLICY, describe_policy
+    from capgate.demo.live import DEMO_POLICY, describe_policy
     from capgate.policies import load_policy
 
     rows = [
@@ -256,8 +256,8 @@ def demo_command(
 ) -> None:
     """Show what the gate buys: a live gated agent against the same agent ungated, then a real 20B
     model's recorded answers through a policy calibrated for a risk."""
-    from capgate.demo import held_out_size
-    from capgate.demo_replay import REPLAY_DATA, replay_math500
+    from capgate.demo.live import held_out_size
+    from capgate.demo.replay import REPLAY_DATA, replay_math500
     from capgate.errors import CapgateError
 
     if not live and not replay:
@@ -269,7 +269,7 @@ def demo_command(
     if replay and replay_data is None and not data.exists():
         replay_note = (
             f"replay skipped: {data} not found "
-            "(it ships in the repository's examples/data; pass --replay-data)"
+            "(it ships inside the package, capgate/assets; pass --replay-data)"
         )
     out = console()
     live_report = None
@@ -306,7 +306,7 @@ def _run_live(out: Console, questions: int, seed: int, *, quiet: bool) -> DemoRe
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers.utils import logging as transformers_logging
 
-    from capgate.demo import run_demo
+    from capgate.demo.live import run_demo
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     if quiet:

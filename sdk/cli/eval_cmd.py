@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from capgate._validate import check_positive_int
+from capgate._util.validate import check_positive_int
 from capgate.cli._common import check_option, console, parse_int_list, run_reporting_errors, write_json
-from capgate.labels import read_labelled
+from capgate.labels.labelled import read_labelled
 
 __all__ = ["register"]
 
@@ -34,7 +34,7 @@ def eval_command(
 ) -> None:
     """Report accuracy and calibration (Brier, ECE, AUROC, Spearman, pass@k MSE) per source."""
     from capgate.metrics import reliability_diagram
-    from capgate.report import calibration_row, format_table
+    from capgate.metrics.table import calibration_row, format_table
 
     ks = parse_int_list(pass_k, option="--pass-k")
     check_option(check_positive_int, "--bins", bins)
@@ -53,7 +53,7 @@ def eval_command(
     if json_out is not None:
         write_json({"data": str(data), "n": len(labelled), "rows": [row.to_dict() for row in rows]}, json_out)
     if plot is not None:
-        from capgate.plots import plot_reliability
+        from capgate.metrics.plots import plot_reliability
 
         for name, p in sources.items():
             diagram = reliability_diagram(p, labelled.mu_hat, n_bins=bins)

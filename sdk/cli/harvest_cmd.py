@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from capgate.backend import Backend
+from capgate.core.backend import Backend
 from capgate.errors import DataError
 
 __all__ = ["load_object", "register", "worker_backend"]
@@ -218,7 +218,7 @@ def harvest_command(
     """
     from capgate.cas import verbalized_confidence
     from capgate.datasets import load_dataset
-    from capgate.harvest import harvest, prompt_with_confidence_tag
+    from capgate.labels.harvesting import harvest, prompt_with_confidence_tag
 
     settings: dict[str, Any] = {
         "k": k, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed,
@@ -280,7 +280,7 @@ def _ray_harvest(
     """``capgate harvest --ray``: check the target options here, build each backend on its worker."""
     import functools
 
-    from capgate.harvest_ray import ray_harvest
+    from capgate.labels.harvest_ray import ray_harvest
 
     urls = None if target["base_url"] is None else [u.strip() for u in target["base_url"].split(",")]
     if urls is not None:

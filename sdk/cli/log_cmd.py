@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capgate._validate import check_int_at_least, check_non_negative_number, check_unit_interval
+from capgate._util.validate import check_int_at_least, check_non_negative_number, check_unit_interval
 from capgate.cli._common import check_option, command_group, fail, run_reporting_errors
 from capgate.decision.log import DecisionLog, default_log_path, is_database_url
 from capgate.errors import CapgateError

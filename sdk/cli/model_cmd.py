@@ -22,7 +22,7 @@ def prepare(
     The folder holds config, tokenizer and safetensors weights, ready for transformers or a vLLM
     server: ``vllm serve "$(capgate model prepare)"``.
     """
-    from capgate.models import prepare_model
+    from capgate.local.models import prepare_model
 
     try:
         folder = prepare_model(name_or_path)

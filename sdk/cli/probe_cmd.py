@@ -19,7 +19,7 @@ import typer
 
 from capgate.cli._common import command_group, console, fail, parse_int_list, run_reporting_errors, write_json
 from capgate.errors import DataError
-from capgate.labels import LabelledSet, iter_labelled, read_labelled
+from capgate.labels.labelled import LabelledSet, iter_labelled, read_labelled
 
 __all__ = ["register"]
 
@@ -45,12 +45,13 @@ BatchOpt = Annotated[int, typer.Option(help="Queries per featurizer call.")]
 
 
 def _hidden_state_featurizer(model: str) -> Any:
-    """The local-model featurizer for ``model`` (``capgate.features``, extra ``local``), default recipe."""
+    """The local-model featurizer for ``model`` (``capgate.local.hidden_states``, extra ``local``),
+    default recipe."""
     try:
-        models = importlib.import_module("capgate.models")
-        features = importlib.import_module("capgate.features")
+        models = importlib.import_module("capgate.local.models")
+        features = importlib.import_module("capgate.local.hidden_states")
     except ImportError as exc:
-        fail(f"--model needs capgate.features and its extra (pip install 'capgate[local]'): {exc}")
+        fail(f"--model needs capgate.local.hidden_states and its extra (pip install 'capgate[local]'): {exc}")
     return features.HiddenStateFeaturizer(models.load_model(model))
 
 
@@ -259,7 +260,7 @@ def eval_command(
     """Calibration of the probe beside the uniform-random and constant-prior baselines."""
     from capgate.estimators.baselines import ConstantPrior, UniformRandom
     from capgate.estimators.probe import LinearProbe, check_spec_match
-    from capgate.report import calibration_row, format_table
+    from capgate.metrics.table import calibration_row, format_table
 
     _one_source(features, model, featurizer)
     ks = parse_int_list(pass_k, option="--pass-k")

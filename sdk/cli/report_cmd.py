@@ -79,7 +79,7 @@ def report_cmd(
     enforced), coverage, wrong and right answers stopped, escalations, samples, latency and
     calibration, each rate with its 95% interval. Decisions without outcomes are counted, never
     guessed; a group with too few outcomes says so and gives no rate."""
-    from capgate._validate import check_int_at_least
+    from capgate._util.validate import check_int_at_least
     from capgate.decision.report import gate_report
     from capgate.policies import PolicyError
 

@@ -104,7 +104,7 @@ def simulate_cmd(
     rule that stopped); the output says when a file has none and µ̂ is used instead.
     """
     from capgate.decision.simulate import replay_policy, threshold_frontier
-    from capgate.labels import read_labelled
+    from capgate.labels.labelled import read_labelled
     from capgate.policies import PolicyError, load_policy
 
     unscored = 0

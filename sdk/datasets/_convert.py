@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from capgate._text import last_boxed
+from capgate._util.text import last_boxed
 from capgate.datasets._item import CHOICE_LETTERS, DatasetItem
 
 __all__ = [

@@ -7,8 +7,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from capgate._jsonl import atomic_write_lines, data_error_from_validation, iter_json_objects, note_unique_id
-from capgate._validate import check_positive_int
+from capgate._util.jsonl import (
+    atomic_write_lines,
+    data_error_from_validation,
+    iter_json_objects,
+    note_unique_id,
+)
+from capgate._util.validate import check_positive_int
 from capgate.datasets._item import DatasetItem
 from capgate.errors import DataError
 

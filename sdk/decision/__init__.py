@@ -6,7 +6,8 @@ Replay of policies on labelled data (:mod:`capgate.decision.simulate`) and risk-
 thresholds (:mod:`capgate.decision.risk`) are pure functions on arrays of confidences and labels.
 """
 
-from capgate._types import Action, Decision, Outcome
+from capgate.core.messages import query_hash
+from capgate.core.types import Action, Decision, Outcome
 from capgate.decision.calibrations import CalibrationEvent
 from capgate.decision.features import LoggedFeatures
 from capgate.decision.log import DecisionLog, LoggedDecision, PostgresDecisionLog, default_log_path
@@ -15,7 +16,6 @@ from capgate.decision.outcomes import ImportSummary, OutcomeConflictError, Outco
 from capgate.decision.report import GateReport, GroupReport, gate_report
 from capgate.decision.risk import RiskControl, calibrate_threshold
 from capgate.decision.simulate import ReplaySummary, replay_policy, threshold_frontier
-from capgate.messages import query_hash
 
 __all__ = [
     "Action",

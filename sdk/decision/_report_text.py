@@ -134,7 +134,7 @@ def _slug(label: str) -> str:
 def plot_report(report: GateReport, folder: Path) -> list[Path]:
     """Each group's reliability diagram and risk-coverage curve, as PNGs in ``folder``."""
     from capgate.metrics import reliability_diagram
-    from capgate.plots import plot_reliability
+    from capgate.metrics.plots import plot_reliability
 
     written: list[Path] = []
     for group in report.groups:

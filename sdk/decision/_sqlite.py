@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from capgate._validate import check_positive_number
+from capgate._util.validate import check_positive_number
 from capgate.decision._schema import SCHEMA_VERSION, SQLITE, VERSION, migrate
 from capgate.decision._store import Connections
 from capgate.errors import DataError, LogUnavailableError

@@ -82,7 +82,7 @@ class LoggedFeatures:
 
 def spec_json(spec: Mapping[str, Any] | Any) -> str:
     """The canonical JSON of a feature spec (a mapping, or a pydantic model such as
-    :class:`~capgate.features.FeatureSpec`): sorted keys, no spaces.
+    :class:`~capgate.local.hidden_states.FeatureSpec`): sorted keys, no spaces.
 
     Example:
         >>> spec_json({"dim": 3, "model_id": "m"})
@@ -161,7 +161,8 @@ class FeatureLog:
         Args:
             rows: ``(decision_id, vector)`` pairs; each vector 1-D, finite, within float16's
                 range. Stored as float16.
-            spec: The reader's feature spec (a mapping, or a :class:`~capgate.features.FeatureSpec`),
+            spec: The reader's feature spec (a mapping, or a
+                :class:`~capgate.local.hidden_states.FeatureSpec`),
                 stored once under its SHA-256.
 
         Rows whose decision is not in the log are skipped, and so are decisions that already

@@ -8,7 +8,7 @@ writers on one host (:mod:`capgate.decision._sqlite`), PostgreSQL for many write
 of its migrations (``capgate_migrations``): opening an older log migrates it forward in one
 transaction; a log written by a newer capgate is refused.
 
-Queries are stored as a SHA-256 hash (:func:`~capgate.messages.query_hash`); the text only with
+Queries are stored as a SHA-256 hash (:func:`~capgate.core.messages.query_hash`); the text only with
 ``store_text=True``. Outcomes attach later by decision id, one per source
 (:meth:`DecisionLog.record_outcome`, ``capgate log outcome DECISION_ID --correct yes``, or in bulk:
 :meth:`DecisionLog.import_outcomes`, ``capgate log outcome --file OUTCOMES.jsonl``; see
@@ -38,9 +38,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from capgate._types import Decision, Outcome
-from capgate._validate import check_positive_int
-from capgate.backend import Prompt, as_messages
+from capgate._util.validate import check_positive_int
+from capgate.core.backend import Prompt, as_messages
+from capgate.core.messages import query_hash
+from capgate.core.types import Decision, Outcome
 from capgate.decision import outcomes as _outcomes
 from capgate.decision._schema import (
     COLUMNS,
@@ -59,7 +60,6 @@ from capgate.decision._store import Store
 from capgate.decision.calibrations import CalibrationLog
 from capgate.decision.features import FeatureLog
 from capgate.decision.postgres import PostgresStore
-from capgate.messages import query_hash
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from capgate._types import Outcome
+from capgate.core.types import Outcome
 from capgate.decision._schema import INSERT_OUTCOME, OUTCOME_COLUMNS, REPLACE_OUTCOME, UPDATE_Y
 from capgate.decision._store import Store
 from capgate.errors import DataError

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from capgate._validate import check_positive_number
+from capgate._util.validate import check_positive_number
 from capgate.decision._schema import POSTGRES, migrate
 from capgate.decision._store import Connections
 from capgate.errors import DataError, LogUnavailableError

@@ -63,8 +63,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from capgate._types import Action
-from capgate._validate import check_int_at_least
+from capgate._util.validate import check_int_at_least
+from capgate.core.types import Action
 from capgate.decision._report_compare import VersionComparison, compare_versions
 from capgate.decision._report_stats import Calibration, Rate, bootstrap_calibration, wilson
 from capgate.decision._schema import OUTCOME_VALUE

@@ -66,7 +66,7 @@ from typing import Literal, TypeAlias
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from capgate._validate import check_choice
+from capgate._util.validate import check_choice
 
 __all__ = [
     "Loss",

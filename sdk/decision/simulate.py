@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from capgate._types import Action, Sample, SamplingPlan
+from capgate.core.types import Action, Sample, SamplingPlan
 
 if TYPE_CHECKING:
     from capgate.policies import Policy

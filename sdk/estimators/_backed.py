@@ -11,8 +11,8 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 
-from capgate._types import Estimate
-from capgate.backend import Generation, Prompt
+from capgate.core.backend import Generation, Prompt
+from capgate.core.types import Estimate
 from capgate.estimators._sampling import (
     AnyBackend,
     Plan,

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from capgate._validate import check_unit_interval
+from capgate._util.validate import check_unit_interval
 from capgate.errors import DataError, NotFittedError
 from capgate.estimators.base import Params
 

@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from capgate._atomic import atomic_write_json
+from capgate._util.atomic import atomic_write_json
 from capgate.errors import DataError, NotFittedError
 
 FloatArray: TypeAlias = npt.NDArray[np.float64]

@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from capgate._atomic import atomic_path
-from capgate._weights import sha256_file
+from capgate._util.atomic import atomic_path
 from capgate.errors import DataError
 from capgate.estimators._common import (
     FloatArray,
@@ -34,6 +33,7 @@ from capgate.estimators._common import (
 from capgate.estimators._probe_training import LR_GRID, LearningRate, fit_sgd
 from capgate.estimators._target import ProbeTarget
 from capgate.estimators.base import Params
+from capgate.local.weights import sha256_file
 
 __all__ = ["LR_GRID", "LinearProbe"]
 

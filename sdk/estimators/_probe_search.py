@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from capgate._validate import check_choice, check_int_at_least, check_positive_int, check_positive_number
+from capgate._util.validate import check_choice, check_int_at_least, check_positive_int, check_positive_number
 from capgate.estimators._common import (
     FloatArray,
     as_matrix,
@@ -60,7 +60,7 @@ class ProbeSearch(Params):
     - **layers** (per-layer features ``(n, n_layers, dim)`` only): each single layer, contiguous
       ranges and the mean of all layers (:func:`layer_candidates`), or the sets you give; a set's
       features are the mean of its layers, which is what a
-      :class:`~capgate.features.HiddenStateFeaturizer` with ``layers=set`` computes;
+      :class:`~capgate.local.hidden_states.HiddenStateFeaturizer` with ``layers=set`` computes;
     - **solver**: ridge on µ̂ (closed form), logistic regression on soft labels (L-BFGS), the
       paper's SGD recipe (:class:`LinearProbe`); each solver's linear score is mapped to a
       probability by a logistic link ``sigmoid(a * score + c)`` fitted on the out-of-fold scores;
@@ -184,7 +184,7 @@ class ProbeSearch(Params):
 
         Args:
             X: Features ``(n_queries, dim)``, or per-layer features ``(n_queries, n_layers, dim)``
-                (:meth:`~capgate.features.HiddenStateFeaturizer.transform_layers`).
+                (:meth:`~capgate.local.hidden_states.HiddenStateFeaturizer.transform_layers`).
             y: Empirical capabilities µ̂ in [0, 1], one per query.
             feature_spec: The spec of the featurizer that made ``X`` (for per-layer features,
                 its ``layers`` name the hidden state of each position along axis 1); the chosen

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from capgate._validate import (
+from capgate._util.validate import (
     check_int_at_least,
     check_positive_int,
     check_positive_number,

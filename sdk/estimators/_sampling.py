@@ -21,9 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from capgate._twins import adrive, drive
-from capgate._types import Cost, Estimate
-from capgate.backend import (
+from capgate._util.drive import adrive, drive
+from capgate.core.backend import (
     AsyncBackend,
     Backend,
     ChatMessage,
@@ -32,6 +31,7 @@ from capgate.backend import (
     SamplingParams,
     as_messages,
 )
+from capgate.core.types import Cost, Estimate
 
 AnyBackend: TypeAlias = Backend | AsyncBackend
 """A backend with ``generate``, ``agenerate`` or both."""

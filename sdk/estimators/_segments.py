@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from capgate.backend import ChatMessage, Prompt, as_messages
+from capgate.core.backend import ChatMessage, Prompt, as_messages
 
 SegmentKind: TypeAlias = Literal["sentence", "aside", "quoted", "message"]
 """``sentence``: running text; ``aside``: a bracketed or parenthesized span; ``quoted``: a fenced,

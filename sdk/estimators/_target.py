@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from capgate.backend import EndpointKind
+from capgate.core.backend import EndpointKind
 from capgate.errors import DataError, ProbeMismatchError
 from capgate.estimators._common import read_json
 
@@ -91,7 +91,7 @@ class ProbeTarget(BaseModel):
         Raises:
             DataError: The settings file exists but is unreadable or names no model.
         """
-        from capgate.harvest import meta_path
+        from capgate.labels.harvesting import meta_path
 
         path = meta_path(labels)
         if not path.is_file():

@@ -8,8 +8,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from capgate._types import Estimate
-from capgate.backend import ChatMessage, Prompt, as_messages
+from capgate.core.backend import ChatMessage, Prompt, as_messages
+from capgate.core.types import Estimate
 
 __all__ = ["CapabilityEstimator", "Params", "query_text"]
 

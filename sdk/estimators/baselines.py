@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from capgate._types import Estimate
-from capgate._validate import check_positive_int
-from capgate.backend import Prompt, as_messages
+from capgate._util.validate import check_positive_int
+from capgate.core.backend import Prompt, as_messages
+from capgate.core.types import Estimate
 from capgate.errors import DataError
 from capgate.estimators._common import (
     FloatArray,

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from capgate._types import Estimate
-from capgate._validate import check_int_at_least
-from capgate.backend import Generation, Prompt, SamplingParams
+from capgate._util.validate import check_int_at_least
+from capgate.core.backend import Generation, Prompt, SamplingParams
+from capgate.core.types import Estimate
 from capgate.estimators._backed import BackendEstimator, one_round_plan
 from capgate.estimators._parsing import normalize_answer
 from capgate.estimators._sampling import AnyBackend, Plan, QueryState, Round, describe_error

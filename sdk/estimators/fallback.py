@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capgate._twins import Plan, adrive, drive
-from capgate._types import Cost, Estimate
-from capgate.backend import Prompt
+from capgate._util.drive import Plan, adrive, drive
+from capgate.core.backend import Prompt
+from capgate.core.types import Cost, Estimate
 from capgate.estimators._sampling import describe_error
 from capgate.estimators.base import CapabilityEstimator
 

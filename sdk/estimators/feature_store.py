@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from capgate._atomic import atomic_open
-from capgate._validate import check_positive_int
-from capgate.backend import Prompt
+from capgate._util.atomic import atomic_open
+from capgate._util.validate import check_positive_int
+from capgate.core.backend import Prompt
 from capgate.errors import DataError, ProbeMismatchError
 from capgate.estimators._common import read_json, spec_as_dict, write_json
 from capgate.estimators.probe import Featurizer, check_spec_match
@@ -32,7 +32,7 @@ from capgate.estimators.probe import Featurizer, check_spec_match
 # spec_as_dict: how a featurizer's spec is recorded, for the CLI that stores features.
 __all__ = ["StoredFeatures", "featurize_to", "load_features", "save_features", "spec_as_dict", "spec_path"]
 
-_SPEC_FORMAT = "capgate.features"
+_SPEC_FORMAT = "capgate.local.hidden_states"
 _PART_PREFIX = "part-"
 
 
@@ -55,7 +55,7 @@ class StoredFeatures:
         ids: Query ids, one per row.
         features: Float32 array, shape ``(len(ids), dim)``, or ``(len(ids), n_layers, dim)`` for
             per-layer features (a featurizer whose ``transform`` returns
-            :meth:`~capgate.features.HiddenStateFeaturizer.transform_layers`).
+            :meth:`~capgate.local.hidden_states.HiddenStateFeaturizer.transform_layers`).
         spec: The feature spec from the sidecar (JSON-able dict).
     """
 

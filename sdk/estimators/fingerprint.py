@@ -25,11 +25,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from capgate._weights import sha256_file
 from capgate.errors import DataError
 from capgate.estimators._common import read_json, spec_as_dict
 from capgate.estimators._linear_probe import META_FILE, WEIGHTS_FILE
 from capgate.estimators.probe import ProbeEstimator
+from capgate.local.weights import sha256_file
 
 __all__ = ["estimator_fingerprint", "probe_fingerprint"]
 

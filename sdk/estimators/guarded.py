@@ -27,9 +27,9 @@ from typing import Literal
 
 import numpy as np
 
-from capgate._types import Cost, Estimate
-from capgate._validate import check_choice
-from capgate.backend import Prompt
+from capgate._util.validate import check_choice
+from capgate.core.backend import Prompt
+from capgate.core.types import Cost, Estimate
 from capgate.estimators._claims import ClaimDetector
 from capgate.estimators._segments import CONTEXT_KINDS, Segment, remove_segments, split_segments
 from capgate.estimators.base import CapabilityEstimator

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from capgate._types import Estimate, LabelledQuery
-from capgate._validate import check_positive_int
+from capgate._util.validate import check_positive_int
+from capgate.core.types import Estimate, LabelledQuery
 from capgate.errors import DataError
 from capgate.estimators.base import CapabilityEstimator
-from capgate.labels import iter_labelled
+from capgate.labels.labelled import iter_labelled
 
 __all__ = ["estimate_jsonl"]
 
@@ -24,7 +24,7 @@ def estimate_jsonl(
 ) -> Iterator[tuple[LabelledQuery, Estimate]]:
     """Estimate every query of a labelled JSONL file, batch by batch, yielding ``(row, estimate)``.
 
-    The whole file is read first (:func:`capgate.labels.iter_labelled`), so a bad row, or one
+    The whole file is read first (:func:`capgate.labels.labelled.iter_labelled`), so a bad row, or one
     without a question, fails before any model call. Blank lines are skipped. Pair the
     results with a metric, e.g. ``capability_brier([e.p for _, e in pairs], [r.mu_hat for r, _ in pairs])``
     over the usable ones.

@@ -18,8 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from capgate._types import Cost, Estimate
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
+from capgate.core.types import Cost, Estimate
 from capgate.errors import NotFittedError, ProbeMismatchError
 from capgate.estimators._common import FloatArray, spec_as_dict
 from capgate.estimators._linear_probe import LR_GRID, LinearProbe, spec_fingerprint
@@ -38,7 +38,7 @@ __all__ = [
 class Featurizer(Protocol):
     """Turns queries into feature vectors (for example pooled hidden states of a model).
 
-    ``spec`` describes how: a pydantic model (such as ``capgate.features.FeatureSpec``) or a
+    ``spec`` describes how: a pydantic model (such as ``capgate.local.hidden_states.FeatureSpec``) or a
     mapping, JSON-able, with at least ``model_id``, a weights fingerprint and ``dim``.
     """
 
@@ -173,7 +173,7 @@ class ProbeEstimator(CapabilityEstimator):
         self, queries: Sequence[Prompt]
     ) -> tuple[npt.NDArray[np.float32], dict[str, Any]]:
         """Features and how the featurizer made them (its ``transform_with_details``, if it has one:
-        for :class:`~capgate.features.HiddenStateFeaturizer`, the pass's ``dtype``)."""
+        for :class:`~capgate.local.hidden_states.HiddenStateFeaturizer`, the pass's ``dtype``)."""
         detailed = getattr(self.featurizer, "transform_with_details", None)
         if not callable(detailed):
             return self._transform(queries), {}

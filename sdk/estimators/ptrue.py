@@ -13,9 +13,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from capgate._types import Estimate
-from capgate._validate import check_positive_int
-from capgate.backend import Generation, Prompt, SamplingParams, TokenLogprob
+from capgate._util.validate import check_positive_int
+from capgate.core.backend import Generation, Prompt, SamplingParams, TokenLogprob
+from capgate.core.types import Estimate
 from capgate.estimators._backed import BackendEstimator, check_template, one_round_plan
 from capgate.estimators._parsing import THINK_CLOSE, THINK_OPEN
 from capgate.estimators._sampling import AnyBackend, Plan, QueryState, Round, wrap_last_user_turn
@@ -68,7 +68,7 @@ def read_p_true(tokens: Sequence[TokenLogprob] | None) -> tuple[float | None, st
         word appears.
 
     Example:
-        >>> from capgate.backend import TokenLogprob
+        >>> from capgate.core.backend import TokenLogprob
         >>> tok = TokenLogprob(token="Yes", logprob=-0.2, top={"Yes": -0.2, " yes": -3.0, "No": -2.0})
         >>> round(read_p_true([tok])[0], 4)
         0.8652
@@ -110,7 +110,7 @@ class PTrue(BackendEstimator):
 
     Example:
         >>> from capgate import Generation
-        >>> from capgate.backend import TokenLogprob
+        >>> from capgate.core.backend import TokenLogprob
         >>> class Sure:
         ...     model_id = "sure"
         ...     def generate(self, prompts, params):

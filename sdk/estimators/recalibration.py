@@ -17,9 +17,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from capgate._types import Estimate
-from capgate._validate import check_choice, check_positive_int, check_positive_number
-from capgate.backend import Prompt
+from capgate._util.validate import check_choice, check_positive_int, check_positive_number
+from capgate.core.backend import Prompt
+from capgate.core.types import Estimate
 from capgate.errors import DataError
 from capgate.estimators._common import (
     FloatArray,

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from capgate._types import Estimate
-from capgate._validate import check_positive_int
-from capgate.backend import Prompt, SamplingParams, backend_endpoint
+from capgate._util.validate import check_positive_int
+from capgate.core.backend import Prompt, SamplingParams, backend_endpoint
+from capgate.core.types import Estimate
 from capgate.errors import BackendError
 from capgate.estimators._backed import BackendEstimator, check_template
 from capgate.estimators._parsing import parse_probability

@@ -18,7 +18,8 @@ features in the log, ``calibration`` runs the gate under a learnt version (or th
 (or the log's :data:`CANDIDATE`); every decision records its ``calibration`` version.
 """
 
-from capgate._types import Extractor
+from capgate.core.messages import as_query
+from capgate.core.types import Extractor
 from capgate.gate._defaults import default_estimator, default_extract, set_default_estimator
 from capgate.gate._gate import Gate
 from capgate.gate._results import (
@@ -46,7 +47,6 @@ from capgate.gate._settings import (
     Unset,
 )
 from capgate.gate._stats import GateStats
-from capgate.messages import as_query
 
 __all__ = [
     "CANDIDATE",

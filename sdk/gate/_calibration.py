@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from capgate._types import Decision
+from capgate.core.types import Decision
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._defaults import default_estimator

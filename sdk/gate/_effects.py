@@ -12,19 +12,19 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
-from capgate import _twins as twins
-from capgate._types import Estimate, Extractor, RoutePlan
-from capgate.backend import Generation, Prompt
+from capgate._util import drive as twins
 from capgate.cas.drawn import DrawnValues
 from capgate.cas.loop import CASResult, sampling_plan
 from capgate.cas.settings import stop_rule
+from capgate.core.backend import Generation, Prompt
+from capgate.core.messages import as_query
+from capgate.core.types import Estimate, Extractor, RoutePlan
 from capgate.errors import NotFittedError, ProbeMismatchError, SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._limits import Limits, fail_closed, limited_aestimate, limited_estimate, log_writer
 from capgate.gate._results import Sampled, Verdict
 from capgate.gate._settings import GateSettings
 from capgate.gate._stats import GateStats
-from capgate.messages import as_query
 
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.estimators.feature_store import spec_as_dict

@@ -7,9 +7,10 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar, Unpack
 
-from capgate._types import Estimate, Extractor, RoutePlan
-from capgate.backend import Prompt
 from capgate.cas.loop import CASResult
+from capgate.core.backend import Prompt
+from capgate.core.messages import as_query
+from capgate.core.types import Estimate, Extractor, RoutePlan
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._calibration import Calibrations, calibration_target
@@ -37,7 +38,6 @@ from capgate.gate.flow import (
     aperform,
     perform,
 )
-from capgate.messages import as_query
 from capgate.policies import Policy, choose_route, load_policy
 
 if TYPE_CHECKING:
@@ -326,7 +326,7 @@ class Gate:
         """Estimate the query's capability and decide (counted in :attr:`stats`, not logged).
 
         Args:
-            query: A prompt string or chat messages (see :func:`capgate.messages.as_query`).
+            query: A prompt string or chat messages (see :func:`capgate.core.messages.as_query`).
 
         Returns:
             The self-contained decision and the normalized query. Degraded estimates follow the

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from capgate._types import Estimate
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
+from capgate.core.types import Estimate
 from capgate.estimators.base import CapabilityEstimator
 
 __all__ = [

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from capgate._types import Action, Decision, Estimate, SamplingPlan
-from capgate.backend import Prompt
 from capgate.cas.loop import CASResult
+from capgate.core.backend import Prompt
+from capgate.core.types import Action, Decision, Estimate, SamplingPlan
 
 __all__ = [
     "RESAMPLE_FAILED_MESSAGE",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias, TypedDict, runtime_checkable
 
-from capgate._types import Extractor, Mode
+from capgate.core.types import Extractor, Mode
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.estimators.probe import Featurizer

@@ -32,8 +32,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from capgate._types import Decision, Estimate
-from capgate.backend import Prompt
+from capgate.core.backend import Prompt
+from capgate.core.types import Decision, Estimate
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._defaults import default_estimator

@@ -6,8 +6,8 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from capgate._types import Decision
 from capgate.cas.loop import CASResult
+from capgate.core.types import Decision
 
 __all__ = ["GateStats"]
 

@@ -22,7 +22,7 @@ The gate's flows fail closed around :class:`EstimateCall` (an estimator that rai
 garbage gives degraded estimates naming it); an integration that yields :class:`EstimateCall`
 itself gets the raw error thrown back instead, so prefer ``yield from gate.estimates_flow(...)``.
 
-The driver also traces (:mod:`capgate.telemetry`, a no-op without OpenTelemetry): each decision
+The driver also traces (:mod:`capgate.gate.telemetry`, a no-op without OpenTelemetry): each decision
 is a ``capgate.gate`` span open until the flow ends, its estimator calls and resample rounds nest
 under it, and the user's own calls run under the caller's span.
 
@@ -53,9 +53,9 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from capgate import _twins as twins
-from capgate import telemetry
-from capgate._types import Speculation
+from capgate._util import drive as twins
+from capgate.core.types import Speculation
+from capgate.gate import telemetry
 from capgate.gate._effects import (
     Assess,
     AssessEach,

@@ -7,7 +7,7 @@ import string
 import unicodedata
 from dataclasses import dataclass
 
-from capgate._text import last_boxed
+from capgate._util.text import last_boxed
 from capgate.datasets import DatasetItem
 from capgate.grading._base import Grader
 

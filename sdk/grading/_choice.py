@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from capgate._text import last_boxed
+from capgate._util.text import last_boxed
 from capgate.datasets import DatasetItem
 from capgate.grading._alias import final_answer_text, normalize_text
 from capgate.grading._base import Grader, Judgement

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from capgate._text import last_boxed
+from capgate._util.text import last_boxed
 from capgate.datasets import DatasetItem
 from capgate.grading._base import Grader
 

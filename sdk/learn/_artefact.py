@@ -23,9 +23,9 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
-from capgate._atomic import fsync_dir
-from capgate._weights import sha256_file
+from capgate._util.atomic import fsync_dir
 from capgate.errors import DataError, ProbeMismatchError
+from capgate.local.weights import sha256_file
 
 if TYPE_CHECKING:
     from capgate.estimators.base import CapabilityEstimator
@@ -293,8 +293,8 @@ def _matching_featurizer(probe: Any, estimator: Any) -> Featurizer:
             "estimator has none that matches and the embedded default model is another reader; "
             "pass featurizer= (a featurizer of that reader)"
         )
-    from capgate.features import FeatureSpec, HiddenStateFeaturizer
-    from capgate.models import DEFAULT_MODEL, load_model
+    from capgate.local.hidden_states import FeatureSpec, HiddenStateFeaturizer
+    from capgate.local.models import DEFAULT_MODEL, load_model
 
     recorded = FeatureSpec.model_validate(spec)
     return HiddenStateFeaturizer(

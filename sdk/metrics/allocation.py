@@ -11,7 +11,7 @@ import heapq
 import numpy as np
 from numpy.typing import ArrayLike
 
-from capgate._validate import (
+from capgate._util.validate import (
     IntArray,
     as_counts,
     as_probabilities,

@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from capgate._validate import (
+from capgate._util.validate import (
     FloatArray,
     IntArray,
     as_correct_and_k,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from capgate._validate import FloatArray, as_correct_and_k, as_float_array, same_length
+from capgate._util.validate import FloatArray, as_correct_and_k, as_float_array, same_length
 
 __all__ = ["auprc", "auroc", "pearson", "rankdata", "spearman"]
 

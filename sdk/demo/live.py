@@ -4,7 +4,7 @@ The demo loads the embedded SmolLM2-135M-Instruct and the probe shipped for it, 
 "ask the model once" function with :func:`capgate.guard` under the ``demo-smollm2`` policy, and
 runs it over real held-out questions (the probe never saw them in training). For each question it
 also records what the *ungated* agent (the same function, called once, no gate) answers, so the
-run ends with the comparison :func:`capgate.demo_compare.compare` computes: without the gate
+run ends with the comparison :func:`capgate.demo.comparison.compare` computes: without the gate
 (answer everything) against with the gate.
 
 **Which questions.** The shipped labels' held-out split (``sdk/assets/default_split.json``,
@@ -36,14 +36,14 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from capgate._types import LabelledQuery
+from capgate.core.types import LabelledQuery
 from capgate.datasets import DatasetItem
-from capgate.demo_compare import Comparison, compare
-from capgate.labels import iter_labelled
+from capgate.demo.comparison import Comparison, compare
+from capgate.labels.labelled import iter_labelled
 from capgate.policies import load_policy
 
 if TYPE_CHECKING:
-    from capgate.backend import Backend
+    from capgate.core.backend import Backend
     from capgate.policies import Policy
 
 __all__ = [
@@ -147,7 +147,8 @@ class DemoReport:
     seed: int = 0
 
     def comparison(self) -> Comparison:
-        """Without the gate against with the gate, over these rows (:func:`capgate.demo_compare.compare`)."""
+        """Without the gate against with the gate, over these rows
+        (:func:`capgate.demo.comparison.compare`)."""
         return compare(self.rows)
 
     def summary(self) -> dict[str, float]:
@@ -316,7 +317,7 @@ def _counting_ask(
     Call ``i`` samples with seed ``seed * 1000 + i``; ``first``, when given, is the text call 1
     generates (produced earlier with the same seed) and is returned without generating it again.
     """
-    from capgate.backend import SamplingParams
+    from capgate.core.backend import SamplingParams
 
     calls = [0]
 
@@ -333,7 +334,7 @@ def _counting_ask(
 def _warm_up(backend: Backend, estimator: Any, prompt: str) -> None:
     """One short generation and one estimate before the clock starts, so that loading the weights
     and the first call's set-up are not counted as the first question's time."""
-    from capgate.backend import SamplingParams
+    from capgate.core.backend import SamplingParams
 
     backend.generate([prompt], SamplingParams(n=1, max_tokens=1, seed=0))
     estimator.estimate_one(prompt)

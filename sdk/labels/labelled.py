@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from capgate._jsonl import data_error_from_validation, iter_json_objects, note_unique_id
-from capgate._types import LabelledQuery
-from capgate._validate import FloatArray, IntArray
+from capgate._util.jsonl import data_error_from_validation, iter_json_objects, note_unique_id
+from capgate._util.validate import FloatArray, IntArray
+from capgate.core.types import LabelledQuery
 from capgate.errors import DataError
 
 __all__ = ["LabelledSet", "iter_labelled", "read_labelled"]
@@ -22,7 +22,7 @@ def iter_labelled(path: str | Path) -> Iterator[tuple[int, LabelledQuery]]:
     """Yield ``(line_number, record)`` for each non-blank line of a labelled JSONL file.
 
     The one reader of labelled files: :func:`read_labelled`, :func:`capgate.estimators.estimate_jsonl`
-    and a resumed :func:`capgate.harvest.harvest` all read through it.
+    and a resumed :func:`capgate.labels.harvesting.harvest` all read through it.
 
     Raises:
         DataError: naming file, line and field, for a missing or unreadable file, invalid JSON, a

@@ -1,7 +1,7 @@
 """What this CPU computes fast: native bfloat16 (its flags) and whether bfloat16 pays off (measured).
 
 Read by :func:`capgate.loading.load_estimator` to choose the probe's reader pass; re-exported by
-:mod:`capgate.models`. Nothing here imports torch at module import time.
+:mod:`capgate.local.models`. Nothing here imports torch at module import time.
 """
 
 from __future__ import annotations

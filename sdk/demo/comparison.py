@@ -28,7 +28,7 @@ __all__ = ["Compared", "Comparison", "WithGate", "WithoutGate", "compare"]
 
 
 class Compared(Protocol):
-    """What :func:`compare` reads of a question (a :class:`capgate.demo.DemoRow` has it)."""
+    """What :func:`compare` reads of a question (a :class:`capgate.demo.live.DemoRow` has it)."""
 
     @property
     def ungated_correct(self) -> bool: ...

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from capgate._validate import as_probabilities, same_length
+from capgate._util.validate import as_probabilities, same_length
 from capgate.metrics import ReliabilityDiagram
 
 __all__ = ["plot_reliability", "plot_risk_coverage"]

@@ -54,7 +54,7 @@ import inspect
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal, ParamSpec, Protocol, Required, TypedDict, TypeVar, Unpack, cast, overload
 
-from capgate._types import Decision
+from capgate.core.types import Decision
 from capgate.errors import SettingsError
 from capgate.gate import UNSET, Gate, Gated, GateOptions, GateStats, SharedOptions, Unset
 from capgate.gate.flow import Assess, Flow, Invoke, Record, Sample, Speculate, adrive, drive

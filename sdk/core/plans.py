@@ -1,6 +1,6 @@
 """The plans a decision carries: how a ``resample`` samples and stops, how a ``route`` picks a model.
 
-Value types only (pydantic, nothing of capgate), re-exported by :mod:`capgate._types` and ``capgate``.
+Value types only (pydantic, nothing of capgate), re-exported by :mod:`capgate.core.types` and ``capgate``.
 """
 
 from __future__ import annotations

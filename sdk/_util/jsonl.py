@@ -15,7 +15,7 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from capgate._atomic import atomic_open, fsync_dir
+from capgate._util.atomic import atomic_open, fsync_dir
 from capgate.errors import DataError
 
 __all__ = [

@@ -1,6 +1,6 @@
 """capgate's cache directory and the hashes that identify model weights (no torch, no transformers).
 
-Re-exported by :mod:`capgate.models`, which prepares and loads models with them.
+Re-exported by :mod:`capgate.local.models`, which prepares and loads models with them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from capgate._atomic import atomic_write_json
+from capgate._util.atomic import atomic_write_json
 from capgate.errors import DataError
 
 CACHE_ENV = "CAPGATE_CACHE_DIR"
@@ -103,7 +103,7 @@ def weights_fingerprint(folder: str | os.PathLike[str]) -> str:
         DataError: The folder holds no ``*.safetensors`` weights.
 
     Example:
-        >>> from capgate.models import prepare_model
+        >>> from capgate.local.models import prepare_model
         >>> weights_fingerprint(prepare_model("default")).startswith("gguf-sha256:")
         True
     """

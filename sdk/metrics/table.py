@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-from capgate._validate import as_correct_and_k, as_probabilities, same_length
+from capgate._util.validate import as_correct_and_k, as_probabilities, same_length
 from capgate.metrics import (
     auroc,
     capability_brier,

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from capgate._atomic import atomic_write_json
-from capgate._cpu import BF16_PAYS_OFF, bf16_pays_off, bf16_speedup, native_bf16_cpu
-from capgate._weights import (
+from capgate._util.atomic import atomic_write_json
+from capgate.core.backend import Prompt, as_messages
+from capgate.errors import CapgateError, DataError
+from capgate.local._cpu import BF16_PAYS_OFF, bf16_pays_off, bf16_speedup, native_bf16_cpu
+from capgate.local.weights import (
     CACHE_ENV,
     MODEL_METADATA_FILE,
     _read_json,
@@ -41,8 +43,6 @@ from capgate._weights import (
     file_sha256,
     weights_fingerprint,
 )
-from capgate.backend import Prompt, as_messages
-from capgate.errors import CapgateError, DataError
 
 __all__ = [
     "BF16_PAYS_OFF",

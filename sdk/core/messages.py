@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from capgate.backend import ChatMessage, Prompt, as_messages
+from capgate.core.backend import ChatMessage, Prompt, as_messages
 from capgate.errors import MessageError
 
 __all__ = [

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Generic, TypeVar
 
-from capgate._validate import check_positive_int
+from capgate._util.validate import check_positive_int
 
 __all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW_S", "Coalescer"]
 

@@ -1,4 +1,4 @@
-"""Core value types shared by every layer of capgate (pydantic, and the plans of :mod:`capgate._plans`).
+"""Core value types shared by every layer of capgate (pydantic, and the plans of :mod:`capgate.core.plans`).
 
 ``Estimate`` is what every capability estimator returns; ``LabelledQuery`` is one query with the
 outcome of sampling the model k times on it (µ̂ = correct / k), the training and evaluation target.
@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from capgate._plans import (
+from capgate.core.plans import (
     CASMode,
     ConfidenceGap,
     PaperConfidenceGap,

@@ -1,7 +1,7 @@
 """The shared prefill: one forward pass over a prompt feeds both the probe and the answer.
 
 When a probe reads a local model's hidden states and the same model then answers, both start by
-running the model over the same templated prompt. :class:`~capgate.features.HiddenStateFeaturizer`
+running the model over the same templated prompt. :class:`~capgate.local.hidden_states.HiddenStateFeaturizer`
 keeps what that pass produced (the KV cache and the last position's logits) in the model's
 :class:`PrefillCache`, keyed by the exact prompt token ids; the transformers sampling backend
 looks the prompt up and, on a hit, continues generation from it instead of running the prompt
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from capgate.models import LoadedModel
+    from capgate.local.models import LoadedModel
 
 __all__ = ["PrefillCache", "PrefillEntry", "keep_prefill", "prefill_cache", "reusable"]
 

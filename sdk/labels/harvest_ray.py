@@ -1,6 +1,6 @@
 """A harvest spread over a Ray cluster: workers that each hold a backend sample, one driver writes.
 
-:func:`ray_harvest` runs the same harvest as :func:`capgate.harvest.harvest` and writes the same
+:func:`ray_harvest` runs the same harvest as :func:`capgate.labels.harvesting.harvest` and writes the same
 resumable JSON lines, with the sampling spread over Ray actors (extra ``ray``). Each worker builds
 its own backend once, from ``make_backend(worker_index)``: an OpenAI-compatible endpoint per
 replica (one vLLM server per GPU), or a local model per worker. The driver keeps every batch
@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from capgate._validate import check_positive_int
-from capgate.backend import Backend, Generation, Prompt, SamplingParams
+from capgate._util.validate import check_positive_int
+from capgate.core.backend import Backend, Generation, Prompt, SamplingParams
 from capgate.datasets import DatasetItem
-from capgate.harvest import HarvestReport, HarvestRun, HarvestTarget
+from capgate.labels.harvesting import HarvestReport, HarvestRun, HarvestTarget
 
 __all__ = ["RayHarvestReport", "ray_harvest"]
 
@@ -40,7 +40,7 @@ BackendFactory = Callable[[int], Backend]
 
 
 class RayHarvestReport(HarvestReport):
-    """What a Ray harvest run did: a :class:`~capgate.harvest.HarvestReport`, plus the workers.
+    """What a Ray harvest run did: a :class:`~capgate.labels.harvesting.HarvestReport`, plus the workers.
 
     Attributes:
         workers: Ray workers that sampled.
@@ -98,7 +98,7 @@ def ray_harvest(
         make_backend: ``make_backend(i)`` builds worker ``i``'s backend inside the worker (e.g.
             an OpenAI-compatible backend for replica ``i % n``, or a local model).
         items: The queries; ids must be unique.
-        out: The JSON-lines output, the same file :func:`capgate.harvest.harvest` writes and
+        out: The JSON-lines output, the same file :func:`capgate.labels.harvesting.harvest` writes and
             resumes (either can resume the other's).
         k: Responses sampled per query.
         workers: Ray actors to start.
@@ -107,14 +107,14 @@ def ray_harvest(
         in_flight: Batches handed to each worker at once (one being sampled, one queued).
         cpus_per_worker: Ray CPUs each worker reserves (0 for workers that only call a server).
         max_worker_failures: Give up after this many batches lost to dead workers.
-        **settings: Every other setting of :func:`capgate.harvest.harvest` (``temperature``,
+        **settings: Every other setting of :func:`capgate.labels.harvesting.harvest` (``temperature``,
             ``seed``, ``batch_size``, ``grader``, ``prompt``, ``dataset``, ``progress``, ...).
 
     Returns:
         What the run did, with the workers' count and failures.
 
     Raises:
-        DataError: As :func:`capgate.harvest.harvest` (damaged output, other settings...).
+        DataError: As :func:`capgate.labels.harvesting.harvest` (damaged output, other settings...).
         RuntimeError: More than ``max_worker_failures`` batches were lost to dead workers.
         BackendError: A worker's backend failed (what was written so far stays written).
     """

@@ -1,7 +1,7 @@
 """``capgate demo``, replay part: a real 20B model's recorded answers through a calibrated policy.
 
 Nothing runs a model here: this part replays recorded data. The shipped file
-``examples/data/math500_gpt-oss-20b_probe-math.jsonl`` (see its README) holds, for each of the 500
+``sdk/assets/math500_gpt-oss-20b_probe-math.jsonl`` (see its README) holds, for each of the 500
 MATH-500 test questions, the paper's Probe-MATH capability estimate for gpt-oss-20b and how many
 of 100 answers sampled from gpt-oss-20b were graded correct (µ̂ = correct / 100).
 
@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from capgate.assets import MATH500_GPT_OSS_20B
 from capgate.decision.report import Rate, wilson
 
 __all__ = [
@@ -46,10 +47,8 @@ __all__ = [
     "replay_math500",
 ]
 
-REPLAY_DATA = (
-    Path(__file__).resolve().parents[1] / "examples" / "data" / "math500_gpt-oss-20b_probe-math.jsonl"
-)
-"""The shipped MATH-500 × gpt-oss-20b file, as found beside the package in a clone of the repository."""
+REPLAY_DATA = MATH500_GPT_OSS_20B
+"""The MATH-500 × gpt-oss-20b file shipped inside the package (``capgate/assets``)."""
 REPLAY_CONFIDENCE = "probe_conf_raw"
 """Its field holding the Probe-MATH estimate."""
 
@@ -181,7 +180,7 @@ def replay_math500(
         ValueError: Calibration certified no threshold.
     """
     from capgate import Estimate
-    from capgate.labels import read_labelled
+    from capgate.labels.labelled import read_labelled
     from capgate.metrics import expected_success, greedy_allocation, uniform_allocation
     from capgate.policies import load_policy
 

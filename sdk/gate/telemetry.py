@@ -30,8 +30,8 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from capgate._types import Decision, Estimate
-from capgate.backend import Generation, Prompt, as_messages
+from capgate.core.backend import Generation, Prompt, as_messages
+from capgate.core.types import Decision, Estimate
 
 if TYPE_CHECKING:
     from capgate.cas.loop import CASResult

@@ -29,11 +29,11 @@ from pydantic import (
     model_serializer,
 )
 
-from capgate._coalesce import Coalescer
-from capgate._prefill import keep_prefill, prefill_cache, reusable
-from capgate._reader import Reader
-from capgate.backend import Prompt
-from capgate.models import LoadedModel
+from capgate.core.backend import Prompt
+from capgate.local._coalesce import Coalescer
+from capgate.local._reader import Reader
+from capgate.local.models import LoadedModel
+from capgate.local.prefill import keep_prefill, prefill_cache, reusable
 
 __all__ = [
     "MAX_BATCH_TOKENS",
@@ -50,7 +50,7 @@ Pooling: TypeAlias = Literal["last", "mean"]
 
 ReadDType: TypeAlias = Literal["float32", "bfloat16", "float16", "bf16-mixed"]
 """The number format of the reader's forward pass that made the features (``"bf16-mixed"``:
-float32 with bfloat16 MLP matmuls, see :mod:`capgate._reader`)."""
+float32 with bfloat16 MLP matmuls, see :mod:`capgate.local._reader`)."""
 
 FeatureDType: TypeAlias = Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"]
 """A featurizer's pass dtype: ``"auto"`` is the loaded model's own."""
@@ -63,7 +63,7 @@ class FeatureSpec(BaseModel):
 
     Attributes:
         model_id: The model's id (hub id, converted name or folder).
-        weights_fingerprint: Digest of the weights (see :func:`capgate.models.weights_fingerprint`).
+        weights_fingerprint: Digest of the weights (see :func:`capgate.local.models.weights_fingerprint`).
         layers: ``"all"`` (embeddings and every layer), or the indices of the hidden states
             averaged, where 0 is the embeddings and ``i`` the output of layer ``i``.
         pooling: ``"last"`` prompt token, or ``"mean"`` over the prompt's tokens.
@@ -137,27 +137,27 @@ class HiddenStateFeaturizer:
     the position it pools, and batches queries of similar lengths together (left padding with
     positions that count real tokens, so a padded row reads what the query alone reads). When
     the model's shared prefill is on (a sampling backend of the same model exists, see
-    :mod:`capgate._prefill`), the pass is the model's full one in its own dtype instead, so that
+    :mod:`capgate.local.prefill`), the pass is the model's full one in its own dtype instead, so that
     the answer's generation continues from it.
 
     Args:
-        loaded: The model, from :func:`capgate.models.load_model`.
+        loaded: The model, from :func:`capgate.local.models.load_model`.
         layers: ``"all"`` or hidden-state indices to average (0 = embeddings, ``i`` = layer ``i``;
             negative indices count from the last layer, ``-1`` being the final one).
         pooling: ``"last"`` (the last prompt token) or ``"mean"`` (masked mean over the prompt).
         chat_template: Apply the chat template with the generation prompt (the default, and what
             the sampling backend does); without it the message texts are read as plain text.
         batch_size: Most queries per forward pass (see also :data:`MAX_BATCH_TOKENS`); concurrent
-            :meth:`transform` calls share passes (up to 32 queries, see :mod:`capgate._coalesce`).
+            :meth:`transform` calls share passes (up to 32 queries, see :mod:`capgate.local._coalesce`).
         dtype: The number format of the pass: ``"auto"`` (the model's own), or ``"float32"``,
             ``"bfloat16"``, ``"float16"`` (another than the model's runs a copy of the layers
             read in that format; bfloat16 is fast on some CPUs that compute it natively, see
-            :func:`capgate.models.bf16_pays_off`), or ``"bf16-mixed"`` (a float32 copy of the
+            :func:`capgate.local.models.bf16_pays_off`), or ``"bf16-mixed"`` (a float32 copy of the
             layers read whose MLP matmuls run in bfloat16: closer to float32 than bfloat16,
             most of its speed). The spec records it.
 
     Example:
-        >>> from capgate.models import load_model
+        >>> from capgate.local.models import load_model
         >>> featurizer = HiddenStateFeaturizer(load_model("default", device="cpu"))
         >>> featurizer.transform(["What is 2+3?"]).shape
         (1, 576)
@@ -174,7 +174,7 @@ class HiddenStateFeaturizer:
         dtype: FeatureDType = "auto",
     ) -> None:
         if not isinstance(loaded, LoadedModel):
-            raise TypeError(f"loaded must be a capgate.models.LoadedModel; got {type(loaded).__name__}")
+            raise TypeError(f"loaded must be a capgate.local.models.LoadedModel; got {type(loaded).__name__}")
         if pooling not in ("last", "mean"):
             raise ValueError(f"pooling must be 'last' or 'mean'; got {pooling!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -273,7 +273,7 @@ class HiddenStateFeaturizer:
         (see :class:`capgate.estimators.ProbeSearch`).
 
         Example:
-            >>> from capgate.models import load_model
+            >>> from capgate.local.models import load_model
             >>> featurizer = HiddenStateFeaturizer(load_model("default", device="cpu"), layers=[3, 4])
             >>> featurizer.transform_layers(["What is 2+3?"]).shape
             (1, 2, 576)

@@ -10,7 +10,7 @@ labels made under different settings.
 
 Example:
     >>> import tempfile, pathlib
-    >>> from capgate.backend import Generation
+    >>> from capgate.core.backend import Generation
     >>> from capgate.datasets import DatasetItem
     >>> class Echo:  # a toy backend that always answers 4
     ...     model_id = "echo"
@@ -39,17 +39,17 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-from capgate._atomic import atomic_write_json
-from capgate._jsonl import append_durably, cut_torn_tail, open_append_only
-from capgate._twins import Plan, adrive, drive, twin_of
-from capgate._types import LabelledQuery, Sample
-from capgate._validate import check_positive_int
-from capgate.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams, backend_endpoint
+from capgate._util.atomic import atomic_write_json
+from capgate._util.drive import Plan, adrive, drive, twin_of
+from capgate._util.jsonl import append_durably, cut_torn_tail, open_append_only
+from capgate._util.validate import check_positive_int
 from capgate.cas.confidence import ConfidenceSource, strip_confidence_tag, with_confidence_instruction
+from capgate.core.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams, backend_endpoint
+from capgate.core.types import LabelledQuery, Sample
 from capgate.datasets import DatasetItem, build_prompt
 from capgate.errors import DataError
 from capgate.grading import Grader, GraderLike, as_grader, grader_for
-from capgate.labels import iter_labelled
+from capgate.labels.labelled import iter_labelled
 
 __all__ = ["HarvestReport", "HarvestRun", "HarvestTarget", "aharvest", "harvest", "meta_path",
            "prompt_with_confidence_tag"]  # fmt: skip
@@ -131,18 +131,18 @@ class HarvestTarget(NamedTuple):
     read back by :meth:`capgate.estimators.ProbeTarget.from_harvest`)."""
 
     model_id: str
-    endpoint: str  # a capgate.backend.EndpointKind
+    endpoint: str  # a capgate.core.backend.EndpointKind
     base_url: str | None
 
     @classmethod
     def of(cls, backend: object) -> HarvestTarget:
-        """A backend's ``model_id`` and :func:`~capgate.backend.backend_endpoint`."""
+        """A backend's ``model_id`` and :func:`~capgate.core.backend.backend_endpoint`."""
         return cls(str(getattr(backend, "model_id", "")), *backend_endpoint(backend))
 
 
 class HarvestRun:
     """One harvest without the model calls: the pieces :func:`harvest`, :func:`aharvest` and
-    :func:`capgate.harvest_ray.ray_harvest` drive.
+    :func:`capgate.labels.harvest_ray.ray_harvest` drive.
 
     :meth:`open` locks the output and returns the batches that remain, :meth:`request` says what
     to ask the model for a batch, :meth:`label` grades one item's responses into its record,
@@ -265,15 +265,15 @@ class HarvestRun:
                         field=key,
                     )
         else:
-            meta = {"format": "capgate.harvest", "version": FORMAT_VERSION, **self.settings}
+            meta = {"format": "capgate.labels.harvesting", "version": FORMAT_VERSION, **self.settings}
             atomic_write_json(path, meta)
 
     def _labelled_ids(self, fd: int) -> set[str]:
         """Ids already labelled in the output (under the lock), after cutting off a torn last line.
 
-        What a killed write leaves at the end is cut off (:func:`~capgate._jsonl.cut_torn_tail`);
+        What a killed write leaves at the end is cut off (:func:`~capgate._util.jsonl.cut_torn_tail`);
         anything else that is wrong (a bad line, an invalid record, a repeated id, another k) is
-        damage, and :func:`~capgate.labels.iter_labelled` or the k check raises.
+        damage, and :func:`~capgate.labels.labelled.iter_labelled` or the k check raises.
         """
         self.truncated_bytes = cut_torn_tail(fd)
         done: set[str] = set()
