@@ -11,6 +11,8 @@ Importing capgate is light: heavy optional dependencies (torch, transformers, vl
 langchain, openai) load only inside the modules that need them.
 """
 
+from importlib import metadata as _metadata
+
 from capgate._util import moved as _moved
 from capgate.core.backend import AsyncBackend, Backend, ChatMessage, Generation, Prompt, SamplingParams
 from capgate.core.types import (
@@ -34,6 +36,7 @@ from capgate.errors import (
     DataError,
     LogUnavailableError,
     MessageError,
+    MissingExtraError,
     NotFittedError,
     ProbeMismatchError,
     SettingsError,
@@ -61,7 +64,9 @@ from capgate.policies import Policy, load_policy
 
 _moved.install()
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("capgate")
+"""The installed distribution's version (from its metadata, the one place it is declared:
+``pyproject.toml``)."""
 
 __all__ = [
     "Abstained",
@@ -89,6 +94,7 @@ __all__ = [
     "LabelledQuery",
     "LogUnavailableError",
     "MessageError",
+    "MissingExtraError",
     "NotFittedError",
     "Outcome",
     "PaperConfidenceGap",

@@ -14,6 +14,7 @@ __all__ = [
     "DataError",
     "LogUnavailableError",
     "MessageError",
+    "MissingExtraError",
     "NotFittedError",
     "ProbeMismatchError",
     "SettingsError",
@@ -33,7 +34,7 @@ class DataError(CapgateError, ValueError):
         line: 1-based line number within ``path``, if known.
         field: The field (column, key) at fault, if known.
 
-    Example:
+    Examples:
         >>> str(DataError("must be in [0, 1]; got 1.5", path="x.jsonl", line=3, field="p"))
         "x.jsonl:3: field 'p': must be in [0, 1]; got 1.5"
     """
@@ -104,7 +105,7 @@ class BackendError(CapgateError, RuntimeError):
             connection) -- true means the retries ran out, false means it was not retried.
         status: The HTTP status of the last error, when a server answered with one.
 
-    Example:
+    Examples:
         >>> str(BackendError("HTTP 500 from server", attempts=3, retryable=True))
         'HTTP 500 from server (after 3 attempts)'
     """
@@ -132,7 +133,7 @@ class LogUnavailableError(CapgateError, RuntimeError):
         message: What failed, including the underlying error.
         location: The log's file or (password-free) database URL.
 
-    Example:
+    Examples:
         >>> str(LogUnavailableError("connection refused", location="postgresql://db.example/capgate"))
         'postgresql://db.example/capgate: decision log unavailable: connection refused'
     """
@@ -141,3 +142,20 @@ class LogUnavailableError(CapgateError, RuntimeError):
         self.message = message
         self.location = location
         super().__init__(f"{location}: decision log unavailable: {message}")
+
+
+class MissingExtraError(CapgateError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the extra.
+
+    Examples:
+        >>> str(MissingExtraError("local", ["torch"], "a local model"))
+        "a local model needs torch, which is not installed: pip install 'capgate[local]'"
+    """
+
+    def __init__(self, extra: str, missing: list[str], what: str) -> None:
+        super().__init__(
+            f"{what} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed: "
+            f"pip install 'capgate[{extra}]'"
+        )
+        self.extra = extra
+        self.missing = missing

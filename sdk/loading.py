@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from capgate._util.extras import require_extra
 from capgate.errors import DataError, ProbeMismatchError
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class FastPathCheck(BaseModel):
     (``validation["fast_path"][dtype]``, see :meth:`record`), it lets ``load_estimator`` choose
     that format by itself.
 
-    Example:
+    Examples:
         >>> check = FastPathCheck.of([0.2, 0.9], [0.203, 0.903], [0.0, 1.0], dtype="bfloat16", split="demo")
         >>> check.passed, round(check.max_abs_dp, 3)
         (True, 0.003)
@@ -246,6 +247,7 @@ def load_estimator(
         DataError: The probe's files, or its recorded fast-path checks, are malformed; or the
             calibration is, or maps another method's estimates.
     """
+    require_extra("local", "a probe over a local model")
     from capgate.estimators.probe import LinearProbe, ProbeEstimator, check_spec_match
     from capgate.local.hidden_states import FeatureSpec, HiddenStateFeaturizer
     from capgate.local.models import load_model

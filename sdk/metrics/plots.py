@@ -8,21 +8,25 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from capgate._util.extras import require_extra
 from capgate._util.validate import as_probabilities, same_length
 from capgate.metrics import ReliabilityDiagram
 
 __all__ = ["plot_reliability", "plot_risk_coverage"]
 
 
-def _pyplot() -> Any:
-    """``matplotlib.pyplot`` on the Agg backend, imported when a plot is drawn."""
-    try:
-        import matplotlib
+def agg_pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, imported when a plot is drawn.
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError("plotting needs matplotlib: pip install 'capgate[plots]'") from exc
+    Raises:
+        MissingExtraError: matplotlib is not installed (the ``plots`` extra).
+    """
+    require_extra("plots", "plotting")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -35,7 +39,7 @@ def plot_reliability(diagram: ReliabilityDiagram, path: str | Path, *, title: st
     Returns:
         The written path.
     """
-    plt = _pyplot()
+    plt = agg_pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     filled = diagram.counts > 0
@@ -93,7 +97,7 @@ def plot_risk_coverage(
     Returns:
         The written path.
     """
-    plt = _pyplot()
+    plt = agg_pyplot()
     pa, ma = as_probabilities("p", p), as_probabilities("mu", mu)
     if same_length(p=pa, mu=ma) == 0:
         raise ValueError("`p` and `mu` must not be empty")

@@ -1,0 +1,25 @@
+"""Optional dependencies: check that an extra's packages are installed before a feature needs them."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from capgate.errors import MissingExtraError
+
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "local": ("torch", "transformers", "safetensors"),
+    "plots": ("matplotlib",),
+}
+"""The top-level modules a feature needs from each extra of ``pyproject.toml``."""
+
+
+def require_extra(extra: str, what: str) -> None:
+    """Raise :class:`~capgate.errors.MissingExtraError` naming ``extra`` if any module it brings is
+    missing (found without importing them, so the check costs nothing when they are there).
+
+    Examples:
+        >>> require_extra("local", "a local model")  # installed here: no error
+    """
+    missing = [name for name in EXTRA_MODULES[extra] if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingExtraError(extra, missing, what)
