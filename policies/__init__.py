@@ -108,7 +108,7 @@ def load_policy(name_or_path: str | Path) -> Policy:
         PolicyError: The file is not a valid policy (every problem, with line and field).
         DataError: Neither a preset nor an existing file.
 
-    Example:
+    Examples:
         >>> load_policy("balanced").name
         'balanced'
     """
@@ -125,7 +125,7 @@ def load_policy(name_or_path: str | Path) -> Policy:
 def policy_json_schema() -> dict[str, Any]:
     """The JSON Schema of policy files (shorthand forms included).
 
-    Example:
+    Examples:
         >>> sorted(policy_json_schema()["required"])
         ['bands', 'name', 'on_degraded']
     """

@@ -155,7 +155,7 @@ class ResampleAction(Strict):
         With ``target_pass_at_k`` the budget is the smallest k reaching the target
         (:func:`capgate.cas.samples_for_target`), else ``max_samples`` (CAS may stop earlier).
 
-        Example:
+        Examples:
             >>> ResampleAction(max_samples=16, target_pass_at_k=0.9).budget(0.5)
             4
         """
@@ -168,7 +168,7 @@ class ResampleAction(Strict):
     def plan(self, p: float | None) -> SamplingPlan:
         """The sampling plan a decision carries for a query with predicted capability ``p``.
 
-        Example:
+        Examples:
             >>> ResampleAction(max_samples=16, batch_size=8, target_pass_at_k=0.9).plan(0.5).batch_size
             4
         """
@@ -223,7 +223,7 @@ def choose_route(plan: RoutePlan, estimates: Mapping[str, Estimate]) -> tuple[st
     Returns:
         The chosen name, the plan with each estimated choice's p, and the reason.
 
-    Example:
+    Examples:
         >>> plan = RoutePlan(choices=("small", "large"), edge=0.7)
         >>> choose_route(plan, {"small": Estimate(p=0.9, method="probe")})[0]
         'small'

@@ -54,7 +54,7 @@ def expand_shorthand(kind: Shorthand, value: Any) -> Any:
     Raises:
         ValueError: A bare threshold outside (0, 1).
 
-    Example:
+    Examples:
         >>> expand_shorthand("bands", 0.7)
         [{'below': 0.7, 'action': 'abstain'}, {'action': 'answer'}]
         >>> expand_shorthand("action", "escalate")

@@ -140,7 +140,7 @@ class Policy(Strict):
         mode: ``"enforce"`` (the gate acts on each decision) or ``"shadow"`` (it decides and logs
             beside the call, which proceeds as if answered; a gate's own ``mode`` overrides it).
 
-    Example:
+    Examples:
         >>> from capgate import Estimate
         >>> from capgate.policies import AbstainBand, AnswerBand, ClarifyBand, EscalateAction
         >>> policy = Policy(
@@ -277,7 +277,7 @@ class Policy(Strict):
             The decision, self-contained: the user/human text rendered, and for ``resample`` the
             budget and sampling plan, for ``escalate`` the hand-off target ``to``.
 
-        Example:
+        Examples:
             >>> from capgate import Estimate
             >>> policy = Policy(name="t", bands=0.5, on_degraded="abstain")
             >>> policy.decide(Estimate(p=0.8, method="probe")).action
@@ -332,7 +332,7 @@ class Policy(Strict):
         Raises:
             ValueError: ``threshold`` outside [0, 1], or the top band of the rule does not answer.
 
-        Example:
+        Examples:
             >>> policy = Policy(name="t", bands=0.5, on_degraded="abstain")
             >>> new, notes = policy.with_answer_threshold(0.8)
             >>> new.rule().edges

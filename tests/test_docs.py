@@ -99,11 +99,13 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page() -> None:
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The site built --strict into a temporary folder (offline: no fonts or inventories fetched)."""
+    """The site built --strict into a temporary folder (offline: no fonts or inventories fetched),
+    as users build it: without ``--quiet``, which in MkDocs 1.6 drops the very warnings
+    ``--strict`` counts; any warning fails the build and is quoted."""
     out = tmp_path_factory.mktemp("site") / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f", "mkdocs.yml", "-d", str(out)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", "mkdocs.yml", "-d", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -111,6 +113,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=600,
         check=False,
     )
+    warnings = [
+        line for line in (done.stdout + done.stderr).splitlines() if line.startswith(("WARNING", "ERROR"))
+    ]
+    assert warnings == [], "mkdocs build --strict warned:\n" + "\n".join(warnings)
     assert done.returncode == 0, (
         f"mkdocs build --strict failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     )
@@ -542,3 +548,39 @@ def test_the_screenshot_check_fails_on_a_blank_and_an_unstyled_page(tmp_path: Pa
     assert render(bare, tmp_path, dump_dom=False).returncode == 0
     problems = check_screenshot(tmp_path / "page.png")
     assert any("header bar" in p for p in problems), problems
+
+
+# What each plugin, theme and extension mkdocs.yml loads is installed from (the build is only as
+# reproducible as the least pinned of them).
+DOCS_DISTRIBUTIONS = {
+    "theme:material": "mkdocs-material",
+    "plugin:search": "mkdocs",
+    "plugin:mkdocstrings": "mkdocstrings",
+    "handler:python": "mkdocstrings-python",
+    "autorefs": "mkdocs-autorefs",
+    "griffe": "griffelib",
+    "pymdownx": "pymdown-extensions",
+}
+
+
+def test_every_plugin_the_site_loads_is_pinned() -> None:
+    import tomllib
+
+    config = mkdocs_config()
+    loaded = {f"theme:{config['theme']['name']}"}
+    for plugin in config["plugins"]:
+        name = plugin if isinstance(plugin, str) else next(iter(plugin))
+        loaded.add(f"plugin:{name}")
+        if name == "mkdocstrings":
+            loaded |= {f"handler:{h}" for h in plugin["mkdocstrings"]["handlers"]} | {"autorefs", "griffe"}
+    for extension in config["markdown_extensions"]:
+        name = extension if isinstance(extension, str) else next(iter(extension))
+        if name.startswith("pymdownx."):
+            loaded.add("pymdownx")
+    unknown = loaded - set(DOCS_DISTRIBUTIONS)
+    assert unknown == set(), f"mkdocs.yml loads {unknown}: name the distribution each comes from here"
+    docs_extra = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"
+    ]["docs"]
+    pinned = {req.split("==")[0] for req in docs_extra if "==" in req}
+    assert {DOCS_DISTRIBUTIONS[name] for name in loaded} <= pinned, docs_extra

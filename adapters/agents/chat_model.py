@@ -64,7 +64,7 @@ class CapgateChatModel(BaseChatModel):
         backend: The capgate backend (sync ``generate`` and/or async ``agenerate``).
         params: Sampling parameters for each call (``n`` is forced to 1).
 
-    Example:
+    Examples:
         >>> from capgate import Generation
         >>> class Echo:
         ...     model_id = "echo"

@@ -34,7 +34,7 @@ another model is refused before the model is called, unless ``allow_other_target
 
 Install with ``pip install 'capgate[langchain]'``.
 
-Example:
+Examples:
     >>> from langchain.agents import create_agent
     >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
     >>> from capgate import Estimate

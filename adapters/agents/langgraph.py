@@ -15,7 +15,7 @@ escalation, and a tool-call gate for ``ToolNode``.
 
 Install with ``pip install 'capgate[langgraph]'``.
 
-Example:
+Examples:
     >>> from langchain_core.messages import AIMessage, HumanMessage
     >>> from langgraph.checkpoint.memory import InMemorySaver
     >>> from langgraph.types import Command
@@ -180,7 +180,7 @@ def decision_branch(decision_key: str = "capgate_decision") -> Callable[[Mapping
     """A path function for ``add_conditional_edges``: the action of the decision in state
     (named "branch", not "route": ``route`` is the policy action that chooses a model).
 
-    Example:
+    Examples:
         >>> decision_branch("d")({"d": {"action": "clarify"}})
         'clarify'
     """

@@ -41,7 +41,7 @@ guardrail would re-estimate the input after the answer is paid for.
 
 Install with ``pip install 'capgate[openai-agents]'``.
 
-Example:
+Examples:
     >>> from agents import Agent, InputGuardrailTripwireTriggered, Runner
     >>> from capgate.estimators import ConstantPrior
     >>> guard = capability_guardrail(estimator=ConstantPrior.from_mean(0.1, n_train=1),

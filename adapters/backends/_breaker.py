@@ -42,7 +42,7 @@ class CircuitBreaker:
         failures: Consecutive outage attempts that open the circuit (>= 1).
         cooldown_s: Seconds the circuit stays open before a trial attempt (> 0).
 
-    Example:
+    Examples:
         >>> breaker = CircuitBreaker(failures=2, cooldown_s=60)
         >>> breaker.failed("HTTP 500"); breaker.failed("HTTP 500"); breaker.is_open
         True

@@ -27,7 +27,7 @@ def is_retryable(exc: BaseException) -> bool:
 
     Other 4xx responses (bad request, authentication, not found...) are not: retrying cannot help.
 
-    Example:
+    Examples:
         >>> is_retryable(ValueError("not an API error"))
         False
     """

@@ -36,7 +36,7 @@ def feature_spec_fields(
     """The fields of a ``capgate.local.hidden_states.FeatureSpec`` for vLLM-computed features
     (``source="vllm"``).
 
-    Example:
+    Examples:
         >>> feature_spec_fields(model_id="m", weights_fingerprint="x", layers=[30], pooling="last",
         ...                     chat_template=True, dim=576)["source"]
         'vllm'
@@ -58,7 +58,7 @@ def pool_hidden_states(states: np.ndarray, prompt_len: int, pooling: Pooling) ->
     The states of the prompt's tokens (the first ``prompt_len``) are used: the last one, or their
     mean; then the chosen layers are averaged.
 
-    Example:
+    Examples:
         >>> s = np.arange(12, dtype=np.float32).reshape(3, 2, 2)  # 3 tokens, 2 layers, dim 2
         >>> pool_hidden_states(s, prompt_len=2, pooling="last").tolist()
         [5.0, 6.0]
@@ -106,7 +106,7 @@ def _read_tensor(folder: Path, name: str) -> np.ndarray | None:
 def rms_norm(states: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """RMS norm over the last axis, in float32 (as transformers' ``LlamaRMSNorm``).
 
-    Example:
+    Examples:
         >>> [round(float(v), 4) for v in rms_norm(np.array([[3.0, 4.0]]), np.ones(2), 0.0)[0]]
         [0.8485, 1.1314]
     """

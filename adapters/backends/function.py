@@ -7,7 +7,7 @@ model handler) becomes one with :class:`FunctionBackend` (sync) or :class:`Async
 that the caller gets back the *original* object (a string, a chat message, a state update) whose
 answer won the vote, not only the winning answer text.
 
-Example:
+Examples:
     >>> import itertools
     >>> from capgate.cas import adaptive_sample, stop_after_samples
     >>> replies = itertools.cycle(["Paris", "Paris.", "Lyon"])
@@ -106,7 +106,7 @@ class AsyncFunctionBackend(_Drawn[T]):
         model_id: Name reported as the backend's ``model_id``.
         concurrent: Run the draws of a batch concurrently.
 
-    Example:
+    Examples:
         >>> import asyncio
         >>> from capgate.cas import aadaptive_sample, stop_after_samples
         >>> async def draw(prompt):

@@ -107,7 +107,7 @@ class OpenAIBackend:
     Raises:
         ValueError: A setting is out of range, or no API key is available for OpenAI itself.
 
-    Example:
+    Examples:
         >>> backend = OpenAIBackend("my-model", base_url="http://127.0.0.1:8000/v1")
         >>> backend.model_id
         'my-model'

@@ -115,7 +115,7 @@ class TransformersBackend:
         loaded: The model, from :func:`capgate.local.models.load_model`.
         max_batch_size: Most sequences (prompt rows times ``n``) generated in one batch.
 
-    Example:
+    Examples:
         >>> from capgate import SamplingParams
         >>> backend = TransformersBackend.from_pretrained("default", device="cpu")
         >>> [[answer]] = backend.generate(["What is 2+3?"], SamplingParams(temperature=0, max_tokens=16))
@@ -337,7 +337,7 @@ def load_backend(
         dtype: See :func:`load_model` (ignored for an already loaded model).
         max_batch_size: Most sequences (prompts times ``n``) sampled in one batch.
 
-    Example:
+    Examples:
         >>> backend = load_backend("default", device="cpu")
         >>> from capgate import SamplingParams
         >>> [[g]] = backend.generate(["Say hi."], SamplingParams(max_tokens=8, seed=0))

@@ -81,7 +81,7 @@ def vllm_sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     ``logprobs`` is vLLM's count of alternatives per position (it also returns the sampled token):
     ``top_logprobs`` when logprobs are wanted, else ``None``.
 
-    Example:
+    Examples:
         >>> vllm_sampling_kwargs(SamplingParams(n=8, seed=3, logprobs=True, top_logprobs=5))["logprobs"]
         5
     """
@@ -184,7 +184,7 @@ class VLLMBackend(_LazyEngine):
         enforce_eager: Skip graph capture (faster start, slower steps; useful on CPU).
         llm_kwargs: Further ``vllm.LLM`` arguments (``gpu_memory_utilization``, ``tensor_parallel_size``...).
 
-    Example:
+    Examples:
         >>> backend = VLLMBackend("HuggingFaceTB/SmolLM2-135M-Instruct")  # builds nothing yet
         >>> backend.model_id
         'HuggingFaceTB/SmolLM2-135M-Instruct'

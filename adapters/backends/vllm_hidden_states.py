@@ -22,7 +22,7 @@ into transformers-equivalent features (:class:`HiddenStateLayers`), both written
 ``_vllm_states`` and re-exported here, and the server featurizer (:class:`VLLMServerFeaturizer`,
 for a ``vllm serve`` started with :func:`server_args`).
 
-Example:
+Examples:
     >>> kv_transfer_config("/tmp/hs")["kv_connector"]
     'CPUHiddenStatesConnector'
 """
@@ -161,7 +161,7 @@ def server_args(model: str, layers: Literal["all"] | Sequence[int], storage_path
     Each response then carries ``kv_transfer_params.hidden_states_path``, a file under
     ``storage_path`` on the server's machine that :class:`VLLMServerFeaturizer` reads.
 
-    Example:
+    Examples:
         >>> server_args("/m", [3, 5], "/tmp/hs")[0]
         '--speculative-config'
     """

@@ -36,7 +36,7 @@ def atomic_path(path: str | os.PathLike[str], *, suffix: str = ".tmp") -> Iterat
     For writers that want a file name rather than a handle (``safetensors.save_file``). The
     folder is created if needed; the file is fsynced before the rename.
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> target = pathlib.Path(tempfile.mkdtemp()) / "out.bin"
         >>> with atomic_path(target) as tmp:
@@ -79,7 +79,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 def atomic_write_json(path: str | os.PathLike[str], payload: Any, *, allow_nan: bool = True) -> None:
     """Replace ``path`` with ``payload`` as indented, key-sorted JSON (UTF-8, trailing newline).
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> target = pathlib.Path(tempfile.mkdtemp()) / "a.json"
         >>> atomic_write_json(target, {"b": 1, "a": [2]})

@@ -8,7 +8,7 @@ twin differ only in which driver and which backend method they use.
 :func:`twin_of` gives both public functions the parameters of the plan they drive, written once:
 type checkers see them through a ``ParamSpec`` and ``inspect.signature`` / ``help()`` show them.
 
-Example:
+Examples:
     >>> def doubled(x: int, *, times: int = 2) -> Plan[list[str]]:
     ...     answers = yield [f"say {x}"], times
     ...     return answers

@@ -13,7 +13,7 @@ def boxed_contents(text: str) -> list[str]:
     Braces nest: ``\\boxed{\\frac{1}{2}}`` yields ``\\frac{1}{2}``. The unbraced form
     ``\\boxed 5`` yields ``5``. An unclosed box is ignored.
 
-    Example:
+    Examples:
         >>> boxed_contents(r"first \\boxed{1}, then \\boxed{\\frac{a}{b}}")
         ['1', '\\\\frac{a}{b}']
     """
@@ -65,7 +65,7 @@ def _escaped(text: str, index: int) -> bool:
 def last_boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` in ``text``, or ``None`` if there is none.
 
-    Example:
+    Examples:
         >>> last_boxed(r"so $x = \\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}$.")
         '\\\\left( 3, \\\\frac{\\\\pi}{2} \\\\right)'
     """

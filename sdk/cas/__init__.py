@@ -1,6 +1,6 @@
 """Confidence-based adaptive sampling (CAS) and composable stop rules.
 
-Example:
+Examples:
     >>> from capgate.cas import beta_consensus, cas_confidence_gap, replay, stop_after_samples
     >>> rule = (cas_confidence_gap() | beta_consensus()) | stop_after_samples(16)
     >>> replay([("4", True, 0.9, 50), ("4", True, 0.95, 40)], stop=rule, batch_size=1).answer

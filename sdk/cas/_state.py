@@ -50,7 +50,7 @@ class SamplingState:
         max_samples: The loop's hard cap, if known.
         unknown_weight: Vote weight given to a response of unknown confidence.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> s = SamplingState.build(votes={"4": 3, "5": 1},
         ...                         confidences={"4": (0.9, 0.8, None), "5": (0.4,)},

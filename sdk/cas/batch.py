@@ -18,7 +18,7 @@ its confidence-weighted vote winner, as in :func:`~capgate.cas.adaptive_sample`.
 round. ``bench/cas_bench.py`` replays it on harvested pools against uniform fixed-N and the
 up-front greedy allocation.
 
-Example:
+Examples:
     >>> alloc = BatchAllocator([0.9, 0.05], budget=6, max_per_query=5)
     >>> alloc.next_queries(2)
     [0, 1]

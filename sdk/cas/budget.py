@@ -59,7 +59,7 @@ def samples_for_target(
     only safe budget is the most the caller allows. A p so small that the target needs more than
     ``max_samples`` gets the cap and ``reaches_target=False``.
 
-    Example:
+    Examples:
         >>> samples_for_target(0.5, target=0.95).k
         5
         >>> b = samples_for_target(0.0, max_samples=16)

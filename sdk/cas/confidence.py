@@ -66,7 +66,7 @@ def parse_verbalized_confidence(text: str) -> float | None:
     ``None``, even if an earlier tag was fine, because a model that restates its confidence means
     the last statement.
 
-    Example:
+    Examples:
         >>> parse_verbalized_confidence("x = 4 [confidence=85%]")
         0.85
         >>> parse_verbalized_confidence("[CONFIDENCE = 0.3] then [confidence=high]") is None
@@ -87,7 +87,7 @@ def parse_verbalized_confidence(text: str) -> float | None:
 def strip_confidence_tag(text: str) -> str:
     """``text`` without its ``[confidence=...]`` tags, so answer extraction never sees them.
 
-    Example:
+    Examples:
         >>> strip_confidence_tag("The answer is 4. [confidence=90%]")
         'The answer is 4.'
     """
@@ -126,7 +126,7 @@ def plants_confidence(prompt: Prompt) -> bool:
     anything that looks like a confidence statement, and weighs its votes by the other sources
     (log-probabilities), recording ``tags_ignored`` in the result.
 
-    Example:
+    Examples:
         >>> plants_confidence("What is 2+2? End your reply with [confidence=100%].")
         True
         >>> plants_confidence(with_confidence_instruction("What is 2+2?"))  # our own system turn
@@ -155,7 +155,7 @@ def ignoring_tags(source: ConfidenceSource) -> ConfidenceSource:
     """``source`` applied to each response with its ``[confidence=...]`` tags removed, so a
     verbalized source finds none and falls through to the next (e.g. log-probabilities).
 
-    Example:
+    Examples:
         >>> from capgate.core.backend import Generation
         >>> ignoring_tags(DEFAULT_CONFIDENCE)(Generation(text="4 [confidence=99%]", n_tokens=3)) is None
         True
@@ -176,7 +176,7 @@ def with_confidence_instruction(
     An existing leading system message keeps its text, with the instruction appended after a blank
     line; otherwise a system message is inserted first.
 
-    Example:
+    Examples:
         >>> msgs = with_confidence_instruction("What is 2+2?")
         >>> [m["role"] for m in msgs], "[confidence=X%]" in msgs[0]["content"]
         (['system', 'user'], True)
@@ -220,7 +220,7 @@ class LogprobConfidence:
     These are ranking signals, not calibrated probabilities; verbalized confidence from a
     calibration-trained model is preferred where available (see :data:`DEFAULT_CONFIDENCE`).
 
-    Example:
+    Examples:
         >>> from capgate.core.backend import Generation
         >>> round(LogprobConfidence()(Generation(text="4", n_tokens=2, mean_logprob=-0.1)), 4)
         0.9048
@@ -264,7 +264,7 @@ class _FirstAvailable:
 def first_available(*sources: ConfidenceSource) -> ConfidenceSource:
     """A source returning the first non-``None`` confidence among ``sources``, in order.
 
-    Example:
+    Examples:
         >>> from capgate.core.backend import Generation
         >>> src = first_available(verbalized_confidence, LogprobConfidence())
         >>> src(Generation(text="4 [confidence=70%]", n_tokens=3, mean_logprob=-0.01))

@@ -5,7 +5,7 @@ chat message, a state update). :class:`DrawnValues` turns each drawn value into 
 :class:`~capgate.core.backend.Generation` (its text, tokens and mean log-probability) and remembers it,
 in draw order, so :meth:`DrawnValues.winner` returns the first value whose answer won.
 
-Example:
+Examples:
     >>> drawn = DrawnValues()
     >>> rows = [drawn.generation(v) for v in ["Paris", "Paris.", "Lyon"]]
     >>> rows[1].text, drawn.drawn
@@ -33,7 +33,7 @@ def response_text(value: object) -> str:
     Raises:
         TypeError: The value has no text; pass ``to_text=`` to say how to read it.
 
-    Example:
+    Examples:
         >>> response_text("4")
         '4'
     """
@@ -55,7 +55,7 @@ def response_mean_logprob(value: object) -> float | None:
     :class:`~capgate.adapters.agents.chat_model.CapgateChatModel` sets it), also as the last message
     of a ``{"messages": [...]}`` state update.
 
-    Example:
+    Examples:
         >>> response_mean_logprob("4") is None
         True
     """

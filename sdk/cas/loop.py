@@ -288,7 +288,7 @@ def adaptive_sample(backend: Backend, *args: Any, **kwargs: Any) -> CASResult:
     Returns:
         The vote winner and the accounting of how it was reached.
 
-    Example:
+    Examples:
         >>> from capgate.core.backend import Generation
         >>> class Fixed:
         ...     model_id = "fixed"
@@ -305,7 +305,7 @@ def adaptive_sample(backend: Backend, *args: Any, **kwargs: Any) -> CASResult:
 async def aadaptive_sample(backend: AsyncBackend, *args: Any, **kwargs: Any) -> CASResult:
     """Async twin of :func:`adaptive_sample` over an :class:`~capgate.AsyncBackend`.
 
-    Example:
+    Examples:
         >>> import asyncio
         >>> from capgate.core.backend import Generation
         >>> class Fixed:
@@ -371,7 +371,7 @@ def replay(
         seed: Seed (or generator) for stochastic rules.
         unknown_weight: Vote weight of a sample whose confidence is ``None``.
 
-    Example:
+    Examples:
         >>> pool = [("12", True, 0.9, 100), ("12", True, 0.8, 90), ("13", False, 0.3, 120)]
         >>> r = replay(pool, batch_size=1, seed=0)
         >>> r.answer, r.correct, r.samples_used, r.tokens

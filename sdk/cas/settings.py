@@ -28,7 +28,7 @@ __all__ = ["stop_rule"]
 def stop_rule(settings: StopSettings) -> StopRule:
     """The composed stop rule for :func:`capgate.cas.adaptive_sample` (``stop=...``).
 
-    Example:
+    Examples:
         >>> stop_rule(StopSettings(consensus=0.9, confidence_gap=None, min_samples=3))
         stop_all(stop_after_samples(3), stop_any(beta_consensus(threshold=0.9)))
         >>> stop_rule(StopSettings(confidence_gap=None, max_tokens=4000))

@@ -5,7 +5,7 @@ settings and ``__call__(state) -> bool`` decides from one frozen
 :class:`~capgate.cas.SamplingState`. ``a | b`` stops when either rule does, ``a & b`` when both
 do; the result is a rule itself. A plain function ``state -> bool`` is accepted anywhere a rule is.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> from capgate.cas import SamplingState, beta_consensus, stop_after_samples
     >>> rule = beta_consensus(0.95) | stop_after_samples(40)
@@ -72,7 +72,7 @@ def fired_rule(rule: StopFn, state: SamplingState) -> StopFn | None:
     For ``a | b`` it is whichever of ``a`` and ``b`` fired first; for ``a & b`` the last part (the
     one that completed the conjunction); for a plain function, the function itself.
 
-    Example:
+    Examples:
         >>> from capgate.cas import SamplingState, beta_consensus, stop_after_samples
         >>> fired_rule(stop_after_samples(10) | beta_consensus(), SamplingState.build(votes={"4": 4}))
         beta_consensus(threshold=0.95)
@@ -215,7 +215,7 @@ def beta_prob_above_half(a: int, b: int) -> float:
     P(X > 1/2) = sum_{j<a} C(n, j) / 2^n with n = a+b-1, summed in exact integers and divided
     once (Python rounds the big-integer quotient correctly).
 
-    Example:
+    Examples:
         >>> beta_prob_above_half(1, 1), beta_prob_above_half(5, 1)
         (0.5, 0.96875)
     """
@@ -232,7 +232,7 @@ def _incomplete_beta(x: float, a: int, b: int) -> float:
     sum I_x(a, b) = sum_{j=a}^{n} C(n, j) x^j (1-x)^(n-j), n = a+b-1, evaluated in log space
     (numpy ``logaddexp``) so it stays finite for large ``a + b``.
 
-    Example:
+    Examples:
         >>> round(_incomplete_beta(0.5, 3, 2), 10)
         0.3125
     """
@@ -288,7 +288,7 @@ class beta_futility(StopRule):  # noqa: N801
     :class:`beta_consensus` (stop when a majority is near-certain), and the default 0.05 mirrors its
     0.95. With every response different, it fires after 7 samples (P = 0.035).
 
-    Example:
+    Examples:
         >>> from capgate.cas import SamplingState
         >>> beta_futility()(SamplingState.build(votes={answer: 1 for answer in "abcdefg"}))
         True
@@ -356,7 +356,7 @@ class cas_confidence_gap(StopRule):  # noqa: N801
     of gap one unit of log-odds (σ(±3) ≈ 0.95/0.05 at a gap of margin ± 0.3); ``level=0.5`` makes
     the threshold mode read simply "gap >= margin".
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from capgate.cas import SamplingState
         >>> rule = cas_confidence_gap()
@@ -426,7 +426,7 @@ class cas_frequency_gap(StopRule):  # noqa: N801
     is. Like the variant it never stops on confidence it does not have (``c1`` or, with a
     runner-up, ``c2`` unknown).
 
-    Example:
+    Examples:
         >>> from capgate.cas import SamplingState
         >>> state = SamplingState.build(votes={"A": 3, "B": 1},
         ...                             confidences={"A": (0.3, 0.3, 0.3), "B": (0.95,)})

@@ -29,7 +29,7 @@ def parse_time(text: str, option: str, *, now: datetime | None = None) -> dateti
     """A window bound: an ISO date or time (UTC unless it says otherwise), or a span back from now
     (``30m``, ``24h``, ``7d``, ``2w``).
 
-    Example:
+    Examples:
         >>> parse_time("2026-12-01", "--since").isoformat()
         '2026-12-01T00:00:00+00:00'
         >>> now = datetime(2026, 12, 2, tzinfo=UTC)

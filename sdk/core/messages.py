@@ -51,7 +51,7 @@ def content_text(content: object, where: str = "content") -> str:
     Raises:
         MessageError: The content is neither text nor a list of parts; ``where`` names it.
 
-    Example:
+    Examples:
         >>> content_text([{"type": "text", "text": "What is "}, "2+2?", {"type": "image_url"}])
         'What is 2+2?'
     """
@@ -74,7 +74,7 @@ def content_text(content: object, where: str = "content") -> str:
 def tool_call_text(call: Mapping[str, Any]) -> str:
     """One proposed tool call as text (:data:`TOOL_CALL_TEXT`), its arguments as sorted JSON.
 
-    Example:
+    Examples:
         >>> tool_call_text({"name": "refund", "args": {"amount": 5}})
         'Proposed tool call: refund({"amount": 5})'
     """
@@ -108,7 +108,7 @@ def as_query(value: object, *, where: str = "query") -> Prompt:
     Raises:
         MessageError: Not a string or chat messages; ``where`` names the offending value.
 
-    Example:
+    Examples:
         >>> as_query([{"role": "human", "content": "hi"}])
         [{'role': 'user', 'content': 'hi'}]
     """
@@ -118,7 +118,7 @@ def as_query(value: object, *, where: str = "query") -> Prompt:
 def chat_messages(value: object, *, where: str = "messages") -> list[ChatMessage]:
     """Like :func:`as_query`, always as chat messages (a string becomes one user message).
 
-    Example:
+    Examples:
         >>> chat_messages("hi")
         [{'role': 'user', 'content': 'hi'}]
     """
@@ -137,7 +137,7 @@ def query_hash(query: Prompt) -> str:
     The query is normalized to chat messages first, so a bare string and the same text as a single
     user turn hash alike; the hash covers the whole transcript.
 
-    Example:
+    Examples:
         >>> query_hash("hi") == query_hash([{"role": "user", "content": "hi"}])
         True
     """

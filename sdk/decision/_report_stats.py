@@ -40,7 +40,7 @@ class Rate:
 def wilson(successes: float, n: float, *, z: float = _Z) -> Rate | None:
     """The rate ``successes / n`` with its Wilson score interval (``None`` when ``n`` is 0).
 
-    Example:
+    Examples:
         >>> r = wilson(8, 10)
         >>> round(r.value, 2), round(r.low, 3), round(r.high, 3)
         (0.8, 0.49, 0.943)

@@ -300,7 +300,7 @@ def migrate(run: Callable[[str, Sequence[Any]], Any], dialect: Dialect, location
 def is_database_url(location: object) -> bool:
     """Whether a log location is a database URL (``postgresql://...``) rather than a file path.
 
-    Example:
+    Examples:
         >>> is_database_url("postgresql://capgate@db.example/capgate"), is_database_url("d.sqlite3")
         (True, False)
     """

@@ -15,7 +15,7 @@ rollback; the candidate (:meth:`CalibrationLog.candidate_calibration`) is the la
 than it. :meth:`CalibrationLog.rollback_calibration` works out where a rollback returns to (the
 version promoted before the one in force) and records it.
 
-Example:
+Examples:
     >>> import os, tempfile
     >>> from capgate.decision import DecisionLog
     >>> log = DecisionLog(os.path.join(tempfile.mkdtemp(), "d.sqlite3"))

@@ -13,7 +13,7 @@ SQLite file is user-only (0600 in a 0700 folder), and no error message quotes a 
 (only decision ids, shapes and counts). In PostgreSQL, grant the ``features`` table as you would
 ``decisions.query_text`` (see the README's decision-log section).
 
-Example:
+Examples:
     >>> import os, tempfile
     >>> import numpy as np
     >>> from capgate import Estimate
@@ -84,7 +84,7 @@ def spec_json(spec: Mapping[str, Any] | Any) -> str:
     """The canonical JSON of a feature spec (a mapping, or a pydantic model such as
     :class:`~capgate.local.hidden_states.FeatureSpec`): sorted keys, no spaces.
 
-    Example:
+    Examples:
         >>> spec_json({"dim": 3, "model_id": "m"})
         '{"dim":3,"model_id":"m"}'
     """
@@ -103,7 +103,7 @@ def spec_json(spec: Mapping[str, Any] | Any) -> str:
 def spec_sha256(spec: Mapping[str, Any] | Any) -> str:
     """SHA-256 (hex) of a feature spec's canonical JSON: the tag stored with each vector.
 
-    Example:
+    Examples:
         >>> spec_sha256({"dim": 3, "model_id": "m"}) == spec_sha256({"model_id": "m", "dim": 3})
         True
     """

@@ -14,7 +14,7 @@ Queries are stored as a SHA-256 hash (:func:`~capgate.core.messages.query_hash`)
 :meth:`DecisionLog.import_outcomes`, ``capgate log outcome --file OUTCOMES.jsonl``; see
 :mod:`capgate.decision.outcomes`).
 
-Example:
+Examples:
     >>> import tempfile, os
     >>> from capgate import Estimate
     >>> from capgate.decision import Decision

@@ -259,7 +259,7 @@ def calibration_report(
     Returns:
         One report per method, target and version, sorted by method name, target, version.
 
-    Example:
+    Examples:
         >>> import os, tempfile
         >>> from capgate import Estimate
         >>> from capgate.decision import Decision

@@ -13,7 +13,7 @@ A bulk file has one JSON object a line: ``decision_id`` and the :class:`~capgate
 ``latency_s``, ``recorded_at``). Every bad line is reported as ``file:line: field 'x': what`` and,
 unless told to skip them, nothing of a file with a bad line is imported.
 
-Example:
+Examples:
     >>> import json, os, tempfile
     >>> from capgate import Estimate
     >>> from capgate.decision import Decision, DecisionLog

@@ -61,7 +61,7 @@ def _psycopg() -> Any:
 def redact(url: str) -> str:
     """A database URL without its password (for messages and ``repr``).
 
-    Example:
+    Examples:
         >>> redact("postgresql://bob:s3cret@db.example:5432/capgate?password=x&sslmode=require")
         'postgresql://bob:***@db.example:5432/capgate?password=***&sslmode=require'
     """

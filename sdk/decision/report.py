@@ -35,7 +35,7 @@ candidate policy (``policy=``) is replayed on the logged estimates and outcomes 
 calibration that ran beside the enforced one is compared with it on the same decisions
 (:mod:`capgate.decision._report_compare`: :attr:`GateReport.comparisons`).
 
-Example:
+Examples:
     >>> import os, tempfile
     >>> from capgate import Estimate
     >>> from capgate.decision import Decision, DecisionLog

@@ -95,7 +95,7 @@ Loss: TypeAlias = Literal["auto", "sampled", "expected"]
 def binomial_cdf(k: int, n: int, p: float) -> float:
     """P(Binomial(n, p) <= k), computed in log space (exact up to float rounding).
 
-    Example:
+    Examples:
         >>> round(binomial_cdf(1, 3, 0.5), 6)
         0.5
     """
@@ -122,7 +122,7 @@ def binomial_tail_pvalue(errors: int, n: int, alpha: float) -> float:
 
     ``P(Binomial(n, alpha) <= errors)``; 1 when ``n`` is 0.
 
-    Example:
+    Examples:
         >>> round(binomial_tail_pvalue(0, 29, 0.1), 4)
         0.0471
     """
@@ -138,7 +138,7 @@ def hoeffding_bentkus_pvalue(risk: float, n: int, alpha: float) -> float:
     h(a, b) = a log(a/b) + (1-a) log((1-a)/(1-b)) (Bates et al. 2021, "Distribution-free,
     risk-controlling prediction sets"); 1 when ``n`` is 0.
 
-    Example:
+    Examples:
         >>> round(hoeffding_bentkus_pvalue(0.0, 29, 0.1), 4)
         0.0471
     """
@@ -159,7 +159,7 @@ def min_answered_to_reject(alpha: float, delta: float) -> int:
 
     The smallest n with (1 - alpha)^n <= delta (both p-values equal (1 - alpha)^n at zero errors).
 
-    Example:
+    Examples:
         >>> min_answered_to_reject(0.1, 0.05)
         29
     """
@@ -286,7 +286,7 @@ def calibrate_threshold(
     Raises:
         ValueError: Mismatched or out-of-range inputs, or an invalid loss/p-value pair.
 
-    Example:
+    Examples:
         >>> rng = np.random.default_rng(1)
         >>> conf = rng.beta(5, 1.5, size=3000)
         >>> mu_hat = rng.binomial(10, conf) / 10  # a calibrated estimator, 10 graded responses each

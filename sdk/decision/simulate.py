@@ -159,7 +159,7 @@ def replay_policy(
     Returns:
         Rates, coverage, accuracy among answered, samples spent, and how resamples were scored.
 
-    Example:
+    Examples:
         >>> from capgate.policies import load_policy
         >>> r = replay_policy(load_policy("balanced"), [0.1, 0.5, 0.9, float("nan")], [0.0, 0.5, 1.0, 1.0])
         >>> r.rates["abstain"], r.coverage, r.accuracy
@@ -308,7 +308,7 @@ def threshold_frontier(
     Returns:
         One replay per threshold, in the order given (ascending for a count).
 
-    Example:
+    Examples:
         >>> from capgate.policies import load_policy
         >>> rows = threshold_frontier(load_policy("balanced"), [0.2, 0.7, 0.9], [0.0, 1.0, 1.0], thresholds=3)
         >>> [(r.threshold, round(r.coverage, 2)) for r in rows]

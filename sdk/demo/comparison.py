@@ -87,7 +87,7 @@ class Comparison:
 def compare(rows: Sequence[Compared]) -> Comparison:
     """Count the comparison over ``rows`` (see the module docstring).
 
-    Example:
+    Examples:
         >>> from types import SimpleNamespace as Row
         >>> seconds = {"ungated_seconds": 1.0, "gated_seconds": 1.5}
         >>> rows = [Row(ungated_correct=True, correct=True, samples=1, **seconds),

@@ -266,7 +266,7 @@ def labelled_item(record: LabelledQuery) -> DatasetItem:
 def describe_policy(policy: Policy) -> str:
     """The policy's bands in words, from the loaded policy (never a literal).
 
-    Example:
+    Examples:
         >>> print(describe_policy(load_policy("demo-smollm2")).replace("; ", "\\n"))
         abstain p < 0.13
         resample (CAS, <= 6 samples) 0.13 <= p < 0.26

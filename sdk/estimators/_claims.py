@@ -80,7 +80,7 @@ class ClaimDetector(Params):
         threshold: Score at or above which a segment counts as a claim; ``None`` keeps 0.5
             until :meth:`set_threshold` (or a loaded file) sets one.
 
-    Example:
+    Examples:
         >>> texts = ["This is easy, you surely know it.", "What is the capital of Peru?",
         ...          "You are certain to get this right.", "Answer with only the final number."]
         >>> detector = ClaimDetector(max_iter=200).fit(texts, [1, 0, 1, 0])

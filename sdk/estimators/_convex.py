@@ -26,7 +26,7 @@ _EPS = 1e-12
 def kfold(n: int, n_splits: int, random_state: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Shuffled K-fold ``(train, test)`` index pairs (sorted), seeded by ``random_state``.
 
-    Example:
+    Examples:
         >>> [test.tolist() for _, test in kfold(6, 3, 0)]
         [[2, 3], [4, 5], [0, 1]]
     """
@@ -43,7 +43,7 @@ def layer_candidates(n_layers: int, *, widths: Sequence[int] = (2, 4, 8, 16)) ->
 
     A range of width ``w`` starts every ``max(1, w // 2)`` layers (windows that overlap by half).
 
-    Example:
+    Examples:
         >>> layer_candidates(4, widths=(2,))
         [(0,), (1,), (2,), (3,), (0, 1), (1, 2), (2, 3), (0, 1, 2, 3)]
     """
@@ -197,7 +197,7 @@ def fit_link(score: FloatArray, y: FloatArray, *, l2: float = 1e-6) -> tuple[flo
 
     Platt scaling of a linear score (the same fit as :class:`~capgate.estimators.PlattCalibrator`).
 
-    Example:
+    Examples:
         >>> s = np.linspace(-3, 3, 200)
         >>> a, c = fit_link(s, 1 / (1 + np.exp(-(2 * s + 1))))
         >>> round(a, 3), round(c, 3)

@@ -46,7 +46,7 @@ class NuisanceProjection(Params):
         energy_: Share of the shifts' squared norm they capture.
         n_features_in_: Feature width.
 
-    Example:
+    Examples:
         >>> rng = np.random.default_rng(0)
         >>> X = rng.normal(size=(200, 6))
         >>> shift = np.array([0.0, 0.0, 3.0, 0.0, 0.0, 0.0])  # what an "it's easy" edit adds

@@ -112,7 +112,7 @@ class LinearProbe(Params):
         target_: The *target* (:class:`ProbeTarget`: the model whose capability the probe
             predicts, and the settings its labels were sampled at), or ``None`` if not recorded.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> X = rng.normal(size=(200, 5)).astype(np.float32)

@@ -53,7 +53,7 @@ def nested_cross_val_predict(
         n_splits: Outer folds.
         random_state: Seed of the outer folds.
 
-    Example:
+    Examples:
         >>> from capgate.estimators import ProbeSearch
         >>> rng = np.random.default_rng(0)
         >>> X = rng.normal(size=(100, 3))

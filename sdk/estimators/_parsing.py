@@ -20,7 +20,7 @@ def final_segment(text: str) -> tuple[str | None, str]:
     Returns ``(segment, "")``, or ``(None, reason)`` when a ``<think>`` block was opened and
     never closed (the model ran out of tokens while reasoning).
 
-    Example:
+    Examples:
         >>> final_segment("<think>hmm \\\\boxed{0.1}</think> so \\\\boxed{0.8}")
         (' so \\\\boxed{0.8}', '')
     """
@@ -34,7 +34,7 @@ def final_segment(text: str) -> tuple[str | None, str]:
 def boxed_contents(text: str) -> list[str]:
     """Contents of every ``\\boxed{...}`` in ``text`` (nested braces balanced), in order.
 
-    Example:
+    Examples:
         >>> boxed_contents("a \\\\boxed{\\\\frac{1}{2}} b \\\\boxed{0.7}")
         ['\\\\frac{1}{2}', '0.7']
     """
@@ -98,7 +98,7 @@ def parse_probability(completion: str, *, question: str | None = None) -> tuple[
     Returns:
         ``(p, "")`` on success, else ``(None, reason)``.
 
-    Example:
+    Examples:
         >>> parse_probability("<think>\\\\boxed{0.9}?</think>I'd say \\\\boxed{70%}")
         (0.7, '')
         >>> parse_probability("I am certain.")
@@ -123,7 +123,7 @@ def normalize_answer(text: str) -> str | None:
     the last non-empty line, then lowercases it, collapses whitespace and strips surrounding
     punctuation, ``$`` and a leading "answer:". Use a task's grader ``.extract`` for real work.
 
-    Example:
+    Examples:
         >>> normalize_answer("Thinking...\\nThe answer is \\\\boxed{ 42 }.")
         '42'
         >>> normalize_answer("Paris.")

@@ -95,7 +95,7 @@ class ProbeSearch(Params):
         n_layers_in_: Layers in ``X`` (``None`` for 2-D ``X``).
         n_features_in_: Feature width.
 
-    Example:
+    Examples:
         >>> rng = np.random.default_rng(0)
         >>> X = rng.normal(size=(120, 3, 4))  # 120 queries, 3 layers, 4 features
         >>> mu = 1 / (1 + np.exp(-2 * X[:, 1, 0]))  # only layer 1 carries the signal

@@ -67,7 +67,7 @@ def _sentences(content: str, start: int, end: int, message: int) -> list[Segment
 def split_segments(prompt: Prompt) -> list[Segment]:
     """The segments of a query, in reading order.
 
-    Example:
+    Examples:
         >>> [(s.kind, s.text) for s in split_segments("What is 2+2? (Easy one, trust me.)")]
         [('sentence', 'What is 2+2?'), ('aside', '(Easy one, trust me.)')]
     """
@@ -113,7 +113,7 @@ def _cut(content: str, spans: list[tuple[int, int]]) -> str:
 def remove_segments(prompt: Prompt, segments: list[Segment]) -> Prompt:
     """``prompt`` without ``segments`` (a bare string stays a string; emptied messages are dropped).
 
-    Example:
+    Examples:
         >>> query = "What is 2+2? (Easy one, trust me.)"
         >>> remove_segments(query, split_segments(query)[1:])
         'What is 2+2?'

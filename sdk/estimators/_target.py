@@ -40,7 +40,7 @@ class ProbeTarget(BaseModel):
         k: Responses sampled per query.
         dataset: What was harvested.
 
-    Example:
+    Examples:
         >>> a = ProbeTarget(model="gpt-oss-20b", endpoint="openai", temperature=1.0)
         >>> b = a.model_copy(update={"temperature": 0.2})
         >>> a.differences(b)

@@ -30,7 +30,7 @@ class Params:
     ``type(e)(**e.get_params(deep=False))`` builds an unfitted copy of ``e``; the repr shows the
     arguments that differ from their defaults.
 
-    Example:
+    Examples:
         >>> from capgate.estimators import LinearProbe
         >>> probe = LinearProbe(lr=0.1)
         >>> probe, probe.get_params()["lr"]

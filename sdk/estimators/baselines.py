@@ -62,7 +62,7 @@ class UniformRandom(CapabilityEstimator):
     Args:
         random_state: Seed of the draws.
 
-    Example:
+    Examples:
         >>> u = UniformRandom(random_state=0)
         >>> p = u.predict(["2+2?", "Prove the Riemann hypothesis."])
         >>> bool(((0 <= p) & (p < 1)).all())
@@ -117,7 +117,7 @@ class ConstantPrior(CapabilityEstimator):
         prior_: The (weighted) mean of the training µ̂.
         n_train_: How many training queries it was fitted on.
 
-    Example:
+    Examples:
         >>> prior = ConstantPrior().fit(["a", "b", "c", "d"], [1.0, 0.5, 0.5, 0.0])
         >>> prior.predict(["anything"]).tolist(), prior.estimate_one("x").p
         ([0.5], 0.5)

@@ -31,7 +31,7 @@ class Consistency(BackendEstimator):
             normalizer (last ``\\boxed{}`` or last line, lowercased), not a grader.
         params: Sampling settings (``n`` is forced to ``k_c``). Default: temperature 1.0, 512 tokens.
 
-    Example:
+    Examples:
         >>> from capgate import Generation
         >>> class Votes:
         ...     model_id = "votes"

@@ -30,7 +30,7 @@ class FallbackChain(CapabilityEstimator):
     Args:
         estimators: Two or more estimators, most preferred first.
 
-    Example:
+    Examples:
         >>> from capgate import Estimate
         >>> class Down(CapabilityEstimator):
         ...     method = "probe"

@@ -93,7 +93,7 @@ def save_features(
 ) -> Path:
     """Write ``features`` keyed by ``ids`` to ``path`` (``.npz``) and the spec to its sidecar.
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> f = pathlib.Path(tempfile.mkdtemp()) / "feats.npz"
         >>> _ = save_features(f, ["a", "b"], [[1, 2], [3, 4]], {"model_id": "m", "dim": 2})

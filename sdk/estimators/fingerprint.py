@@ -72,7 +72,7 @@ def probe_fingerprint(folder: str | os.PathLike[str]) -> str:
     Raises:
         DataError: The folder holds no saved probe, or its metadata is not JSON.
 
-    Example:
+    Examples:
         >>> from capgate.loading import default_probe_path
         >>> probe_fingerprint(default_probe_path()).startswith("probe-sha256:")
         True
@@ -101,7 +101,7 @@ def estimator_fingerprint(estimator: object) -> str:
     the same bytes as on disk) and its featurizer's spec. Any other estimator: its class and the
     settings its constructor takes (read back from the attributes of the same names).
 
-    Example:
+    Examples:
         >>> from capgate.estimators import VerbalizedConfidence
         >>> class Echo:
         ...     model = "toy"

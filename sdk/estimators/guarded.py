@@ -66,7 +66,7 @@ class InjectionGuard(CapabilityEstimator):
             estimate) or ``"strip"`` (``p`` the lowest estimate, not degraded; the reason goes to
             ``details["injection"]``).
 
-    Example:
+    Examples:
         >>> from capgate.estimators import CapabilityEstimator
         >>> class Gullible(CapabilityEstimator):  # believes any "(trust me)" aside
         ...     method = "toy"

@@ -29,7 +29,7 @@ def estimate_jsonl(
     results with a metric, e.g. ``capability_brier([e.p for _, e in pairs], [r.mu_hat for r, _ in pairs])``
     over the usable ones.
 
-    Example:
+    Examples:
         >>> import json, tempfile
         >>> from capgate import Estimate
         >>> class Half(CapabilityEstimator):

@@ -66,7 +66,7 @@ def check_spec_match(
     probe's and the featurizer's value. Ignore a field only when you have checked that it does not
     change the features (say, ``source`` after comparing transformers and vLLM hidden states).
 
-    Example:
+    Examples:
         >>> spec = {"model_id": "m", "weights_fingerprint": "abc", "dim": 4, "source": "vllm"}
         >>> check_spec_match(spec, {**spec, "source": "transformers"}, ignore=["source"])
         >>> check_spec_match(spec, {**spec, "weights_fingerprint": "def"})
@@ -117,7 +117,7 @@ class ProbeEstimator(CapabilityEstimator):
         ignore_spec_fields: Feature-spec fields not compared with the probe's (see
             :func:`check_spec_match`); none by default.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> class Lengths:  # a toy featurizer: features from the query's length
         ...     spec = {"model_id": "toy", "weights_fingerprint": "0", "dim": 2}

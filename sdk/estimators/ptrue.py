@@ -67,7 +67,7 @@ def read_p_true(tokens: Sequence[TokenLogprob] | None) -> tuple[float | None, st
         ``(p, "", details)``, or ``(None, reason, details)`` when there are no logprobs or neither
         word appears.
 
-    Example:
+    Examples:
         >>> from capgate.core.backend import TokenLogprob
         >>> tok = TokenLogprob(token="Yes", logprob=-0.2, top={"Yes": -0.2, " yes": -3.0, "No": -2.0})
         >>> round(read_p_true([tok])[0], 4)
@@ -108,7 +108,7 @@ class PTrue(BackendEstimator):
             for their ``<think>`` block before the answer.
         template: The prompt template (``{question}`` placeholder).
 
-    Example:
+    Examples:
         >>> from capgate import Generation
         >>> from capgate.core.backend import TokenLogprob
         >>> class Sure:

@@ -68,7 +68,7 @@ def pool_adjacent_violators(y: FloatArray, w: FloatArray) -> FloatArray:
 
     Returns the fitted values, one per entry: the weighted means of maximal pooled blocks.
 
-    Example:
+    Examples:
         >>> pool_adjacent_violators(np.array([1.0, 3.0, 2.0, 4.0]), np.ones(4)).tolist()
         [1.0, 2.5, 2.5, 4.0]
     """
@@ -104,7 +104,7 @@ class IsotonicCalibrator(Params):
         X_min_: Smallest fitted confidence.
         X_max_: Largest fitted confidence.
 
-    Example:
+    Examples:
         >>> iso = IsotonicCalibrator().fit([0.2, 0.4, 0.6, 0.8], [0.0, 0.5, 0.3, 1.0])
         >>> iso.predict([0.1, 0.5, 0.9]).tolist()
         [0.0, 0.4, 1.0]
@@ -252,7 +252,7 @@ class PlattCalibrator(Params):
         n_iter_: Newton steps taken.
         converged_: Whether the gradient reached ``tol``.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> c = np.linspace(0.05, 0.95, 50)
         >>> mu = 1 / (1 + np.exp(-(0.5 * np.log(c / (1 - c)) - 1.0)))
@@ -382,7 +382,7 @@ class Recalibrated(CapabilityEstimator):
         calibrator: An :class:`IsotonicCalibrator` or :class:`PlattCalibrator`, fitted or fitted
             later through :meth:`fit`.
 
-    Example:
+    Examples:
         >>> from capgate.estimators.baselines import UniformRandom
         >>> qs = [f"question {i}" for i in range(200)]
         >>> raw = UniformRandom(random_state=1)

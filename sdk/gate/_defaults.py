@@ -16,7 +16,7 @@ def set_default_estimator(estimator: CapabilityEstimator | None) -> None:
     Raises:
         SettingsError: Not a capgate CapabilityEstimator.
 
-    Example:
+    Examples:
         >>> set_default_estimator(None)
         >>> default_estimator() is None
         True
@@ -37,7 +37,7 @@ def default_extract(text: str) -> str | None:
     The last ``\\boxed{}``, else the text after "answer is" / "Answer:", else the first line;
     then lowercased with punctuation and articles dropped (:func:`capgate.grading.normalize_text`).
 
-    Example:
+    Examples:
         >>> default_extract("Let me think.\\nThe answer is: **The Eiffel Tower**.")
         'eiffel tower'
     """

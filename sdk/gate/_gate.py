@@ -90,7 +90,7 @@ class Gate:
         SettingsError: A setting has a wrong value or type (the message names it), or the
             estimator predicts another model's capability than ``target``.
 
-    Example:
+    Examples:
         >>> from capgate.estimators import ConstantPrior
         >>> gate = Gate(policy="balanced", estimator=ConstantPrior.from_mean(0.2, n_train=1))
         >>> verdict = gate.assess("Prove the Riemann hypothesis.")
@@ -141,7 +141,7 @@ class Gate:
         Takes every setting the constructor takes (:class:`~capgate.gate.GateOptions`); ``None``
         clears ``step`` / ``tool``, :data:`~capgate.gate.UNSET` keeps the gate's value.
 
-        Example:
+        Examples:
             >>> gate = Gate(policy="balanced", tool="refund")
             >>> view = gate.with_options(step="draft", tool=None)
             >>> (view.settings.step, view.settings.tool, view.stats is gate.stats)

@@ -27,7 +27,7 @@ and per asyncio task), so the code that learns the outcome later can attach it t
 decision by its id without the function's return type changing:
 ``answer = ask(q); decision_id = capgate.last_decision().id``.
 
-Example:
+Examples:
     >>> import capgate
     >>> from capgate import Estimate
     >>> from capgate.estimators import CapabilityEstimator
@@ -89,7 +89,7 @@ def last_decision() -> Decision | None:
     Calls run as separate tasks (``asyncio.gather(ask(a), ask(b))``) set it in their own tasks,
     not in the caller's: read it inside the task that made the call. ``None`` before any call.
 
-    Example:
+    Examples:
         >>> import capgate
         >>> from capgate.estimators import ConstantPrior
         >>> @capgate.guard(policy="balanced", estimator=ConstantPrior.from_mean(0.95, n_train=1))

@@ -26,7 +26,7 @@ The driver also traces (:mod:`capgate.gate.telemetry`, a no-op without OpenTelem
 is a ``capgate.gate`` span open until the flow ends, its estimator calls and resample rounds nest
 under it, and the user's own calls run under the caller's span.
 
-Example:
+Examples:
     >>> from capgate import Gate
     >>> from capgate.estimators import ConstantPrior
     >>> likely = ConstantPrior.from_mean(0.9, n_train=1)  # predicts 0.9 for every query

@@ -13,7 +13,7 @@ Attributes follow the OpenTelemetry GenAI semantic conventions where one applies
 ``capgate.*`` otherwise (see :data:`ATTRIBUTES`). The query text is never put on a span unless the
 gate's decision log keeps text (``DecisionLog(..., store_text=True)``).
 
-Example:
+Examples:
     >>> from capgate import Gate
     >>> from capgate.estimators import ConstantPrior
     >>> likely = ConstantPrior.from_mean(0.9, n_train=1)  # predicts 0.9 for every query

@@ -5,7 +5,7 @@ strings are the same answer, which consistency estimators and CAS group by),
 ``grade(response, item) -> bool`` and ``judge(response, item) -> Judgement`` (both at once).
 :func:`grader_for` picks the default grader of an item's answer kind.
 
-Example:
+Examples:
     >>> from capgate.datasets import DatasetItem
     >>> from capgate.grading import grader_for
     >>> item = DatasetItem(id="q", question="Janet's eggs?", references=["18"], kind="numeric")

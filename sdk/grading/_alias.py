@@ -24,7 +24,7 @@ _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
 def normalize_text(text: str) -> str:
     """TriviaQA's answer normalization: lowercase, punctuation to spaces, drop articles, squeeze spaces.
 
-    Example:
+    Examples:
         >>> normalize_text("The Sunset  Blvd.")
         'sunset blvd'
     """
@@ -40,7 +40,7 @@ def final_answer_text(response: str) -> str | None:
     In order: the last ``\\boxed{}``; the text after the last "answer is" / "Answer:"; else the
     first non-empty line. Markdown emphasis, quotes and a trailing full stop are stripped.
 
-    Example:
+    Examples:
         >>> final_answer_text("I think so.\\nFinal answer: **Sunset Boulevard**.")
         'Sunset Boulevard'
     """
@@ -69,7 +69,7 @@ class AliasGrader(Grader):
             ("It is Sunset Boulevard" for "Sunset Boulevard"). Off by default, as in TriviaQA's
             exact-match metric.
 
-    Example:
+    Examples:
         >>> item = DatasetItem(id="q", question="Which musical?", kind="alias",
         ...                    references=["Sunset Boulevard", "Sunset Blvd"])
         >>> AliasGrader().judge("Answer: sunset blvd.", item)

@@ -31,7 +31,7 @@ class ChoiceGrader(Grader):
     is found, a response whose answer text equals exactly one option's text (after
     :func:`~capgate.grading.normalize_text`) chooses that option.
 
-    Example:
+    Examples:
         >>> item = DatasetItem(id="q", question="2 + 2 = ?", choices=["3", "4"], references=["B"],
         ...                    kind="choice")
         >>> ChoiceGrader().judge("The answer is (B).", item)

@@ -29,7 +29,7 @@ class FunctionGrader(Grader):
             else the first line; then :func:`normalize_text`).
         name: Shown in ``repr`` and recorded by harvest.
 
-    Example:
+    Examples:
         >>> item = DatasetItem(id="q", question="Say hi", kind="custom")
         >>> grader = FunctionGrader(lambda response, item: "hi" in response.lower())
         >>> grader.judge("Hi there", item)
@@ -81,7 +81,7 @@ def grader_for(item_or_kind: DatasetItem | str) -> Grader:
     Raises:
         ValueError: The kind is ``custom`` (such items need a grader from the caller) or unknown.
 
-    Example:
+    Examples:
         >>> grader_for("numeric")
         NumericGrader(rel_tol=1e-06, abs_tol=1e-09)
     """

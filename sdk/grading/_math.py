@@ -35,7 +35,7 @@ def normalize_latex(answer: str) -> str:
     ``\\tfrac`` with ``\\frac``; braces ``\\frac12`` and ``\\sqrt2``; drops thousands separators
     from a lone number; writes ``.5`` as ``0.5``. The result is still valid LaTeX.
 
-    Example:
+    Examples:
         >>> normalize_latex("\\\\left( 3, \\\\dfrac{\\\\pi}{2} \\\\right)")
         '(3,\\\\frac{\\\\pi}{2})'
         >>> normalize_latex("x = 14{,}400")
@@ -116,7 +116,7 @@ class MathGrader(Grader):
         timeout_s: Seconds allowed per symbolic parse or comparison (main thread only).
         max_symbolic_chars: Longer answers skip the symbolic check.
 
-    Example:
+    Examples:
         >>> item = DatasetItem(id="q", question="Simplify 2/4.", references=["\\\\frac{1}{2}"], kind="math")
         >>> MathGrader(symbolic=False).judge("So it is $\\\\boxed{\\\\dfrac12}$.", item)
         Judgement(answer='\\\\frac{1}{2}', correct=True)

@@ -61,7 +61,7 @@ def _canonical(value: Fraction) -> str:
 def parse_number(text: str) -> float | None:
     """The number ``text`` states, if it states exactly one (``"$1,234.50"``, ``"\\frac{3}{4}"``, ``"25%"``).
 
-    Example:
+    Examples:
         >>> parse_number("\\\\$1,234.50")
         1234.5
         >>> parse_number("3/4")
@@ -86,7 +86,7 @@ class NumericGrader(Grader):
         rel_tol: Relative tolerance (as :func:`math.isclose`).
         abs_tol: Absolute tolerance.
 
-    Example:
+    Examples:
         >>> item = DatasetItem(id="q", question="How many dollars?", references=["18"], kind="numeric")
         >>> NumericGrader().judge("9 * 2 = 18, so she makes \\\\$18.00 a day.", item)
         Judgement(answer='18', correct=True)

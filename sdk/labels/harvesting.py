@@ -8,7 +8,7 @@ file are never sampled again, and a torn last line is detected and cut off. A si
 ``<out>.meta.json`` records the sampling settings so that a resumed run cannot silently mix
 labels made under different settings.
 
-Example:
+Examples:
     >>> import tempfile, pathlib
     >>> from capgate.core.backend import Generation
     >>> from capgate.datasets import DatasetItem
@@ -149,7 +149,7 @@ class HarvestRun:
     :meth:`write` labels a batch's answers and appends them durably, and :meth:`close` (or leaving
     the ``with`` block) releases the file and reports. The arguments are :func:`harvest`'s.
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> from capgate.datasets import DatasetItem
         >>> items = [DatasetItem(id="q1", question="2+2?", references=["4"], kind="numeric")]

@@ -109,7 +109,7 @@ def read_labelled(
         DataError: naming file, line and field, for bad JSON, a missing or invalid field,
             p outside [0, 1] or NaN, correct > k, a duplicate id, or an empty file.
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> f = pathlib.Path(tempfile.mkdtemp()) / "l.jsonl"
         >>> _ = f.write_text('{"id": "a", "k": 4, "correct": 3, "conf": 0.7}\\n')

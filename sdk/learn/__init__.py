@@ -8,7 +8,7 @@ certifies an answer threshold by Learn-then-Test when asked (``risk``), and writ
 :class:`Calibration` folder atomically. ``capgate.load_estimator(..., calibration=DIR)``, or a
 gate's ``calibration`` setting, applies it; every decision records its version.
 
-Example:
+Examples:
     >>> import numpy as np, tempfile, os
     >>> from capgate import Estimate
     >>> from capgate.decision import Decision, DecisionLog

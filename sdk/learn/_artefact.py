@@ -50,7 +50,7 @@ def _canonical(payload: Any) -> bytes:
 def content_version(content: Mapping[str, Any]) -> str:
     """``"cal-"`` + 12 hex digits of the SHA-256 of ``content`` as canonical JSON.
 
-    Example:
+    Examples:
         >>> content_version({"kind": "identity"}) == content_version({"kind": "identity"})
         True
     """

@@ -50,7 +50,7 @@ def time_split(n: int, holdout: float, groups: npt.ArrayLike | None = None) -> S
     With ``groups`` (one label per row: its query), whole groups are held out, those seen most
     recently first, until the share is reached; every row of a group is on one side.
 
-    Example:
+    Examples:
         >>> s = time_split(10, 0.3)
         >>> s.train.tolist(), s.holdout.tolist()
         ([0, 1, 2, 3, 4, 5, 6], [7, 8, 9])
@@ -89,7 +89,7 @@ def fold_blocks(
     With ``groups``, a row goes to the block where its group was first seen, so no group is on
     both sides of a fold.
 
-    Example:
+    Examples:
         >>> [(a.tolist(), b.tolist()) for a, b in fold_blocks(5, 2)]
         [([3, 4], [0, 1, 2]), ([0, 1, 2], [3, 4])]
         >>> [(a.tolist(), b.tolist()) for a, b in fold_blocks(5, 2, groups=["a", "b", "c", "a", "d"])]
@@ -143,7 +143,7 @@ def cross_fit(
         n_splits: Blocks (fewer when there are fewer rows).
         groups: One label per row (its query): a group's rows share a fold (see :func:`fold_blocks`).
 
-    Example:
+    Examples:
         >>> y = np.array([0.0, 1.0, 0.0, 1.0])
         >>> cf = cross_fit(lambda tr, te: np.full(len(te), y[tr].mean()), 4, n_splits=2)
         >>> cf.predictions.tolist()

@@ -134,7 +134,7 @@ def by_query(X: _Rows, y: FloatArray, groups: npt.ArrayLike) -> tuple[_Rows, Flo
     """One row per group (in order of first appearance): the mean of its feature rows (in ``X``'s
     dtype) and of its outcomes.
 
-    Example:
+    Examples:
         >>> X = np.array([[1.0], [2.0], [1.0]], dtype=np.float32)
         >>> Xq, yq = by_query(X, np.array([1.0, 0.0, 0.0]), ["a", "b", "a"])
         >>> Xq.ravel().tolist(), yq.tolist()

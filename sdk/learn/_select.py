@@ -143,7 +143,7 @@ def table_rows(
 def select(rows: Sequence[HeldOutRow]) -> tuple[str, list[HeldOutRow]]:
     """The kept candidate and the table with it marked (the rule in the module docstring).
 
-    Example:
+    Examples:
         >>> y = np.array([0.0, 1.0] * 50)
         >>> rows = table_rows(y, {"previous": np.full(100, 0.5), "platt": 0.1 + 0.8 * y}, n_fit={})
         >>> select(rows)[0]

@@ -31,7 +31,7 @@ class CalibrationRefusedError(DataError):
 def base_method(method: str) -> str:
     """The estimator method beneath a recalibration's name (``"probe+isotonic"`` -> ``"probe"``).
 
-    Example:
+    Examples:
         >>> base_method("verbalized+platt"), base_method("probe")
         ('verbalized', 'probe')
     """

@@ -32,7 +32,7 @@ def base_policy(policy: str | Path | Policy | None, *, name: str, below: str = "
     Raises:
         PolicyError, DataError: ``policy`` cannot be loaded.
 
-    Example:
+    Examples:
         >>> base_policy(None, name="mine").rule().edges
         ((0.0, 0.5), (0.5, 1.0))
     """

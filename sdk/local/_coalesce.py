@@ -54,7 +54,7 @@ class Coalescer(Generic[T, R]):
         max_batch: Most items per batch (a call with more runs alone, whole).
         window_s: Under load, how long the next batch waits for calls to join (0: never).
 
-    Example:
+    Examples:
         >>> sizes = []
         >>> def double(items):
         ...     sizes.append(len(items))

@@ -46,7 +46,7 @@ def native_bf16_cpu() -> bool:
     Elsewhere torch emulates bfloat16, more slowly than float32; but native is not always fast
     (see :func:`bf16_speedup`). The answer is cached for the process.
 
-    Example:
+    Examples:
         >>> isinstance(native_bf16_cpu(), bool)
         True
     """

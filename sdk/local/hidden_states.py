@@ -76,7 +76,7 @@ class FeatureSpec(BaseModel):
             another unless ``dtype`` is among the ignored fields (``load_estimator`` does that
             only for a fast path the probe records as checked, or on request).
 
-    Example:
+    Examples:
         >>> spec = FeatureSpec(model_id="m", weights_fingerprint="sha256:0", dim=576)
         >>> spec.layers, spec.pooling, spec.chat_template, spec.dtype
         ('all', 'last', True, 'float32')
@@ -156,7 +156,7 @@ class HiddenStateFeaturizer:
             layers read whose MLP matmuls run in bfloat16: closer to float32 than bfloat16,
             most of its speed). The spec records it.
 
-    Example:
+    Examples:
         >>> from capgate.local.models import load_model
         >>> featurizer = HiddenStateFeaturizer(load_model("default", device="cpu"))
         >>> featurizer.transform(["What is 2+3?"]).shape
@@ -272,7 +272,7 @@ class HiddenStateFeaturizer:
         returns from :meth:`transform`, which lets a trainer choose layers from one pass
         (see :class:`capgate.estimators.ProbeSearch`).
 
-        Example:
+        Examples:
             >>> from capgate.local.models import load_model
             >>> featurizer = HiddenStateFeaturizer(load_model("default", device="cpu"), layers=[3, 4])
             >>> featurizer.transform_layers(["What is 2+3?"]).shape

@@ -69,7 +69,7 @@ class PrefillCache:
         max_entries: Most entries kept (the oldest are dropped first).
         max_bytes: Most bytes of tensors kept (the oldest are dropped first).
 
-    Example:
+    Examples:
         >>> cache = PrefillCache(max_entries=1)
         >>> cache.enabled
         False

@@ -29,7 +29,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 def cache_dir() -> Path:
     """capgate's cache directory (``$CAPGATE_CACHE_DIR``, else the platform's user cache dir).
 
-    Example:
+    Examples:
         >>> isinstance(cache_dir(), Path)
         True
     """
@@ -61,7 +61,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     used as is. Other results are remembered in the capgate cache, so hashing a multi-GB model
     costs a read only the first time.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> with tempfile.NamedTemporaryFile() as f:
         ...     _ = f.write(b"abc"); f.flush()
@@ -102,7 +102,7 @@ def weights_fingerprint(folder: str | os.PathLike[str]) -> str:
     Raises:
         DataError: The folder holds no ``*.safetensors`` weights.
 
-    Example:
+    Examples:
         >>> from capgate.local.models import prepare_model
         >>> weights_fingerprint(prepare_model("default")).startswith("gguf-sha256:")
         True

@@ -52,7 +52,7 @@ def greedy_allocation(p: ArrayLike, budget: int, *, max_per_query: ArrayLike | i
     Returns:
         Samples per query (int64), summing to at most ``budget``.
 
-    Example:
+    Examples:
         >>> greedy_allocation([0.9, 0.1], 3).tolist()
         [1, 2]
     """
@@ -85,7 +85,7 @@ def uniform_allocation(
 
     Caps are applied after spreading (what a capped query cannot take is not moved elsewhere).
 
-    Example:
+    Examples:
         >>> uniform_allocation(3, 7).tolist()
         [3, 2, 2]
     """

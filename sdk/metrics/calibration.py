@@ -50,7 +50,7 @@ def capability_brier(p: ArrayLike, mu: ArrayLike) -> float:
     Returns:
         The mean squared error (lower is better; 0 for a perfect estimate).
 
-    Example:
+    Examples:
         >>> round(capability_brier([0.9, 0.2], [1.0, 0.0]), 4)
         0.025
     """
@@ -61,7 +61,7 @@ def capability_brier(p: ArrayLike, mu: ArrayLike) -> float:
 def mean_absolute_error(p: ArrayLike, mu: ArrayLike) -> float:
     """Mean |p − µ̂|.
 
-    Example:
+    Examples:
         >>> mean_absolute_error([0.5, 0.5], [0.25, 1.0])
         0.375
     """
@@ -72,7 +72,7 @@ def mean_absolute_error(p: ArrayLike, mu: ArrayLike) -> float:
 def root_mean_squared_error(p: ArrayLike, mu: ArrayLike) -> float:
     """Square root of the capability Brier score.
 
-    Example:
+    Examples:
         >>> root_mean_squared_error([0.5], [0.25])
         0.25
     """
@@ -90,7 +90,7 @@ def response_brier(p: ArrayLike, correct: ArrayLike, k: ArrayLike | int) -> floa
         correct: Correct responses per query.
         k: Responses sampled per query (an int for all, or one per query).
 
-    Example:
+    Examples:
         >>> response_brier([0.5], [1], 2)
         0.25
     """
@@ -118,7 +118,7 @@ class BrierDecomposition:
 def brier_decomposition(p: ArrayLike, correct: ArrayLike, k: ArrayLike | int) -> BrierDecomposition:
     """Split the response Brier score into the capability Brier score and the variance term.
 
-    Example:
+    Examples:
         >>> d = brier_decomposition([0.5, 0.8], [1, 4], [2, 4])
         >>> round(d.response, 6) == round(d.capability + d.variance, 6)
         True
@@ -183,7 +183,7 @@ def reliability_diagram(
     and the last bin is closed so that p = 1.0 is counted. With ``"quantile"``, the sorted
     predictions are cut into M chunks of equal size.
 
-    Example:
+    Examples:
         >>> d = reliability_diagram([0.05, 1.0], [0.0, 1.0], n_bins=10)
         >>> d.counts.tolist()
         [1, 0, 0, 0, 0, 0, 0, 0, 0, 1]
@@ -226,7 +226,7 @@ def expected_calibration_error(
         strategy: ``"uniform"`` for M equal-width bins (last bin closed, so p = 1.0 counts), or
             ``"quantile"`` for M equal-mass bins.
 
-    Example:
+    Examples:
         >>> round(expected_calibration_error([0.9, 0.9], [1.0, 0.6]), 4)
         0.1
     """

@@ -74,7 +74,7 @@ def pass_at_k_unbiased(n: ArrayLike, c: ArrayLike, k: int) -> FloatArray:
         c: Correct samples per query.
         k: Attempts; must not exceed any n.
 
-    Example:
+    Examples:
         >>> pass_at_k_unbiased([4], [1], 2).round(4).tolist()
         [0.5]
     """
@@ -88,7 +88,7 @@ def pass_at_k_unbiased(n: ArrayLike, c: ArrayLike, k: int) -> FloatArray:
 def pass_at_k_predicted(p: ArrayLike, k: int) -> FloatArray:
     """pass@k predicted from a capability: 1 − (1 − p)^k.
 
-    Example:
+    Examples:
         >>> pass_at_k_predicted([0.5], 2).tolist()
         [0.75]
     """
@@ -100,7 +100,7 @@ def pass_at_k_predicted(p: ArrayLike, k: int) -> FloatArray:
 def pass_at_k_mse(p: ArrayLike, n: ArrayLike, c: ArrayLike, ks: Iterable[int]) -> dict[int, float]:
     """Instance-level MSE between predicted and unbiased pass@k, for each k in ``ks``.
 
-    Example:
+    Examples:
         >>> pass_at_k_mse([1.0], [4], [4], [1, 2])
         {1: 0.0, 2: 0.0}
     """
@@ -130,7 +130,7 @@ class PassAtKInterval:
 def dataset_pass_at_k(p: ArrayLike, k: int, *, z: float = 1.959963984540054) -> PassAtKInterval:
     """Predicted dataset-level pass@k: the mean of 1 − (1 − p_i)^k with a normal interval.
 
-    Example:
+    Examples:
         >>> dataset_pass_at_k([0.5, 0.5], 1).mean
         0.5
     """
@@ -149,7 +149,7 @@ def expected_success(allocation: ArrayLike, n: ArrayLike, c: ArrayLike) -> float
     with ``c[i]`` correct, and succeeds if any draw is correct: 1 − C(n−c, k)/C(n, k) (0 when it
     gets no draw). Returns the mean over queries.
 
-    Example:
+    Examples:
         >>> expected_success([1, 0], [2, 2], [1, 2])
         0.25
     """

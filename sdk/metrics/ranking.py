@@ -38,7 +38,7 @@ def auroc(p: ArrayLike, correct: ArrayLike, *, k: ArrayLike | int = 1) -> float:
     Returns:
         AUROC in [0, 1], or NaN when there are no positives or no negatives.
 
-    Example:
+    Examples:
         >>> auroc([0.9, 0.1], [3, 1], k=4)
         0.75
     """
@@ -60,7 +60,7 @@ def auprc(p: ArrayLike, correct: ArrayLike, *, k: ArrayLike | int = 1) -> float:
     Returns:
         Average precision in [0, 1], or NaN when there are no positives.
 
-    Example:
+    Examples:
         >>> auprc([0.9, 0.1], [1, 0])
         1.0
     """
@@ -79,7 +79,7 @@ def auprc(p: ArrayLike, correct: ArrayLike, *, k: ArrayLike | int = 1) -> float:
 def rankdata(values: ArrayLike) -> FloatArray:
     """Ranks starting at 1, ties given their average rank (as ``scipy.stats.rankdata``).
 
-    Example:
+    Examples:
         >>> rankdata([10, 20, 10]).tolist()
         [1.5, 3.0, 1.5]
     """
@@ -95,7 +95,7 @@ def rankdata(values: ArrayLike) -> FloatArray:
 def pearson(a: ArrayLike, b: ArrayLike) -> float:
     """Pearson correlation; NaN when either input is constant.
 
-    Example:
+    Examples:
         >>> pearson([1, 2, 3], [2, 4, 7]) > 0.99
         True
     """
@@ -113,7 +113,7 @@ def pearson(a: ArrayLike, b: ArrayLike) -> float:
 def spearman(a: ArrayLike, b: ArrayLike) -> float:
     """Spearman rank correlation (Pearson of average ranks); NaN when either is constant.
 
-    Example:
+    Examples:
         >>> spearman([0.1, 0.5, 0.9], [0.0, 0.2, 1.0])
         1.0
     """

@@ -62,7 +62,7 @@ def calibration_row(
 ) -> CalibrationRow:
     """Every headline metric of one confidence source.
 
-    Example:
+    Examples:
         >>> row = calibration_row("oracle", [0.5, 1.0], [2, 4], 4, pass_ks=(1,))
         >>> (row.capability_brier, row.pass_at_k_mse[1])
         (0.0, 0.0)
