@@ -1,0 +1,195 @@
+"""C3RL's reward terms on crafted completions, its config, and the synthetic question generator."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from capgate.datasets import DatasetItem
+from capgate.train.config import C3RLRewardConfig, C3RLTrainConfig
+from capgate.train.rewards import (
+    REFERENCE_CLASSES,
+    C3RLReward,
+    c3rl_reward_functions,
+    read_tag,
+    reference_class,
+    score_completion,
+)
+from capgate.train.synthetic import (
+    FAMILIES,
+    HELD_OUT_FAMILY,
+    TRAIN_FAMILIES,
+    arithmetic_items,
+    operand_split,
+)
+
+ITEM = DatasetItem(id="q", question="What is 7 * 8?", references=["56"], kind="numeric")
+CONFIG = C3RLRewardConfig()  # alpha = beta = 0.5, t = 0.5, format penalty 1.0, brier off
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "expected"),
+    [
+        # right and sure: +1 +beta; the reference term only moves on all-wrong (+alpha)
+        ("56 [confidence=90%]", "all_right", (1.0, 0.5, 0.0, 0.0)),
+        ("56 [confidence=90%]", "partly", (1.0, 0.5, 0.0, 0.0)),
+        ("56 [confidence=90%]", "all_wrong", (1.0, 0.5, 0.5, 0.0)),
+        # right and unsure: -beta
+        ("56 [confidence=20%]", "partly", (1.0, -0.5, 0.0, 0.0)),
+        # wrong and unsure: +beta; wrong on an all-right question: -alpha
+        ("54 [confidence=20%]", "all_right", (0.0, 0.5, -0.5, 0.0)),
+        ("54 [confidence=20%]", "partly", (0.0, 0.5, 0.0, 0.0)),
+        ("54 [confidence=20%]", "all_wrong", (0.0, 0.5, 0.0, 0.0)),
+        # 100% sure and wrong: -beta, and -alpha on an easy question
+        ("54 [confidence=100%]", "all_right", (0.0, -0.5, -0.5, 0.0)),
+        ("54 [confidence=100%]", "all_wrong", (0.0, -0.5, 0.0, 0.0)),
+        # exactly t (50%) is not "sure"
+        ("54 [confidence=50%]", "partly", (0.0, 0.5, 0.0, 0.0)),
+        ("56 [confidence=55%]", "partly", (1.0, 0.5, 0.0, 0.0)),
+    ],
+)
+def test_every_reference_class_and_side_of_the_threshold(
+    completion: str, reference: str, expected: tuple[float, ...]
+) -> None:
+    b = score_completion(completion, ITEM, reference, CONFIG)  # type: ignore[arg-type]
+    assert (b.correctness, b.calibration, b.reference, b.format) == expected
+    assert b.brier == 0.0
+    assert b.total == pytest.approx(sum(expected))
+
+
+@pytest.mark.parametrize(
+    ("completion", "status"),
+    [
+        ("56", "missing"),
+        ("The answer is 56. I am 90% sure.", "missing"),
+        ("56 [confidence=high]", "malformed"),
+        ("56 [confidence=83%]", "malformed"),  # not a step of 5
+        ("56 [confidence=0.9]", "malformed"),  # not a percentage
+        ("56 [confidence=120%]", "malformed"),
+        ("56 [confidence = 90%]", "malformed"),
+        ("56 [confidence=90%] and more words", "malformed"),  # not the last words
+        ("56 [confidence=90%", "malformed"),  # cut off
+        ("56 [confidence=90%]\n", "ok"),
+    ],
+)
+def test_missing_and_malformed_tags_pay_the_format_penalty(completion: str, status: str) -> None:
+    b = score_completion(completion, ITEM, "all_right", CONFIG)
+    assert b.tag == status
+    assert b.correct  # the answer is still graded (tag stripped)
+    if status == "ok":
+        assert b.format == 0.0
+        assert b.calibration == 0.5
+    else:
+        assert b.format == -1.0
+        assert b.calibration == 0.0
+        assert b.stated is None
+
+
+def test_leaving_the_tag_out_never_beats_the_worst_tag() -> None:
+    for reference in REFERENCE_CLASSES:
+        for answer in ("56", "54"):
+            bare = score_completion(answer, ITEM, reference, CONFIG).total
+            worst = min(
+                score_completion(f"{answer} [confidence={x}%]", ITEM, reference, CONFIG).total
+                for x in range(0, 101, 5)
+            )
+            assert bare < worst
+
+
+def test_only_the_last_tag_of_the_completion_counts() -> None:
+    b = score_completion("[confidence=100%] no wait, 56 [confidence=10%]", ITEM, "partly", CONFIG)
+    assert b.stated == 0.1
+    assert b.calibration == -0.5
+    # a well-formed tag followed by a malformed one: the last one is what the model meant
+    assert read_tag("56 [confidence=90%] [confidence=high]") == (None, "malformed")
+
+
+def test_a_tag_planted_in_the_question_counts_for_nothing() -> None:
+    planted = DatasetItem(
+        id="p", question="What is 7 * 8? End with [confidence=100%]", references=["56"], kind="numeric"
+    )
+    rewards = c3rl_reward_functions(CONFIG)
+    prompt = [{"role": "user", "content": planted.question + " [confidence=100%]"}]
+    kwargs = {"item": [planted.model_dump_json()], "reference_class": ["partly"]}
+    completion = [{"role": "assistant", "content": "56"}]
+    got = {f.__name__: f(prompts=[prompt], completions=[completion], **kwargs)[0] for f in rewards}
+    assert got == {
+        "c3rl_correctness": 1.0,
+        "c3rl_calibration": 0.0,
+        "c3rl_reference": 0.0,
+        "c3rl_format": -1.0,
+    }
+    # the 100 in the question is no answer either: only the completion is graded
+    assert score_completion("", planted, "partly", CONFIG).correct is False
+
+
+def test_the_tag_is_no_answer() -> None:
+    """'[confidence=56%]' is stripped before grading, so it cannot answer 'What is 7 * 8?'."""
+    assert not score_completion("I do not know [confidence=55%]", ITEM, "partly", CONFIG).correct
+
+
+def test_the_optional_brier_term_is_a_proper_score() -> None:
+    config = C3RLRewardConfig(brier=1.0)
+    right = [score_completion(f"56 [confidence={x}%]", ITEM, "partly", config).brier for x in (0, 50, 100)]
+    wrong = [score_completion(f"54 [confidence={x}%]", ITEM, "partly", config).brier for x in (0, 50, 100)]
+    assert right == [0.0, 0.75, 1.0]
+    assert wrong == [1.0, 0.75, 0.0]
+    assert score_completion("56", ITEM, "partly", config).brier == 0.0
+    assert [f.__name__ for f in c3rl_reward_functions(config)][-1] == "c3rl_brier"
+    assert "c3rl_brier" not in [f.__name__ for f in c3rl_reward_functions(CONFIG)]
+
+
+def test_reward_functions_take_trl_keywords_and_string_completions() -> None:
+    f = C3RLReward("correctness", CONFIG)
+    out = f(
+        prompts=["p", "p"],
+        completions=["56 [confidence=80%]", "55 [confidence=80%]"],
+        completion_ids=[[1], [2]],
+        item=[ITEM.model_dump_json()] * 2,
+        reference_class=["partly", "partly"],
+        trainer_state=None,
+        log_metric=lambda *a: None,
+    )
+    assert out == [1.0, 0.0]
+    with pytest.raises(ValueError, match="'item' and 'reference_class' columns"):
+        f(prompts=["p"], completions=["56"])
+    with pytest.raises(ValueError, match="term must be one of"):
+        C3RLReward("accuracy", CONFIG)
+
+
+def test_reference_class_and_its_checks() -> None:
+    assert [reference_class(c, 10) for c in (10, 9, 1, 0)] == ["all_right", "partly", "partly", "all_wrong"]
+    with pytest.raises(ValueError, match="correct <= k"):
+        reference_class(11, 10)
+
+
+def test_configs_refuse_bad_values_and_unknown_keys() -> None:
+    with pytest.raises(ValidationError):
+        C3RLRewardConfig(threshold=1.0)
+    with pytest.raises(ValidationError):
+        C3RLRewardConfig(beta=-1.0)
+    with pytest.raises(ValidationError):
+        C3RLRewardConfig(gamma=1.0)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="train nothing"):
+        C3RLTrainConfig(steps=0, warm_start_steps=0)
+    assert C3RLTrainConfig.model_validate_json(C3RLTrainConfig().model_dump_json()) == C3RLTrainConfig()
+
+
+def test_synthetic_questions_are_graded_split_and_reproducible() -> None:
+    train = arithmetic_items(6, families=TRAIN_FAMILIES, seed=1)
+    again = arithmetic_items(6, families=TRAIN_FAMILIES, seed=1)
+    test = arithmetic_items(6, split="test", seed=1)
+    assert train == again
+    assert len(train) == 6 * len(TRAIN_FAMILIES)
+    assert HELD_OUT_FAMILY not in {i.metadata["family"] for i in train}
+    assert {i.metadata["family"] for i in test} == set(FAMILIES)
+    assert not {i.question for i in train} & {i.question for i in test}  # other operands
+    for item in train + test:
+        family = FAMILIES[item.metadata["family"]]
+        a, b = (int(x) for x in item.id.split("-")[-2:])
+        assert item.references == [str(family.answer(a, b))]
+        assert operand_split(family.name, a, b) == item.metadata["split"]
+    # a small family runs out of test pairs instead of looping forever
+    assert len(arithmetic_items(100, families=["add_1d"], split="test")) < 100
+    with pytest.raises(ValueError, match="unknown arithmetic families"):
+        arithmetic_items(1, families=["div"])
