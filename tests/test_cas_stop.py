@@ -12,6 +12,7 @@ from capgate.cas import (
     beta_consensus,
     beta_prob_above_half,
     cas_confidence_gap,
+    cas_frequency_gap,
     stop_after_delay,
     stop_after_samples,
     stop_after_tokens,
@@ -98,9 +99,11 @@ def test_repr_shows_settings() -> None:
         (lambda: stop_after_tokens(-3), "`n` must be a positive integer; got -3"),
         (lambda: stop_after_delay(0), "`seconds` must be a positive number; got 0"),
         (lambda: beta_consensus(0.4), "`threshold` must be a number in (0.5, 1); got 0.4"),
-        (lambda: cas_confidence_gap(scale=0), "`scale` must be a positive number; got 0"),
-        (lambda: cas_confidence_gap(mode="always"), "`mode` must be 'threshold' or 'stochastic'"),  # type: ignore[arg-type]
-        (lambda: cas_confidence_gap(level=1.0), "`level` must be a number in (0, 1); got 1.0"),
+        (lambda: cas_confidence_gap(scale=0), "`scale`: input should be greater than 0; got 0"),
+        (lambda: cas_confidence_gap(mode="always"), "`mode`: input should be 'threshold' or 'stochastic'"),  # type: ignore[arg-type]
+        (lambda: cas_confidence_gap(level=1.0), "`level`: input should be less than 1; got 1.0"),
+        (lambda: cas_frequency_gap(True), "`epsilon`: input should be a valid number; got True"),  # type: ignore[arg-type]
+        (lambda: cas_frequency_gap(math.inf), "`epsilon`: input should be a finite number; got inf"),
     ],
 )
 def test_bad_settings_are_rejected_naming_the_value(factory: object, message: str) -> None:
@@ -285,3 +288,20 @@ def test_beta_futility_settings_and_composition() -> None:
     pool = [(str(i), i == 0, None, 1) for i in range(20)]
     result = replay(pool, stop=beta_consensus() | beta_futility(), batch_size=1)
     assert result.samples_used == 7
+
+
+def test_the_paper_rules_epsilon_is_the_same_in_every_spelling() -> None:
+    """A policy's ``{rule: paper}``, the default stop settings and the rule built bare all use
+    :data:`capgate.cas.DEFAULT_EPSILON` (they disagreed: 0 for the first and the last, -1 for the
+    default)."""
+    from capgate import StopSettings
+    from capgate.cas import DEFAULT_EPSILON, stop_rule
+    from capgate.core.plans import PaperConfidenceGap
+
+    spelled = StopSettings.model_validate({"confidence_gap": {"rule": "paper"}}).confidence_gap
+    assert isinstance(spelled, PaperConfidenceGap)
+    assert spelled.epsilon == DEFAULT_EPSILON == -1.0
+    assert StopSettings().confidence_gap == spelled
+    assert cas_frequency_gap().epsilon == DEFAULT_EPSILON
+    built = repr(stop_rule(StopSettings.model_validate({"confidence_gap": {"rule": "paper"}})))
+    assert "cas_frequency_gap(epsilon=-1)" in built, built

@@ -7,13 +7,35 @@ reads the same way: what was expected and what was got (``"`n` must be a positiv
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from pydantic import BaseModel, ValidationError
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
+
+
+def settings_of(model: type[SettingsT], **values: Any) -> SettingsT:
+    """``model(**values)``: settings checked by the pydantic model that declares them (the one
+    place their bounds live), a bad one raising :class:`ValueError` naming it and its value.
+
+    Examples:
+        >>> from capgate.core.plans import ConfidenceGap
+        >>> settings_of(ConfidenceGap, scale=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: `scale`: input should be greater than 0; got 0
+    """
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = ".".join(str(part) for part in error["loc"])
+        message = error["msg"][:1].lower() + error["msg"][1:]
+        raise ValueError(f"`{name}`: {message}; got {error.get('input')!r}") from None
 
 
 def _one_dimensional(name: str, array: NDArray[Any]) -> NDArray[Any]:

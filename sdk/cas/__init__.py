@@ -52,11 +52,13 @@ from capgate.cas.stop import (
     stop_if,
     stop_never,
 )
+from capgate.core.plans import DEFAULT_EPSILON
 from capgate.core.types import CASMode
 
 __all__ = [
     "CONFIDENCE_INSTRUCTION",
     "DEFAULT_CONFIDENCE",
+    "DEFAULT_EPSILON",
     "DEFAULT_STOP",
     "UNKNOWN_CONFIDENCE_WEIGHT",
     "BatchAllocator",

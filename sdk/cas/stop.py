@@ -31,9 +31,13 @@ from capgate._util.validate import (
     check_positive_int,
     check_positive_number,
     check_unit_interval,
+    settings_of,
 )
 from capgate.cas._state import SamplingState
+from capgate.core.plans import ConfidenceGap, PaperConfidenceGap
 from capgate.core.types import CASMode
+
+_GAP = ConfidenceGap.model_fields
 
 # The public names are listed once, in ``capgate.cas.__all__`` (this module's list had drifted from it).
 
@@ -369,17 +373,16 @@ class cas_confidence_gap(StopRule):  # noqa: N801
     def __init__(
         self,
         *,
-        scale: float = 10.0,
-        margin: float = 0.5,
-        mode: CASMode = "threshold",
-        level: float = 0.5,
+        scale: float = _GAP["scale"].default,
+        margin: float = _GAP["margin"].default,
+        mode: CASMode = _GAP["mode"].default,
+        level: float = _GAP["level"].default,
     ) -> None:
-        if mode not in ("threshold", "stochastic"):
-            raise ValueError(f"`mode` must be 'threshold' or 'stochastic'; got {mode!r}")
-        self.scale = check_positive_number("scale", scale)
-        self.margin = check_number_in("margin", margin, -1.0, 1.0)
-        self.mode: CASMode = mode
-        self.level = check_unit_interval("level", level, open_ends=True)
+        settings = settings_of(ConfidenceGap, scale=scale, margin=margin, mode=mode, level=level)
+        self.scale = settings.scale
+        self.margin = settings.margin
+        self.mode: CASMode = settings.mode
+        self.level = settings.level
 
     def gap(self, state: SamplingState) -> float | None:
         """c1 − c2 for the current state, or ``None`` when a needed confidence is unknown."""
@@ -434,12 +437,8 @@ class cas_frequency_gap(StopRule):  # noqa: N801
         0.3208
     """
 
-    def __init__(self, epsilon: float = 0.0) -> None:
-        if not (
-            isinstance(epsilon, int | float) and not isinstance(epsilon, bool) and math.isfinite(epsilon)
-        ):
-            raise ValueError(f"`epsilon` must be a finite number; got {epsilon!r}")
-        self.epsilon = float(epsilon)
+    def __init__(self, epsilon: float = PaperConfidenceGap.model_fields["epsilon"].default) -> None:
+        self.epsilon = settings_of(PaperConfidenceGap, epsilon=epsilon).epsilon
 
     def leaders(self, state: SamplingState) -> list[str]:
         """Answers by frequency, then mean known confidence, then text."""

@@ -28,10 +28,18 @@ class ConfidenceGap(BaseModel):
 
     rule: Literal["capgate"] = "capgate"
 
-    scale: float = Field(default=10.0, gt=0.0, allow_inf_nan=False)
-    margin: float = Field(default=0.5, ge=-1.0, le=1.0)
+    scale: float = Field(default=10.0, gt=0.0, allow_inf_nan=False, strict=True)
+    margin: float = Field(default=0.5, ge=-1.0, le=1.0, strict=True)
     mode: CASMode = "threshold"
-    level: float = Field(default=0.5, gt=0.0, lt=1.0)
+    level: float = Field(default=0.5, gt=0.0, lt=1.0, strict=True)
+
+
+DEFAULT_EPSILON = -1.0
+"""ε of the paper's stop rule (σ(c1 − c2 − ε)) wherever it is not given: in a policy's
+``{rule: paper}``, in the default :class:`StopSettings` and in :class:`capgate.cas.cas_frequency_gap`.
+Chosen on the tuning pools of ``bench/cas_bench.py``: the fewest samples within 0.5 points of
+weighted fixed-N = 40 there, in batches of 4 (the policies' default batch). ε = 0, the rule read
+literally, stops earlier: at most σ(1) ≈ 0.73 per batch even at a full gap."""
 
 
 class PaperConfidenceGap(BaseModel):
@@ -43,14 +51,8 @@ class PaperConfidenceGap(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    rule: Literal["paper"]
-    epsilon: float = Field(default=0.0, allow_inf_nan=False)
-
-
-DEFAULT_EPSILON = -1.0
-"""ε of the default stop rule (the paper's, σ(c1 − c2 − ε)), chosen on the tuning pools of
-``bench/cas_bench.py``: the fewest samples within 0.5 points of weighted fixed-N = 40 there, in
-batches of 4 (the policies' default batch)."""
+    rule: Literal["paper"] = "paper"
+    epsilon: float = Field(default=DEFAULT_EPSILON, allow_inf_nan=False, strict=True)
 
 
 def _gap_rule(value: Any) -> str:
@@ -93,7 +95,7 @@ class StopSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     confidence_gap: GapSettings | None = Field(
-        default_factory=lambda: PaperConfidenceGap(rule="paper", epsilon=DEFAULT_EPSILON)
+        default_factory=PaperConfidenceGap
     )
     consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
     futility: float | None = Field(default=None, gt=0.0, lt=0.5)
