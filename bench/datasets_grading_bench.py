@@ -12,11 +12,13 @@ Measures, on this machine:
 3. ``harvest`` overhead per query with an instant in-process backend (k=16, batch 8, fsync per
    batch): what the pipeline itself costs, apart from the model.
 
-Run: ``python bench/datasets_grading_bench.py``.
+Run: ``python bench/datasets_grading_bench.py``; ``--smoke`` runs the same three parts in seconds
+(two datasets loaded once, 20 items per grader, 20 harvested queries); the test suite runs it.
 """
 
 from __future__ import annotations
 
+import argparse
 import platform
 import tempfile
 import time
@@ -38,13 +40,14 @@ def _best_of(runs: int, action: Callable[[], object]) -> float:
     return best
 
 
-def bench_loading() -> None:
-    print("1. load_dataset on the packaged files (best of 3)")
+def bench_loading(*, smoke: bool = False) -> None:
+    runs = 1 if smoke else 3
+    print(f"1. load_dataset on the packaged files (best of {runs})")
     print(f"   {'dataset':<28}{'items':>8}{'seconds':>10}")
-    for info in list_datasets():
-        for split in info.splits:
+    for info in list_datasets()[: 2 if smoke else None]:
+        for split in info.splits[: 1 if smoke else None]:
             count = len(load_dataset(info.name, split=split))
-            seconds = _best_of(3, lambda name=info.name, split=split: load_dataset(name, split=split))
+            seconds = _best_of(runs, lambda name=info.name, split=split: load_dataset(name, split=split))
             print(f"   {info.name + ' / ' + split:<28}{count:>8}{seconds:>10.3f}")
 
 
@@ -55,14 +58,15 @@ def _rate(grader: Grader, pairs: Sequence[tuple[str, DatasetItem]]) -> tuple[flo
     return len(pairs) / seconds, correct / len(pairs)
 
 
-def bench_grading() -> None:
+def bench_grading(*, smoke: bool = False) -> None:
     print("\n2. grading throughput on real items")
-    gsm8k = load_dataset("gsm8k")
-    math500 = load_dataset("math500")
-    trivia = load_dataset("triviaqa", limit=2000)
-    arc = load_dataset("arc_easy", split="test")
+    limit = 20 if smoke else None
+    gsm8k = load_dataset("gsm8k", limit=limit)
+    math500 = load_dataset("math500", limit=limit)
+    trivia = load_dataset("triviaqa", limit=limit or 2000)
+    arc = load_dataset("arc_easy", split="test", limit=limit)
     # equivalent but differently written answers: only the symbolic (math-verify) path accepts them
-    distinct = [(f"\\frac{{1}}{{{n}}}", f"\\frac{{2}}{{{2 * n}}}") for n in range(2, 62)]
+    distinct = [(f"\\frac{{1}}{{{n}}}", f"\\frac{{2}}{{{2 * n}}}") for n in range(2, 8 if smoke else 62)]
     rewritten = [
         (
             f"so the answer is \\boxed{{{value}}}",
@@ -100,9 +104,9 @@ class _Instant:
         ]
 
 
-def bench_harvest() -> None:
+def bench_harvest(*, smoke: bool = False) -> None:
     print("\n3. harvest pipeline overhead (instant backend, GSM8K, k=16, batch 8, fsync per batch)")
-    items = load_dataset("gsm8k", limit=400)
+    items = load_dataset("gsm8k", limit=20 if smoke else 400)
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "labels.jsonl"
         report = harvest(_Instant(), items, out, k=16, batch_size=8, progress=False)
@@ -114,8 +118,15 @@ def bench_harvest() -> None:
     )
 
 
-if __name__ == "__main__":
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="seconds on a few items (a test runs it)")
+    args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}\n")
-    bench_loading()
-    bench_grading()
-    bench_harvest()
+    bench_loading(smoke=args.smoke)
+    bench_grading(smoke=args.smoke)
+    bench_harvest(smoke=args.smoke)
+
+
+if __name__ == "__main__":
+    main()

@@ -11,7 +11,9 @@ decisions per second overall and per writer, for 1, 2, 4 and 8 writers, on each 
 Every write is its own committed transaction, as in production use. After each run the bench
 checks that the log holds exactly the rows written (no loss, no duplicates), and times one
 ``capgate monitor``-style calibration report over the largest log.
-Run: ``python bench/decision_log_bench.py [--per-writer N] [--stores sqlite,postgres]``.
+Run: ``python bench/decision_log_bench.py [--per-writer N] [--stores sqlite,postgres]``. ``--smoke``:
+2 writers of 20 decisions, on SQLite and on PostgreSQL only where one is given (``--postgres`` or
+$CAPGATE_TEST_POSTGRES_URL; the test suite runs it under scripts/with-vllm-server.sh).
 """
 
 from __future__ import annotations
@@ -111,7 +113,14 @@ def main() -> None:
     parser.add_argument("--stores", default="sqlite,postgres")
     parser.add_argument("--writers", default="1,2,4,8")
     parser.add_argument("--postgres", default=None, help="A PostgreSQL URL (default: see above).")
+    parser.add_argument("--smoke", action="store_true", help="seconds, 2 writers (the test suite runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        from _smoke import postgres_url
+
+        args.per_writer, args.writers = 20, "2"
+        args.postgres = postgres_url(args.postgres)
+        args.stores = "sqlite,postgres" if args.postgres else "sqlite"
     writers = [int(n) for n in args.writers.split(",")]
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(

@@ -17,6 +17,8 @@ PostgreSQL ``pg_total_relation_size`` of the tables (indexes and TOAST included)
 else a throwaway server started here; fsync and synchronous_commit on).
 
 Run: ``python bench/features_log_bench.py [--n 2000] [--dim D] [--batch 100] [--stores sqlite,postgres]``.
+``--smoke``: 20 decisions of 16 values, on SQLite and on PostgreSQL only where one is given (the test
+suite runs it).
 """
 
 from __future__ import annotations
@@ -119,7 +121,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--stores", default="sqlite,postgres")
     parser.add_argument("--postgres", default=None, help="A PostgreSQL URL (default: see above).")
+    parser.add_argument("--smoke", action="store_true", help="20 small vectors (the test suite runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        from _smoke import postgres_url
+
+        args.n, args.dim, args.batch = 20, 16, 5
+        args.postgres = postgres_url(args.postgres)
+        args.stores = "sqlite,postgres" if args.postgres else "sqlite"
     spec = {**spec, "dim": args.dim}
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(

@@ -8,7 +8,8 @@ files, chat message lists, probe metadata JSON and verbalized replies. Each case
 Prints a table, rewrites the fuzz section of bench/RELIABILITY.md and ends with
 ``fuzz: N cases, U unexpected``.
 
-Run: ``python bench/fuzz_bench.py [--examples N] [--seed S] [--no-report]``.
+Run: ``python bench/fuzz_bench.py [--examples N] [--seed S] [--no-report]``. ``--smoke``: 5 cases per
+kind, the section written into a RELIABILITY.md in a temporary folder (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -110,7 +111,13 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=500, help="cases per kind")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-report", action="store_true", help="do not rewrite bench/RELIABILITY.md")
+    parser.add_argument("--smoke", action="store_true", help="5 cases per kind (the test suite runs it)")
     args = parser.parse_args()
+    report = REPO / "bench" / "RELIABILITY.md"
+    if args.smoke:
+        from _smoke import smoke_dir
+
+        args.examples, report = 5, smoke_dir("fuzz") / "RELIABILITY.md"
     started = machine()
     print(f"machine: {started}")
     row = "{:<18} {:>6} {:>9} {:>7} {:>9} {:>11} {:>7}"
@@ -138,7 +145,7 @@ def main() -> None:
             for line in unexpected[:3]:
                 print(f"  unexpected: {line}")
     if not args.no_report:
-        update_section("fuzz", "\n".join(table))
+        update_section("fuzz", "\n".join(table), report)
     print(f"fuzz: {total} cases, {bad} unexpected")
 
 

@@ -15,7 +15,8 @@ another one-sided level (before the Bonferroni correction over the challengers, 
 ``select`` applies).
 
 Run: ``python bench/learn_selection.py [--windows 100] [--sizes 100,300,500]``. Last line:
-``selection: false replacement A% / B% / C%, true D% / E% / F% at N``.
+``selection: false replacement A% / B% / C%, true D% / E% / F% at N``. ``--smoke``: 2 windows of
+100 decisions per kind (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -79,7 +80,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--windows", type=int, default=100)
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 300, 500])
     parser.add_argument("--level", type=float, default=SELECTION_LEVEL)
+    parser.add_argument("--smoke", action="store_true", help="2 windows of 100 (the test suite runs it)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.windows, args.sizes = 2, [100]
     print(f"windows: {args.windows} per size and kind; sizes {args.sizes}; calibrate(probe=False), 30% "
           f"held out; one-sided level {args.level} (Bonferroni over the challengers)")  # fmt: skip
     shares: dict[str, list[float]] = {}

@@ -3,7 +3,8 @@
 Measures, on synthetic data generated here (seeded): every capability-calibration metric on
 10 million rows (rows/s for each), and the greedy budget allocator at N = 100,000 queries with a
 budget of 8N samples (seconds), with the uniform allocator and the exact pooled evaluation beside
-it for scale. Run: ``python bench/metrics_bench.py [--rows N]``.
+it for scale. Run: ``python bench/metrics_bench.py [--rows N]``; ``--smoke`` runs it on 10,000 rows and
+1,000 queries, one repetition each (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--queries", type=int, default=100_000)
     parser.add_argument("--budget-factor", type=int, default=8)
+    parser.add_argument("--smoke", action="store_true", help="seconds on tiny data (the test suite runs it)")
     args = parser.parse_args()
+    repeats = 1 if args.smoke else 3
+    if args.smoke:
+        args.rows, args.queries = 10_000, 1_000
 
     rng = np.random.default_rng(0)
     n_rows = args.rows
@@ -44,7 +49,7 @@ def main() -> None:
 
     print(f"capgate metrics bench | numpy {np.__version__} | {platform.processor() or platform.machine()}")
     print(f"data: {n_rows:,} synthetic queries, k=100 samples each, µ ~ Beta(2,1), p = µ + N(0, 0.1) clipped")
-    print("timing: best of 3 runs, wall clock\n")
+    print(f"timing: best of {repeats} runs, wall clock\n")
     cases: list[tuple[str, Callable[[], object]]] = [
         ("capability_brier", lambda: m.capability_brier(p, mu)),
         ("response_brier", lambda: m.response_brier(p, correct, k)),
@@ -59,7 +64,7 @@ def main() -> None:
     ]
     print(f"{'metric':<30} {'seconds':>9} {'rows/s':>14}")
     for name, fn in cases:
-        seconds = timed(fn)
+        seconds = timed(fn, repeats)
         print(f"{name:<30} {seconds:>9.3f} {n_rows / seconds:>14,.0f}")
 
     n_queries = args.queries
@@ -72,8 +77,9 @@ def main() -> None:
     greedy_seconds = timed(lambda: m.greedy_allocation(pq, budget, max_per_query=pool), repeats=1)
     print(f"{'greedy_allocation (heap)':<30} {greedy_seconds:>9.3f}")
     allocation = m.greedy_allocation(pq, budget, max_per_query=pool)
-    print(f"{'uniform_allocation':<30} {timed(lambda: m.uniform_allocation(n_queries, budget)):>9.3f}")
-    exact_seconds = timed(lambda: m.expected_success(allocation, pool, pool_correct))
+    uniform_seconds = timed(lambda: m.uniform_allocation(n_queries, budget), repeats)
+    print(f"{'uniform_allocation':<30} {uniform_seconds:>9.3f}")
+    exact_seconds = timed(lambda: m.expected_success(allocation, pool, pool_correct), repeats)
     print(f"{'expected_success (exact)':<30} {exact_seconds:>9.3f}")
 
 

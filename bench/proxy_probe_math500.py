@@ -38,6 +38,7 @@ import numpy.typing as npt
 from capgate.assets import MATH500_GPT_OSS_20B
 from capgate.datasets import load_dataset
 from capgate.datasets._prompt import BOXED_TEMPLATE
+from capgate.estimators.base import Params
 from capgate.labels.labelled import read_labelled
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,18 +149,17 @@ def _seconds(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-class VariantSearch:
+class VariantSearch(Params):
     """Chooses the prompt/pooling variant too: one ProbeSearch per variant, the best inner-CV score wins.
 
     ``X`` is ``(n, n_variants, n_layers, dim)``; everything is chosen from the training rows only.
+    ``get_params``/``set_params`` come from :class:`capgate.estimators.base.Params` (the contract
+    ``nested_cross_val_predict`` clones by: ``type(e)(**e.get_params(deep=False))``).
     """
 
     def __init__(self, *, names: Sequence[str] = (), search: dict[str, Any] | None = None) -> None:
         self.names = names
         self.search = search
-
-    def get_params(self) -> dict[str, Any]:
-        return {"names": list(self.names), "search": dict(self.search or {})}
 
     def fit(self, X: Any, y: Any) -> VariantSearch:
         from capgate.estimators import ProbeSearch

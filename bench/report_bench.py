@@ -15,7 +15,8 @@ tenth). Then, on the same log, the bench times:
 It prints each time and the report's ratio to them. Run:
 ``python bench/report_bench.py [--n 1000000] [--stores sqlite,postgres] [--postgres URL]``.
 PostgreSQL: ``--postgres URL``, else $CAPGATE_TEST_POSTGRES_URL, else one started here with
-``scripts/postgres-server.sh`` (and stopped at the end).
+``scripts/postgres-server.sh`` (and stopped at the end). ``--smoke``: 2,000 decisions, on SQLite and
+on PostgreSQL only where one is given (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -142,7 +143,14 @@ def main() -> None:
     parser.add_argument("--stores", default="sqlite", help="comma-separated: sqlite, postgres")
     parser.add_argument("--postgres", default=None, help="a PostgreSQL server URL")
     parser.add_argument("--parse-sample", type=int, default=20_000, help="rows parsed to time decisions()")
+    parser.add_argument("--smoke", action="store_true", help="2,000 decisions (the test suite runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        from _smoke import postgres_url
+
+        args.n, args.parse_sample = 2_000, 200
+        args.postgres = postgres_url(args.postgres)
+        args.stores = "sqlite,postgres" if args.postgres else "sqlite"
     print(
         f"report bench: {args.n:,} decisions, 90% with an outcome; {platform.machine()}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}"

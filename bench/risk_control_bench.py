@@ -14,7 +14,8 @@ Data:
   responses, as the population: 300 calibration queries drawn with replacement each time, risk of
   λ̂ computed over all 500.
 
-Run: ``python bench/risk_control_bench.py [--reps 200] [--delta 0.1]``.
+Run: ``python bench/risk_control_bench.py [--reps 200] [--delta 0.1]``; ``--smoke`` runs every row
+with 3 draws (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -96,7 +97,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--delta", type=float, default=0.1)
+    parser.add_argument("--smoke", action="store_true", help="3 draws per row (the test suite runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.reps = 3
     populations = [
         ("synthetic calibrated", 0.10, synthetic(lambda c: c)),
         ("synthetic overconfident", 0.15, synthetic(lambda c: c**2)),

@@ -13,7 +13,8 @@ Each setup times ``--calls`` calls after 200 warm-up calls, ``--repeats`` times,
 median µs per call; the last line is ``telemetry: no-otel X µs, api-only Y µs, sdk Z µs per
 decision``.
 
-Run: ``python bench/telemetry_bench.py [--calls N] [--repeats R]``.
+Run: ``python bench/telemetry_bench.py [--calls N] [--repeats R]``; ``--smoke`` times 50 calls once
+per setup (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -81,7 +82,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="50 calls once per setup (a test runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.calls, args.repeats = 50, 1
     print(f"{args.calls} guarded calls x {args.repeats} repeats per setup; median µs per call")
     results = {setup: measure(setup, args.calls, args.repeats) for setup in SETUPS}
     for setup, us in results.items():

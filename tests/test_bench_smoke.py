@@ -1,0 +1,106 @@
+"""Every bench runs: each script in ``bench/`` has a ``--smoke`` mode (its own code path, in seconds,
+on tiny or synthetic data, writing only under a temporary folder) and this file runs each one as a
+subprocess, so a change that breaks a bench fails the suite instead of rotting until someone
+reruns it. ``bench/_smoke.py`` holds what the smoke runs share (the temporary folder, the tiny model).
+
+A bench that needs an optional service (PostgreSQL, the CPU vLLM server, Ray, a peer library's
+venv) smokes what runs without it and says in its output what it left out; under the README's
+test command (``scripts/with-vllm-server.sh``) the services' variables reach the smoke runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+HELPERS = {"_cache.py", "_report.py", "_smoke.py"}
+
+
+@dataclass(frozen=True)
+class Smoke:
+    """How one bench's smoke run is checked: what its table's header prints, and its limits."""
+
+    header: str
+    args: tuple[str, ...] = ("--smoke",)
+    timeout_s: float = 90.0
+    model: bool = False  # gets the session's tiny random-weight model (CAPGATE_BENCH_TINY_MODEL)
+
+
+@dataclass(frozen=True)
+class RunBy:
+    """A bench file whose code a smoke run elsewhere takes: a module another bench imports, or a
+    bench whose own test file runs its ``--smoke``."""
+
+    by: str
+    needle: str  # text that file holds, showing that it runs this one
+
+
+SMOKES: dict[str, Smoke | RunBy] = {
+    "datasets_grading_bench.py": Smoke("grader, data"),
+    "decision_log_bench.py": Smoke("decisions/s"),
+    "features_log_bench.py": Smoke("1/call rows/s"),
+    "fuzz_bench.py": Smoke("fuzz: 30 cases, 0 unexpected"),
+    "learn_selection.py": Smoke("selection: false replacement"),
+    "metrics_bench.py": Smoke("rows/s"),
+    "report_bench.py": Smoke("report/read"),
+    "risk_control_bench.py": Smoke("p-value / loss / procedure"),
+    "telemetry_bench.py": Smoke("telemetry: no-otel"),
+}
+
+RUNS = sorted(name for name, smoke in SMOKES.items() if isinstance(smoke, Smoke))
+
+
+def test_every_bench_has_a_smoke_run() -> None:
+    benches = {path.name for path in BENCH.glob("*.py")} - HELPERS
+    missing = sorted(benches - set(SMOKES))
+    assert not missing, f"benches without a smoke entry in {Path(__file__).name}: {missing}"
+    gone = sorted(set(SMOKES) - benches)
+    assert not gone, f"smoke entries for benches that no longer exist: {gone}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in SMOKES.items() if isinstance(s, RunBy)))
+def test_a_bench_run_elsewhere_is_run_there(name: str) -> None:
+    smoke = SMOKES[name]
+    assert isinstance(smoke, RunBy)
+    root = BENCH.parent
+    text = (root / smoke.by).read_text(encoding="utf-8")
+    assert smoke.needle in text, f"{smoke.by} no longer runs {name} ({smoke.needle!r} not in it)"
+
+
+@pytest.fixture(scope="module")
+def smoke_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_bench_smoke_run_passes(
+    name: str, smoke_env: dict[str, str], request: pytest.FixtureRequest
+) -> None:
+    smoke = SMOKES[name]
+    assert isinstance(smoke, Smoke)
+    env = dict(smoke_env)
+    if smoke.model:
+        env["CAPGATE_BENCH_TINY_MODEL"] = str(request.getfixturevalue("tiny_model_dir"))
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, str(BENCH / name), *smoke.args],
+        cwd=BENCH.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=smoke.timeout_s,
+        check=False,
+    )
+    took = time.perf_counter() - start
+    tail = (done.stdout + done.stderr)[-4000:]
+    assert done.returncode == 0, f"{name} --smoke exited {done.returncode} after {took:.1f} s:\n{tail}"
+    assert smoke.header in done.stdout, f"{name} --smoke did not print {smoke.header!r}:\n{tail}"
