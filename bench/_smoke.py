@@ -11,9 +11,15 @@ chat template, built from a config (the test suite's ``tiny_model_dir``, passed 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import json
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 TINY_MODEL_ENV = "CAPGATE_BENCH_TINY_MODEL"
 
@@ -75,3 +81,119 @@ def postgres_url(given: str | None = None) -> str | None:
     if not url:
         left_out("PostgreSQL (no --postgres and no $CAPGATE_TEST_POSTGRES_URL): SQLite only")
     return url
+
+
+# ------------------------------------------------------------------ a fake OpenAI-compatible server
+
+_REPLIES = ("The answer is 42. [confidence=80%]", "I think 7. [confidence=40%]", "Answer: B [confidence=95%]")
+
+
+def _completion(body: dict[str, Any], index: int) -> dict[str, Any]:
+    n = int(body.get("n") or 1)
+    max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+    chat = "messages" in body
+    choices = []
+    for i in range(n):
+        text = " ".join(_REPLIES[(index + i) % len(_REPLIES)].split()[:max_tokens])
+        tokens = text.split()
+        choice: dict[str, Any] = {"index": i, "finish_reason": "stop", "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        if body.get("logprobs"):
+            top = int(body.get("top_logprobs") or 0)
+            if chat:
+                choice["logprobs"] = {
+                    "content": [
+                        {
+                            "token": t,
+                            "logprob": -0.1 * (j + 1),
+                            "bytes": None,
+                            "top_logprobs": [
+                                {
+                                    "token": t if a == 0 else f"alt{a}",
+                                    "logprob": -0.1 * (j + 1) - a,
+                                    "bytes": None,
+                                }
+                                for a in range(top)
+                            ],
+                        }
+                        for j, t in enumerate(tokens)
+                    ]
+                }
+            else:
+                choice["logprobs"] = {
+                    "tokens": tokens,
+                    "token_logprobs": [-0.1 * (j + 1) for j in range(len(tokens))],
+                    "top_logprobs": [{t: -0.1 * (j + 1)} for j, t in enumerate(tokens)],
+                    "text_offset": list(range(len(tokens))),
+                }
+        choices.append(choice)
+    used = sum(len(text.split()) for text in (c.get("text") or c["message"]["content"] for c in choices))
+    return {
+        "id": f"smoke-{index}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": 0,
+        "model": str(body.get("model") or FAKE_MODEL),
+        "choices": choices,
+        "usage": {"prompt_tokens": 11, "completion_tokens": used, "total_tokens": 11 + used},
+    }
+
+
+FAKE_MODEL = "smoke-model"
+
+
+@contextlib.contextmanager
+def fake_openai_server() -> Iterator[tuple[str, str]]:
+    """An in-process OpenAI-compatible server on 127.0.0.1 (canned replies with a confidence tag and
+    log-probs when asked): ``with fake_openai_server() as (base_url, model): ...``."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    count = itertools.count()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def _send(self, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._send(
+                {"object": "list", "data": [{"id": FAKE_MODEL, "object": "model", "max_model_len": 2048}]}
+            )
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._send(_completion(json.loads(raw or b"{}"), next(count)))
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", FAKE_MODEL
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@contextlib.contextmanager
+def openai_server(base_url: str | None = None, model: str | None = None) -> Iterator[tuple[str, str]]:
+    """The server a smoke run talks to: the one given, else the test suite's vLLM server
+    ($CAPGATE_TEST_VLLM_URL / $CAPGATE_TEST_VLLM_MODEL), else :func:`fake_openai_server` (said)."""
+    url = base_url or os.environ.get("CAPGATE_TEST_VLLM_URL")
+    name = model or os.environ.get("CAPGATE_TEST_VLLM_MODEL")
+    if url and name:
+        print(f"smoke run: server {name} at {url}")
+        yield url, name
+        return
+    left_out("a real vLLM server (no $CAPGATE_TEST_VLLM_URL): canned replies from an in-process fake one")
+    with fake_openai_server() as pair:
+        yield pair

@@ -34,6 +34,9 @@ Output: ``bench/data/cas_fresh_pools.jsonl`` (+ ``.meta.json``), appended and fs
     .venv/bin/python bench/cas_fresh_pools.py --server "$(cat .vllm-harvest/url)" \\
         --served-model "$(cat .vllm-harvest/model)"
     bash scripts/vllm-server.sh stop
+
+``--smoke``: 6 of the queries x k=2 into a temporary folder, from the test suite's server if set,
+else an in-process fake one (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -120,9 +123,22 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--server", help="OpenAI-compatible base URL (the vLLM CPU server)")
     parser.add_argument("--served-model")
+    parser.add_argument(
+        "--smoke", action="store_true", help="6 queries x k=2 into a temporary folder (a test runs it)"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        from _smoke import openai_server, smoke_dir
 
-    items = build_fresh(args.seed)
+        args.out, args.k, args.max_tokens = smoke_dir("cas-fresh") / "pools.jsonl", 2, 8
+        with openai_server(args.server, args.served_model) as (args.server, args.served_model):
+            harvest_pools(args, build_fresh(args.seed)[::55])
+        print(f"first pool: {str(next(iter_labelled(args.out)))[:200]}")
+        return
+    harvest_pools(args, build_fresh(args.seed))
+
+
+def harvest_pools(args: argparse.Namespace, items: list[DatasetItem]) -> None:
     backend = make_backend(args.server, args.served_model, concurrency=args.concurrency)
     started = time.perf_counter()
     report = harvest(

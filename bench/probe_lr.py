@@ -13,7 +13,8 @@ patience 20, at most 200 epochs) and prints the test Brier score against the tru
 The last row of each block is ``lr="sweep"`` (the default): what model selection picks.
 Wall time depends on the machine and its load; read it as relative.
 
-Usage: .venv/bin/python bench/probe_lr.py [--dim 2880] [--n-train 3000] [--n-latent 64]
+Usage: .venv/bin/python bench/probe_lr.py [--dim 2880] [--n-train 3000] [--n-latent 64]; ``--smoke``:
+200 rows of 32 dims, one rate each way and the sweep, at most 5 epochs (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -55,7 +56,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lrs", type=float, nargs="*", help="rates to try on z-scored features")
     parser.add_argument("--raw-lrs", type=float, nargs="*", help="rates to try on raw features")
+    parser.add_argument("--smoke", action="store_true", help="tiny data, one rate (a test runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.dim, args.n_train, args.n_test, args.n_latent = 32, 200, 100, 8
+        args.lrs, args.raw_lrs = args.lrs or [LR_GRID[0]], args.raw_lrs or [1e-6]
     rng = np.random.default_rng(args.seed)
     X, mu = make_data(args.n_train + args.n_test, args.dim, rng, args.n_latent)
     mu_hat = rng.binomial(10, mu) / 10
@@ -74,7 +79,8 @@ def main() -> None:
     for standardize, grid in ((True, z_grid), (False, raw_grid)):
         for lr in (*grid, "sweep"):
             t0 = time.perf_counter()
-            probe = LinearProbe(standardize=standardize, lr=lr).fit(X_tr, y_tr)
+            epochs = {"max_epochs": 5} if args.smoke else {}
+            probe = LinearProbe(standardize=standardize, lr=lr, **epochs).fit(X_tr, y_tr)
             dt = time.perf_counter() - t0
             p = probe.predict(X_te)
             label = f"{lr:.0e}" if isinstance(lr, float) else f"{lr}={probe.lr_:.0e}"

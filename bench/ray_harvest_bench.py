@@ -10,7 +10,9 @@ time of a run is wall clock from the first request to the last fsync (Ray start-
 ``HarvestReport.elapsed_s``). One server serves every worker, so more workers only mean more
 requests in flight at once, which the server batches; a real scale-out gives each worker its own
 replica (``--base-url URL1,URL2``).
-Run: ``python bench/ray_harvest_bench.py [--queries 24] [-k 8] [--max-tokens 32]``.
+Run: ``python bench/ray_harvest_bench.py [--queries 24] [-k 8] [--max-tokens 32]``. ``--smoke``: 4
+queries x k=2, local and one Ray worker, against the test suite's server if it is set, else an
+in-process fake one (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -37,9 +39,21 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--num-cpus", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="seconds, 1 Ray worker (a test runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        from _smoke import openai_server
+
+        args.queries, args.k, args.max_tokens = 4, 2, 8
+        with openai_server(args.base_url, args.served_model) as (args.base_url, args.served_model):
+            run(args, [("local (no Ray)", 0), ("Ray, 1 worker", 1)])
+        return
     if not args.base_url or not args.served_model:
         raise SystemExit("give --base-url and --served-model, or run under scripts/with-vllm-server.sh")
+    run(args, [("local (no Ray)", 0), ("Ray, 1 worker", 1), ("Ray, 2 workers", 2)])
+
+
+def run(args: argparse.Namespace, runs: list[tuple[str, int]]) -> None:
     import ray
 
     items = [
@@ -62,7 +76,6 @@ def main() -> None:
     print(f"{'run':>16} {'samples':>8} {'seconds':>8} {'samples/s':>10} {'correct':>8}")
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [("local (no Ray)", 0), ("Ray, 1 worker", 1), ("Ray, 2 workers", 2)]
         for name, workers in runs:
             out = Path(tmp) / f"labels_{workers}.jsonl"
             if workers == 0:

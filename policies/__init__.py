@@ -25,17 +25,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from capgate.core.types import ConfidenceGap, StopSettings
 from capgate.errors import DataError
 from capgate.policies._actions import (
     AbstainAction,
     ActionSpec,
     AnswerAction,
     ClarifyAction,
-    ConfidenceGap,
     EscalateAction,
     ResampleAction,
     RouteAction,
-    StopSettings,
     choose_route,
 )
 from capgate.policies._bands import (

@@ -8,26 +8,9 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from capgate.core.types import Action, ConfidenceGap, Estimate, RoutePlan, SamplingPlan, StopSettings
+from capgate.core.types import Action, Estimate, RoutePlan, SamplingPlan, StopSettings
 from capgate.policies import _templates as tpl
 from capgate.policies._base import Loc, PolicyIssueError, Strict, expand_shorthand
-
-__all__ = [
-    "AbstainAction",
-    "ActionSpec",
-    "AnswerAction",
-    "AnyAction",
-    "ClarifyAction",
-    "ConfidenceGap",
-    "DegradedAction",
-    "EscalateAction",
-    "ResampleAction",
-    "RouteAction",
-    "StopSettings",
-    "choose_route",
-    "message_template",
-    "render",
-]
 
 
 class _Prob:

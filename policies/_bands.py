@@ -18,20 +18,6 @@ from capgate.policies._actions import (
 )
 from capgate.policies._base import Loc, PolicyIssueError, Strict, expand_shorthand, fmt
 
-__all__ = [
-    "AbstainBand",
-    "AnswerBand",
-    "AnyBand",
-    "Band",
-    "BandList",
-    "ClarifyBand",
-    "EscalateBand",
-    "ResampleBand",
-    "RouteBand",
-    "band_edges",
-    "check_edges",
-]
-
 
 class _Edges(Strict):
     below: Probability | None = Field(

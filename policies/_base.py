@@ -7,8 +7,6 @@ from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Loc", "PolicyIssueError", "Shorthand", "Strict", "expand_shorthand", "fmt"]
-
 Loc: TypeAlias = tuple[str | int, ...]
 Shorthand: TypeAlias = Literal["bands", "action", "override"]
 

@@ -26,8 +26,6 @@ from capgate.policies._bands import AnyBand, BandList, band_edges
 from capgate.policies._base import Loc, PolicyIssueError, Strict, expand_shorthand, fmt
 from capgate.policies._yaml import load_policy_file, parse_policy
 
-__all__ = ["Match", "Override", "Policy", "Rule"]
-
 
 class Override(Strict):
     """Bands and/or fail-safe that replace the policy's for one agent step or one tool.

@@ -7,17 +7,6 @@ format spec (``{p:.0%}``) and renders as ``unavailable`` when the estimate has n
 
 from __future__ import annotations
 
-__all__ = [
-    "ABSTAIN_MESSAGE",
-    "BAND_REASON",
-    "CLARIFY_QUESTION",
-    "DEGRADED_REASON",
-    "ESCALATE_SUMMARY",
-    "NOT_GIVEN",
-    "PLACEHOLDERS",
-    "UNAVAILABLE",
-]
-
 PLACEHOLDERS: tuple[str, ...] = ("p", "method", "reason", "step", "tool", "policy")
 """Names a policy text may use: the predicted capability, the estimator that produced it, the
 decision's reason (which band or fail-safe fired, and why the estimate was degraded), the agent

@@ -23,8 +23,6 @@ from capgate.errors import DataError
 from capgate.policies._bands import check_edges
 from capgate.policies._base import Loc, PolicyIssueError
 
-__all__ = ["PolicyError", "load_policy_file", "parse_policy"]
-
 Model = TypeVar("Model", bound=BaseModel)
 
 

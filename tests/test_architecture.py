@@ -425,3 +425,33 @@ print(json.dumps(problems))
         [sys.executable, "-c", code, json.dumps(MOVED_MODULES)], capture_output=True, text=True, check=True
     )
     assert json.loads(done.stdout) == []
+
+
+def test_no_private_module_declares_all() -> None:
+    """``__all__`` belongs to the public modules that re-export names; in a private module it only
+    drifts from them."""
+    found = []
+    for name, path in MODULES.items():
+        if _public_module(name) or path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                found.append(name)
+    assert found == []
+
+
+SHARED_ALIASES = ("FloatArray", "IntArray")
+
+
+def test_shared_type_aliases_are_defined_once() -> None:
+    """``FloatArray`` and ``IntArray`` live in ``capgate._util.validate``; everyone imports them."""
+    defined = {alias: [] for alias in SHARED_ALIASES}  # type: dict[str, list[str]]
+    for name, path in MODULES.items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id in defined:
+                    defined[target.id].append(name)
+    assert defined == {alias: ["capgate._util.validate"] for alias in SHARED_ALIASES}

@@ -20,8 +20,8 @@ from capgate.local.models import (
     MODEL_METADATA_FILE,
     LoadedModel,
     cache_dir,
+    cached_file_sha256,
     default_gguf_path,
-    file_sha256,
     load_model,
     prepare_gguf,
     prepare_model,
@@ -57,12 +57,12 @@ def test_file_sha256_is_correct_and_remembered(tmp_path: Path) -> None:
     file = tmp_path / "w.bin"
     file.write_bytes(b"weights" * 1000)
     expected = hashlib.sha256(b"weights" * 1000).hexdigest()
-    assert file_sha256(file) == expected
+    assert cached_file_sha256(file) == expected
     store = json.loads((cache_dir() / "file-sha256.json").read_text())
     assert store[str(file.resolve())]["sha256"] == expected
     # A changed file (size and mtime differ) is hashed again, not served from the store.
     file.write_bytes(b"other")
-    assert file_sha256(file) == hashlib.sha256(b"other").hexdigest()
+    assert cached_file_sha256(file) == hashlib.sha256(b"other").hexdigest()
 
 
 def test_file_sha256_uses_hub_blob_names(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_file_sha256_uses_hub_blob_names(tmp_path: Path) -> None:
     (tmp_path / "blobs").mkdir()
     (tmp_path / "blobs" / blob_name).write_bytes(b"x")
     (tmp_path / "model.safetensors").symlink_to(tmp_path / "blobs" / blob_name)
-    assert file_sha256(tmp_path / "model.safetensors") == blob_name
+    assert cached_file_sha256(tmp_path / "model.safetensors") == blob_name
 
 
 def test_weights_fingerprint_tracks_safetensors_contents(tmp_path: Path) -> None:

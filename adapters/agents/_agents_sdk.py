@@ -20,18 +20,6 @@ from capgate.errors import SettingsError
 from capgate.gate import Gate, GateOptions, Verdict
 from capgate.gate.flow import Assess, Flow, Record, adrive, drive, failure_reason
 
-__all__ = [
-    "BLOCKING",
-    "DEFAULT_ESTIMATE_TIMEOUT_S",
-    "CapabilityCheck",
-    "CapabilityGuardrail",
-    "Checker",
-    "coerce",
-    "output",
-    "run_query",
-    "target_of",
-]
-
 DEFAULT_ESTIMATE_TIMEOUT_S = 30.0
 """The guardrail's deadline on one estimate when none is given: a hung estimator never hangs a run."""
 

@@ -19,8 +19,6 @@ from contextlib import contextmanager
 
 from capgate.errors import BackendError
 
-__all__ = ["CircuitBreaker", "CircuitOpenError"]
-
 
 class CircuitOpenError(BackendError):
     """An attempt refused by an open circuit breaker (no request was sent).

@@ -29,8 +29,6 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from capgate.local.models import LoadedModel
 from capgate.local.prefill import PrefillEntry, prefill_cache
 
-__all__ = ["Staged", "reuse_prefill", "stage_prefill"]
-
 _INSTALL_LOCK = threading.Lock()
 _WRAPPED = "_capgate_prefill_wrapper"
 

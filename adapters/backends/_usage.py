@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["apportion", "logaddexp", "split_tokens"]
-
 
 def logaddexp(a: float, b: float) -> float:
     hi, lo = max(a, b), min(a, b)

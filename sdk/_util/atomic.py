@@ -16,8 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_open", "atomic_path", "atomic_write_bytes", "atomic_write_json", "fsync_dir"]
-
 
 def fsync_dir(folder: str | os.PathLike[str]) -> None:
     """Make a rename or a file creation in ``folder`` durable (a no-op where folders cannot be opened)."""

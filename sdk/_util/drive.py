@@ -28,8 +28,6 @@ import inspect
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
-__all__ = ["Plan", "adrive", "drive", "relay", "twin_of"]
-
 P = ParamSpec("P")
 R = TypeVar("R")
 B = TypeVar("B")

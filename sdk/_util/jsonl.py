@@ -18,17 +18,6 @@ from pydantic import ValidationError
 from capgate._util.atomic import atomic_open, fsync_dir
 from capgate.errors import DataError
 
-__all__ = [
-    "append_durably",
-    "atomic_write_lines",
-    "cut_torn_tail",
-    "data_error_from_validation",
-    "iter_json_objects",
-    "note_unique_id",
-    "open_append_only",
-    "open_text",
-]
-
 
 def open_text(path: Path) -> IO[str]:
     """Open a ``.jsonl`` or ``.jsonl.gz`` file for reading text (UTF-8)."""

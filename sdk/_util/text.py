@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["boxed_contents", "last_boxed"]
-
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 

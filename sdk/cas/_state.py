@@ -16,8 +16,6 @@ import numpy as np
 
 from capgate._util.validate import check_int_at_least, check_unit_interval
 
-__all__ = ["UNKNOWN_CONFIDENCE_WEIGHT", "SamplingState"]
-
 UNKNOWN_CONFIDENCE_WEIGHT = 0.5
 """Vote weight of a response whose confidence could not be had (no parsable verbalized tag and no
 log-probabilities). 0.5 is the weight of an uninformative "coin flip" response: such a vote still

@@ -45,6 +45,7 @@ def _register_commands() -> None:
         probe_cmd,
         report_cmd,
         simulate_cmd,
+        train_cmd,
     )
 
     modules: tuple[ModuleType, ...] = (
@@ -60,6 +61,7 @@ def _register_commands() -> None:
         probe_cmd,
         report_cmd,
         simulate_cmd,
+        train_cmd,
     )
     for module in modules:
         module.register(app)

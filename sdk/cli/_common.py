@@ -13,17 +13,6 @@ from rich.console import Console
 
 from capgate.errors import CapgateError
 
-__all__ = [
-    "EXIT_BAD_INPUT",
-    "check_option",
-    "command_group",
-    "console",
-    "fail",
-    "parse_int_list",
-    "run_reporting_errors",
-    "write_json",
-]
-
 EXIT_BAD_INPUT = 2
 T = TypeVar("T")
 

@@ -94,9 +94,7 @@ class StopSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    confidence_gap: GapSettings | None = Field(
-        default_factory=PaperConfidenceGap
-    )
+    confidence_gap: GapSettings | None = Field(default_factory=PaperConfidenceGap)
     consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
     futility: float | None = Field(default=None, gt=0.0, lt=0.5)
     min_samples: int = Field(default=1, ge=1)

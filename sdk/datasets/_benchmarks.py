@@ -23,8 +23,6 @@ from capgate.datasets._item import AnswerKind, DatasetItem
 from capgate.datasets._sources import packaged_path, read_arrow_folder, read_oe_docs
 from capgate.errors import DataError
 
-__all__ = ["BenchmarkInfo", "Loader", "arrow_items", "find_benchmark", "list_datasets", "load_benchmark"]
-
 Loader = Callable[[str, str | None], Iterator[DatasetItem]]
 """``(split, subset) -> items`` for one packaged benchmark."""
 

@@ -15,18 +15,6 @@ from pydantic import ValidationError
 from capgate._util.text import last_boxed
 from capgate.datasets._item import CHOICE_LETTERS, DatasetItem
 
-__all__ = [
-    "RowError",
-    "arc_item",
-    "basic_arithmetic_item",
-    "gsm8k_item",
-    "item_from_row",
-    "math_item",
-    "mmlu_item",
-    "nq_item",
-    "triviaqa_item",
-]
-
 
 class RowError(ValueError):
     """A row does not fit the schema its converter expects; the loader adds file and row."""

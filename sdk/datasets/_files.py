@@ -17,8 +17,6 @@ from capgate._util.validate import check_positive_int
 from capgate.datasets._item import DatasetItem
 from capgate.errors import DataError
 
-__all__ = ["read_dataset", "write_dataset"]
-
 
 def read_dataset(path: str | Path, *, limit: int | None = None) -> list[DatasetItem]:
     """Read a query dataset from a JSON-lines file (``.jsonl`` or ``.jsonl.gz``).

@@ -15,8 +15,6 @@ from pydantic import (
     model_validator,
 )
 
-__all__ = ["CHOICE_LETTERS", "AnswerKind", "DatasetItem"]
-
 AnswerKind: TypeAlias = Literal["alias", "numeric", "math", "choice", "custom"]
 """How a query's answer is graded.
 

@@ -13,8 +13,6 @@ from capgate.datasets._files import check_limit, check_unique_ids, read_dataset
 from capgate.datasets._item import DatasetItem
 from capgate.errors import DataError
 
-__all__ = ["load_dataset"]
-
 HUB_INSTALL = "pip install 'capgate[hub]'  (or: pip install datasets)"
 
 _FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".arrow", ".gz")

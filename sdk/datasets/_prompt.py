@@ -10,8 +10,6 @@ from collections.abc import Mapping
 
 from capgate.datasets._item import AnswerKind, DatasetItem
 
-__all__ = ["PROMPT_TEMPLATES", "build_prompt"]
-
 BOXED_TEMPLATE = "{question}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 ALIAS_TEMPLATE = (
     "Answer the following question with just the answer (a name, number or short phrase), "

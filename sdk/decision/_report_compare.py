@@ -29,8 +29,6 @@ from capgate.decision.simulate import ACTIONS
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
 
-__all__ = ["VersionComparison", "compare_versions"]
-
 _Z = 1.959963984540054
 _THROUGH = (ACTIONS.index("answer"), ACTIONS.index("resample"))
 

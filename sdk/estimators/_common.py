@@ -11,15 +11,13 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from capgate._util.atomic import atomic_write_json
+from capgate._util.validate import FloatArray
 from capgate.errors import DataError, NotFittedError
-
-FloatArray: TypeAlias = npt.NDArray[np.float64]
 
 
 def check_fitted(estimator: object, *attributes: str) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from capgate.estimators._common import FloatArray, fit_logistic_link
+from capgate._util.validate import FloatArray
+from capgate.estimators._common import fit_logistic_link
 
 _EPS = 1e-12
 

@@ -20,8 +20,8 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from capgate._util.validate import check_positive_int
-from capgate.estimators._common import FloatArray, as_matrix, check_fitted
+from capgate._util.validate import FloatArray, check_positive_int
+from capgate.estimators._common import as_matrix, check_fitted
 from capgate.estimators._convex import zscore
 from capgate.estimators._linear_probe import LinearProbe
 from capgate.estimators.base import Params

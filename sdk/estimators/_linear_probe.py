@@ -16,9 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate._util.atomic import atomic_path
+from capgate._util.validate import FloatArray
 from capgate.errors import DataError
 from capgate.estimators._common import (
-    FloatArray,
     as_matrix,
     as_vector,
     brier_and_bce,
@@ -30,12 +30,10 @@ from capgate.estimators._common import (
     spec_as_dict,
     write_json,
 )
-from capgate.estimators._probe_training import LR_GRID, LearningRate, fit_sgd
+from capgate.estimators._probe_training import LearningRate, fit_sgd
 from capgate.estimators._target import ProbeTarget
 from capgate.estimators.base import Params
 from capgate.local.weights import sha256_file
-
-__all__ = ["LR_GRID", "LinearProbe"]
 
 FORMAT = "capgate.linear_probe"
 FORMAT_VERSION = 1

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from capgate.estimators._common import FloatArray, as_vector, n_rows
+from capgate._util.validate import FloatArray
+from capgate.estimators._common import as_vector, n_rows
 from capgate.estimators._convex import kfold
 
 

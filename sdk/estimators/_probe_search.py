@@ -16,9 +16,14 @@ from typing import Any, Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from capgate._util.validate import check_choice, check_int_at_least, check_positive_int, check_positive_number
-from capgate.estimators._common import (
+from capgate._util.validate import (
     FloatArray,
+    check_choice,
+    check_int_at_least,
+    check_positive_int,
+    check_positive_number,
+)
+from capgate.estimators._common import (
     as_matrix,
     as_vector,
     brier_and_bce,

@@ -16,12 +16,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from capgate._util.validate import check_positive_int
+from capgate._util.validate import FloatArray, check_positive_int
 from capgate.core.backend import Prompt, as_messages
 from capgate.core.types import Estimate
 from capgate.errors import DataError
 from capgate.estimators._common import (
-    FloatArray,
     as_vector,
     check_fitted,
     check_weights,

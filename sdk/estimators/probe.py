@@ -18,11 +18,13 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from capgate._util.validate import FloatArray
 from capgate.core.backend import Prompt
 from capgate.core.types import Cost, Estimate
 from capgate.errors import NotFittedError, ProbeMismatchError
-from capgate.estimators._common import FloatArray, spec_as_dict
-from capgate.estimators._linear_probe import LR_GRID, LinearProbe, spec_fingerprint
+from capgate.estimators._common import spec_as_dict
+from capgate.estimators._linear_probe import LinearProbe, spec_fingerprint
+from capgate.estimators._probe_training import LR_GRID
 from capgate.estimators.base import CapabilityEstimator
 
 __all__ = [

@@ -17,12 +17,11 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from capgate._util.validate import check_choice, check_positive_int, check_positive_number
+from capgate._util.validate import FloatArray, check_choice, check_positive_int, check_positive_number
 from capgate.core.backend import Prompt
 from capgate.core.types import Estimate
 from capgate.errors import DataError
 from capgate.estimators._common import (
-    FloatArray,
     as_vector,
     check_fitted,
     check_non_negative,

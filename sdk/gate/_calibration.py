@@ -36,8 +36,6 @@ from capgate.policies import Policy
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
 
-__all__ = ["Calibrations", "calibration_target", "decide_candidate", "load_calibration"]
-
 _logger = logging.getLogger("capgate")
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 
-__all__ = ["default_estimator", "default_extract", "set_default_estimator"]
-
 _default: list[CapabilityEstimator] = []
 
 

@@ -30,8 +30,6 @@ from capgate.gate._shadow import WORKERS, Shadows
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
 
-__all__ = ["default_reader", "keep_features", "own_featurizer", "reader_for"]
-
 _logger = logging.getLogger("capgate")
 
 _WRAPPED = 4  # how deep own_featurizer looks through wrapping estimators (calibrated, guarded)

@@ -43,8 +43,6 @@ from capgate.policies import Policy, choose_route, load_policy
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
 
-__all__ = ["Gate"]
-
 T = TypeVar("T")
 
 _OVERRIDE_NOTE = "the estimator predicts {predicts!r}'s capability (allow_other_target)"

@@ -30,16 +30,6 @@ from capgate.core.backend import Prompt
 from capgate.core.types import Estimate
 from capgate.estimators.base import CapabilityEstimator
 
-__all__ = [
-    "Limits",
-    "Slots",
-    "fail_closed",
-    "failure_reason",
-    "limited_aestimate",
-    "limited_estimate",
-    "log_writer",
-]
-
 _logger = logging.getLogger("capgate")
 _ERROR_TEXT = 200  # characters of an error (or of a wrong return value) kept in a degraded reason
 

@@ -23,8 +23,6 @@ from capgate.gate._shadow import Shadows
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
 
-__all__ = ["write_decision"]
-
 _logger = logging.getLogger("capgate")
 
 

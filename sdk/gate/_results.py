@@ -13,20 +13,6 @@ from capgate.cas.loop import CASResult
 from capgate.core.backend import Prompt
 from capgate.core.types import Action, Decision, Estimate, SamplingPlan
 
-__all__ = [
-    "RESAMPLE_FAILED_MESSAGE",
-    "Abstained",
-    "ClarificationNeeded",
-    "Escalated",
-    "GateBlocked",
-    "Gated",
-    "ResampleFailed",
-    "Sampled",
-    "ShadowDecision",
-    "Verdict",
-    "blocked_error",
-]
-
 T = TypeVar("T")
 
 RESAMPLE_FAILED_MESSAGE = (

@@ -20,22 +20,6 @@ from capgate.policies import Policy, load_policy
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
 
-__all__ = [
-    "CANDIDATE",
-    "ON_BLOCK",
-    "PROMOTED",
-    "UNSET",
-    "CalibrationLike",
-    "CalibrationSetting",
-    "GateOptions",
-    "GateSettings",
-    "OnBlock",
-    "PolicyLike",
-    "SharedOptions",
-    "Unset",
-    "given_settings",
-]
-
 
 class Unset(enum.Enum):
     """Type of :data:`UNSET`."""

@@ -42,18 +42,6 @@ from capgate.gate._limits import failure_reason, log_writer
 from capgate.gate._results import ShadowDecision, Verdict
 from capgate.gate.flow import aperform, perform
 
-__all__ = [
-    "LOOP_CLOSED",
-    "SHADOW_REASON",
-    "WORKERS",
-    "Shadows",
-    "astart_shadow",
-    "failed_shadow",
-    "off_loop",
-    "stand_in",
-    "start_shadow",
-]
-
 SHADOW_REASON = "shadow mode: the gate decides beside the call and logs what it would have done"
 
 LOOP_CLOSED = "the event loop closed before the shadow decision was made (await gate.aflush() before it ends)"

@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from capgate.cas.loop import CASResult
 from capgate.core.types import Decision
 
-__all__ = ["GateStats"]
-
 
 @dataclass
 class GateStats:

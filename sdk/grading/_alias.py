@@ -11,8 +11,6 @@ from capgate._util.text import last_boxed
 from capgate.datasets import DatasetItem
 from capgate.grading._base import Grader
 
-__all__ = ["AliasGrader", "final_answer_text", "normalize_text"]
-
 _PUNCTUATION = set(string.punctuation) | {"‘", "’", "´", "`", "“", "”", "–", "—"}
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ANSWER_IS = re.compile(

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 from capgate.datasets import DatasetItem
 
-__all__ = ["Grader", "GraderLike", "Judgement"]
-
 
 @dataclass(frozen=True)
 class Judgement:

@@ -9,8 +9,6 @@ from capgate.datasets import DatasetItem
 from capgate.grading._alias import final_answer_text, normalize_text
 from capgate.grading._base import Grader, Judgement
 
-__all__ = ["ChoiceGrader"]
-
 _LETTER_ONLY = re.compile(r"^\s*(?:\\text\{)?\(?(?P<letter>[A-Z])\)?\}?\s*\.?\s*$")
 _ANSWER_IS = re.compile(
     r"answer(?:\s+is)?\s*(?:\*\*)?\s*[:：]?\s*(?:\*\*)?\s*(?:option\s+|choice\s+)?\(?(?P<letter>[A-Z])\)?"

@@ -11,8 +11,6 @@ from capgate.grading._choice import ChoiceGrader
 from capgate.grading._math import MathGrader
 from capgate.grading._numeric import NumericGrader
 
-__all__ = ["FunctionGrader", "as_grader", "grader_for"]
-
 
 def _default_extract(response: str) -> str | None:
     span = final_answer_text(response)

@@ -16,8 +16,6 @@ from capgate._util.text import last_boxed
 from capgate.datasets import DatasetItem
 from capgate.grading._base import Grader
 
-__all__ = ["MathGrader", "normalize_latex"]
-
 MATH_VERIFY_INSTALL = "pip install 'capgate[data]'  (or: pip install math-verify)"
 
 _FINAL_ANSWER = re.compile(r"final answer is\s*\$(?P<answer>.+?)\$", re.IGNORECASE | re.DOTALL)

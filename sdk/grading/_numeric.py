@@ -11,8 +11,6 @@ from capgate._util.text import last_boxed
 from capgate.datasets import DatasetItem
 from capgate.grading._base import Grader
 
-__all__ = ["NumericGrader", "parse_number"]
-
 _FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")
 _WRAPPED = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")

@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     from capgate.estimators.probe import Featurizer
     from capgate.policies import Policy
 
-__all__ = ["CALIBRATION_FILE", "Calibration", "Kind", "content_version", "write_calibration"]
-
 Kind = Literal["identity", "isotonic", "platt", "probe"]
 FORMAT = "capgate.calibration"
 FORMAT_VERSION = 1

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from capgate._util.validate import FloatArray, IntArray
 from capgate.learn._artefact import CALIBRATOR_FILE, POLICY_FILE, Calibration, Kind, write_calibration
 from capgate.learn._crossfit import cross_fit, fit_map, map_fitter, time_split
 from capgate.learn._probe import LoggedFeatureSet, fit_probe, logged_features
@@ -51,10 +52,6 @@ if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
     from capgate.policies import Policy
 
-__all__ = ["MIN_OUTCOMES", "CalibrationResult", "calibrate"]
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 MIN_OUTCOMES = 100
 """Fewest decisions with outcomes ``calibrate`` learns from by default."""

@@ -23,12 +23,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from capgate._util.validate import FloatArray, IntArray
 from capgate.estimators.recalibration import IsotonicCalibrator, PlattCalibrator
 
-__all__ = ["CrossFit", "Split", "cross_fit", "fit_map", "fold_blocks", "make_map", "map_fitter", "time_split"]
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 Fitter = Callable[[IntArray, IntArray], FloatArray]
 """``fit_predict(train_rows, test_rows)``: fit on the train rows only, predict the test rows."""
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
+from capgate._util.validate import FloatArray
 from capgate.learn._probe import by_query
 from capgate.learn._traffic import Traffic
 from capgate.learn.thresholds import (
@@ -22,10 +22,6 @@ from capgate.learn.thresholds import (
 
 if TYPE_CHECKING:
     from capgate.policies import Policy
-
-__all__ = ["certify"]
-
-FloatArray = npt.NDArray[np.float64]
 
 
 def _floor(traffic: Traffic, fitted: Any, kind: str) -> float:

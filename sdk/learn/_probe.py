@@ -25,16 +25,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from capgate._util.validate import FloatArray
 from capgate.learn._traffic import CalibrationRefusedError, Traffic
 
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
     from capgate.estimators.probe import LinearProbe
 
-__all__ = ["LoggedFeatureSet", "by_query", "fit_probe", "logged_features"]
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 _Rows = TypeVar("_Rows", npt.NDArray[np.float32], npt.NDArray[np.float64])
 
 

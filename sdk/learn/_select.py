@@ -31,9 +31,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["SELECTION_LEVEL", "HeldOutRow", "best_challenger", "select", "table_rows"]
+from capgate._util.validate import FloatArray
 
-FloatArray = npt.NDArray[np.float64]
 PREVIOUS = "previous"
 SELECTION_LEVEL = 0.05
 """One-sided level of the test a challenger must pass to replace the previous estimator, split

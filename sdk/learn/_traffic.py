@@ -12,14 +12,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from capgate._util.validate import FloatArray
 from capgate.errors import DataError
 
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog, LoggedDecision
 
-__all__ = ["CalibrationRefusedError", "Traffic", "base_method", "read_traffic"]
-
-FloatArray = npt.NDArray[np.float64]
 
 _MAP_SUFFIXES = ("+isotonic", "+platt")
 

@@ -25,8 +25,6 @@ from typing import Generic, TypeVar
 
 from capgate._util.validate import check_positive_int
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW_S", "Coalescer"]
-
 T = TypeVar("T")
 R = TypeVar("R")
 

@@ -12,8 +12,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["BF16_PAYS_OFF", "bf16_pays_off", "bf16_speedup", "native_bf16_cpu"]
-
 _NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 """CPU flags of native bfloat16 arithmetic: x86 AVX512-BF16 and AMX-BF16 (Linux), Arm's BF16 (Linux)."""
 

@@ -35,8 +35,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Reader", "decoder_of"]
-
 
 class _StopReadingError(Exception):
     """Raised by the hook of the deepest layer read: the rest of the pass is not needed."""

@@ -42,8 +42,8 @@ from capgate.local.weights import (
     MODEL_METADATA_FILE,
     _read_json,
     cache_dir,
+    cached_file_sha256,
     check_weight_files,
-    file_sha256,
     weights_fingerprint,
 )
 
@@ -61,9 +61,9 @@ __all__ = [
     "bf16_pays_off",
     "bf16_speedup",
     "cache_dir",
+    "cached_file_sha256",
     "check_weight_files",
     "default_gguf_path",
-    "file_sha256",
     "install_default_model",
     "load_model",
     "native_bf16_cpu",
@@ -242,7 +242,7 @@ def prepare_gguf(gguf_path: str | os.PathLike[str]) -> Path:
     gguf = Path(gguf_path).expanduser()
     if not gguf.is_file() or gguf.suffix != ".gguf":
         raise DataError("expected an existing .gguf file", path=gguf)
-    digest = file_sha256(gguf)
+    digest = cached_file_sha256(gguf)
     final = cache_dir() / "models" / f"{gguf.stem}-{digest[:16]}"
     model_id = gguf.stem
     fingerprint = f"gguf-sha256:{digest}"

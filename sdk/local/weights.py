@@ -49,12 +49,13 @@ def _read_json(path: Path) -> Any:
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    """The sha256 (hex) of a file's contents, read in blocks and never cached (see :func:`file_sha256`)."""
+    """The sha256 (hex) of a file's contents, read in blocks and never cached: for integrity checks
+    (:func:`cached_file_sha256` remembers digests by path, size and mtime)."""
     with Path(path).open("rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
+def cached_file_sha256(path: str | os.PathLike[str]) -> str:
     """The sha256 (hex) of a file's contents, computed once per (path, size, mtime).
 
     A file in the Hugging Face hub cache is a link to a blob named by its sha256; that name is
@@ -65,7 +66,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         >>> import tempfile
         >>> with tempfile.NamedTemporaryFile() as f:
         ...     _ = f.write(b"abc"); f.flush()
-        ...     file_sha256(f.name)[:12]
+        ...     cached_file_sha256(f.name)[:12]
         'ba7816bf8f01'
     """
     resolved = Path(path).resolve(strict=True)
@@ -120,7 +121,7 @@ def weights_fingerprint(folder: str | os.PathLike[str]) -> str:
         )
     combined = hashlib.sha256()
     for file in files:
-        combined.update(f"{file.name}\0{file_sha256(file)}\n".encode())
+        combined.update(f"{file.name}\0{cached_file_sha256(file)}\n".encode())
     return f"safetensors-sha256:{combined.hexdigest()}"
 
 
