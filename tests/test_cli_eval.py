@@ -15,7 +15,7 @@ runner = CliRunner()
 
 
 def run_json(*args: str) -> dict[str, object]:
-    result = runner.invoke(app, [*args, "--json", "-"])
+    result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     payload: dict[str, object] = json.loads(result.stdout)
     return payload

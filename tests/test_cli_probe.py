@@ -101,7 +101,7 @@ def test_featurize_fit_eval(data: Path, tmp_path: Path) -> None:
         data / "test.jsonl",
         "--features",
         tmp_path / "test.npz",
-        "--json",
+        "--json-out",
         tmp_path / "eval.json",
     )
     assert code == 0, out
@@ -127,7 +127,6 @@ def test_featurize_fit_eval(data: Path, tmp_path: Path) -> None:
         "--featurizer",
         FEATURIZER,
         "--json",
-        "-",
     )
     assert code == 0, out
     assert json.loads(out)["rows"] == list(rows.values())

@@ -6,7 +6,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -15,6 +15,22 @@ from capgate.errors import CapgateError
 
 EXIT_BAD_INPUT = 2
 T = TypeVar("T")
+
+# Options that mean the same in every command are declared once, here (tests/test_cli_options.py
+# walks the CLI and checks each option name has one kind and, for these, one declaration).
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of the table.")]
+JsonOut = Annotated[
+    Path | None, typer.Option("--json-out", help="Also write the figures as JSON to this file.")
+]
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        envvar="CAPGATE_DB",
+        help="The decision log: a SQLite file or a postgresql:// URL. Default: $CAPGATE_DB, else the "
+        "user data folder.",
+    ),
+]
 
 
 def console() -> Console:
@@ -64,6 +80,19 @@ def parse_int_list(text: str, *, option: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         fail(f"{option} must hold positive integers; got {text!r}")
     return values
+
+
+def show_figures(
+    payload: object, show_table: Callable[[], None], *, as_json: bool, json_out: Path | None
+) -> None:
+    """The figure commands' one output rule: ``--json`` prints only the JSON, otherwise the table;
+    ``--json-out`` also writes the JSON to a file."""
+    if as_json:
+        write_json(payload, "-")
+    else:
+        show_table()
+    if json_out is not None:
+        write_json(payload, str(json_out))
 
 
 def write_json(payload: object, destination: str) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from capgate.cli._common import console, parse_int_list, run_reporting_errors, write_json
+from capgate.cli._common import JsonFlag, JsonOut, console, parse_int_list, run_reporting_errors, show_figures
 from capgate.labels.labelled import read_labelled
 
 __all__ = ["register"]
@@ -22,9 +22,8 @@ def budget_command(
     budgets: Annotated[str, typer.Option(help="Average samples per query to try, comma-separated.")] = (
         "1,2,4,8,16,32,64"
     ),
-    json_out: Annotated[
-        str | None, typer.Option("--json", help="Also write the numbers as JSON (- for stdout).")
-    ] = None,
+    as_json: JsonFlag = False,
+    json_out: JsonOut = None,
 ) -> None:
     """Expected success rate per budget for greedy(confidence), greedy(oracle µ̂) and uniform.
 
@@ -51,7 +50,8 @@ def budget_command(
                 "uniform": expected_success(uniform_allocation(n, total, max_per_query=k), k, c),
             }
         )
-    if json_out != "-":
+
+    def show_table() -> None:
         table = Table(title=f"{data.name}: expected success rate by sampling budget ({n} queries)")
         for name in ("samples/query", f"greedy({confidence})", "greedy(oracle µ̂)", "uniform"):
             table.add_column(name, justify="right")
@@ -63,8 +63,13 @@ def budget_command(
                 f"{r['uniform']:.4f}",
             )
         console().print(table)
-    if json_out is not None:
-        write_json({"data": str(data), "confidence": confidence, "n": n, "rows": results}, json_out)
+
+    show_figures(
+        {"data": str(data), "confidence": confidence, "n": n, "rows": results},
+        show_table,
+        as_json=as_json,
+        json_out=json_out,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from capgate.cli._common import command_group, fail, run_reporting_errors
+from capgate.cli._common import DbOption, JsonFlag, command_group, fail, run_reporting_errors
 
 __all__ = ["calibrate_app", "register"]
 
@@ -25,9 +25,6 @@ calibrate_app = command_group(
     invoke_without_command=True,
 )
 
-DbOpt = Annotated[
-    str | None, typer.Option("--db", help="Decision log (file or postgresql:// URL; default $CAPGATE_DB).")
-]
 TargetOpt = Annotated[
     str | None, typer.Option("--target", help="The target model (when the log has several).")
 ]
@@ -120,7 +117,7 @@ def _print_result(result: Any) -> None:
 @calibrate_app.callback()
 def calibrate_command(
     ctx: typer.Context,
-    db: DbOpt = None,
+    db: DbOption = None,
     out: Annotated[Path | None, typer.Option("--out", help="The calibration folder to write.")] = None,
     target: TargetOpt = None,
     method: Annotated[
@@ -148,7 +145,7 @@ def calibrate_command(
         bool, typer.Option("--no-probe", help="Do not fit a probe on logged features.")
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the probe trainer and the LTT draw.")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Learn a calibration from the log's outcomes and write it to --out (versioned, atomic).
 
@@ -225,7 +222,7 @@ def _event(event: str, db: str | None, folder: Path) -> None:
 
 @calibrate_app.command("shadow")
 def shadow_command(
-    folder: Annotated[Path, typer.Argument(help="The calibration folder.")], db: DbOpt = None
+    folder: Annotated[Path, typer.Argument(help="The calibration folder.")], db: DbOption = None
 ) -> None:
     """Run a calibration as a candidate beside the enforced one (gate: shadow_calibration="candidate")."""
     _event("shadow", db, folder)
@@ -233,14 +230,14 @@ def shadow_command(
 
 @calibrate_app.command("promote")
 def promote_command(
-    folder: Annotated[Path, typer.Argument(help="The calibration folder.")], db: DbOpt = None
+    folder: Annotated[Path, typer.Argument(help="The calibration folder.")], db: DbOption = None
 ) -> None:
     """Enforce a calibration from now on (gates with calibration="promoted")."""
     _event("promote", db, folder)
 
 
 @calibrate_app.command("rollback")
-def rollback_command(db: DbOpt = None, target: TargetOpt = None) -> None:
+def rollback_command(db: DbOption = None, target: TargetOpt = None) -> None:
     """Return enforcement to the version promoted before the one in force (or to none).
 
     Without --target: the only target the log's calibration events name (else gates without one).
@@ -259,9 +256,9 @@ def rollback_command(db: DbOpt = None, target: TargetOpt = None) -> None:
 
 @calibrate_app.command("status")
 def status_command(
-    db: DbOpt = None,
+    db: DbOption = None,
     target: TargetOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """What is enforced and what shadows for a target, and the events that got there.
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from capgate.cli._common import console, fail
+from capgate.cli._common import JsonFlag, console, fail
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -235,9 +235,7 @@ def demo_command(
     seed: Annotated[
         int, typer.Option(help="Seed of the question draw, of sampling and of the replay's split.")
     ] = 0,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the figures as JSON (nothing else).")
-    ] = False,
+    as_json: JsonFlag = False,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Write reliability diagrams and risk–coverage curves here.")
     ] = None,

@@ -9,7 +9,15 @@ from typing import Annotated
 import typer
 
 from capgate._util.validate import check_positive_int
-from capgate.cli._common import check_option, console, parse_int_list, run_reporting_errors, write_json
+from capgate.cli._common import (
+    JsonFlag,
+    JsonOut,
+    check_option,
+    console,
+    parse_int_list,
+    run_reporting_errors,
+    show_figures,
+)
 from capgate.labels.labelled import read_labelled
 
 __all__ = ["register"]
@@ -25,9 +33,8 @@ def eval_command(
     oracle: Annotated[bool, typer.Option(help="Add a row that uses µ̂ itself as the confidence.")] = False,
     pass_k: Annotated[str, typer.Option(help="Comma-separated k for the pass@k MSE columns.")] = "1,4,16,64",
     bins: Annotated[int, typer.Option(help="Equal-width bins for ECE.")] = 10,
-    json_out: Annotated[
-        str | None, typer.Option("--json", help="Also write the numbers as JSON (- for stdout).")
-    ] = None,
+    as_json: JsonFlag = False,
+    json_out: JsonOut = None,
     plot: Annotated[
         Path | None, typer.Option(help="Write one reliability-diagram PNG per source here.")
     ] = None,
@@ -46,12 +53,14 @@ def eval_command(
         calibration_row(name, p, labelled.correct, labelled.k, pass_ks=ks, n_bins=bins)
         for name, p in sources.items()
     ]
-    if json_out != "-":
-        console().print(
+    show_figures(
+        {"data": str(data), "n": len(labelled), "rows": [row.to_dict() for row in rows]},
+        lambda: console().print(
             format_table(rows, title=f"{data.name}: {len(labelled)} queries, calibration by source")
-        )
-    if json_out is not None:
-        write_json({"data": str(data), "n": len(labelled), "rows": [row.to_dict() for row in rows]}, json_out)
+        ),
+        as_json=as_json,
+        json_out=json_out,
+    )
     if plot is not None:
         from capgate.metrics.plots import plot_reliability
 
@@ -59,7 +68,7 @@ def eval_command(
             diagram = reliability_diagram(p, labelled.mu_hat, n_bins=bins)
             safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
             written = plot_reliability(diagram, plot / f"reliability_{safe}.png", title=name)
-            typer.echo(f"wrote {written}", err=json_out == "-")
+            typer.echo(f"wrote {written}", err=as_json)
 
 
 def register(app: typer.Typer) -> None:

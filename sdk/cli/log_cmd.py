@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from capgate._util.validate import check_int_at_least, check_non_negative_number, check_unit_interval
-from capgate.cli._common import check_option, command_group, fail, run_reporting_errors
+from capgate.cli._common import DbOption, JsonFlag, check_option, command_group, fail, run_reporting_errors
 from capgate.decision.log import DecisionLog, default_log_path, is_database_url
 from capgate.errors import CapgateError
 
@@ -20,15 +20,6 @@ __all__ = ["log_app", "register"]
 
 log_app = command_group("log", "Read the decision log and attach outcomes to logged decisions.")
 
-DbOption = Annotated[
-    str | None,
-    typer.Option(
-        "--db",
-        envvar="CAPGATE_DB",
-        help="The decision log: a SQLite file or a postgresql:// URL. Default: $CAPGATE_DB, else the "
-        "user data folder.",
-    ),
-]
 
 _YES = {"yes", "y", "true", "1", "correct"}
 _NO = {"no", "n", "false", "0", "wrong", "incorrect"}
@@ -187,7 +178,7 @@ def outcome(
 def show(
     last: Annotated[int, typer.Option("--last", "-n", min=1, help="How many recent decisions.")] = 20,
     method: Annotated[str | None, typer.Option("--method", help="Only this estimator method.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    as_json: JsonFlag = False,
     db: DbOption = None,
 ) -> None:
     """Show the most recent decisions, oldest first, with their outcomes."""

@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capgate.cli._common import run_reporting_errors
-from capgate.cli.log_cmd import DbOption, open_existing_log
+from capgate.cli._common import DbOption, JsonFlag, run_reporting_errors
+from capgate.cli.log_cmd import open_existing_log
 from capgate.decision.monitor import MethodReport, calibration_report
 
 __all__ = ["monitor", "register"]
@@ -73,7 +73,7 @@ def monitor(
     z_threshold: Annotated[
         float, typer.Option("--z-threshold", min=0.0, help="Flag |calibration-in-the-large z| above this.")
     ] = 3.0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON.")] = False,
+    as_json: JsonFlag = False,
     follow: Annotated[bool, typer.Option("--follow", help="Refresh every --interval seconds.")] = False,
     interval: Annotated[float, typer.Option("--interval", min=0.0, help="Seconds between refreshes.")] = 5.0,
     max_refreshes: Annotated[

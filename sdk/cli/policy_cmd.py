@@ -8,7 +8,7 @@ from typing import Annotated, cast, get_args
 
 import typer
 
-from capgate.cli._common import EXIT_BAD_INPUT, command_group
+from capgate.cli._common import EXIT_BAD_INPUT, JsonFlag, command_group
 from capgate.errors import DataError
 
 __all__ = ["policy_app", "register"]
@@ -121,7 +121,7 @@ def calibrate_cmd(
         typer.Option("--min-answered", help="Start the test sequence where this many are answered."),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the one-response draw (loss=sampled).")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Set the answer threshold so that the error rate among answered queries is <= RISK w.p. >= 1-DELTA.
 

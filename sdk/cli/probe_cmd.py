@@ -17,7 +17,16 @@ import numpy as np
 import numpy.typing as npt
 import typer
 
-from capgate.cli._common import command_group, console, fail, parse_int_list, run_reporting_errors, write_json
+from capgate.cli._common import (
+    JsonFlag,
+    JsonOut,
+    command_group,
+    console,
+    fail,
+    parse_int_list,
+    run_reporting_errors,
+    show_figures,
+)
 from capgate.errors import DataError
 from capgate.labels.labelled import LabelledSet, iter_labelled, read_labelled
 
@@ -245,9 +254,8 @@ def eval_command(
     pass_k: Annotated[str, typer.Option(help="Comma-separated k for the pass@k MSE columns.")] = "1,4,16,64",
     bins: Annotated[int, typer.Option(help="Equal-width bins for ECE.")] = 10,
     seed: Annotated[int, typer.Option(help="Seed of the uniform-random baseline.")] = 0,
-    json_out: Annotated[
-        str | None, typer.Option("--json", help="Also write the numbers as JSON (- for stdout).")
-    ] = None,
+    as_json: JsonFlag = False,
+    json_out: JsonOut = None,
     batch_size: BatchOpt = 16,
     ignore_spec_field: Annotated[
         list[str] | None,
@@ -285,20 +293,19 @@ def eval_command(
         calibration_row(name, p, labelled.correct, labelled.k, pass_ks=ks, n_bins=bins)
         for name, p in sources.items()
     ]
-    if json_out != "-":
-        title = f"{labels.name}: {len(labelled)} queries, probe {probe_dir.name} vs baselines"
-        console().print(format_table(rows, title=title))
-    if json_out is not None:
-        write_json(
-            {
-                "data": str(labels),
-                "probe": str(probe_dir),
-                "n": len(labelled),
-                "constant_prior": prior.prior_,
-                "rows": [row.to_dict() for row in rows],
-            },
-            json_out,
-        )
+    title = f"{labels.name}: {len(labelled)} queries, probe {probe_dir.name} vs baselines"
+    show_figures(
+        {
+            "data": str(labels),
+            "probe": str(probe_dir),
+            "n": len(labelled),
+            "constant_prior": prior.prior_,
+            "rows": [row.to_dict() for row in rows],
+        },
+        lambda: console().print(format_table(rows, title=title)),
+        as_json=as_json,
+        json_out=json_out,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from capgate.cli._common import check_option, fail
-from capgate.cli.log_cmd import DbOption, open_existing_log
+from capgate.cli._common import DbOption, JsonFlag, check_option, fail
+from capgate.cli.log_cmd import open_existing_log
 from capgate.errors import CapgateError
 
 __all__ = ["parse_time", "register", "report_cmd"]
@@ -66,7 +66,7 @@ def report_cmd(
     min_outcomes: Annotated[
         int, typer.Option("--min-outcomes", help="Outcomes a group needs before any rate is given.")
     ] = 30,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    as_json: JsonFlag = False,
     plot: Annotated[
         Path | None,
         typer.Option(

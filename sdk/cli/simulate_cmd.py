@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from capgate.cli._common import EXIT_BAD_INPUT
+from capgate.cli._common import EXIT_BAD_INPUT, JsonFlag
 from capgate.errors import DataError
 
 __all__ = ["register", "simulate_cmd"]
@@ -90,7 +90,7 @@ def simulate_cmd(
     step: Annotated[str | None, typer.Option("--step", help="Replay as queries of this agent step.")] = None,
     tool: Annotated[str | None, typer.Option("--tool", help="Replay as calls gated for this tool.")] = None,
     no_sweep: Annotated[bool, typer.Option("--no-sweep", help="Replay only the policy as written.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    as_json: JsonFlag = False,
     orders: Annotated[
         int, typer.Option("--orders", min=1, help="Random orders each query's sample pool is replayed in.")
     ] = 20,
