@@ -1,0 +1,243 @@
+"""C3RL's training data: labelled questions checked, split, and put in the shapes the trainers read.
+
+The labels are what :func:`capgate.labels.harvest` writes (one
+:class:`~capgate.core.types.LabelledQuery` a line, k sampled answers each, ``<labels>.meta.json``
+naming the model sampled). Two refusals live here: labels without all three reference classes,
+and labels harvested from another model than the one to train.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from capgate.cas.confidence import CONFIDENCE_INSTRUCTION, with_confidence_instruction
+from capgate.core.backend import as_messages
+from capgate.core.types import LabelledQuery
+from capgate.datasets import DatasetItem, build_prompt
+from capgate.errors import DataError
+from capgate.labels import meta_path, read_labelled
+from capgate.train.config import WarmStartConfidence
+from capgate.train.rewards import REFERENCE_CLASSES, TAG_STEP, ReferenceClass, reference_class
+
+__all__ = [
+    "LabelledExample",
+    "check_labels_model",
+    "check_spread",
+    "file_sha256",
+    "grpo_rows",
+    "load_examples",
+    "round_to_step",
+    "split_examples",
+    "warm_start_rows",
+]
+
+
+@dataclass(frozen=True)
+class LabelledExample:
+    """One labelled question, ready to train on.
+
+    Attributes:
+        item: The question, references and kind (its grader).
+        messages: The chat prompt the model is trained and served with: the harvest's prompt
+            with :data:`~capgate.cas.confidence.CONFIDENCE_INSTRUCTION` as the system turn.
+        reference: Its reference class from the base model's k samples.
+        mu_hat: The base model's µ̂ = correct / k.
+        answers: The base model's extracted answers (``None`` where none was found), in order.
+    """
+
+    item: DatasetItem
+    messages: list[dict[str, str]]
+    reference: ReferenceClass
+    mu_hat: float
+    answers: tuple[str | None, ...]
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes (the manifest's data hash)."""
+    with Path(path).open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _item_of(record: LabelledQuery, path: Path) -> DatasetItem:
+    extra = record.model_extra or {}
+    kind = extra.get("kind")
+    if not kind or not record.question or not record.references:
+        raise DataError(
+            "a C3RL label needs the question, its references and its kind (as capgate harvest writes them)",
+            path=path,
+            field=record.id,
+        )
+    return DatasetItem(
+        id=record.id,
+        question=record.question,
+        references=record.references,
+        kind=kind,
+        choices=extra.get("choices"),
+    )
+
+
+def load_examples(path: str | Path) -> list[LabelledExample]:
+    """Read a labelled file into examples (see :class:`LabelledExample`).
+
+    Raises:
+        DataError: An unreadable file, or a record without question, references, kind or
+            per-sample answers.
+    """
+    path = Path(path)
+    labelled = read_labelled(path)
+    examples: list[LabelledExample] = []
+    for record in labelled.records:
+        item = _item_of(record, path)
+        prompt = (record.model_extra or {}).get("prompt") or build_prompt(item)  # as harvested
+        messages = [{"role": m["role"], "content": m["content"]} for m in as_messages(prompt)]
+        if not record.samples:
+            raise DataError(
+                "a C3RL label needs its per-sample answers (harvest writes them; the warm start "
+                "trains on the model's own answers)",
+                path=path,
+                field=record.id,
+            )
+        if not (messages[0]["role"] == "system" and CONFIDENCE_INSTRUCTION in messages[0]["content"]):
+            messages = [dict(m) for m in with_confidence_instruction(messages)]  # type: ignore[arg-type]
+        examples.append(
+            LabelledExample(
+                item=item,
+                messages=messages,
+                reference=reference_class(record.correct, record.k),
+                mu_hat=record.correct / record.k,
+                answers=tuple(sample.answer for sample in record.samples),
+            )
+        )
+    return examples
+
+
+def check_spread(examples: list[LabelledExample], *, path: str | Path) -> dict[str, int]:
+    """The count of each reference class; refuse labels that lack one.
+
+    Raises:
+        DataError: Some class is empty: the reference term, and the calibration signal, need
+            questions the model always, sometimes and never gets right.
+    """
+    counts = Counter(example.reference for example in examples)
+    spread: dict[str, int] = {name: counts.get(name, 0) for name in REFERENCE_CLASSES}
+    missing = [name for name, count in spread.items() if not count]
+    if missing:
+        shown = ", ".join(f"{count} {name}" for name, count in spread.items())
+        raise DataError(
+            f"the labels have no {' and no '.join(missing)} questions ({shown}); C3RL needs questions "
+            "the model always, sometimes and never answers right: add easier or harder ones "
+            "(capgate.train.synthetic.arithmetic_items spreads a small model's accuracy)",
+            path=Path(path),
+        )
+    return spread
+
+
+def check_labels_model(labels: str | Path, *, model_id: str, fingerprint: str) -> dict[str, Any]:
+    """Refuse to train a model on labels harvested from another one; return the harvest settings.
+
+    The labels' ``<labels>.meta.json`` (written by :func:`capgate.labels.harvest`) names the
+    model sampled: its ``weights_fingerprint`` when recorded, else its ``model_id``.
+
+    Raises:
+        DataError: No settings file, or one naming another model.
+    """
+    path = meta_path(labels)
+    if not path.is_file():
+        raise DataError(
+            "no harvest settings next to the labels: C3RL checks that the labels were sampled from the "
+            "model it trains (harvest with capgate harvest, or write this file with that model's "
+            "weights_fingerprint)",
+            path=path,
+        )
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"unreadable harvest settings: {exc}", path=path) from None
+    if not isinstance(meta, dict):
+        raise DataError("expected a JSON object of harvest settings", path=path)
+    recorded = meta.get("weights_fingerprint")
+    if isinstance(recorded, str) and recorded:
+        if recorded != fingerprint:
+            raise DataError(
+                f"the labels were harvested from weights {recorded}, not from this model's {fingerprint}: "
+                "the reference classes describe another model; harvest this model first",
+                path=path,
+                field="weights_fingerprint",
+            )
+    elif meta.get("model_id") != model_id:
+        raise DataError(
+            f"the labels were harvested from model {meta.get('model_id')!r}, not from {model_id!r} "
+            f"(fingerprint {fingerprint}): the reference classes describe another model; harvest "
+            "this model first",
+            path=path,
+            field="model_id",
+        )
+    return meta
+
+
+def split_examples(
+    examples: list[LabelledExample], *, eval_fraction: float, eval_max: int, seed: int
+) -> tuple[list[LabelledExample], list[LabelledExample]]:
+    """``(train, held_out)``: a seeded share of the questions (at most ``eval_max``) held out."""
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    n_eval = min(round(eval_fraction * len(examples)), eval_max, max(len(examples) - 1, 0))
+    held = set(order[:n_eval])
+    train = [e for i, e in enumerate(examples) if i not in held]
+    return train, [e for i, e in enumerate(examples) if i in held]
+
+
+def round_to_step(p: float) -> int:
+    """A probability as a whole percentage in steps of 5.
+
+    Examples:
+        >>> round_to_step(0.33), round_to_step(0.975)
+        (35, 100)
+    """
+    return int(TAG_STEP * round(100.0 * min(max(p, 0.0), 1.0) / TAG_STEP))
+
+
+def _answer_text(item: DatasetItem, answer: str) -> str:
+    return f"\\boxed{{{answer}}}" if item.kind == "math" else answer
+
+
+def warm_start_rows(
+    examples: list[LabelledExample], *, confidence: WarmStartConfidence, seed: int
+) -> list[tuple[list[dict[str, str]], str]]:
+    """``(messages, answer)`` pairs for the warm start: one of the model's own sampled answers to
+    each question (so its accuracy is not taught, only the format), ending with the tag.
+
+    The stated confidence is the question's µ̂ (``"mu_hat"``) or the labels' base rate
+    (``"constant"``), rounded to 5%. Questions with no extracted answer are skipped.
+    """
+    rng = random.Random(seed)
+    base_rate = sum(e.mu_hat for e in examples) / max(len(examples), 1)
+    rows: list[tuple[list[dict[str, str]], str]] = []
+    for example in examples:
+        answers = [a for a in example.answers if a]
+        if not answers:
+            continue
+        stated = round_to_step(example.mu_hat if confidence == "mu_hat" else base_rate)
+        text = f"{_answer_text(example.item, rng.choice(answers))} [confidence={stated}%]"
+        rows.append((example.messages, text))
+    return rows
+
+
+def grpo_rows(examples: list[LabelledExample]) -> list[dict[str, Any]]:
+    """The GRPO dataset: a chat ``prompt`` and the columns the rewards read (``item``,
+    ``reference_class``), plus ``id``."""
+    return [
+        {
+            "prompt": example.messages,
+            "item": example.item.model_dump_json(),
+            "reference_class": example.reference,
+            "id": example.item.id,
+        }
+        for example in examples
+    ]

@@ -1,0 +1,240 @@
+"""A real C3RL run on a tiny random-weight Llama: rewards reach TRL, outputs load back, a killed run
+resumes, and the refusals (no class spread, labels of another model, an --out holding another run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capgate.core.types import LabelledQuery, Sample
+from capgate.errors import DataError
+from capgate.labels import meta_path
+from capgate.local.models import weights_fingerprint
+from capgate.train.config import C3RLTrainConfig
+from capgate.train.synthetic import arithmetic_items, arithmetic_prompt
+
+pytest.importorskip("trl", reason="the train extra (trl, peft) is installed by scripts/setup.sh")
+
+FAST = {
+    "warm_start_steps": 3, "warm_start_batch_size": 4, "steps": 2, "prompts_per_step": 2,
+    "num_generations": 2, "max_completion_length": 8, "save_steps": 1, "eval_fraction": 0.25,
+    "eval_max": 3, "lora_r": 4, "lora_alpha": 8, "device": "cpu",
+}  # fmt: skip
+
+
+def write_labels(path: Path, model_dir: Path, *, classes: tuple[int, ...] = (4, 2, 0)) -> Path:
+    """Labels as harvest writes them (k=4), cycling through ``classes`` correct counts, with the
+    settings file naming ``model_dir``'s weights."""
+    items = arithmetic_items(2, families=["add_1d", "mul_1d", "add_2d", "mul_2d"], seed=0)
+    lines = []
+    for index, item in enumerate(items):
+        correct = classes[index % len(classes)]
+        samples = [
+            Sample(answer=item.references[0] if i < correct else "0", correct=i < correct) for i in range(4)
+        ]
+        record = LabelledQuery.model_validate(
+            {"id": item.id, "question": item.question, "references": item.references, "k": 4,
+             "correct": correct, "samples": samples, "kind": item.kind, "prompt": arithmetic_prompt(item)}
+        )  # fmt: skip
+        lines.append(record.model_dump_json(exclude_none=True))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    meta = {
+        "model_id": str(model_dir.resolve()),
+        "weights_fingerprint": weights_fingerprint(model_dir),
+        "k": 4,
+    }
+    meta_path(path).write_text(json.dumps(meta), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from capgate.train.trainer import train_c3rl
+
+    work = tmp_path_factory.mktemp("c3rl")
+    labels = write_labels(work / "labels.jsonl", tiny_model_dir)
+    return train_c3rl(labels, tiny_model_dir, work / "run", config=C3RLTrainConfig(**FAST), progress=False)
+
+
+def test_a_short_run_writes_adapter_merged_model_and_manifest(trained: Any, tiny_model_dir: Path) -> None:
+    manifest = json.loads((trained.out / "manifest.json").read_text())
+    assert manifest == trained.manifest
+    assert manifest["base_weights_fingerprint"] == weights_fingerprint(tiny_model_dir)
+    assert manifest["config"]["rewards"] == {"alpha": 0.5, "beta": 0.5, "threshold": 0.5,
+                                             "format_penalty": 1.0, "brier": 0.0}  # fmt: skip
+    assert manifest["labels"]["spread"] == {"all_right": 3, "partly": 3, "all_wrong": 2}
+    assert len(manifest["data_sha256"]) == 64
+    assert manifest["seed"] == 0
+    assert manifest["warm_start"]["steps"] == 3
+    assert manifest["warm_start"]["rows"] > 0
+    assert manifest["grpo"]["steps"] == 2
+    # every reward term reached the trainer and was logged separately, each step
+    history = manifest["grpo"]["reward_history"]
+    assert len(history) == 2
+    for term in ("correctness", "calibration", "reference", "format"):
+        assert all(f"rewards/c3rl_{term}/mean" in entry for entry in history)
+    # a random model writes no well-formed tag: the format term is its penalty
+    assert all(entry["rewards/c3rl_format/mean"] == pytest.approx(-1.0) for entry in history)
+    evaluation = manifest["evaluation"]
+    assert evaluation["held_out_questions"] == 2
+    assert set(evaluation) >= {"base", "trained"}
+    assert evaluation["trained"]["n_completions"] == 4
+    assert manifest["trained_model"]["weights_fingerprint"] != manifest["base_weights_fingerprint"]
+
+
+def test_the_outputs_load_back(trained: Any) -> None:
+    from peft import PeftConfig
+
+    from capgate.adapters.backends.transformers import load_backend
+    from capgate.core.backend import SamplingParams
+
+    assert PeftConfig.from_pretrained(str(trained.adapter)).r == 4
+    backend = load_backend(trained.model, device="cpu")
+    assert backend.model_id == trained.manifest["trained_model"]["model_id"]
+    assert backend.loaded.weights_fingerprint == trained.manifest["trained_model"]["weights_fingerprint"]
+    [[answer]] = backend.generate(["What is 2 + 2?"], SamplingParams(max_tokens=4, seed=0))
+    assert answer.n_tokens >= 1
+
+
+def test_a_finished_run_is_returned_not_retrained(trained: Any, tiny_model_dir: Path) -> None:
+    from capgate.train.trainer import train_c3rl
+
+    labels = Path(trained.manifest["labels"]["path"])
+    again = train_c3rl(labels, tiny_model_dir, trained.out, config=C3RLTrainConfig(**FAST), progress=False)
+    assert again.manifest == trained.manifest
+
+
+def test_refuses_labels_without_all_three_classes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from capgate.train.trainer import train_c3rl
+
+    labels = write_labels(tmp_path / "l.jsonl", tiny_model_dir, classes=(4, 2))
+    with pytest.raises(DataError, match=r"no all_wrong questions \(4 all_right, 4 partly, 0 all_wrong\)"):
+        train_c3rl(labels, tiny_model_dir, tmp_path / "run", config=C3RLTrainConfig(**FAST))
+    assert not (tmp_path / "run").exists()
+
+
+def test_refuses_labels_of_another_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from capgate.train.trainer import train_c3rl
+
+    labels = write_labels(tmp_path / "l.jsonl", tiny_model_dir)
+    meta = json.loads(meta_path(labels).read_text())
+    meta_path(labels).write_text(json.dumps({**meta, "weights_fingerprint": "safetensors-sha256:0"}))
+    with pytest.raises(DataError, match="harvested from weights safetensors-sha256:0, not from this model's"):
+        train_c3rl(labels, tiny_model_dir, tmp_path / "run", config=C3RLTrainConfig(**FAST))
+    # without a fingerprint, the model id is compared
+    meta_path(labels).write_text(json.dumps({"model_id": "someone/else"}))
+    with pytest.raises(DataError, match="harvested from model 'someone/else'"):
+        train_c3rl(labels, tiny_model_dir, tmp_path / "run", config=C3RLTrainConfig(**FAST))
+    meta_path(labels).unlink()
+    with pytest.raises(DataError, match="no harvest settings next to the labels"):
+        train_c3rl(labels, tiny_model_dir, tmp_path / "run", config=C3RLTrainConfig(**FAST))
+    assert not (tmp_path / "run").exists()
+
+
+def test_refuses_an_out_holding_another_run_or_other_files(
+    trained: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from capgate.train.trainer import train_c3rl
+
+    labels = Path(trained.manifest["labels"]["path"])
+    other = C3RLTrainConfig(**{**FAST, "seed": 1})
+    with pytest.raises(DataError, match="holds another C3RL run \\(its config differ"):
+        train_c3rl(labels, tiny_model_dir, trained.out, config=other)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match="not a C3RL run's folder"):
+        train_c3rl(labels, tiny_model_dir, tmp_path, config=C3RLTrainConfig(**FAST))
+
+
+KILLED_RUN = """
+import sys, time
+from capgate.train.config import C3RLTrainConfig
+from capgate.train.trainer import train_c3rl
+config = C3RLTrainConfig.model_validate_json(sys.argv[4])
+train_c3rl(sys.argv[1], sys.argv[2], sys.argv[3], config=config, progress=False)
+"""
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from capgate.train.trainer import train_c3rl
+
+    labels = write_labels(tmp_path / "l.jsonl", tiny_model_dir)
+    config = C3RLTrainConfig(**{**FAST, "steps": 16, "save_steps": 2})
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            KILLED_RUN,
+            str(labels),
+            str(tiny_model_dir),
+            str(out),
+            config.model_dump_json(),
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    try:
+        while not (out / "grpo" / "checkpoint-4" / "trainer_state.json").is_file():
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+            assert time.monotonic() < deadline, "no checkpoint-4 within 120 s"
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not (out / "manifest.json").exists()
+    run = train_c3rl(labels, tiny_model_dir, out, config=config, progress=False)
+    assert run.manifest["resumed"] is True
+    resumed_from = run.manifest["grpo"]["resumed_from"]
+    assert resumed_from is not None
+    assert int(resumed_from.split("-")[1]) >= 4
+    assert run.manifest["grpo"]["steps"] == 16
+    # one logged step each, the ones before the checkpoint restored from it, not run again
+    assert [entry["step"] for entry in run.manifest["grpo"]["reward_history"]] == list(range(1, 17))
+
+
+def test_the_command_line_trains_and_refuses_with_a_one_line_error(
+    trained: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from capgate.cli import app
+
+    runner = CliRunner()
+    labels = Path(trained.manifest["labels"]["path"])
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("\n".join(f"{key}: {value}" for key, value in FAST.items()) + "\n")
+    args = [
+        "train",
+        "c3rl",
+        "--labels",
+        str(labels),
+        "--model",
+        str(tiny_model_dir),
+        "--config",
+        str(settings),
+    ]
+    # the finished run is found again: same settings from the file
+    done = runner.invoke(app, [*args, "--out", str(trained.out), "--no-progress"])
+    assert done.exit_code == 0, done.output
+    assert f"{trained.out}: 2 GRPO steps; merged model {trained.model}" in done.output
+    # an override changes the settings: the run folder is another run's
+    other = runner.invoke(app, [*args, "--out", str(trained.out), "--seed", "3"])
+    assert other.exit_code == 2
+    assert "holds another C3RL run" in other.output
+    bad = runner.invoke(app, [*args, "--out", str(tmp_path / "x"), "--brier", "-1"])
+    assert bad.exit_code == 2
+    settings.write_text("stepz: 3\n")
+    typo = runner.invoke(app, [*args, "--out", str(tmp_path / "x")])
+    assert typo.exit_code == 2
+    assert "bad training settings" in typo.output
+    assert "stepz" in typo.output
