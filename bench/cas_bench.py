@@ -51,7 +51,8 @@ not the installed probe's is refused, naming the file and both fingerprints; ``-
 recomputes it instead.
 
 Run: ``.venv/bin/python bench/cas_bench.py`` (a few minutes on two cores); ``--part batch`` runs
-only the batch-budget part (no tuning grid).
+only the batch-budget part (no tuning grid); ``--smoke`` runs every part on the first 24 queries of
+each pool set, one order, the probe cache copied into a temporary folder (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -107,12 +109,14 @@ class Pools:
         return len(self.ids)
 
 
-def load_pools(path: Path, name: str) -> Pools:
+def load_pools(path: Path, name: str, *, limit: int | None = None) -> Pools:
     ids, answers, correct = [], [], []
     conf: dict[str, list[list[float | None]]] = {"tag": [], "logprob": [], "none": []}
     for _, record in iter_labelled(path):
         if len(record.samples) < CAP:
             continue
+        if limit is not None and len(ids) >= limit:
+            break
         samples = record.samples[:CAP]
         ids.append(record.id)
         answers.append([s.answer for s in samples])
@@ -612,6 +616,10 @@ def frontier(
     return scored, curves
 
 
+def _shown(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def run_batch(fresh: Pools, perms: list[list[np.ndarray]], *, recompute: bool) -> None:
     """The batch-budget part with the installed probe, the v1 probe (if its cache is there) and a
     flat prior, each labelled with its probe version and fingerprint."""
@@ -621,7 +629,7 @@ def run_batch(fresh: Pools, perms: list[list[np.ndarray]], *, recompute: bool) -
     training = probe_description(folder)
     print(
         f"{label}: {fingerprint} ({training['folder']}, trained on {training['trained_on']}, "
-        f"n = {training['n_train']}); estimates cached in {PROBE_CACHE.relative_to(ROOT)}"
+        f"n = {training['n_train']}); estimates cached in {_shown(PROBE_CACHE)}"
     )
     priors = {label: probe_estimates(fresh, recompute=recompute)}
     v1 = v1_probe_estimates(fresh) if fingerprint != v1_fingerprint else None
@@ -637,6 +645,7 @@ def run_batch(fresh: Pools, perms: list[list[np.ndarray]], *, recompute: bool) -
 
 
 def main() -> None:
+    global PROBE_CACHE  # a smoke run reads and writes a copy in its temporary folder
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -658,16 +667,29 @@ def main() -> None:
         help=f"recompute the probe estimates when {PROBE_CACHE.name} was written by another probe "
         "than the installed one (without it, such a cache is refused)",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every part on 24 queries per pool set, one order, caches in a temp folder (a test runs it)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
+    if args.smoke:
+        from _smoke import smoke_dir
+
+        folder = smoke_dir("cas")
+        if PROBE_CACHE.exists():
+            shutil.copy(PROBE_CACHE, folder / PROBE_CACHE.name)
+        PROBE_CACHE = folder / PROBE_CACHE.name
+        args.orders, args.grid_orders, args.smoke_queries = 1, 1, 24
     if args.part == "batch":
-        fresh = load_pools(args.fresh, "fresh")
+        fresh = load_pools(args.fresh, "fresh", limit=getattr(args, "smoke_queries", None))
         print(f"fresh pools: {len(fresh)} queries × {CAP} samples; {args.orders} seeded orders per query\n")
         run_batch(fresh, orders_for(fresh, args.orders), recompute=args.recompute)
         print(f"({time.perf_counter() - started:.0f} s)")
         return
-    tuning = load_pools(args.tuning, "tuning")
-    fresh = load_pools(args.fresh, "fresh")
+    tuning = load_pools(args.tuning, "tuning", limit=getattr(args, "smoke_queries", None))
+    fresh = load_pools(args.fresh, "fresh", limit=getattr(args, "smoke_queries", None))
     for pools in (tuning, fresh):
         mu = np.array([np.mean(c) for c in pools.correct])
         tags = np.mean([c is not None for qc in pools.confidence["tag"] for c in qc])

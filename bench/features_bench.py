@@ -16,6 +16,9 @@ runs after one warm-up run.
 
 Usage:
     .venv/bin/python bench/features_bench.py [--threads 1] [--queries 64] [--device cpu]
+
+``--smoke`` runs every part in seconds on a tiny random-weight model (no conversion timed; 4 queries,
+2 prompts x n=2 of 4 tokens, one repeat; the test suite runs it).
 """
 
 from __future__ import annotations
@@ -69,7 +72,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-convert", action="store_true", help="do not time a fresh conversion")
+    parser.add_argument("--smoke", action="store_true", help="seconds on a tiny model (a test runs it)")
     args = parser.parse_args()
+    model = "default"
+    if args.smoke:
+        from _smoke import left_out, tiny_model
+
+        model, args.no_convert, args.threads = str(tiny_model()), True, args.threads or 1
+        args.queries, args.prompts, args.n, args.max_tokens, args.repeats = 4, 2, 2, 4, 1
+        left_out("the GGUF conversion (a tiny random-weight model is read instead)")
 
     import torch
 
@@ -86,13 +97,13 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU thread(s), device={args.device}")
     print(f"cache: {os.environ.get('CAPGATE_CACHE_DIR', '(user cache)')}")
     start = time.perf_counter()
-    folder = prepare_model("default")
+    folder = prepare_model(model)
     prepare_s = time.perf_counter() - start
     what = "conversion (fresh cache)" if not args.no_convert else "prepare (cached)"
     print(f"{what}: {prepare_s:.1f} s -> {folder}")
     start = time.perf_counter()
-    loaded = load_model("default", device=args.device)
-    print(f"load_model('default'): {time.perf_counter() - start:.2f} s ({loaded.dtype} on {loaded.device})")
+    loaded = load_model(model, device=args.device)
+    print(f"load_model({model!r}): {time.perf_counter() - start:.2f} s ({loaded.dtype} on {loaded.device})")
 
     queries = make_queries(args.queries)
     lengths = [len(loaded.prompt_ids(q)) for q in queries]

@@ -36,7 +36,9 @@ runs the real estimators and gate without a model pass per decision.
 
 Run: ``python bench/learn_from_traffic.py [--features-only] [--replays R] [--server URL
 --served-model NAME]``. The last line is ``learn: after N outcomes Brier A -> B (start: S); risk R
-at coverage C``.
+at coverage C``. ``--smoke``: one replay to 100 outcomes, the probe and flat starts, on synthetic
+reader features with the shipped probe's spec (no model pass), into a temporary folder (the test
+suite runs it).
 """
 
 from __future__ import annotations
@@ -124,7 +126,21 @@ def load_traffic(labels: Path, split: Path) -> list[Query]:
 # --------------------------------------------------------------------------- reader features
 
 
-def reader_features(queries: Sequence[Query], path: Path) -> Any:
+class SyntheticReader:
+    """Seeded random features with the shipped probe's spec (a smoke run's stand-in for the reader)."""
+
+    def __init__(self) -> None:
+        from capgate.estimators import LinearProbe
+        from capgate.loading import default_probe_path
+
+        self.spec = dict(LinearProbe.load(default_probe_path()).feature_spec_ or {})
+
+    def transform(self, queries: Sequence[Any]) -> npt.NDArray[np.float32]:
+        rng = np.random.default_rng([len(str(q)) for q in queries])
+        return rng.normal(size=(len(queries), int(self.spec["dim"]))).astype(np.float32)
+
+
+def reader_features(queries: Sequence[Query], path: Path, *, synthetic: bool = False) -> Any:
     """The embedded model's reader features of ``queries`` (float32 pass), cached at ``path``.
 
     Resumable (``featurize_to``: finished batches kept under ``<path>.parts/``); a cache written by
@@ -132,6 +148,8 @@ def reader_features(queries: Sequence[Query], path: Path) -> Any:
     """
     from capgate.estimators.feature_store import featurize_to, load_features, spec_path
 
+    if synthetic:
+        return featurize_to(path, [q.id for q in queries], [q.prompt for q in queries], SyntheticReader())
     if path.exists() and spec_path(path).exists():
         stored = load_features(path)
         if {q.id for q in queries} <= set(stored.ids):
@@ -650,11 +668,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--server", help="OpenAI-compatible base URL (start (b))")
     parser.add_argument("--served-model", help="model name on the server")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one short replay, synthetic features (a test runs it)"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        from _smoke import left_out, smoke_dir
+
+        args.work, args.replays, args.checkpoints = smoke_dir("learn"), 1, (100,)
+        args.starts = ",".join(s for s in args.starts.split(",") if s != "verbalized")
+        left_out("the reader's model pass (synthetic features) and start (b) verbalized")
     queries = load_traffic(args.labels, args.split)
     print(f"traffic: {len(queries)} held-out queries of {args.labels.name} ({args.split.name} test), mean "
           f"µ̂ {np.mean([q.mu for q in queries]):.3f}; none is one the shipped probe was fit on")  # fmt: skip
-    stored = reader_features(queries, args.work / f"features-{args.labels.stem}.npz")
+    stored = reader_features(queries, args.work / f"features-{args.labels.stem}.npz", synthetic=args.smoke)
     print(f"reader features: {len(stored.ids)} x {stored.features.shape[1]} ({stored.path})")
     if args.features_only:
         return

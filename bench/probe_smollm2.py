@@ -23,6 +23,9 @@ What it does, each step resumable (rerun the same command after a crash or kill)
 ``capgate.load_estimator("default")`` ships with). Reproduce the shipped assets with::
 
     .venv/bin/python bench/probe_smollm2.py --server URL --install   # or without --server (slower)
+
+``--smoke`` runs every step in seconds on a tiny random-weight model (16 queries x k=2 of 4 tokens,
+sampled locally) into a temporary folder, and never installs (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def prompt_for(item: DatasetItem) -> str:
     return template.format(question=item.question)
 
 
-def make_backend(server: str | None, model_name: str | None, *, concurrency: int = 8):  # type: ignore[no-untyped-def]
+def make_backend(server: str | None, model_name: str | None, *, concurrency: int = 8, model: str = "default"):  # type: ignore[no-untyped-def]
     if server:
         from capgate.adapters.backends.openai import OpenAIBackend
 
@@ -95,7 +98,7 @@ def make_backend(server: str | None, model_name: str | None, *, concurrency: int
         )
     from capgate.adapters.backends.transformers import load_backend
 
-    return load_backend("default", device="cpu")
+    return load_backend(model, device="cpu")
 
 
 def main() -> None:
@@ -113,14 +116,23 @@ def main() -> None:
     parser.add_argument("--server", help="OpenAI-compatible base URL (e.g. a vLLM server) to sample from")
     parser.add_argument("--served-model", help="model name on the server")
     parser.add_argument("--install", action="store_true", help="copy labels and probe into sdk/assets")
+    parser.add_argument("--smoke", action="store_true", help="seconds on a tiny model (a test runs it)")
     args = parser.parse_args()
+    model = "default"
+    if args.smoke:
+        from _smoke import smoke_dir, tiny_model
+
+        if args.install or args.server:
+            parser.error("--smoke samples locally and never installs")
+        args.work, args.scale, args.k, args.max_tokens = smoke_dir("probe"), 0.05, 2, 4
+        model = str(tiny_model(args.work))
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
 
     # 1-2. Harvest.
     items = build_items(args.scale, args.seed)
     labels_path = work / "labels.jsonl"
-    backend = make_backend(args.server, args.served_model)
+    backend = make_backend(args.server, args.served_model, model=model)
     start = time.perf_counter()
     report = harvest(
         backend, items, labels_path, k=args.k, temperature=args.temperature, top_p=args.top_p,
@@ -139,7 +151,7 @@ def main() -> None:
     from capgate.local.hidden_states import HiddenStateFeaturizer
     from capgate.local.models import load_model
 
-    featurizer = HiddenStateFeaturizer(load_model("default", device="cpu"), batch_size=16)
+    featurizer = HiddenStateFeaturizer(load_model(model, device="cpu"), batch_size=16)
     features_path = work / "features.npz"
     start = time.perf_counter()
     featurize_to(features_path, ids, prompts, featurizer)

@@ -22,6 +22,8 @@ What it does:
    fit of 500 x 576 features, and as last line the headline numbers.
 
 Run: ``.venv/bin/python bench/proxy_probe_math500.py`` (``--featurize-only`` to fill the cache).
+``--smoke`` runs every step in seconds on the first 40 questions (boxed template, 3 strengths), read by
+a tiny random-weight model, features cached in a temporary folder (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import argparse
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -67,7 +69,7 @@ class PerLayer:
 
 
 def featurize(
-    cache: Path, ids: list[str], questions: list[str], templates: Sequence[str]
+    cache: Path, ids: list[str], questions: list[str], templates: Sequence[str], model: str = "default"
 ) -> dict[str, npt.NDArray[np.float32]]:
     """Per-layer features of every variant, ``{"boxed/last": (n, 31, 576), ...}``, cached."""
     from capgate.estimators.feature_store import featurize_to, load_features
@@ -84,7 +86,7 @@ def featurize(
             stored = load_features(path)
         else:
             if loaded is None:
-                loaded = load_model("default", device="cpu")
+                loaded = load_model(model, device="cpu")
             featurizer = HiddenStateFeaturizer(loaded, batch_size=8)
             start = time.perf_counter()
             stored = featurize_to(path, ids, prompts, PerLayer(featurizer, template), batch_size=16)
@@ -116,15 +118,33 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--featurize-only", action="store_true")
     parser.add_argument("--templates", default=",".join(TEMPLATES), help="prompt variants to try")
+    parser.add_argument("--smoke", action="store_true", help="40 questions, a tiny model (a test runs it)")
     args = parser.parse_args()
     import torch
 
+    model = "default"
+    if args.smoke:
+        from _smoke import smoke_dir, tiny_model
+
+        args.cache, args.threads, args.templates = smoke_dir("proxy"), 1, "boxed"
+        model = str(tiny_model(args.cache))
     torch.set_num_threads(args.threads)
     ids, questions, mu, paper, labelled = load_data()
-    features = featurize(args.cache, ids, questions, args.templates.split(","))
+    if args.smoke:
+        n = 40
+        ids, questions, mu, paper = ids[:n], questions[:n], mu[:n], paper[:n]
+        labelled = Subset(np.asarray(labelled.k)[:n], np.asarray(labelled.correct)[:n])
+    features = featurize(args.cache, ids, questions, args.templates.split(","), model)
     if args.featurize_only:
         return
-    run(features, mu, paper, labelled)
+    run(features, mu, paper, labelled, smoke=args.smoke)
+
+
+class Subset(NamedTuple):
+    """The first rows of the labels (a smoke run's)."""
+
+    k: npt.NDArray[np.int64]
+    correct: npt.NDArray[np.int64]
 
 
 def _time_one_fit(X: npt.NDArray[np.float64], mu: npt.NDArray[np.float64]) -> str:
@@ -173,7 +193,7 @@ class VariantSearch(Params):
         return self.best_.predict(X[:, self.variant_])
 
 
-def run(features: dict[str, Any], mu: Any, paper: Any, labelled: Any) -> None:
+def run(features: dict[str, Any], mu: Any, paper: Any, labelled: Any, *, smoke: bool = False) -> None:
     from capgate.estimators import LinearProbe, nested_cross_val_predict
     from capgate.metrics.table import calibration_row, format_table
 
@@ -185,7 +205,7 @@ def run(features: dict[str, Any], mu: Any, paper: Any, labelled: Any) -> None:
         f"{X.shape[2]} hidden states x {X.shape[3]}"
     )
     # Ridge screens every layer set (leave-one-out); ridge and logistic are 5-fold CV'd on the 2 best.
-    alphas = [float(a) for a in np.logspace(-2, 3, 11)]  # half decades
+    alphas = [float(a) for a in np.logspace(-2, 3, 3 if smoke else 11)]  # half decades
     search = {"solvers": ["ridge", "logistic"], "screen": 2, "alphas": alphas}
     start = time.perf_counter()
     cv = nested_cross_val_predict(
@@ -201,7 +221,8 @@ def run(features: dict[str, Any], mu: Any, paper: Any, labelled: Any) -> None:
         )
     # The paper's SGD recipe on the paper's feature (all-layer mean, last token, boxed template).
     paper_feature = features["boxed/last"].mean(axis=1)
-    sgd = nested_cross_val_predict(LinearProbe(), paper_feature, mu, n_splits=5, random_state=0)
+    recipe = LinearProbe(max_epochs=5) if smoke else LinearProbe()
+    sgd = nested_cross_val_predict(recipe, paper_feature, mu, n_splits=5, random_state=0)
     k, c = labelled.k, labelled.correct
     rows = [
         calibration_row("proxy probe (ProbeSearch, nested CV)", cv.predictions, c, k, pass_ks=(1,)),

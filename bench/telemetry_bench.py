@@ -73,8 +73,10 @@ def measure(setup: str, calls: int, repeats: int) -> float:
         [sys.executable, "-c", _CHILD, setup, str(calls), str(repeats)],
         capture_output=True,
         text=True,
-        check=True,
+        check=False,
     )
+    if out.returncode != 0:
+        raise SystemExit(f"the {setup} setup's process exited {out.returncode}:\n{out.stderr[-3000:]}")
     return statistics.median(float(line) for line in out.stdout.split())
 
 

@@ -8,6 +8,9 @@ probe's split are kept out of training. 20% of the negatives (seeded) are held o
 threshold is their 99.5th-percentile score, so about 0.5% of clean segments score as claims. Run::
 
     .venv/bin/python bench/train_claim_detector.py [--install]
+
+``--smoke`` trains on 10 questions per source and 40 claims and never installs (the test suite
+runs it).
 """
 
 from __future__ import annotations
@@ -34,20 +37,20 @@ SOURCES = {"triviaqa": 1500, "mmlu": 800, "arc_easy": 300, "arc_challenge": 200,
            "math500": 200, "basic_arithmetic:easy": 200, "basic_arithmetic:hard": 200}  # fmt: skip
 
 
-def negatives(seed: int, held_out: set[str]) -> list[str]:
+def negatives(seed: int, held_out: set[str], *, per_source: int | None = None) -> list[str]:
     rng = random.Random(seed)
     texts: list[str] = []
     for name, count in SOURCES.items():
         pool = [i for i in load_dataset(name) if i.id not in held_out]
-        for item in rng.sample(pool, min(count, len(pool))):
+        for item in rng.sample(pool, min(per_source or count, len(pool))):
             template = ALIAS_TEMPLATE if item.kind == "alias" else NUMERIC_TEMPLATE
             texts.extend(s.text for s in split_segments(template.format(question=item.question)))
     return sorted(set(texts))
 
 
-def positives(seed: int) -> list[str]:
+def positives(seed: int, n: int = 600) -> list[str]:
     out = []
-    for claim in tune_claims(seed):
+    for claim in tune_claims(seed, n):
         out.extend(s.text for s in split_segments(claim) if not (s.text.startswith("[") and len(s.text) < 25))
     return sorted(set(out))
 
@@ -58,10 +61,15 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--install", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny data, never installs (a test runs it)")
     args = parser.parse_args()
+    if args.smoke and args.install:
+        parser.error("--smoke never installs")
     split = json.loads((ROOT / "sdk/assets/default_split.json").read_text())
-    neg = negatives(args.seed, set(split["test"]))
-    pos = sorted(set(positives(args.seed)) - set(neg) - set(BENIGN))  # a shared piece ("Answer:") is no claim
+    neg = negatives(args.seed, set(split["test"]), per_source=10 if args.smoke else None)
+    pos = sorted(
+        set(positives(args.seed, 40 if args.smoke else 600)) - set(neg) - set(BENIGN)
+    )  # a shared piece ("Answer:") is no claim
     rng = np.random.default_rng(args.seed)
     neg_order = rng.permutation(len(neg))
     n_fit = int(0.8 * len(neg))

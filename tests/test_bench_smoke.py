@@ -43,6 +43,18 @@ class RunBy:
 
 
 SMOKES: dict[str, Smoke | RunBy] = {
+    "c3rl.py": Smoke("c3rl: tag rate", timeout_s=240.0, model=True),
+    "cas_bench.py": Smoke("CAS fresh pools:"),
+    "features_bench.py": Smoke("samples/s", model=True),
+    "probe_smollm2.py": Smoke("Held-out capability calibration", model=True),
+    "proxy_probe_math500.py": Smoke("proxy MATH-500: Brier", timeout_s=180.0, model=True),
+    "cas_fresh_pools.py": Smoke("first pool:"),
+    "learn_from_traffic.py": Smoke("learn: after 100 outcomes"),
+    "probe_lr.py": Smoke("Brier/µ̂"),
+    "ray_harvest_bench.py": Smoke("Ray, 1 worker"),
+    "train_claim_detector.py": Smoke("train positives caught"),
+    "injection_families.py": RunBy("bench/injection_bench.py", "from injection_families import"),
+    "peers_table.py": RunBy("bench/peers_bench.py", "from peers_table import"),
     "datasets_grading_bench.py": Smoke("grader, data"),
     "decision_log_bench.py": Smoke("decisions/s"),
     "features_log_bench.py": Smoke("1/call rows/s"),
