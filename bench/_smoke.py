@@ -197,3 +197,24 @@ def openai_server(base_url: str | None = None, model: str | None = None) -> Iter
     left_out("a real vLLM server (no $CAPGATE_TEST_VLLM_URL): canned replies from an in-process fake one")
     with fake_openai_server() as pair:
         yield pair
+
+
+def tiny_probe(model: Path, folder: Path) -> Path:
+    """A linear probe for the tiny model (its hidden state 1, last prompt token), fitted for two epochs
+    on a few prompts with made-up capabilities and saved in ``folder / "probe"``."""
+    import numpy as np
+
+    from capgate.estimators import LinearProbe
+    from capgate.local.hidden_states import HiddenStateFeaturizer
+    from capgate.local.models import load_model
+
+    out = folder / "probe"
+    if (out / "probe.json").is_file():
+        return out
+    featurizer = HiddenStateFeaturizer(load_model(model, device="cpu"), layers=[1])
+    prompts = [f"What is {a} + {a + 3}?" for a in range(24)]
+    X = featurizer.transform(prompts)
+    mu = np.random.default_rng(0).uniform(size=len(prompts))
+    probe = LinearProbe(lr=1e-3, max_epochs=2, validation_fraction=None)
+    probe.fit(X, mu, feature_spec=featurizer.spec).save(out)
+    return out

@@ -26,7 +26,8 @@ for the path ``load_estimator("default")`` chooses on this machine (R: the worst
 batch sizes).
 
 Run: ``python bench/probe_speed.py [--threads 2] [--repeats 2] [--check-n N] [--fast DTYPE,...]
-[--record] [--no-table]``.
+[--record] [--no-table]``. ``--smoke``: every part in seconds on a tiny random-weight model and a
+probe fitted for it (4 checked queries, one repetition; the test suite runs it).
 """
 
 from __future__ import annotations
@@ -109,8 +110,16 @@ def bare_decoder(loaded: Any, layers: int, dtype: str) -> Any:
     return decoder
 
 
+def _layer(probe: LinearProbe) -> int:
+    """The one hidden state the probe reads (26 for the shipped one)."""
+    layers = (probe.feature_spec_ or {}).get("layers")
+    if not isinstance(layers, list) or len(layers) != 1:
+        raise SystemExit(f"this bench times a probe of one hidden state; the probe reads {layers!r}")
+    return int(layers[0])
+
+
 def estimator_for(loaded: Any, probe: LinearProbe, dtype: str, batch_size: int) -> ProbeEstimator:
-    featurizer = HiddenStateFeaturizer(loaded, layers=[26], batch_size=batch_size, dtype=dtype)  # type: ignore[arg-type]
+    featurizer = HiddenStateFeaturizer(loaded, layers=[_layer(probe)], batch_size=batch_size, dtype=dtype)  # type: ignore[arg-type]
     return ProbeEstimator(featurizer, probe, ignore_spec_fields=["dtype"])
 
 
@@ -119,8 +128,8 @@ def profile(loaded: Any, probe: LinearProbe, prompts: list[str]) -> None:
     import torch
 
     for name, featurizer in (
-        ("today", TodaysFeaturizer(loaded, layers=[26], batch_size=8)),
-        ("now", HiddenStateFeaturizer(loaded, layers=[26], batch_size=32)),
+        ("today", TodaysFeaturizer(loaded, layers=[_layer(probe)], batch_size=8)),
+        ("now", HiddenStateFeaturizer(loaded, layers=[_layer(probe)], batch_size=32)),
     ):
         estimator = ProbeEstimator(featurizer, probe)
         estimator.estimate(prompts[:4])  # warm-up
@@ -157,12 +166,12 @@ def speed_table(
     """Queries/s per dtype and batch size: bare decoder vs capgate's estimate (and today's path)."""
     import torch
 
-    today = ProbeEstimator(TodaysFeaturizer(loaded, layers=[26], batch_size=8), probe)
+    today = ProbeEstimator(TodaysFeaturizer(loaded, layers=[_layer(probe)], batch_size=8), probe)
     rates: dict[str, dict[int, float]] = {}
     print(f"{'dtype':<10} {'batch':>5} {'bare q/s':>9} {'capgate q/s':>12} {'ratio':>6} {'today q/s':>10} "
           f"{'speed-up':>9}")  # fmt: skip
     for dtype in DTYPES:
-        bare = bare_decoder(loaded, 26, dtype)
+        bare = bare_decoder(loaded, _layer(probe), dtype)
         estimator = estimator_for(loaded, probe, dtype, 32)
         rates[dtype] = {}
         for n in BATCHES:
@@ -254,7 +263,20 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="save the checks into the probe's metadata")
     parser.add_argument("--probe", type=Path, default=None, help="probe folder (default: the shipped one)")
     parser.add_argument("--no-table", action="store_true", help="only the check")
+    parser.add_argument(
+        "--smoke", action="store_true", help="seconds on a tiny model and probe (a test runs it)"
+    )
     args = parser.parse_args()
+    model = "default"
+    if args.smoke:
+        from _smoke import left_out, smoke_dir, tiny_model, tiny_probe
+
+        if args.record:
+            parser.error("--smoke never records into a probe")
+        folder = smoke_dir("probe-speed")
+        model, args.threads, args.repeats, args.check_n = str(tiny_model(folder)), 1, 1, 4
+        args.probe = tiny_probe(Path(model), folder)
+        left_out("the embedded model and the shipped probe (a tiny model and a probe fitted for it)")
 
     import torch
 
@@ -264,7 +286,7 @@ def main() -> None:
 
     path = args.probe or default_probe_path()
     probe = LinearProbe.load(path)
-    chosen = load_estimator("default", device="cpu", probe=path)
+    chosen = load_estimator(model, device="cpu", probe=path)
     loaded = chosen.featurizer.loaded
     prompts = [q.prompt for q in demo_questions(64, seed=1)]
     tokens = statistics.mean(len(loaded.prompt_ids(p)) for p in prompts)

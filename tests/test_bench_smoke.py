@@ -46,6 +46,7 @@ SMOKES: dict[str, Smoke | RunBy] = {
     "c3rl.py": Smoke("c3rl: tag rate", timeout_s=240.0, model=True),
     "cas_bench.py": Smoke("CAS fresh pools:"),
     "features_bench.py": Smoke("samples/s", model=True),
+    "probe_speed.py": Smoke("probe speed:", model=True),
     "probe_smollm2.py": Smoke("Held-out capability calibration", model=True),
     "proxy_probe_math500.py": Smoke("proxy MATH-500: Brier", timeout_s=180.0, model=True),
     "cas_fresh_pools.py": Smoke("first pool:"),
