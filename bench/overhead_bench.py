@@ -35,6 +35,10 @@ Run: ``python bench/overhead_bench.py [--local] [--questions N] [--server URL --
 NAME] [--repeats R] [--vllm-engine]``. The last line is ``overhead: local R1× (24 tok) R2× (128 tok)``
 (shared-prefill path), followed by ``; verbalized R3×; calls/query C; verbalized shadow R4×,
 speculative R5× (paired)`` when a server was measured.
+
+``--smoke``: every local and remote part in seconds on a tiny random-weight model and a probe fitted
+for it, against the test suite's server if set, else an in-process fake one; no vLLM engine paths
+(the test suite runs it).
 """
 
 from __future__ import annotations
@@ -296,7 +300,28 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--repeats", type=int, default=1, help="alternation rounds per question")
     parser.add_argument("--no-breakdown", action="store_true", help="skip the 24-token breakdown")
+    parser.add_argument("--smoke", action="store_true", help="seconds on a tiny model (a test runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        import contextlib
+
+        from _smoke import left_out, openai_server, smoke_dir, tiny_model, tiny_probe
+
+        folder = smoke_dir("overhead")
+        model = tiny_model(folder)
+        args.questions, args.threads, args.vllm_engine = 2, 1, False
+        left_out("the embedded model, the shipped probe and the vLLM engine paths (a tiny model and probe)")
+        with contextlib.ExitStack() as stack:
+            if not args.local:
+                args.server, args.served_model = stack.enter_context(
+                    openai_server(args.server, args.served_model)
+                )
+            run(args, str(model), str(tiny_probe(model, folder)))
+        return
+    run(args, "default", None)
+
+
+def run(args: argparse.Namespace, model: str, probe: str | None) -> None:
     prompts = [q.prompt for q in demo_questions(args.questions, seed=1)]
     print(f"data: {len(prompts)} held-out prompts from the shipped SmolLM2 labels; greedy answers")
 
@@ -306,8 +331,8 @@ def main() -> None:
     from capgate.loading import load_estimator
 
     torch.set_num_threads(args.threads)
-    backend = load_backend("default", device="cpu")
-    estimator = load_estimator("default", device="cpu")
+    backend = load_backend(model, device="cpu")
+    estimator = load_estimator(model, device="cpu", probe=probe)
     print(ROW.format("path", "ungated s", "gated s", "ratio"))
     short = measure_local(backend, estimator, prompts, 24, args.repeats)
     long = measure_local(backend, estimator, prompts, 128, args.repeats)

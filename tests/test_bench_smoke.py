@@ -51,6 +51,7 @@ SMOKES: dict[str, Smoke | RunBy] = {
     "proxy_probe_math500.py": Smoke("proxy MATH-500: Brier", timeout_s=180.0, model=True),
     "cas_fresh_pools.py": Smoke("first pool:"),
     "learn_from_traffic.py": Smoke("learn: after 100 outcomes"),
+    "overhead_bench.py": Smoke("overhead: local", model=True),
     "probe_lr.py": Smoke("Brier/µ̂"),
     "ray_harvest_bench.py": Smoke("Ray, 1 worker"),
     "train_claim_detector.py": Smoke("train positives caught"),
