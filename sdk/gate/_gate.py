@@ -27,6 +27,7 @@ from capgate.gate._settings import (
     OnBlock,
     given_settings,
 )
+from capgate.gate._shadow import WORKERS as SHADOW_WORKERS
 from capgate.gate._shadow import Shadows, astart_shadow, start_shadow
 from capgate.gate._stats import GateStats
 from capgate.gate.flow import (
@@ -51,13 +52,14 @@ _OVERRIDE_NOTE = "the estimator predicts {predicts!r}'s capability (allow_other_
 class _Shared:
     """What a gate and its :meth:`Gate.with_options` views share: stats, loaded policies, logs."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: GateSettings) -> None:
         self.stats = GateStats()
         self.lock = threading.Lock()
         self.policies: dict[str, Policy] = {}
         self.logs: dict[str, DecisionLog] = {}
         self.slots = Slots()
         self.shadows = Shadows()
+        self.shadows.reserve(settings.max_concurrency or SHADOW_WORKERS)  # threads start now, not in a call
         self.calibrations = Calibrations()
 
 
@@ -100,14 +102,14 @@ class Gate:
 
     def __init__(self, **settings: Unpack[GateOptions]) -> None:
         self.settings = GateSettings().replace(**settings)
-        self._shared = _Shared()
+        self._shared = _Shared(self.settings)
 
     @classmethod
     def from_settings(cls, settings: GateSettings) -> Gate:
         """A gate with the given settings."""
         gate = cls.__new__(cls)
         gate.settings = settings
-        gate._shared = _Shared()
+        gate._shared = _Shared(settings)
         return gate
 
     @classmethod

@@ -40,6 +40,7 @@ from capgate.gate._defaults import default_estimator
 from capgate.gate._effects import Decide, FlowGate
 from capgate.gate._limits import failure_reason, log_writer
 from capgate.gate._results import ShadowDecision, Verdict
+from capgate.gate._workers import Lane, submit_or_run
 from capgate.gate.flow import aperform, perform
 
 SHADOW_REASON = "shadow mode: the gate decides beside the call and logs what it would have done"
@@ -62,8 +63,15 @@ class Shadows:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lane: Lane | None = None
         self._pending: set[concurrent.futures.Future[Any] | asyncio.Future[Any]] = set()
+
+    def reserve(self, workers: int) -> None:
+        """Take this gate's ``workers`` places in the process's started threads (when the gate is
+        made, so no call starts a thread); later calls share them, at most ``workers`` at once."""
+        with self._lock:
+            if self._lane is None:
+                self._lane = Lane(workers)
 
     def _track(self, future: concurrent.futures.Future[Any] | asyncio.Future[Any]) -> None:
         with self._lock:
@@ -74,17 +82,14 @@ class Shadows:
         with self._lock:
             self._pending.discard(future)
 
-    def _threads(self, workers: int) -> concurrent.futures.ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    workers, thread_name_prefix="capgate-shadow"
-                )
-            return self._pool
+    def _threads(self, workers: int) -> Lane:
+        self.reserve(workers)  # a no-op for a gate's own: Gate() reserved them
+        assert self._lane is not None
+        return self._lane
 
     def start(self, job: Callable[[], Verdict], workers: int) -> ShadowDecision:
         """Run ``job`` in a worker thread (at most ``workers`` at once; more wait their turn)."""
-        decision = ShadowDecision(_submit(self._threads(workers), job))  # its callbacks (the log
+        decision = ShadowDecision(self._threads(workers).submit(job))  # its callbacks (the log
         self._track(decision.future)  # write) run before the future is forgotten: a flush waits
         return decision
 
@@ -94,11 +99,11 @@ class Shadows:
         The work a logged decision brings along (its features, a candidate's decision) runs here:
         ``job`` must catch its own errors, since nobody waits on its result.
         """
-        self._track(_submit(self._threads(workers), job))
+        self._track(self._threads(workers).submit(job))
 
     def write(self, job: Callable[[], None]) -> None:
         """Run the log write ``job`` of a shadow decision in the log's thread (a flush waits for it)."""
-        self._track(_submit(log_writer(), job))
+        self._track(submit_or_run(log_writer(), job))
 
     def astart(self, job: Callable[[], Any], unmade: Callable[[], Verdict]) -> ShadowDecision:
         """Run the coroutine ``job()`` as a task of the running event loop; ``unmade()``: the
@@ -131,24 +136,6 @@ class Shadows:
             ]
             await asyncio.wait(waits)
             await asyncio.sleep(0)  # let the done callbacks (which track the log writes) run
-
-
-def _submit(
-    pool: concurrent.futures.ThreadPoolExecutor, job: Callable[[], Any]
-) -> concurrent.futures.Future[Any]:
-    """``pool.submit(job)``; at interpreter exit, when the pool takes no new work, ``job`` run here
-    (these pools are never shut down otherwise: exit is when their threads stop)."""
-    try:
-        return pool.submit(job)
-    except RuntimeError as exc:
-        if "cannot schedule new futures" not in str(exc):
-            raise
-    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-    try:
-        done.set_result(job())
-    except BaseException as exc:  # the caller reads it from the future, as from the pool's
-        done.set_exception(exc)
-    return done
 
 
 def off_loop(gate: FlowGate) -> bool:

@@ -1,0 +1,127 @@
+"""The threads a gate's side work runs on, started once per process.
+
+Shadow decisions (and the work a logged decision brings along) run beside the call in worker
+threads. Starting a thread inside a call's prologue makes the call wait for it (``Thread.start``
+blocks until the new thread runs), and under CPU contention every call in flight waits so: a
+0.31 s stall at 16 shadow calls in bench/RELIABILITY.md. So the threads are started when a gate
+is made (:meth:`Workers.reserve`, outside any call) and shared by every gate of the process; each
+gate takes its share through a :class:`Lane` that runs at most its ``limit`` of jobs at once and
+queues the rest, in order, without holding a thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+MAX_THREADS = 256
+"""Most worker threads the process starts, however many gates reserve them."""
+
+
+def submit_or_run(
+    pool: concurrent.futures.ThreadPoolExecutor, job: Callable[[], Any]
+) -> concurrent.futures.Future[Any]:
+    """``pool.submit(job)``; at interpreter exit, when the pool takes no new work, ``job`` run here
+    (the pools are never shut down otherwise: exit is when their threads stop)."""
+    try:
+        return pool.submit(job)
+    except RuntimeError as exc:
+        if "cannot schedule new futures" not in str(exc):
+            raise
+    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    try:
+        done.set_result(job())
+    except BaseException as exc:  # the caller reads it from the future, as from the pool's
+        done.set_exception(exc)
+    return done
+
+
+class Workers:
+    """A process's worker threads: a thread pool whose threads are all started up front, so a
+    job never waits for one to start (an idle thread takes it, or it queues for the next free)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._reserved = 0
+        self.size = 0
+        """Threads started (and kept) for the jobs."""
+
+    def reserve(self, threads: int) -> None:
+        """Add ``threads`` to what the process keeps started (up to :data:`MAX_THREADS`), starting
+        any missing now. Called when a gate is made, never inside a call."""
+        with self._lock:
+            self._reserved += threads
+            if min(self._reserved, MAX_THREADS) <= self.size:
+                return
+            wanted = min(max(self._reserved, 2 * self.size), MAX_THREADS)  # grows rarely: doubling
+            pool = concurrent.futures.ThreadPoolExecutor(wanted, thread_name_prefix="capgate-worker")
+            started = threading.Barrier(wanted + 1)
+            for _ in range(wanted):  # each start-up job holds its thread until all have started
+                pool.submit(started.wait)
+            started.wait()
+            old, self._pool, self.size = self._pool, pool, wanted
+        if old is not None:  # finishes the jobs it holds, takes no new ones, then its threads end
+            old.shutdown(wait=False)
+
+    def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run ``job`` in a started thread (:meth:`reserve` first)."""
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("no worker threads reserved: call reserve() when the gate is made")
+        return submit_or_run(pool, job)
+
+
+WORKERS = Workers()
+"""The process's worker threads, shared by every gate."""
+
+
+class Lane:
+    """One gate's share of :data:`WORKERS`: at most ``limit`` of its jobs run at once; the others
+    wait here, in order, holding no thread, so one busy gate never takes another's threads
+    beyond what it reserved."""
+
+    def __init__(self, limit: int, workers: Workers = WORKERS) -> None:
+        self.limit = limit
+        self._workers = workers
+        self._lock = threading.Lock()
+        self._running = 0
+        self._waiting: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
+        workers.reserve(limit)
+
+    def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run ``job`` in a worker thread when one of this lane's ``limit`` places is free."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            start = self._running < self.limit
+            if start:
+                self._running += 1
+            else:
+                self._waiting.append((job, future))
+        if start:
+            self._dispatch(job, future)
+        return future
+
+    def _dispatch(self, job: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
+        def run() -> None:
+            try:
+                result = job()
+            except BaseException as exc:  # the caller reads it from the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            finally:
+                self._next()
+
+        self._workers.submit(run)
+
+    def _next(self) -> None:
+        with self._lock:
+            if not self._waiting:
+                self._running -= 1
+                return
+            job, future = self._waiting.popleft()
+        self._dispatch(job, future)

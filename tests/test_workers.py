@@ -1,0 +1,162 @@
+"""Side work runs on threads started once per process: no call waits for a thread to start.
+
+The process's worker threads start when a gate is made; each gate takes at most its share of
+them (a lane); a burst of shadow calls starts no thread and leaves the caller's event loop free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+import capgate
+from capgate import Estimate, Gate
+from capgate.core.backend import Prompt
+from capgate.decision import DecisionLog
+from capgate.estimators import CapabilityEstimator
+from capgate.gate._workers import WORKERS, Lane, Workers
+
+
+class Sleepy(CapabilityEstimator):
+    """A sync estimate that blocks its thread (as a forward pass or an HTTP call does)."""
+
+    method = "sleepy"
+
+    def __init__(self, seconds: float = 0.02) -> None:
+        self.seconds = seconds
+
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
+        time.sleep(self.seconds)
+        return [Estimate(p=0.9, method=self.method) for _ in queries]
+
+
+@pytest.fixture
+def thread_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads started while the test runs (after its gates were made)."""
+    started: list[str] = []
+    original = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        started.append(self.name)
+        original(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    return started
+
+
+def test_a_lane_runs_at_most_its_limit_at_once_and_the_rest_in_order() -> None:
+    workers = Workers()
+    lane = Lane(2, workers)
+    release = threading.Event()
+    running, peak, order = [0], [0], []
+    lock = threading.Lock()
+
+    def job(i: int) -> int:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            order.append(i)
+        release.wait(5)
+        with lock:
+            running[0] -= 1
+        return i
+
+    futures = [lane.submit(lambda i=i: job(i)) for i in range(6)]
+    time.sleep(0.1)
+    assert running[0] == 2  # two run, four wait without a thread
+    release.set()
+    assert [f.result(timeout=5) for f in futures] == list(range(6))
+    assert peak[0] == 2
+    assert order[:2] == [0, 1]
+    assert sorted(order) == list(range(6))
+    assert workers.size >= 2
+
+
+def test_a_job_that_raises_hands_its_error_to_its_future_and_frees_its_place() -> None:
+    lane = Lane(1, Workers())
+
+    def boom() -> None:
+        raise ValueError("estimator broke")
+
+    with pytest.raises(ValueError, match="estimator broke"):
+        lane.submit(boom).result(timeout=5)
+    assert lane.submit(lambda: 7).result(timeout=5) == 7
+
+
+def test_the_process_starts_threads_when_gates_are_made_and_grows_rarely() -> None:
+    workers = Workers()
+    sizes = set()
+    for _ in range(40):
+        workers.reserve(4)
+        sizes.add(workers.size)
+    assert workers.size >= 160  # every gate's share is started
+    assert len(sizes) <= 7  # the pool was rebuilt (doubling) a handful of times, not 40
+    workers.reserve(1000)
+    assert workers.size == 256  # MAX_THREADS
+
+
+def test_shadow_calls_start_no_thread(tmp_path: Path, thread_starts: list[str]) -> None:
+    gate_log = DecisionLog(tmp_path / "log.sqlite3")
+    guarded = capgate.guard(policy="balanced", estimator=Sleepy(0.001), mode="shadow", log=gate_log)(
+        lambda prompt: "42"
+    )
+    thread_starts.clear()  # the gate and its log are made; now the calls
+    for i in range(30):
+        assert guarded(f"What is {i} + 1?") == "42"
+    guarded.gate.flush()
+    assert [name for name in thread_starts if not name.startswith("capgate-log")] == []
+    assert gate_log.count() == 30
+    gate_log.close()
+
+
+def test_two_gates_keep_their_own_limits(tmp_path: Path) -> None:
+    """A gate flooded with slow shadow work does not hold another gate's shadow decisions."""
+    slow = Gate(policy="balanced", estimator=Sleepy(0.5), mode="shadow", max_concurrency=2)
+    quick = Gate(policy="balanced", estimator=Sleepy(0.001), mode="shadow", max_concurrency=2)
+    for i in range(8):
+        slow.shadow(f"slow {i}")
+    started = time.monotonic()
+    verdict = quick.shadow("quick")
+    assert verdict.pending is not None
+    verdict.pending.future.result(timeout=5)  # type: ignore[union-attr]
+    assert time.monotonic() - started < 0.4, "the quick gate waited for the slow gate's work"
+    slow.flush()
+
+
+def test_the_event_loop_stays_free_under_64_async_shadow_calls(tmp_path: Path) -> None:
+    """The real gate, 64 shadow calls in flight on one loop, each estimate blocking a worker
+    thread for 50 ms: a ticker on the same loop measures how late it wakes."""
+    log = DecisionLog(tmp_path / "log.sqlite3")
+
+    @capgate.guard(policy="balanced", estimator=Sleepy(0.05), mode="shadow", log=log, max_concurrency=64)
+    async def ask(prompt: str) -> str:
+        await asyncio.sleep(0.01)
+        return "42"
+
+    async def main() -> float:
+        lags: list[float] = []
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            while not stop.is_set():
+                before = time.monotonic()
+                await asyncio.sleep(0.005)
+                lags.append(time.monotonic() - before - 0.005)
+
+        tick = asyncio.create_task(ticker())
+        answers = await asyncio.gather(*(ask(f"q{i}") for i in range(64)))
+        await ask.gate.aflush()
+        stop.set()
+        await tick
+        assert answers == ["42"] * 64
+        return max(lags)
+
+    worst = asyncio.run(main())
+    log.close()
+    print(f"event loop lag under 64 shadow calls: worst {worst * 1000:.1f} ms; worker threads {WORKERS.size}")
+    assert worst < 0.25, f"the caller's loop was held {worst * 1000:.0f} ms"
