@@ -60,6 +60,7 @@ from capgate.gate import (
 )
 from capgate.gate.decorator import guard, last_decision
 from capgate.loading import load_estimator
+from capgate.local.process import ProcessTuning, tune_process
 from capgate.policies import Policy, load_policy
 
 _moved.install()
@@ -100,6 +101,7 @@ __all__ = [
     "PaperConfidenceGap",
     "Policy",
     "ProbeMismatchError",
+    "ProcessTuning",
     "Prompt",
     "ResampleFailed",
     "RoutePlan",
@@ -118,4 +120,5 @@ __all__ = [
     "load_estimator",
     "load_policy",
     "set_default_estimator",
+    "tune_process",
 ]
