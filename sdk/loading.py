@@ -139,18 +139,31 @@ _CPU_FAST_PATHS = ("bfloat16", "bf16-mixed")
 pays off (:func:`capgate.local.models.bf16_pays_off`)."""
 
 
-def _feature_dtype(dtype: str, device: str, probe: LinearProbe) -> str:
+def _feature_dtype(dtype: str, device: str, probe: LinearProbe) -> tuple[str, dict[str, Any]]:
     """The reader's pass dtype: on request, else the fastest checked fast path where bfloat16 pays
-    off on this CPU, else float32."""
+    off on this CPU, else float32; and how it was chosen (recorded in every estimate's details
+    as ``fast_path``, so two processes that chose differently can be told apart afterwards)."""
     if dtype != "auto":
-        return dtype
-    if device != "cpu":
-        return "auto"  # the model's own (bfloat16 or float16 on CUDA)
+        return dtype, {"dtype": dtype, "chosen_by": "setting"}
+    if device != "cpu":  # the model's own (bfloat16 or float16 on CUDA)
+        return "auto", {"dtype": "auto", "chosen_by": f"device {device}: the model's own dtype"}
     from capgate.local import models
 
     checks = recorded_fast_paths(probe)
     passed = [fast for fast in _CPU_FAST_PATHS if fast in checks and checks[fast].passed]
-    return passed[0] if passed and models.bf16_pays_off() else "float32"  # measured only when it matters
+    choice: dict[str, Any] = {"chosen_by": "auto", "checked_fast_paths": passed}
+    if not passed:  # nothing to choose: no timing taken
+        return "float32", {"dtype": "float32", **choice}
+    native = models.native_bf16_cpu()
+    speedup = models.bf16_speedup() if native else None  # measured only when it matters
+    chosen = passed[0] if native and speedup is not None and speedup >= models.BF16_PAYS_OFF else "float32"
+    return chosen, {
+        "dtype": chosen,
+        **choice,
+        "native_bf16": native,
+        "bf16_speedup": speedup,
+        "bf16_threshold": models.BF16_PAYS_OFF,
+    }
 
 
 @overload
@@ -264,7 +277,7 @@ def load_estimator(
     # bf16-mixed is a pass over a float32 model (its MLP matmuls in bfloat16), not a weights dtype.
     weights = "float32" if dtype == "bf16-mixed" else dtype
     loaded = load_model(model, device=device, dtype=weights)
-    feature_dtype = _feature_dtype(dtype, loaded.device, saved)
+    feature_dtype, fast_path = _feature_dtype(dtype, loaded.device, saved)
     pooling = spec.pooling if spec is not None else "last"
     chat_template = spec.chat_template if spec is not None else True
     try:
@@ -284,7 +297,9 @@ def load_estimator(
     # or a fast path the probe records as checked; every other field must match.
     ignore = ("dtype",)
     check_spec_match(saved.feature_spec_, featurizer.spec, ignore=ignore)
-    estimator: CapabilityEstimator = ProbeEstimator(featurizer, saved, ignore_spec_fields=ignore)
+    estimator: CapabilityEstimator = ProbeEstimator(
+        featurizer, saved, ignore_spec_fields=ignore, fast_path=fast_path
+    )
     if calibration is not None:
         from capgate.learn import Calibration
 

@@ -220,10 +220,21 @@ def test_bfloat16_pays_off_only_where_native_and_measured_faster(
 
     monkeypatch.setattr(_cpu, "native_bf16_cpu", lambda: native)
     monkeypatch.setattr(_cpu, "bf16_speedup", lambda: speedup)
-    monkeypatch.setattr("capgate.local.models.bf16_pays_off", _cpu.bf16_pays_off)
+    monkeypatch.setattr("capgate.local.models.native_bf16_cpu", lambda: native)
+    monkeypatch.setattr("capgate.local.models.bf16_speedup", lambda: speedup)
     assert _cpu.bf16_pays_off() is pays
     probe = probe_with({"fast_path": {"bf16-mixed": passed_check(dtype="bf16-mixed")}})
-    assert _feature_dtype("auto", "cpu", probe) == ("bf16-mixed" if pays else "float32")
+    chosen, record = _feature_dtype("auto", "cpu", probe)
+    assert chosen == ("bf16-mixed" if pays else "float32")
+    # the choice is on the record: what was measured, against which threshold, and what it chose
+    assert record == {
+        "dtype": chosen,
+        "chosen_by": "auto",
+        "checked_fast_paths": ["bf16-mixed"],
+        "native_bf16": native,
+        "bf16_speedup": speedup if native else None,  # measured only where bfloat16 is native
+        "bf16_threshold": 1.25,
+    }
 
 
 def test_the_bfloat16_speedup_is_measured_once_without_touching_the_random_stream() -> None:
@@ -270,12 +281,17 @@ def test_the_bfloat16_speedup_is_measured_once_without_touching_the_random_strea
 def test_auto_picks_a_fast_path_only_where_bfloat16_pays_off_and_checked(
     monkeypatch: pytest.MonkeyPatch, native: bool, record: dict[str, Any] | None, expected: str
 ) -> None:
-    monkeypatch.setattr("capgate.local.models.bf16_pays_off", lambda: native)
+    monkeypatch.setattr("capgate.local.models.native_bf16_cpu", lambda: native)
+    monkeypatch.setattr("capgate.local.models.bf16_speedup", lambda: 2.4)
     checks = record if record is None or "n" not in record else {"bfloat16": record}
     probe = probe_with({} if checks is None else {"fast_path": checks})
-    assert _feature_dtype("auto", "cpu", probe) == expected
-    assert _feature_dtype("float32", "cpu", probe) == "float32"  # an explicit dtype wins
-    assert _feature_dtype("auto", "cuda", probe) == "auto"  # the model's own on CUDA
+    assert _feature_dtype("auto", "cpu", probe)[0] == expected
+    # an explicit dtype wins, and says so
+    assert _feature_dtype("float32", "cpu", probe) == (
+        "float32",
+        {"dtype": "float32", "chosen_by": "setting"},
+    )
+    assert _feature_dtype("auto", "cuda", probe)[0] == "auto"  # the model's own on CUDA
 
 
 @pytest.mark.parametrize(

@@ -411,3 +411,51 @@ def test_a_decision_span_names_its_calibration_version_and_shadow_mode() -> None
     telemetry.record_decision(plain, made.model_copy(update={"calibration": None, "shadow": False}))
     assert "capgate.calibration" not in plain.attributes
     assert "capgate.shadow" not in plain.attributes
+
+
+def test_the_probes_fast_path_choice_is_on_the_estimate_the_log_and_the_spans(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    """An automatic choice is on the record: load_estimator's dtype choice (what it measured,
+    against which threshold) rides in every estimate's details, the logged decision and both
+    spans, so two processes that chose differently near the threshold can be told apart."""
+    import numpy as np
+
+    from capgate.estimators import LinearProbe, ProbeEstimator
+
+    class Lengths:
+        spec = {"model_id": "toy", "weights_fingerprint": "0", "dim": 2}
+
+        def transform(self, queries: list[str]) -> Any:
+            return np.array([[len(q), len(q) % 7] for q in queries], dtype=np.float32)
+
+    choice = {
+        "dtype": "float32",
+        "chosen_by": "auto",
+        "checked_fast_paths": ["bfloat16"],
+        "native_bf16": True,
+        "bf16_speedup": 1.21,
+        "bf16_threshold": 1.25,
+    }
+    queries = [f"q{'?' * i}" for i in range(40)]
+    estimator = ProbeEstimator(
+        Lengths(), LinearProbe(lr=0.05, validation_fraction=None, max_epochs=5), fast_path=choice
+    ).fit(queries, np.array([1.0 if len(q) < 20 else 0.0 for q in queries]))
+    log = DecisionLog(tmp_path / "log.sqlite3")
+
+    @capgate.guard(policy="balanced", estimator=estimator, log=log)
+    def ask(prompt: str) -> str:
+        return "4"
+
+    ask("q?")
+    (logged,) = log.decisions()
+    assert logged.decision.estimate.details["fast_path"] == choice
+    (gate,) = _named(spans, telemetry.SPAN_GATE)
+    attrs = dict(gate.attributes or {})
+    assert attrs["capgate.fast_path.dtype"] == "float32"
+    assert attrs["capgate.fast_path.chosen_by"] == "auto"
+    assert attrs["capgate.fast_path.bf16_speedup"] == 1.21
+    assert attrs["capgate.fast_path.bf16_threshold"] == 1.25
+    (estimate_span,) = _named(spans, telemetry.SPAN_ESTIMATE)
+    assert dict(estimate_span.attributes or {})["capgate.fast_path.bf16_speedup"] == 1.21
+    log.close()

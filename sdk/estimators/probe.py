@@ -118,6 +118,10 @@ class ProbeEstimator(CapabilityEstimator):
         probe: The probe; fitted, or fitted later through :meth:`fit`.
         ignore_spec_fields: Feature-spec fields not compared with the probe's (see
             :func:`check_spec_match`); none by default.
+        fast_path: How the reader pass's dtype was chosen (:func:`capgate.load_estimator` fills
+            it: the dtype, ``chosen_by`` ``"setting"`` or ``"auto"``, and for ``"auto"`` on a CPU
+            the measured bfloat16 speed-up and its threshold); copied into every estimate's
+            ``details["fast_path"]``, so the decision log and the telemetry span keep it.
 
     Examples:
         >>> import numpy as np
@@ -137,11 +141,17 @@ class ProbeEstimator(CapabilityEstimator):
     method = "probe"
 
     def __init__(
-        self, featurizer: Featurizer, probe: LinearProbe, *, ignore_spec_fields: Collection[str] = ()
+        self,
+        featurizer: Featurizer,
+        probe: LinearProbe,
+        *,
+        ignore_spec_fields: Collection[str] = (),
+        fast_path: Mapping[str, Any] | None = None,
     ) -> None:
         self.featurizer = featurizer
         self.probe = probe
         self.ignore_spec_fields = ignore_spec_fields
+        self.fast_path = fast_path
 
     @property
     def target_model(self) -> str | None:
@@ -228,6 +238,8 @@ class ProbeEstimator(CapabilityEstimator):
         spec = spec_as_dict(self.featurizer.spec)  # carried with each estimate's features
         cost = Cost(forward_passes=1, calls=1, latency_s=elapsed / len(queries))
         details = {"batch_size": len(queries), "batch_latency_s": elapsed, **made}
+        if self.fast_path is not None:  # how the reader pass's dtype was chosen (load_estimator)
+            details["fast_path"] = dict(self.fast_path)
         estimates: list[Estimate] = []
         for row in rows:
             if isinstance(row, str):

@@ -149,6 +149,19 @@ def _set(span: Any, values: dict[str, Any]) -> None:
         span.set_attributes({k: v for k, v in values.items() if v is not None})
 
 
+def _fast_path(estimate: Estimate) -> dict[str, Any]:
+    """How the estimate's reader pass chose its dtype (``details["fast_path"]``), as attributes."""
+    choice = estimate.details.get("fast_path")
+    if not isinstance(choice, dict):
+        return {}
+    return {
+        "capgate.fast_path.dtype": choice.get("dtype"),
+        "capgate.fast_path.chosen_by": choice.get("chosen_by"),
+        "capgate.fast_path.bf16_speedup": choice.get("bf16_speedup"),
+        "capgate.fast_path.bf16_threshold": choice.get("bf16_threshold"),
+    }
+
+
 def record_decision(span: Any, decision: Decision, query: Prompt | None = None) -> None:
     """Put a decision's attributes on its ``capgate.gate`` span (``query`` only when the decision
     log keeps text: the caller decides)."""
@@ -156,6 +169,7 @@ def record_decision(span: Any, decision: Decision, query: Prompt | None = None) 
     _set(
         span,
         {
+            **_fast_path(estimate),
             "capgate.decision.id": decision.id,
             "capgate.action": decision.action,
             "capgate.reason": decision.reason,
@@ -202,6 +216,7 @@ def record_estimates(span: Any, estimates: object, model: str | None) -> None:
         values["gen_ai.usage.output_tokens"] = sum(e.cost.completion_tokens for e in found)
         values["capgate.estimator"] = found[0].method
         values["capgate.degraded"] = any(e.degraded for e in found)
+        values |= _fast_path(found[0])
     if len(found) == 1:
         values["capgate.p"] = found[0].p
         values["capgate.degraded.reason"] = found[0].reason if found[0].degraded else None
