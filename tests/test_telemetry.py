@@ -424,7 +424,7 @@ def test_the_probes_fast_path_choice_is_on_the_estimate_the_log_and_the_spans(
     from capgate.estimators import LinearProbe, ProbeEstimator
 
     class Lengths:
-        spec = {"model_id": "toy", "weights_fingerprint": "0", "dim": 2}
+        spec: ClassVar[dict[str, object]] = {"model_id": "toy", "weights_fingerprint": "0", "dim": 2}
 
         def transform(self, queries: list[str]) -> Any:
             return np.array([[len(q), len(q) % 7] for q in queries], dtype=np.float32)
