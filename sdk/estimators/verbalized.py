@@ -18,6 +18,12 @@ from collections.abc import Sequence
 from typing import Literal
 
 from capgate._util.validate import check_positive_int
+from capgate.cas.confidence import (
+    parse_verbalized_confidence,
+    plants_confidence,
+    strip_confidence_tag,
+    with_confidence_instruction,
+)
 from capgate.core.backend import Prompt, SamplingParams, backend_endpoint
 from capgate.core.types import Estimate
 from capgate.errors import BackendError
@@ -128,6 +134,13 @@ class VerbalizedConfidence(BackendEstimator):
             A server that refuses structured output (HTTP 400/422 while asked for it) is re-asked
             in free text at once, and this estimator stops asking it for structured output
             (``structured_refused`` records it; the estimate's details say so).
+        tag: Read the confidence a model states after its own answer instead (a model trained
+            with ``capgate train c3rl``): the query is asked as is, with
+            :data:`~capgate.cas.CONFIDENCE_INSTRUCTION` as the system turn, and the answer's last
+            ``[confidence=X%]`` tag is the estimate (the answer, tag stripped, is in its details).
+            A query whose user or tool turns dictate a confidence
+            (:func:`~capgate.cas.plants_confidence`) gets no estimate: the stated value would
+            follow the injected text. Not with ``structured=True``.
 
     Attributes:
         structured_: Whether structured output is asked for now (``structured`` resolved).
@@ -153,15 +166,21 @@ class VerbalizedConfidence(BackendEstimator):
         max_tries: int = 3,
         template: str = VERBALIZED_TEMPLATE,
         structured: bool | Literal["auto"] = "auto",
+        tag: bool = False,
     ) -> None:
         super().__init__(backend)
+        if tag and structured is True:
+            raise ValueError("`tag=True` reads a tag after the answer; it cannot ask for structured output")
+        self.tag = tag
         self.params = params
         self.max_tries = check_positive_int("max_tries", max_tries)
         self.template = check_template(template)
         if not (isinstance(structured, bool) or structured == "auto"):
             raise ValueError(f"`structured` must be True, False or 'auto'; got {structured!r}")
         self.structured = structured
-        self.structured_ = backend_endpoint(backend)[0] == "openai" if structured == "auto" else structured
+        self.structured_ = (
+            False if tag else backend_endpoint(backend)[0] == "openai" if structured == "auto" else structured
+        )
         self.structured_refused = False
 
     def _params(self, attempt: int) -> SamplingParams:
@@ -175,6 +194,8 @@ class VerbalizedConfidence(BackendEstimator):
 
     def build_prompt(self, query: Prompt) -> Prompt:
         """The prompt sent for ``query`` (earlier chat turns kept as context)."""
+        if self.tag:
+            return with_confidence_instruction(query)
         template = self.template
         if self.structured_:
             template = template.replace(
@@ -187,6 +208,8 @@ class VerbalizedConfidence(BackendEstimator):
         found: dict[int, tuple[float, str]] = {}
         errored: set[int] = set()
         pending = list(range(len(queries)))
+        planted = {i for i in pending if self.tag and plants_confidence(queries[i])}
+        pending = [i for i in pending if i not in planted]
         for attempt in range(self.max_tries):
             if not pending:
                 break
@@ -209,7 +232,10 @@ class VerbalizedConfidence(BackendEstimator):
                 state.add(outcome, result.latency_s)
                 text = outcome[0].text if outcome else ""
                 p, why = _structured_probability(text) if self.structured_ else (None, "")
-                if p is None:
+                if self.tag:
+                    p = parse_verbalized_confidence(text)
+                    why = "" if p is not None else "no [confidence=X%] tag after the answer"
+                elif p is None:
                     p, why = parse_probability(text, question=query_text(queries[i]))
                 if p is None:
                     state.failures.append(f"try {attempt + 1}: {why}")
@@ -219,7 +245,10 @@ class VerbalizedConfidence(BackendEstimator):
             pending = retry
         estimates: list[Estimate] = []
         for i, state in enumerate(states):
-            if i in found:
+            if i in planted:
+                reason = "the query dictates a confidence tag (prompt injection); the stated one is not read"
+                estimates.append(Estimate.unavailable(self.method, reason, cost=state.cost))
+            elif i in found:
                 p, text = found[i]
                 estimates.append(
                     Estimate(
@@ -228,6 +257,7 @@ class VerbalizedConfidence(BackendEstimator):
                         cost=state.cost,
                         details={
                             "completion": text,
+                            **({"answer": strip_confidence_tag(text)} if self.tag else {}),
                             "tries": len(state.failures) + 1,
                             "failures": state.failures,
                             **({"note": state.note} if state.note else {}),
@@ -235,10 +265,11 @@ class VerbalizedConfidence(BackendEstimator):
                     )
                 )
             else:
+                wanted = "[confidence=X%] tag" if self.tag else "\\boxed{P}"
                 kind = (
                     "backend error"
                     if i in errored
-                    else f"no usable \\boxed{{P}} after {len(state.failures)} tries"
+                    else f"no usable {wanted} after {len(state.failures)} tries"
                 )
                 estimates.append(
                     Estimate.unavailable(
