@@ -30,6 +30,7 @@ def log_traffic(
     spec: dict[str, Any] | None = None,
     start: datetime = START,
     details: Sequence[dict[str, Any]] | None = None,
+    policy: str | None = None,
 ) -> list[str]:
     """Record one decision per ``p`` (one minute apart from ``start``; ``None``: a degraded estimate)
     and its binary outcome ``y`` (``None``: no outcome); with ``features``, log row ``i`` beside
@@ -50,6 +51,7 @@ def log_traffic(
             target=target,
             shadow=shadow,
             calibration=calibration,
+            policy=policy,
             created_at=start + timedelta(minutes=i),
         )
         log.record(d)

@@ -248,3 +248,42 @@ def test_a_probe_gets_no_threshold_from_enforced_traffic_with_blocked_queries(tm
     assert result.calibration.policy is None
     assert any("a probe orders queries its own way" in n for n in result.notes)
     assert result.summary["thresholds"]["selection_gap"] == int((p < 0.4).sum())
+
+
+THREE_BANDS = """\
+version: 1
+name: three-bands
+bands:
+  - below: 0.25
+    action: abstain
+  - below: 0.55
+    action: clarify
+    question: "Which case do you mean?"
+  - action: answer
+on_degraded: abstain
+"""
+
+
+def test_a_custom_policys_bands_are_kept_or_calibrate_refuses_naming_policy(tmp_path: Path) -> None:
+    """A learned version keeps the bands of the policy its decisions were made under: given that
+    policy, only the answer edge moves; without it, calibrate refuses and names --policy instead
+    of writing a two-band policy."""
+    from capgate.learn import CalibrationRefusedError
+
+    rng = np.random.default_rng(5)
+    p = rng.uniform(0, 1, 600)
+    y = (rng.random(600) < p).astype(float)
+    custom = tmp_path / "three.yaml"
+    custom.write_text(THREE_BANDS)
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        log_traffic(log, p, y, policy="three-bands")
+        with pytest.raises(CalibrationRefusedError, match=r"'three-bands'.*--policy"):
+            calibrate(log, out=tmp_path / "refused", risk=0.2, delta=0.1)
+        assert not (tmp_path / "refused").exists()
+        result = calibrate(log, out=tmp_path / "cal", risk=0.2, delta=0.1, policy=str(custom))
+    policy = result.calibration.policy
+    assert policy is not None
+    assert result.threshold is not None
+    assert [band.action for band in policy.bands] == ["abstain", "clarify", "answer"]
+    assert policy.rule().answer_edge == result.threshold
+    assert policy.rule().edges[0] == (0.0, 0.25)  # the lower band stays where it was

@@ -47,6 +47,7 @@ from capgate.learn._crossfit import cross_fit, fit_map, map_fitter, time_split
 from capgate.learn._probe import LoggedFeatureSet, fit_probe, logged_features
 from capgate.learn._select import PREVIOUS, SELECTION_LEVEL, HeldOutRow, best_challenger, select, table_rows
 from capgate.learn._traffic import CalibrationRefusedError, Traffic, read_traffic
+from capgate.policies import PRESETS
 
 if TYPE_CHECKING:
     from capgate.decision.log import DecisionLog
@@ -212,6 +213,14 @@ def _calibrate(
         allow_mixed_versions=allow_mixed_versions,
         min_outcomes=min_outcomes,
     )
+    custom = traffic.policy is not None and traffic.policy not in PRESETS
+    if risk is not None and policy is None and custom:
+        raise CalibrationRefusedError(
+            f"the decisions were made under the policy {traffic.policy!r}, which is not a preset: "
+            "pass it with --policy FILE (policy=), so the learned version keeps its bands and sets "
+            "only its answer threshold; without it a two-band policy would be written",
+            path=log.location,
+        )
     groups = traffic.groups  # a recurring query's outcomes stay on one side of every split
     split = time_split(len(traffic), holdout, groups)
     if min(len(split.train), len(split.holdout)) < MIN_SIDE:
