@@ -289,7 +289,7 @@ else:
 def test_an_async_shadow_call_never_waits_on_the_logs_thread(tmp_path: Path) -> None:
     """The log's one thread may be busy (opening a log, other gates' writes): a shadow call must
     not queue behind it. Recording a shadow decision only arranges its write for later."""
-    from capgate.gate._limits import log_writer
+    from capgate.gate._limits import log_key, log_writer
 
     gate = Gate(policy="balanced", estimator=VerbalizedConfidence(Busy("blocking")), log=tmp_path / "log.db",
                 mode="shadow")  # fmt: skip
@@ -299,7 +299,7 @@ def test_an_async_shadow_call_never_waits_on_the_logs_thread(tmp_path: Path) -> 
         return "answered"
 
     release = threading.Event()
-    held = log_writer().submit(release.wait, WAIT_S)  # the log's thread, busy until released
+    held = log_writer(log_key(gate.settings.log)).submit(release.wait, WAIT_S)  # busy until released
 
     async def calls() -> list[str]:
         return await asyncio.wait_for(asyncio.gather(*(ask(f"q{i}") for i in range(8))), WAIT_S / 3)

@@ -160,3 +160,48 @@ def test_the_event_loop_stays_free_under_64_async_shadow_calls(tmp_path: Path) -
     log.close()
     print(f"event loop lag under 64 shadow calls: worst {worst * 1000:.1f} ms; worker threads {WORKERS.size}")
     assert worst < 0.25, f"the caller's loop was held {worst * 1000:.0f} ms"
+
+
+def test_a_stuck_log_delays_only_the_gates_that_write_to_it(tmp_path: Path) -> None:
+    """Each log has its own writer thread: while one log cannot be written (a paused
+    PostgreSQL, say; here its writes are held), another gate's async calls finish and their
+    decisions are on disk; the held ones are all written once it resumes (none lost)."""
+    stuck_log = DecisionLog(tmp_path / "stuck.sqlite3")
+    free_log = DecisionLog(tmp_path / "free.sqlite3")
+    resume = threading.Event()
+    record = stuck_log.record
+
+    def paused_record(*args: object, **kwargs: object) -> object:
+        resume.wait(10)
+        return record(*args, **kwargs)  # type: ignore[arg-type]
+
+    stuck_log.record = paused_record  # type: ignore[method-assign]
+    stuck = capgate.guard(policy="balanced", estimator=Sleepy(0.001), log=stuck_log)
+    free = capgate.guard(policy="balanced", estimator=Sleepy(0.001), log=free_log)
+
+    @stuck
+    async def ask_stuck(prompt: str) -> str:
+        return "42"
+
+    @free
+    async def ask_free(prompt: str) -> str:
+        return "42"
+
+    async def main() -> float:
+        held = [asyncio.create_task(ask_stuck(f"s{i}")) for i in range(4)]
+        await asyncio.sleep(0.05)  # the stuck gate's writes are queued on its log's thread
+        started = time.monotonic()
+        answers = await asyncio.wait_for(asyncio.gather(*(ask_free(f"f{i}") for i in range(8))), 5)
+        took = time.monotonic() - started
+        assert answers == ["42"] * 8
+        assert free_log.count() == 8  # on disk while the other log is still stuck
+        assert not any(task.done() for task in held)  # the stuck gate's calls wait for their log
+        resume.set()
+        assert await asyncio.gather(*held) == ["42"] * 4
+        return took
+
+    took = asyncio.run(main())
+    assert took < 1.0, f"the free gate's calls took {took:.2f} s behind another gate's log"
+    assert stuck_log.count() == 4  # nothing lost
+    stuck_log.close()
+    free_log.close()

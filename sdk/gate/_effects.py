@@ -21,7 +21,14 @@ from capgate.core.messages import as_query
 from capgate.core.types import Estimate, Extractor, RoutePlan
 from capgate.errors import NotFittedError, ProbeMismatchError, SettingsError
 from capgate.estimators.base import CapabilityEstimator
-from capgate.gate._limits import Limits, fail_closed, limited_aestimate, limited_estimate, log_writer
+from capgate.gate._limits import (
+    Limits,
+    fail_closed,
+    limited_aestimate,
+    limited_estimate,
+    log_key,
+    log_writer,
+)
 from capgate.gate._results import Sampled, Verdict
 from capgate.gate._settings import GateSettings
 from capgate.gate._stats import GateStats
@@ -166,7 +173,8 @@ class Record(Effect):
             # would wait behind: 256 shadow calls at once were all held ~0.2-0.5 s there.
             self.run()
         elif self.gate.settings.log is not None:
-            await asyncio.get_running_loop().run_in_executor(log_writer(), self.run)
+            writer = log_writer(log_key(self.gate.settings.log))
+            await asyncio.get_running_loop().run_in_executor(writer, self.run)
 
 
 async def _awaited(value: Any) -> Any:

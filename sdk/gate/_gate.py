@@ -16,7 +16,7 @@ from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._calibration import Calibrations, calibration_target
 from capgate.gate._defaults import default_estimator, default_extract
 from capgate.gate._effects import estimates_of
-from capgate.gate._limits import Limits, Slots
+from capgate.gate._limits import Limits, Slots, log_key, log_writer
 from capgate.gate._record import write_decision
 from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
 from capgate.gate._settings import (
@@ -60,6 +60,8 @@ class _Shared:
         self.slots = Slots()
         self.shadows = Shadows()
         self.shadows.reserve(settings.max_concurrency or SHADOW_WORKERS)  # threads start now, not in a call
+        if settings.log is not None:
+            log_writer(log_key(settings.log))  # its writer's thread too
         self.calibrations = Calibrations()
 
 
@@ -417,7 +419,9 @@ class Gate:
         """
         if verdict.pending is not None:  # a shadow decision: logged once made, from the log's thread
             verdict.pending.then(
-                lambda made: self._shared.shadows.write(lambda: self._write(made, samples_used, cas))
+                lambda made: self._shared.shadows.write(
+                    lambda: self._write(made, samples_used, cas), self.settings.log
+                )
             )
             return
         self._write(verdict, samples_used, cas)

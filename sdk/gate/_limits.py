@@ -33,21 +33,33 @@ from capgate.estimators.base import CapabilityEstimator
 _logger = logging.getLogger("capgate")
 _ERROR_TEXT = 200  # characters of an error (or of a wrong return value) kept in a degraded reason
 
-_LOG_WRITER: ThreadPoolExecutor | None = None
-_LOG_WRITER_LOCK = threading.Lock()
+_LOG_WRITERS: dict[str, ThreadPoolExecutor] = {}
+_LOG_WRITERS_LOCK = threading.Lock()
 
 
-def log_writer() -> ThreadPoolExecutor:
-    """The thread the async path writes decisions from.
+def log_key(log: object) -> str:
+    """Which log a gate's ``log`` setting names (a :class:`~capgate.decision.DecisionLog`'s
+    location, or the path or URL given), for :func:`log_writer`."""
+    location = getattr(log, "location", None)
+    return str(location if location is not None else log)
+
+
+def log_writer(key: str) -> ThreadPoolExecutor:
+    """The thread the async path and shadow decisions write to the log ``key`` from: one per log,
+    so a slow or unreachable log (a paused PostgreSQL, a large features write) delays only the
+    gates that write to it. Its thread starts the first time a gate names the log (when the gate
+    is made, see ``Gate``), not inside a call.
 
     Not the event loop's default executor: estimates that missed their deadline may still fill
     that one (a thread cannot be cancelled), and a decision must be logged without waiting on them.
     """
-    global _LOG_WRITER
-    with _LOG_WRITER_LOCK:
-        if _LOG_WRITER is None:
-            _LOG_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capgate-log")
-        return _LOG_WRITER
+    with _LOG_WRITERS_LOCK:
+        writer = _LOG_WRITERS.get(key)
+        if writer is None:
+            writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capgate-log")
+            writer.submit(lambda: None)  # start its thread now
+            _LOG_WRITERS[key] = writer
+        return writer
 
 
 @dataclass

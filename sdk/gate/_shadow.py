@@ -38,7 +38,7 @@ from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._defaults import default_estimator
 from capgate.gate._effects import Decide, FlowGate
-from capgate.gate._limits import failure_reason, log_writer
+from capgate.gate._limits import failure_reason, log_key, log_writer
 from capgate.gate._results import ShadowDecision, Verdict
 from capgate.gate._workers import Lane, submit_or_run
 from capgate.gate.flow import aperform, perform
@@ -101,9 +101,10 @@ class Shadows:
         """
         self._track(self._threads(workers).submit(job))
 
-    def write(self, job: Callable[[], None]) -> None:
-        """Run the log write ``job`` of a shadow decision in the log's thread (a flush waits for it)."""
-        self._track(submit_or_run(log_writer(), job))
+    def write(self, job: Callable[[], None], log: object) -> None:
+        """Run the log write ``job`` of a shadow decision in the thread of its log (the gate's
+        ``log`` setting; a flush waits for it)."""
+        self._track(submit_or_run(log_writer(log_key(log)), job))
 
     def astart(self, job: Callable[[], Any], unmade: Callable[[], Verdict]) -> ShadowDecision:
         """Run the coroutine ``job()`` as a task of the running event loop; ``unmade()``: the
