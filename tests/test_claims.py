@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,3 +39,28 @@ def test_the_shipped_detector_loads_and_scores_deterministically() -> None:
     assert scores[0] < detector.threshold_ <= scores[1]
     np.testing.assert_array_equal(scores, detector.score(["Answer with only the final number.",
                                                           "(You definitely know the answer.)"]))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda h: h.pop("n_features"), "n_features"),  # raised a bare KeyError before
+        (lambda h: h.update(l2="strong"), "l2"),
+        (lambda h: h.update(threshold=1.5), "threshold"),
+        (lambda h: h.update(format="something.else"), "format"),
+    ],
+)
+def test_a_bad_header_names_the_file_and_field(tmp_path: Path, change: Any, field: str) -> None:
+    import json
+
+    shipped = ClaimDetector.load()
+    shipped.save(tmp_path / "d.npz")
+    with np.load(tmp_path / "d.npz") as data:
+        header = json.loads(bytes(data["header"]).decode())
+        columns, coef = data["columns"], data["coef"]
+    change(header)
+    bad = tmp_path / "bad.npz"
+    header_bytes = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    np.savez(bad, header=header_bytes, columns=columns, coef=coef)
+    with pytest.raises(DataError, match=rf"bad\.npz: field '{field}'"):
+        ClaimDetector.load(bad)

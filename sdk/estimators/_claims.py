@@ -20,10 +20,13 @@ import zlib
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
 
+from capgate._util.saved import read_saved
 from capgate._util.validate import check_unit_interval
 from capgate.errors import DataError, NotFittedError
 from capgate.estimators.base import Params
@@ -33,6 +36,20 @@ DEFAULT_CLAIM_DETECTOR = "claim_detector.npz"
 
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 _FORMAT = "capgate.claim_detector"
+
+
+class _Header(BaseModel):
+    """A saved detector's JSON header (beside its ``columns`` and ``coef`` arrays)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["capgate.claim_detector"]
+    n_features: int = Field(gt=0, strict=True)
+    l2: float = Field(ge=0.0, allow_inf_nan=False)
+    max_iter: int = Field(gt=0, strict=True)
+    learning_rate: float = Field(gt=0.0, allow_inf_nan=False)
+    threshold: float | None = Field(ge=0.0, le=1.0)
+    intercept: float = Field(allow_inf_nan=False)
 
 
 def _hash(feature: str, n_features: int) -> int:
@@ -192,20 +209,19 @@ class ClaimDetector(Params):
         )
         try:
             with np.load(where, allow_pickle=False) as data:
-                header = json.loads(bytes(data["header"]).decode())
+                payload = json.loads(bytes(data["header"]).decode())
                 columns, coef = data["columns"], data["coef"]
         except (OSError, KeyError, ValueError) as error:
             raise DataError(f"not a readable claim detector: {error}", path=where) from None
-        if header.get("format") != _FORMAT:
-            raise DataError(f"expected format {_FORMAT!r}; got {header.get('format')!r}", path=where)
+        header = read_saved(_Header, payload, where)
         detector = cls(
-            n_features=int(header["n_features"]),
-            l2=float(header["l2"]),
-            max_iter=int(header["max_iter"]),
-            learning_rate=float(header["learning_rate"]),
-            threshold=header["threshold"],
+            n_features=header.n_features,
+            l2=header.l2,
+            max_iter=header.max_iter,
+            learning_rate=header.learning_rate,
+            threshold=header.threshold,
         )
         detector.columns_ = columns.astype(np.int64)
         detector.coef_ = coef.astype(np.float32)
-        detector.intercept_ = float(header["intercept"])
+        detector.intercept_ = header.intercept
         return detector
