@@ -250,7 +250,7 @@ def test_comparison_rates_carry_wilson_intervals() -> None:
     empty = compare([Row(False, "abstain", None, 0)])
     assert empty.with_gate.accuracy is None
     assert empty.with_gate.right_stopped_share is None
-    assert json.loads(json.dumps(c.as_dict()))["with_gate"]["coverage"]["value"] == 0.5
+    assert json.loads(json.dumps(c.to_dict()))["with_gate"]["coverage"]["value"] == 0.5
 
 
 # --------------------------------------------------------------------------- the replay

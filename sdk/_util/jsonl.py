@@ -1,4 +1,5 @@
-"""JSON-lines plumbing shared by the dataset, label and harvest code.
+"""JSON plumbing shared by the dataset, label and harvest code, and the one converter every
+report uses to turn its figures into JSON data (:func:`json_ready`).
 
 Every reader here reports bad input as a :class:`~capgate.errors.DataError` naming the file, the
 1-based line and, for validation failures, the field.
@@ -6,14 +7,18 @@ Every reader here reports bad input as a :class:`~capgate.errors.DataError` nami
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
+import math
 import os
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
+from pathlib import Path, PurePath
 from typing import IO, Any
 
-from pydantic import ValidationError
+import numpy as np
+from pydantic import BaseModel, ValidationError
 
 from capgate._util.atomic import atomic_open, fsync_dir
 from capgate.errors import DataError
@@ -165,3 +170,37 @@ def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
             sink.write(b"\n")
         if sink is not raw:
             sink.close()
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` as plain JSON data: dataclasses and pydantic models as dicts, tuples and arrays
+    as lists, numpy scalars as numbers, dates as ISO text, paths as text, mapping keys as text,
+    and NaN or infinite floats as ``None`` (JSON has no such numbers). The one converter behind
+    every report's ``to_dict``.
+
+    Examples:
+        >>> import numpy as np
+        >>> json_ready({1: (float("nan"), np.float64(0.5)), "n": np.int64(3)})
+        {'1': [None, 0.5], 'n': 3}
+    """
+    if isinstance(value, np.generic):  # before float: np.float64 is a float
+        return json_ready(value.item())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, str | int | bool):
+        return value
+    if isinstance(value, np.ndarray):
+        return json_ready(value.tolist())
+    if isinstance(value, BaseModel):
+        return json_ready(value.model_dump(mode="json"))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return json_ready({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+    if isinstance(value, Mapping):
+        return {str(key): json_ready(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [json_ready(item) for item in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, PurePath):
+        return str(value)
+    return value

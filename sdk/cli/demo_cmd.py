@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from capgate._util.jsonl import json_ready
 from capgate.cli._common import JsonFlag, console, fail
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ def live_json(report: DemoReport) -> dict[str, Any]:
         }
         for r in report.rows
     ]
-    summary = {k: (None if math.isnan(v) else v) for k, v in report.summary().items()}
+    summary = json_ready(report.summary())
     return {
         "part": "live",
         "model": "SmolLM2-135M-Instruct (embedded), shipped probe",
@@ -222,7 +223,7 @@ def live_json(report: DemoReport) -> dict[str, Any]:
         "header": report.header,
         "seed": report.seed,
         "seconds": report.seconds,
-        "comparison": report.comparison().as_dict(),
+        "comparison": report.comparison().to_dict(),
         "calibration": summary,
         "rows": rows,
     }
@@ -285,7 +286,7 @@ def demo_command(
         document = {
             "schema": SCHEMA,
             "live": live_json(live_report) if live_report is not None else None,
-            "replay": replay_report.as_dict() if replay_report is not None else None,
+            "replay": replay_report.to_dict() if replay_report is not None else None,
             "replay_skipped": replay_note,
             "plots": [str(p) for p in written],
         }

@@ -16,12 +16,13 @@ outcome.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from capgate._util.jsonl import json_ready
 from capgate.decision._report_stats import Rate, wilson
 from capgate.decision._schema import OUTCOME_VALUE
 from capgate.decision.simulate import ACTIONS
@@ -84,10 +85,8 @@ class VersionComparison:
         return f"{self.target or '-'}: {self.candidate or '-'} vs {self.enforced or '-'}"
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        data = asdict(self)
-        data["label"] = self.label
-        return data
+        """A JSON-ready dict (NaN becomes None)."""
+        return {**json_ready(self), "label": self.label}
 
 
 def _mean_rate(values: NDArray[np.float64], low: float = 0.0, high: float = 1.0) -> Rate:

@@ -53,9 +53,8 @@ Examples:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from capgate._util.jsonl import json_ready
 from capgate._util.validate import check_int_at_least
 from capgate.core.types import Action
 from capgate.decision._report_compare import VersionComparison, compare_versions
@@ -136,22 +136,11 @@ class GroupReport:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (without the per-decision arrays ``p`` and ``y``)."""
-        data = asdict(self)
+        data: dict[str, Any] = json_ready({**vars(self), "p": None, "y": None})
         del data["p"], data["y"]
         if self.candidate is not None:
             data["candidate"] = self.candidate.to_dict()
-        cleaned: dict[str, Any] = _finite(data)
-        return cleaned
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
+        return data
 
 
 @dataclass(frozen=True)
@@ -194,7 +183,7 @@ class GateReport:
             "candidate_policy": self.candidate_policy,
             "decisions": self.decisions,
             "groups": [g.to_dict() for g in self.groups],
-            "comparisons": [_finite(c.to_dict()) for c in self.comparisons],
+            "comparisons": [c.to_dict() for c in self.comparisons],
         }
 
     def format(self) -> str:

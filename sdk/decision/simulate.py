@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from capgate._util.jsonl import json_ready
 from capgate.core.types import Action, Sample, SamplingPlan
 
 if TYPE_CHECKING:
@@ -92,10 +93,7 @@ class ReplaySummary:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (NaN becomes ``None``)."""
-        data = asdict(self)
-        for key in ("accuracy",):
-            if isinstance(data[key], float) and math.isnan(data[key]):
-                data[key] = None
+        data: dict[str, Any] = json_ready(self)
         return data
 
 

@@ -19,9 +19,10 @@ whose denominator is 0 is ``None``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from capgate._util.jsonl import json_ready
 from capgate.decision.report import Rate, wilson
 
 __all__ = ["Compared", "Comparison", "WithGate", "WithoutGate", "compare"]
@@ -79,9 +80,10 @@ class Comparison:
     without_gate: WithoutGate
     with_gate: WithGate
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (a rate is ``{value, low, high, n, method}`` or ``None``)."""
-        return asdict(self)
+        data: dict[str, Any] = json_ready(self)
+        return data
 
 
 def compare(rows: Sequence[Compared]) -> Comparison:

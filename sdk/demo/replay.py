@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from capgate._util.jsonl import json_ready
 from capgate.assets import MATH500_GPT_OSS_20B
 from capgate.decision.report import Rate, wilson
 
@@ -100,11 +101,9 @@ class ReplayReport:
     p: NDArray[np.float64] = field(repr=False, default_factory=lambda: np.zeros(0))
     mu_hat: NDArray[np.float64] = field(repr=False, default_factory=lambda: np.zeros(0))
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (without the per-question arrays)."""
-        from dataclasses import asdict
-
-        out = {k: v for k, v in asdict(self).items() if k not in ("p", "mu_hat")}
+        out: dict[str, Any] = json_ready({k: v for k, v in vars(self).items() if k not in ("p", "mu_hat")})
         out["calibration"] = {k: v for k, v in self.calibration.items() if k != "out"}  # a temporary file
         out["part"] = "replay"
         out["model"] = "gpt-oss-20b (recorded: 100 sampled answers per question)"

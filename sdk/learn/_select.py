@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from capgate._util.jsonl import json_ready
 from capgate._util.validate import FloatArray
 
 PREVIOUS = "previous"
@@ -71,7 +72,8 @@ class HeldOutRow:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (NaN as ``None``)."""
-        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+        data: dict[str, Any] = json_ready(self)
+        return data
 
 
 def _mean_interval(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from capgate._util.jsonl import json_ready
 from capgate._util.validate import as_correct_and_k, as_probabilities, same_length
 from capgate.metrics import (
     auroc,
@@ -42,13 +43,8 @@ class CalibrationRow:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dict (NaN becomes None)."""
-        raw = asdict(self)
-        raw["pass_at_k_mse"] = {str(k): _json_float(v) for k, v in self.pass_at_k_mse.items()}
-        return {key: _json_float(value) if isinstance(value, float) else value for key, value in raw.items()}
-
-
-def _json_float(value: float) -> float | None:
-    return None if math.isnan(value) else value
+        ready: dict[str, object] = json_ready(self)
+        return ready
 
 
 def calibration_row(
