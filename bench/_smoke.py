@@ -88,13 +88,24 @@ def postgres_url(given: str | None = None) -> str | None:
 _REPLIES = ("The answer is 42. [confidence=80%]", "I think 7. [confidence=40%]", "Answer: B [confidence=95%]")
 
 
+def _alternative(token: str, rank: int) -> str:
+    """The token at ``rank`` among a position's top log-probs: the token itself, then Yes and No (so
+    P(True) reads a probability off them), then fillers."""
+    return token if rank == 0 else ("Yes", "No")[rank - 1] if rank <= 2 else f"alt{rank}"
+
+
 def _completion(body: dict[str, Any], index: int) -> dict[str, Any]:
     n = int(body.get("n") or 1)
     max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
     chat = "messages" in body
     choices = []
+    # A request that asks for a \\boxed{P} confidence (verbalized confidence) gets one, varied by call.
+    boxed = "boxed" in json.dumps(body.get("messages") or body.get("prompt") or "")
     for i in range(n):
-        text = " ".join(_REPLIES[(index + i) % len(_REPLIES)].split()[:max_tokens])
+        reply = _REPLIES[(index + i) % len(_REPLIES)]
+        if boxed:
+            reply = f"\\boxed{{{(index + i) % 9 / 10 + 0.1:.1f}}}"
+        text = " ".join(reply.split()[:max_tokens])
         tokens = text.split()
         choice: dict[str, Any] = {"index": i, "finish_reason": "stop", "logprobs": None}
         if chat:
@@ -112,8 +123,8 @@ def _completion(body: dict[str, Any], index: int) -> dict[str, Any]:
                             "bytes": None,
                             "top_logprobs": [
                                 {
-                                    "token": t if a == 0 else f"alt{a}",
-                                    "logprob": -0.1 * (j + 1) - a,
+                                    "token": _alternative(t, a),
+                                    "logprob": -0.1 * (j + 1) - a - (index % 4) * 0.5 * (a == 2),
                                     "bytes": None,
                                 }
                                 for a in range(top)
@@ -147,7 +158,8 @@ FAKE_MODEL = "smoke-model"
 @contextlib.contextmanager
 def fake_openai_server() -> Iterator[tuple[str, str]]:
     """An in-process OpenAI-compatible server on 127.0.0.1 (canned replies with a confidence tag and
-    log-probs when asked): ``with fake_openai_server() as (base_url, model): ...``."""
+    log-probs when asked, Yes and No among the top ones; ``\\boxed{P}`` to a request that asks for it):
+    ``with fake_openai_server() as (base_url, model): ...``."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     count = itertools.count()

@@ -188,12 +188,37 @@ def main() -> None:
     parser.add_argument("--harvest-only", action="store_true", help="stop after the harvest")
     parser.add_argument("--no-harvest", action="store_true", help="use what is harvested so far (partial)")
     parser.add_argument("--install", action="store_true", help="install into sdk/assets if it wins")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds: 24 queries of the mix harvested from the suite's server or an in-process fake one, "
+        "features of a tiny model, every fit and table; outputs in a temporary folder (a test runs it)",
+    )
     args = parser.parse_args()
+    args.model, args.shipped = "default", V1 / "probe"
+    if not args.smoke:
+        run(args)
+        return
+    from _smoke import left_out, openai_server, smoke_dir, tiny_model, tiny_probe
 
+    folder = smoke_dir("default-v2")
+    args.work, args.labels = folder / "work", folder / "default_v2_labels.jsonl"
+    args.harvest_only = args.no_harvest = args.install = False
+    args.model = tiny_model(folder)
+    args.shipped = tiny_probe(args.model, folder)
+    left_out("the embedded model and the shipped probe (a tiny model and a probe fitted for it); --install")
+    with openai_server(args.server, args.served_model) as (args.server, args.served_model):
+        run(args, limit=24)
+
+
+def run(args: argparse.Namespace, limit: int | None = None) -> None:
     items, source = build_mix(args.seed)
     split = split_ids(source, args.seed)
-    DATA.mkdir(parents=True, exist_ok=True)
+    if limit is not None:  # the harvest order is a seeded shuffle: a prefix mixes every source
+        items = items[:limit]
+        split = {part: [q for q in ids if any(q == i.id for i in items)] for part, ids in split.items()}
     split_path = args.labels.with_name("default_v2_split.json")
+    split_path.parent.mkdir(parents=True, exist_ok=True)
     split_path.write_text(json.dumps({"seed": args.seed, "source": source, **split}, indent=0) + "\n")
 
     if not args.no_harvest:
@@ -284,7 +309,7 @@ def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str
     prompts = {i.id: prompt_for(i) for i in items}
     prompts.update({q: str((r.model_extra or {})["prompt"]) for q, r in old.items()})
     ids = sorted(prompts, key=lambda q: (len(prompts[q]), q))  # similar lengths share a batch
-    featurizer = HiddenStateFeaturizer(load_model("default", device="cpu"), batch_size=16)
+    featurizer = HiddenStateFeaturizer(load_model(args.model, device="cpu"), batch_size=16)
     start = time.perf_counter()
     stored = featurize_to(
         args.work / "features_per_layer.npz", ids, [prompts[i] for i in ids], PerLayerLast(featurizer)
@@ -340,7 +365,7 @@ def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str
     invariant.training_["trainer"] = {**trainer, "layers": layers, "hidden_states": search.layers_}
     alphas = np.logspace(-1, 5, 25)
     alpha, w, b, mean, scale = ridge_cv(X_tr, mu_tr, alphas=alphas, folds=5, seed=args.seed)
-    shipped = LinearProbe.load(V1 / "probe")
+    shipped = LinearProbe.load(args.shipped)
     prior_v2 = ConstantPrior().fit(X_tr, mu_tr)
     X_v1, c_v1, k_v1 = arrays(list(old_split["train"]))
     prior_v1 = ConstantPrior().fit(X_v1, c_v1 / k_v1)

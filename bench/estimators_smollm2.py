@@ -496,8 +496,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--server", required=True, help="OpenAI-compatible base URL (ends in /v1)")
-    parser.add_argument("--served-model", required=True, help="model name on the server")
+    parser.add_argument("--server", help="OpenAI-compatible base URL (ends in /v1); required")
+    parser.add_argument("--served-model", help="model name on the server; required")
     parser.add_argument("--labels", type=Path, default=ASSETS / "default_labels.jsonl")
     parser.add_argument("--split", type=Path, default=ASSETS / "default_split.json")
     parser.add_argument("--probe", type=Path, default=None, help="probe folder (default: the shipped one)")
@@ -520,8 +520,34 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="queries per cached batch")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     parser.add_argument("--seed", type=int, default=0, help="base seed (uniform baseline, per-query seeds)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds: 12 train / 6 held-out queries, a tiny model and probe, the suite's server or an "
+        "in-process fake one (a test runs it)",
+    )
     args = parser.parse_args()
+    args.model = "default"
+    if not args.smoke:
+        if not (args.server and args.served_model):
+            parser.error("--server and --served-model are required")
+        run(args)
+        return
+    from _smoke import left_out, openai_server, smoke_dir, tiny_model, tiny_probe
 
+    folder = smoke_dir("estimators")
+    split = json.loads(args.split.read_text(encoding="utf-8"))
+    args.split = folder / "split.json"
+    args.split.write_text(json.dumps({**split, "train": split["train"][:12], "test": split["test"][:6]}))
+    args.results, args.features, args.pilot, args.batch_size = folder / "results", folder / "none.npz", 4, 6
+    args.model = tiny_model(folder)
+    args.probe = tiny_probe(args.model, folder)
+    left_out("the embedded model and the shipped probe (a tiny model and a probe fitted for it)")
+    with openai_server(args.server, args.served_model) as (args.server, args.served_model):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     records = read_records(args.labels)
     train, test, split_seed = read_split(args.split, records)
     mu_train = np.array([records[i].mu for i in train])
@@ -665,7 +691,7 @@ def run_probe(
     live_missing = [i for i in test if i not in cache.entries]
     estimator = None
     if live_missing:
-        estimator = load_estimator("default", probe=probe_dir, device="cpu", batch_size=8)
+        estimator = load_estimator(args.model, probe=probe_dir, device="cpu", batch_size=8)
     live = cache.fill(
         batched(estimator if estimator is not None else Replay("probe", {})),
         list(zip(test, prompts, strict=True)),
@@ -677,7 +703,7 @@ def run_probe(
     if estimator is None:
         from capgate.local.models import load_model
 
-        loaded = load_model("default", device="cpu")
+        loaded = load_model(args.model, device="cpu")
     else:
         loaded = estimator.featurizer.loaded
     n_prompt = {i: len(loaded.prompt_ids(records[i].prompt, chat_template=True)) for i in test}

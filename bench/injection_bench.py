@@ -60,13 +60,13 @@ def _key(q: Prompt) -> str:
 class LayerCache:
     """Per-layer hidden states of the embedded model, cached per prompt as ``.npy`` files."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, model: str | Path = "default") -> None:
         from capgate.local.hidden_states import HiddenStateFeaturizer
         from capgate.local.models import load_model
 
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        self.featurizer = HiddenStateFeaturizer(load_model("default", device="cpu"), batch_size=8)
+        self.featurizer = HiddenStateFeaturizer(load_model(model, device="cpu"), batch_size=8)
         self.passes = 0
 
     def seed(self, stored: Path, prompts: dict[str, str]) -> int:
@@ -219,16 +219,42 @@ def main() -> None:
         default=ROOT / "sdk" / "assets" / "default_probe",
         help="the default probe's folder",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds: 6 held-out queries, 2 attacked per family, a tiny model and probe (a test runs it)",
+    )
     args = parser.parse_args()
+    if not args.smoke:
+        run(args)
+        return
+    import contextlib
+
+    from _smoke import left_out, openai_server, smoke_dir, tiny_model, tiny_probe
+
+    folder = smoke_dir("injection")
+    args.work, args.n, args.mu_n = folder / "work", 2, 0
+    args.model = tiny_model(folder)
+    args.probe = args.v1_probe = tiny_probe(args.model, folder)
+    left_out("the embedded model, the v1 and default probes (a tiny model and one probe fitted for it)")
+    left_out("the measured µ̂ on attacked prompts (--mu-n)")
+    with contextlib.ExitStack() as stack:
+        if not args.server:
+            args.server, args.served_model = stack.enter_context(openai_server())
+        run(args, limit=6)
+
+
+def run(args: argparse.Namespace, limit: int | None = None) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     recs = {r.id: r for r in read_labelled(ROOT / "sdk/assets/default_labels.jsonl").records}
-    test = json.loads((V1 / "split.json").read_text())["test"]
+    test = json.loads((V1 / "split.json").read_text())["test"][:limit]
     prompts = {i: str((recs[i].model_extra or {})["prompt"]) for i in test}
     clean_prompts = [prompts[i] for i in test]
     mu = np.array([recs[i].correct / recs[i].k for i in test])
-    cache = LayerCache(args.work / "layers")
-    cache.seed(ROOT / "bench" / "results" / "default_v2" / "features_per_layer.npz", prompts)
-    v1 = LinearProbe.load(V1 / "probe")
+    cache = LayerCache(args.work / "layers", getattr(args, "model", "default"))
+    if limit is None:  # the default probe bench's features are the embedded model's
+        cache.seed(ROOT / "bench" / "results" / "default_v2" / "features_per_layer.npz", prompts)
+    v1 = LinearProbe.load(getattr(args, "v1_probe", V1 / "probe"))
     v2 = LinearProbe.load(args.probe)
     estimators: dict[str, CapabilityEstimator] = {
         "v1 probe": ProbeEstimator(Pooled(cache, v1), v1),

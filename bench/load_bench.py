@@ -292,7 +292,8 @@ def estimators(args: argparse.Namespace) -> dict[str, Callable[[], CapabilityEst
             import torch
 
             torch.set_num_threads(args.torch_threads)
-        found["probe"] = lambda: capgate.load_estimator("default")
+        model, probe = getattr(args, "model", None) or "default", getattr(args, "probe", None)
+        found["probe"] = lambda: capgate.load_estimator(model, probe=probe)
     if args.vllm_url:
 
         def backend() -> OpenAIBackend:
@@ -730,7 +731,34 @@ def main() -> None:
         "--sweep-windows", default="0,0.005,0.02", type=lambda s: [float(x) for x in s.split(",")]
     )
     parser.add_argument("--sweep-max-batches", default="8,32", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds: levels 1 and 4, 2 calls each, a tiny model and probe, the reports to a temporary "
+        "folder (a test runs it)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        import contextlib
+
+        from _smoke import left_out, openai_server, smoke_dir, tiny_model, tiny_probe
+
+        args.smoke_dir = smoke_dir("load")
+        args.model = tiny_model(args.smoke_dir)
+        args.probe = tiny_probe(args.model, args.smoke_dir)
+        args.levels, args.calls, args.fault_calls, args.fault_deadline = [1, 4], 2, 2, 1.5
+        args.no_restart, args.coalesce_sweep, args.sweep_level = True, True, 2
+        args.sweep_windows, args.sweep_max_batches = [0.005], [8]
+        left_out("the embedded model and shipped probe (a tiny model and probe), the vLLM kill + restart run")
+        with contextlib.ExitStack() as stack:
+            if not args.vllm_url:
+                args.vllm_url, args.served_model = stack.enter_context(openai_server())
+            run(args)
+        return
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     if args.vllm_state_dir and not args.vllm_url:
         state = Path(args.vllm_state_dir)
         args.vllm_url = (state / "url").read_text().strip()
@@ -763,7 +791,16 @@ def main() -> None:
         f"reliability: {sum(r.calls for r in every)} calls, {max(args.levels)} concurrent max, "
         f"p99 {p99:.2f} s, degraded {degraded:.0f}%, lost {lost}; faults survived {survived}/{len(faults)}"
     )
-    if not args.no_report:
+    if getattr(args, "smoke_dir", None):  # the sections it would write, in the temporary folder
+        load_text, fault_text = report(args, runs, faults, started)
+        sections = [
+            load_text,
+            fault_text,
+            sweep_report(args, sweep, started),
+            modes_report(args, modes, started),
+        ]
+        (args.smoke_dir / "RELIABILITY.md").write_text("\n\n".join([summary, *sections]) + "\n")
+    elif not args.no_report:
         load_text, fault_text = report(args, runs, faults, started)
         update_section("summary", f"`{summary}`\n\n{SUMMARY_NOTE}")
         update_section("load", load_text)

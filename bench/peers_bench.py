@@ -291,13 +291,23 @@ def run_polygraph(
     )
 
 
+def probe_of(args: argparse.Namespace) -> tuple[Path, str]:
+    """The probe the live rows come from: the installed default one, or the smoke run's tiny one."""
+    smoke: Path | None = getattr(args, "smoke_probe", None)
+    if smoke is None:
+        return installed_probe()
+    from capgate.estimators.fingerprint import probe_fingerprint
+
+    return smoke, probe_fingerprint(smoke)
+
+
 def run_probe(
     args: argparse.Namespace, records: dict[str, Record], test: list[str]
 ) -> dict[str, dict[str, Any]]:
     """The shipped probe, live on CPU, on the held-out prompts (batches of 8), cached with the
     installed probe's fingerprint (``bench/_cache.py``: a cache from another probe is refused)."""
     path: Path = args.results / "probe-live.jsonl"
-    folder, fingerprint = installed_probe()
+    folder, fingerprint = probe_of(args)
     check_jsonl(path, fingerprint, description=probe_description(folder))
     cached = read_jsonl(path)
     todo = [i for i in test if i not in cached]
@@ -308,7 +318,8 @@ def run_probe(
 
         torch.set_num_threads(args.threads)  # as the polygraph worker: oversubscribed threads crawl
 
-        estimator = load_estimator("default", device="cpu", batch_size=8)
+        model, probe = getattr(args, "smoke_model", None) or "default", getattr(args, "smoke_probe", None)
+        estimator = load_estimator(model, device="cpu", batch_size=8, probe=probe)
         estimator.estimate([records[todo[0]].prompt])  # warm-up, not timed
         for start in range(0, len(todo), 8):
             batch = todo[start : start + 8]
@@ -458,7 +469,7 @@ def build_methods(
         calibrate=False,
     )
     if (res / "probe-live.jsonl").exists():  # written by the installed probe, or refused
-        check_jsonl(res / "probe-live.jsonl", installed_probe()[1])
+        check_jsonl(res / "probe-live.jsonl", probe_of(args)[1])
     probe = read_jsonl(res / "probe-live.jsonl")
     add(
         "Probe",
@@ -727,6 +738,23 @@ def build_methods(
     return methods, notes
 
 
+def smoke(args: argparse.Namespace) -> None:
+    """``--smoke``: a small slice of the split, outputs in a temporary folder, capgate's live probe on
+    the tiny model and its tiny probe; the peers' workers (their venvs) and the server are left out."""
+    from _smoke import left_out, smoke_dir, tiny_model, tiny_probe
+
+    folder = smoke_dir("peers")
+    split = json.loads(args.split.read_text(encoding="utf-8"))
+    small = folder / "split.json"
+    small.write_text(json.dumps({**split, "train": split["train"][:16], "test": split["test"][:8]}))
+    args.split, args.results, args.capgate_results = small, folder / "results", None
+    args.smoke_model = tiny_model(folder)
+    args.smoke_probe = tiny_probe(args.smoke_model, folder)
+    args.skip, args.run_capgate_baselines = "uqlm,polygraph", False
+    left_out("the peers (uqlm, LM-Polygraph: their venvs and the vLLM server) and capgate's black-box rows")
+    left_out("the embedded model and the shipped probe (a tiny model and a probe fitted for it)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -790,7 +818,15 @@ def main() -> None:
         action="store_true",
         help="run bench/estimators_smollm2.py on the same server and queries (it resumes its caches)",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds: 16 train / 8 held-out queries, capgate's probe on a tiny model, no peers "
+        "(a test runs it)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        smoke(args)
     args.capgate_results = args.capgate_results or args.results / "capgate"
     skip = set(filter(None, args.skip.split(",")))
     args.results.mkdir(parents=True, exist_ok=True)
@@ -801,7 +837,7 @@ def main() -> None:
     write_jsonl(args.results / "items.jsonl", [{"id": i, "prompt": records[i].prompt} for i in ids])
     from capgate.local.models import prepare_model
 
-    model_dir = str(prepare_model("default"))
+    model_dir = str(getattr(args, "smoke_model", None) or prepare_model("default"))
     if "probe" not in skip:
         run_probe(args, records, test)
     if "polygraph" not in skip:
@@ -830,6 +866,9 @@ def main() -> None:
     for line in NOT_RUN:
         print(f"  {line}")
     print(format_table(rows))
+    if args.smoke and not any(m.family == "peer" for m in methods):
+        print("peers: no headline (no peer row: the peers were left out)")
+        return
     print(headline(rows))
 
 
