@@ -83,7 +83,7 @@ def test_min_answered_to_reject() -> None:
         n = min_answered_to_reject(alpha, delta)
         assert (1 - alpha) ** n <= delta < (1 - alpha) ** (n - 1)
         assert binomial_tail_pvalue(0, n, alpha) <= delta < binomial_tail_pvalue(0, n - 1, alpha)
-    with pytest.raises(ValueError, match="`alpha` must be in"):
+    with pytest.raises(ValueError, match="`alpha` must be a number in"):
         min_answered_to_reject(0.0, 0.1)
 
 
@@ -235,8 +235,8 @@ def test_fixed_start_and_custom_grid() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"alpha": 1.0}, "`alpha` must be in"),
-        ({"delta": 0.0}, "`delta` must be in"),
+        ({"alpha": 1.0}, "`alpha` must be a number in"),
+        ({"delta": 0.0}, "`delta` must be a number in"),
         ({"pvalue": "t-test"}, "`pvalue` must be"),
         ({"loss": "mean"}, "`loss` must be"),
         ({"grid": 1}, "`grid` must be at least 2"),

@@ -66,7 +66,7 @@ from typing import Literal, TypeAlias
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from capgate._util.validate import check_choice
+from capgate._util.validate import check_choice, check_unit_interval
 
 __all__ = [
     "Loss",
@@ -163,8 +163,8 @@ def min_answered_to_reject(alpha: float, delta: float) -> int:
         >>> min_answered_to_reject(0.1, 0.05)
         29
     """
-    _check_level("alpha", alpha)
-    _check_level("delta", delta)
+    check_unit_interval("alpha", alpha, open_ends=True)
+    check_unit_interval("delta", delta, open_ends=True)
     return max(1, math.ceil(math.log(delta) / math.log1p(-alpha) - 1e-12))
 
 
@@ -233,11 +233,6 @@ class RiskControl:
         return self.n_answered / self.n if self.n else 0.0
 
 
-def _check_level(name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and 0.0 < value < 1.0):
-        raise ValueError(f"`{name}` must be in (0, 1); got {value!r}")
-
-
 def _as_array(name: str, values: ArrayLike) -> NDArray[np.float64]:
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1:
@@ -294,8 +289,8 @@ def calibrate_threshold(
         >>> result.threshold, round(result.coverage, 2)
         (0.869, 0.32)
     """
-    _check_level("alpha", alpha)
-    _check_level("delta", delta)
+    check_unit_interval("alpha", alpha, open_ends=True)
+    check_unit_interval("delta", delta, open_ends=True)
     conf = _as_array("p", p)
     mu = _as_array("mu_hat", mu_hat)
     if conf.shape != mu.shape:

@@ -230,13 +230,6 @@ def fit_logistic_link(
     return theta, n_iter, converged
 
 
-def check_non_negative(name: str, value: float) -> float:
-    """A finite number >= 0 (a penalty, a momentum), as a plain ``float``."""
-    if isinstance(value, bool) or not isinstance(value, int | float | np.number) or not 0 <= value < math.inf:
-        raise ValueError(f"`{name}` must be a non-negative number; got {value!r}")
-    return float(value)
-
-
 def brier_and_bce(p: FloatArray, y: FloatArray) -> dict[str, float]:
     """The Brier score and the cross-entropy of predictions ``p`` against soft targets ``y``."""
     q = np.clip(p, 1e-12, 1 - 1e-12)

@@ -19,12 +19,13 @@ import numpy as np
 import numpy.typing as npt
 
 from capgate._util.validate import (
+    FloatArray,
     check_int_at_least,
+    check_non_negative_number,
     check_positive_int,
     check_positive_number,
     check_unit_interval,
 )
-from capgate.estimators._common import FloatArray, check_non_negative
 from capgate.estimators._convex import fit_logistic, require_torch, ridge_path, zscore
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ def check_settings(settings: ProbeSettings) -> tuple[float, ...]:
     for name in ("batch_size", "max_epochs", "patience"):
         check_positive_int(name, getattr(settings, name))
     for name in ("momentum", "weight_decay"):
-        check_non_negative(name, getattr(settings, name))
+        check_non_negative_number(name, getattr(settings, name))
     if settings.validation_fraction is not None:
         check_unit_interval("validation_fraction", settings.validation_fraction, open_ends=True)
     check_int_at_least("random_state", settings.random_state, 0)

@@ -17,14 +17,19 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from capgate._util.validate import FloatArray, check_choice, check_positive_int, check_positive_number
+from capgate._util.validate import (
+    FloatArray,
+    check_choice,
+    check_non_negative_number,
+    check_positive_int,
+    check_positive_number,
+)
 from capgate.core.backend import Prompt
 from capgate.core.types import Estimate
 from capgate.errors import DataError
 from capgate.estimators._common import (
     as_vector,
     check_fitted,
-    check_non_negative,
     check_weights,
     fit_logistic_link,
     get_field,
@@ -278,7 +283,7 @@ class PlattCalibrator(Params):
     def _check_settings(self) -> None:
         if not (isinstance(self.eps, float) and 0.0 < self.eps < 0.5):
             raise ValueError(f"`eps` must be a float in (0, 0.5); got {self.eps!r}")
-        check_non_negative("l2", self.l2)
+        check_non_negative_number("l2", self.l2)
         check_positive_int("max_iter", self.max_iter)
         check_positive_number("tol", self.tol)
 
