@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 TINY_MODEL_ENV = "CAPGATE_BENCH_TINY_MODEL"
+TINY_PROBE_ENV = "CAPGATE_BENCH_TINY_PROBE"  # a probe tiny_probe built for that model (the test's, shared)
 
 
 def smoke_dir(bench: str) -> Path:
@@ -213,7 +214,11 @@ def openai_server(base_url: str | None = None, model: str | None = None) -> Iter
 
 def tiny_probe(model: Path, folder: Path) -> Path:
     """A linear probe for the tiny model (its hidden state 1, last prompt token), fitted for two epochs
-    on a few prompts with made-up capabilities and saved in ``folder / "probe"``."""
+    on a few prompts with made-up capabilities and saved in ``folder / "probe"``; or
+    ``$CAPGATE_BENCH_TINY_PROBE``, one built by this function for ``$CAPGATE_BENCH_TINY_MODEL``."""
+    given = os.environ.get(TINY_PROBE_ENV)
+    if given and str(model) == os.environ.get(TINY_MODEL_ENV):
+        return Path(given)
     import numpy as np
 
     from capgate.estimators import LinearProbe

@@ -338,11 +338,14 @@ def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str
     }
     X_tr, c_tr, k_tr = arrays(train_ids)
     mu_tr = c_tr / k_tr
-    linear = LinearProbe(random_state=args.seed).fit(
+    # A smoke run fits the same recipes with fewer epochs, penalties and folds.
+    smoke = getattr(args, "smoke", False)
+    fewer: dict[str, Any] = {"alphas": (1.0, 100.0), "n_splits": 2} if smoke else {}
+    linear = LinearProbe(random_state=args.seed, **({"max_epochs": 5} if smoke else {})).fit(
         X_tr, mu_tr, feature_spec=featurizer.spec, source=args.labels.name
     )
     search_start = time.perf_counter()
-    search = ProbeSearch(solvers=("ridge", "logistic"), layers="auto", random_state=args.seed).fit(
+    search = ProbeSearch(solvers=("ridge", "logistic"), layers="auto", random_state=args.seed, **fewer).fit(
         layered(train_ids), mu_tr, feature_spec=featurizer.spec, source=args.labels.name
     )
     search_s = time.perf_counter() - search_start
@@ -355,7 +358,7 @@ def evaluate(args: argparse.Namespace, items: list[DatasetItem], split: dict[str
     projection = NuisanceProjection(energy=INVARIANCE_ENERGY).fit(
         pool_layers(layered(train_ids), layers), clean_pairs, edited_pairs
     )
-    inner = ProbeSearch(solvers=("ridge", "logistic"), random_state=args.seed).fit(
+    inner = ProbeSearch(solvers=("ridge", "logistic"), random_state=args.seed, **fewer).fit(
         projection.transform(pool_layers(layered(train_ids), layers)), mu_tr, source=args.labels.name
     )
     assert inner.best_estimator_ is not None

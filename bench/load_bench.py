@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import os
@@ -276,9 +277,15 @@ async def gated_calls(
 # ------------------------------------------------------------------------------------------ load
 
 
+@functools.cache
+def _held_out() -> tuple[str, ...]:
+    """The first 64 held-out questions' prompts (read once: each read parses the shipped labels)."""
+    return tuple(q.prompt for q in demo_questions(64, seed=1))
+
+
 def prompts_for(n: int) -> list[str]:
     """``n`` distinct prompts: held-out questions, numbered past the first 64."""
-    pool = [q.prompt for q in demo_questions(64, seed=1)]
+    pool = _held_out()
     return [pool[i % len(pool)] + ("" if i < len(pool) else f" (#{i})") for i in range(n)]
 
 

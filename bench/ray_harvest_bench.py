@@ -44,7 +44,7 @@ def main() -> None:
     if args.smoke:
         from _smoke import openai_server
 
-        args.queries, args.k, args.max_tokens = 4, 2, 8
+        args.queries, args.k, args.max_tokens, args.num_cpus = 4, 2, 8, 1
         with openai_server(args.base_url, args.served_model) as (args.base_url, args.served_model):
             run(args, [("local (no Ray)", 0), ("Ray, 1 worker", 1)])
         return

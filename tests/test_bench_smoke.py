@@ -3,6 +3,10 @@ on tiny or synthetic data, writing only under a temporary folder) and this file 
 subprocess, so a change that breaks a bench fails the suite instead of rotting until someone
 reruns it. ``bench/_smoke.py`` holds what the smoke runs share (the temporary folder, the tiny model).
 
+The smoke runs start together when the first of them is checked, two at a time (most of a run is
+importing, loading and waiting on its own servers and time-outs), slowest first; each test then
+checks its own run. The tiny model and a probe fitted for it are built once and shared.
+
 A bench that needs an optional service (PostgreSQL, the CPU vLLM server, Ray, a peer library's
 venv) smokes what runs without it and says in its output what it left out; under the README's
 test command (``scripts/with-vllm-server.sh``) the services' variables reach the smoke runs.
@@ -15,6 +19,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,10 +65,10 @@ SMOKES: dict[str, Smoke | RunBy] = {
     "train_claim_detector.py": Smoke("train positives caught"),
     "injection_families.py": RunBy("bench/injection_bench.py", "from injection_families import"),
     "peers_table.py": RunBy("bench/peers_bench.py", "from peers_table import"),
-    "default_probe_v2.py": Smoke("beats the shipped probe in capability Brier", model=True),
+    "default_probe_v2.py": Smoke("beats the shipped probe in capability Brier", timeout_s=180.0, model=True),
     "estimators_smollm2.py": Smoke("paper's Brier ordering on Qwen3-8B", model=True),
     "injection_bench.py": Smoke("forward passes of the reader model this run", model=True),
-    "load_bench.py": Smoke("reliability: ", model=True),
+    "load_bench.py": Smoke("reliability: ", timeout_s=150.0, model=True),
     "peers_bench.py": Smoke("peers: no headline (no peer row", model=True),
     "vllm_hidden_states_bench.py": Smoke("features vs transformers", model=True),
     "datasets_grading_bench.py": Smoke("grader, data"),
@@ -77,6 +83,18 @@ SMOKES: dict[str, Smoke | RunBy] = {
 }
 
 RUNS = sorted(name for name, smoke in SMOKES.items() if isinstance(smoke, Smoke))
+# Started first, so that two at a time end close together (the slowest measured, slowest first).
+SLOWEST = (
+    "default_probe_v2.py",
+    "load_bench.py",
+    "overhead_bench.py",
+    "injection_bench.py",
+    "estimators_smollm2.py",
+    "ray_harvest_bench.py",
+    "probe_smollm2.py",
+    "features_bench.py",
+)
+AT_ONCE = 2
 
 
 def test_every_bench_has_a_smoke_run() -> None:
@@ -103,15 +121,9 @@ def smoke_env(request: pytest.FixtureRequest) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("name", RUNS)
-def test_the_bench_smoke_run_passes(
-    name: str, smoke_env: dict[str, str], request: pytest.FixtureRequest
-) -> None:
+def _smoke_run(name: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
     smoke = SMOKES[name]
     assert isinstance(smoke, Smoke)
-    env = dict(smoke_env)
-    if smoke.model:
-        env["CAPGATE_BENCH_TINY_MODEL"] = str(request.getfixturevalue("tiny_model_dir"))
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, str(BENCH / name), *smoke.args],
@@ -122,7 +134,49 @@ def test_the_bench_smoke_run_passes(
         timeout=smoke.timeout_s,
         check=False,
     )
-    took = time.perf_counter() - start
+    return done, time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(
+    smoke_env: dict[str, str], request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[tuple[subprocess.CompletedProcess[str], float]]]]:
+    """Every selected smoke run, started at once, ``AT_ONCE`` at a time."""
+    chosen = {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_the_bench_smoke_run_passes"
+        and hasattr(item, "callspec")
+    }
+    names = [n for n in SLOWEST if n in chosen] + sorted(chosen - set(SLOWEST))
+    with_model = dict(smoke_env)
+    if any(SMOKES[n].model for n in names):  # type: ignore[union-attr]
+        model = request.getfixturevalue("tiny_model_dir")
+        sys.path.insert(0, str(BENCH))
+        try:
+            from _smoke import tiny_probe
+        finally:
+            sys.path.remove(str(BENCH))
+        probe = tiny_probe(model, tmp_path_factory.mktemp("smoke-probe"))
+        with_model.update(CAPGATE_BENCH_TINY_MODEL=str(model), CAPGATE_BENCH_TINY_PROBE=str(probe))
+    pool = ThreadPoolExecutor(max_workers=AT_ONCE, thread_name_prefix="smoke")
+    try:
+        yield {
+            n: pool.submit(_smoke_run, n, with_model if SMOKES[n].model else smoke_env)  # type: ignore[union-attr]
+            for n in names
+        }
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_bench_smoke_run_passes(
+    name: str, smoke_runs: dict[str, Future[tuple[subprocess.CompletedProcess[str], float]]]
+) -> None:
+    smoke = SMOKES[name]
+    assert isinstance(smoke, Smoke)
+    done, took = smoke_runs[name].result()
+    print(f"{name} --smoke: {took:.1f} s")
     tail = (done.stdout + done.stderr)[-4000:]
     assert done.returncode == 0, f"{name} --smoke exited {done.returncode} after {took:.1f} s:\n{tail}"
     assert smoke.header in done.stdout, f"{name} --smoke did not print {smoke.header!r}:\n{tail}"
