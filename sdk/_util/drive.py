@@ -1,15 +1,17 @@
-"""Sync and async twins driven from one I/O-free plan (the way httpx keeps its twins in step).
+"""Sync and async twins driven from one I/O-free generator of steps (the way httpx keeps its
+twins in step).
 
-A *plan* is a generator that yields requests (what one call needs, such as ``(prompts, params)``),
-receives the answer to each, and returns the result; it does everything but the I/O. :func:`drive` runs a plan
-with a blocking call and :func:`adrive` with an awaitable one, so a public function and its async
-twin differ only in which driver and which backend method they use.
+:data:`Steps` is a generator that yields requests (what one call needs, such as ``(prompts,
+params)``), receives the answer to each, and returns the result; it does everything but the I/O.
+:func:`drive` runs the steps with a blocking call and :func:`adrive` with an awaitable one, so a
+public function and its async twin differ only in which driver and which backend method they use.
+("Plan" is kept for what a decision decides: :class:`~capgate.SamplingPlan`, :class:`~capgate.RoutePlan`.)
 
-:func:`twin_of` gives both public functions the parameters of the plan they drive, written once:
+:func:`twin_of` gives both public functions the parameters of the steps they drive, written once:
 type checkers see them through a ``ParamSpec`` and ``inspect.signature`` / ``help()`` show them.
 
 Examples:
-    >>> def doubled(x: int, *, times: int = 2) -> Plan[list[str]]:
+    >>> def doubled(x: int, *, times: int = 2) -> Steps[list[str]]:
     ...     answers = yield [f"say {x}"], times
     ...     return answers
     >>> @twin_of(doubled)
@@ -32,7 +34,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 B = TypeVar("B")
 
-Plan: TypeAlias = Generator[Any, Any, R]
+Steps: TypeAlias = Generator[Any, Any, R]
 """Yields each request (e.g. ``(prompts, params)``), receives its answer, returns the result."""
 
 
@@ -60,63 +62,63 @@ def twin_of(
 def _attempt(call: Callable[[Any], Any], request: Any) -> tuple[Any, BaseException | None]:
     try:
         return call(request), None
-    except BaseException as exc:  # handed to the plan, which re-raises what it does not handle
+    except BaseException as exc:  # handed to the steps, which re-raise what they do not handle
         return None, exc
 
 
 async def _aattempt(call: Callable[[Any], Awaitable[Any]], request: Any) -> tuple[Any, BaseException | None]:
     try:
         return await call(request), None
-    except BaseException as exc:  # handed to the plan, which re-raises what it does not handle
+    except BaseException as exc:  # handed to the steps, which re-raise what they do not handle
         return None, exc
 
 
-def _resume(plan: Plan[Any], outcome: tuple[Any, BaseException | None]) -> Any:
+def _resume(steps: Steps[Any], outcome: tuple[Any, BaseException | None]) -> Any:
     answer, error = outcome
-    return plan.throw(error) if error is not None else plan.send(answer)
+    return steps.throw(error) if error is not None else steps.send(answer)
 
 
-def drive(plan: Plan[R], call: Callable[[Any], Any]) -> R:
-    """Run ``plan`` to its result, answering each request with ``call(request)``.
+def drive(steps: Steps[R], call: Callable[[Any], Any]) -> R:
+    """Run ``steps`` to its result, answering each request with ``call(request)``.
 
-    An error raised by ``call`` is thrown into the plan at its ``yield``: the plan may handle it
+    An error raised by ``call`` is thrown into the steps at its ``yield``: they may handle it
     (log it, fall back) and go on, or let it propagate, its cleanup running at once.
     """
-    with contextlib.closing(plan):
+    with contextlib.closing(steps):
         try:
-            request = next(plan)
+            request = next(steps)
             while True:
-                request = _resume(plan, _attempt(call, request))
+                request = _resume(steps, _attempt(call, request))
         except StopIteration as done:
             result: R = done.value
             return result
 
 
-async def adrive(plan: Plan[R], call: Callable[[Any], Awaitable[Any]]) -> R:
+async def adrive(steps: Steps[R], call: Callable[[Any], Awaitable[Any]]) -> R:
     """Async twin of :func:`drive`: each request is answered with ``await call(request)``."""
-    with contextlib.closing(plan):
+    with contextlib.closing(steps):
         try:
-            request = next(plan)
+            request = next(steps)
             while True:
-                request = _resume(plan, await _aattempt(call, request))
+                request = _resume(steps, await _aattempt(call, request))
         except StopIteration as done:
             result: R = done.value
             return result
 
 
-def relay(plan: Plan[R], ask: Callable[[Any], Any], answer: Callable[[Any], Any]) -> Plan[R]:
-    """``plan`` as part of a larger plan: yields ``ask(request)`` for each of its requests and sends
-    it ``answer(reply)``; an error thrown in is thrown into ``plan``. Returns its result."""
-    with contextlib.closing(plan):
+def relay(steps: Steps[R], ask: Callable[[Any], Any], answer: Callable[[Any], Any]) -> Steps[R]:
+    """``steps`` as part of larger steps: yields ``ask(request)`` for each of its requests and sends
+    it ``answer(reply)``; an error thrown in is thrown into ``steps``. Returns its result."""
+    with contextlib.closing(steps):
         try:
-            request = next(plan)
+            request = next(steps)
             while True:
                 try:
                     reply = yield ask(request)
-                except BaseException as exc:  # the inner plan may handle it, as under drive
-                    request = plan.throw(exc)
+                except BaseException as exc:  # the inner steps may handle it, as under drive
+                    request = steps.throw(exc)
                 else:
-                    request = plan.send(answer(reply))
+                    request = steps.send(answer(reply))
         except StopIteration as done:
             result: R = done.value
             return result

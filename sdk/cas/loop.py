@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeAlias
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from capgate._util.drive import Plan, adrive, drive, twin_of
+from capgate._util.drive import Steps, adrive, drive, twin_of
 from capgate._util.validate import check_positive_int, check_unit_interval
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState, _Tally
 from capgate.cas.confidence import (
@@ -246,7 +246,7 @@ def sampling_plan(
     seed: int | np.random.Generator | None = None,
     unknown_weight: float = UNKNOWN_CONFIDENCE_WEIGHT,
     keep_text: bool = False,
-) -> Plan[CASResult]:
+) -> Steps[CASResult]:
     """The loop of :func:`adaptive_sample` without its I/O: yields each batch to draw, gets its rows."""
     core = _LoopCore(stop, batch_size, max_samples, initial_batch, seed, unknown_weight)
     if confidence is not None and plants_confidence(prompt):  # an injected tag must not steer the vote

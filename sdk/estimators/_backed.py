@@ -15,20 +15,20 @@ from capgate.core.backend import Generation, Prompt
 from capgate.core.types import Estimate
 from capgate.estimators._sampling import (
     AnyBackend,
-    Plan,
     QueryState,
     Round,
-    arun_plan,
+    Steps,
+    arun_steps,
     check_backend,
     failed_call_estimate,
-    run_plan,
+    run_steps,
 )
 from capgate.estimators.base import CapabilityEstimator
 
 
 def one_round_plan(
     method: str, round_: Round, read: Callable[[list[Generation], QueryState], Estimate]
-) -> Plan:
+) -> Steps:
     """A plan of one round: a failed prompt gets :func:`failed_call_estimate`, a sampled one ``read``.
 
     ``read`` receives the prompt's samples and its :class:`QueryState` (their cost already added).
@@ -57,7 +57,7 @@ def check_template(template: str) -> str:
 
 class BackendEstimator(CapabilityEstimator):
     """Base of the estimators that query a model: :meth:`estimate` and :meth:`aestimate` drive the
-    subclass's plan (:meth:`_plan`) with blocking or non-blocking calls.
+    subclass's plan (:meth:`_steps`) with blocking or non-blocking calls.
 
     Args:
         backend: A :class:`~capgate.Backend` and/or :class:`~capgate.AsyncBackend`.
@@ -68,16 +68,16 @@ class BackendEstimator(CapabilityEstimator):
         self.backend = backend
 
     @abstractmethod
-    def _plan(self, queries: Sequence[Prompt]) -> Plan:
+    def _steps(self, queries: Sequence[Prompt]) -> Steps:
         """The estimator's rounds of prompts and how their samples become estimates."""
 
     def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """Estimate each query by querying the model (blocking)."""
-        return run_plan(self._plan(queries), self.backend)
+        return run_steps(self._steps(queries), self.backend)
 
     async def aestimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """Async twin of :meth:`estimate` (native when the backend has ``agenerate``)."""
-        return await arun_plan(self._plan(queries), self.backend)
+        return await arun_steps(self._steps(queries), self.backend)
 
     @property
     def thread_safe_estimate(self) -> bool:

@@ -2,7 +2,7 @@
 
 An estimator describes its work as a *plan*: a generator that yields :class:`Round` s (prompts to
 sample, with sampling parameters) and receives :class:`RoundResult` s back, then returns the
-estimates. :func:`run_plan` drives a plan with a sync backend and :func:`arun_plan` with an async
+estimates. :func:`run_steps` drives a plan with a sync backend and :func:`arun_steps` with an async
 one, so each estimator's logic (prompting, parsing, retrying unparsable answers) is written once
 and its sync and async paths cannot drift apart (httpx keeps its twins in step the same way).
 
@@ -56,7 +56,7 @@ class RoundResult:
     latency_s: float = 0.0
 
 
-Plan: TypeAlias = Generator[Round, RoundResult, list[Estimate]]
+Steps: TypeAlias = Generator[Round, RoundResult, list[Estimate]]
 
 
 def check_backend(backend: object) -> None:
@@ -159,12 +159,12 @@ async def asample_round(backend: AnyBackend, round_: Round) -> RoundResult:
     return RoundResult(outcomes=outcomes, latency_s=time.perf_counter() - start)
 
 
-def run_plan(plan: Plan, backend: AnyBackend) -> list[Estimate]:
+def run_steps(plan: Steps, backend: AnyBackend) -> list[Estimate]:
     """Drive a plan to completion with blocking calls."""
     return drive(plan, functools.partial(sample_round, backend))
 
 
-async def arun_plan(plan: Plan, backend: AnyBackend) -> list[Estimate]:
+async def arun_steps(plan: Steps, backend: AnyBackend) -> list[Estimate]:
     """Drive a plan to completion without blocking the event loop."""
     return await adrive(plan, functools.partial(asample_round, backend))
 

@@ -15,7 +15,7 @@ from capgate.core.backend import Generation, Prompt, SamplingParams
 from capgate.core.types import Estimate
 from capgate.estimators._backed import BackendEstimator, one_round_plan
 from capgate.estimators._parsing import normalize_answer
-from capgate.estimators._sampling import AnyBackend, Plan, QueryState, Round, describe_error
+from capgate.estimators._sampling import AnyBackend, QueryState, Round, Steps, describe_error
 
 __all__ = ["Consistency"]
 
@@ -61,7 +61,7 @@ class Consistency(BackendEstimator):
         base = self.params or SamplingParams(temperature=1.0, max_tokens=512)
         return base.model_copy(update={"n": self.k_c})
 
-    def _plan(self, queries: Sequence[Prompt]) -> Plan:
+    def _steps(self, queries: Sequence[Prompt]) -> Steps:
         return one_round_plan(self.method, Round(list(queries), self._params()), self._read)
 
     def _read(self, samples: list[Generation], state: QueryState) -> Estimate:

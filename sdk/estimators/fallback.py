@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capgate._util.drive import Plan, adrive, drive
+from capgate._util.drive import Steps, adrive, drive
 from capgate.core.backend import Prompt
 from capgate.core.types import Cost, Estimate
 from capgate.estimators._sampling import describe_error
@@ -105,7 +105,7 @@ class FallbackChain(CapabilityEstimator):
                 still.append(i)
         return still
 
-    def _plan(self, queries: Sequence[Prompt]) -> Plan[list[Estimate]]:
+    def _steps(self, queries: Sequence[Prompt]) -> Steps[list[Estimate]]:
         """The chain without its calls: yields ``(link, queries)``, receives the link's answer."""
         n = len(queries)
         results: list[Estimate | None] = [None] * n
@@ -127,11 +127,11 @@ class FallbackChain(CapabilityEstimator):
 
     def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """Estimate each query with the first estimator that can (blocking)."""
-        return drive(self._plan(queries), _ask)
+        return drive(self._steps(queries), _ask)
 
     async def aestimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
         """Async twin of :meth:`estimate`: each link's ``aestimate`` in turn."""
-        return await adrive(self._plan(queries), _aask)
+        return await adrive(self._steps(queries), _aask)
 
     @property
     def thread_safe_estimate(self) -> bool:

@@ -18,7 +18,7 @@ from capgate.core.backend import Generation, Prompt, SamplingParams, TokenLogpro
 from capgate.core.types import Estimate
 from capgate.estimators._backed import BackendEstimator, check_template, one_round_plan
 from capgate.estimators._parsing import THINK_CLOSE, THINK_OPEN
-from capgate.estimators._sampling import AnyBackend, Plan, QueryState, Round, wrap_last_user_turn
+from capgate.estimators._sampling import AnyBackend, QueryState, Round, Steps, wrap_last_user_turn
 from capgate.estimators.verbalized import delimit_question
 
 __all__ = ["PTRUE_TEMPLATE", "PTrue", "read_p_true"]
@@ -148,7 +148,7 @@ class PTrue(BackendEstimator):
         """The prompt sent for ``query`` (earlier chat turns kept as context)."""
         return wrap_last_user_turn(query, lambda q: self.template.format(question=delimit_question(q)))
 
-    def _plan(self, queries: Sequence[Prompt]) -> Plan:
+    def _steps(self, queries: Sequence[Prompt]) -> Steps:
         prompts = [self.build_prompt(q) for q in queries]
         return one_round_plan(self.method, Round(prompts, self.params), self._read)
 

@@ -31,9 +31,9 @@ from capgate.estimators._backed import BackendEstimator, check_template
 from capgate.estimators._parsing import parse_probability
 from capgate.estimators._sampling import (
     AnyBackend,
-    Plan,
     QueryState,
     Round,
+    Steps,
     describe_error,
     wrap_last_user_turn,
 )
@@ -203,7 +203,7 @@ class VerbalizedConfidence(BackendEstimator):
             )
         return wrap_last_user_turn(query, lambda q: render_verbalized_prompt(q, template=template))
 
-    def _plan(self, queries: Sequence[Prompt]) -> Plan:
+    def _steps(self, queries: Sequence[Prompt]) -> Steps:
         states = [QueryState() for _ in queries]
         found: dict[int, tuple[float, str]] = {}
         errored: set[int] = set()

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict
 
 from capgate._util.atomic import atomic_write_json
-from capgate._util.drive import Plan, adrive, drive, twin_of
+from capgate._util.drive import Steps, adrive, drive, twin_of
 from capgate._util.jsonl import append_durably, cut_torn_tail, open_append_only
 from capgate._util.validate import check_positive_int
 from capgate.cas.confidence import ConfidenceSource, strip_confidence_tag, with_confidence_instruction
@@ -377,7 +377,7 @@ class HarvestRun:
             elapsed = max(time.perf_counter() - self.started, 1e-9)
             self._progress.update(self._task, advance=len(batch), rate=f"{self.n_samples / elapsed:.1f}")
 
-    def requests(self, target: HarvestTarget) -> Plan[HarvestReport]:
+    def requests(self, target: HarvestTarget) -> Steps[HarvestReport]:
         """The run as its model requests: yields each remaining batch's ``(prompts, params)``,
         writes the answer sent back, and returns the report."""
         with self:
