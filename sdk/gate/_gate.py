@@ -16,7 +16,7 @@ from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._calibration import Calibrations, calibration_target
 from capgate.gate._defaults import default_estimator, default_extract
 from capgate.gate._effects import estimates_of
-from capgate.gate._limits import Limits, Slots, log_key, log_writer
+from capgate.gate._limits import Limits, Slots
 from capgate.gate._record import write_decision
 from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
 from capgate.gate._settings import (
@@ -27,7 +27,6 @@ from capgate.gate._settings import (
     OnBlock,
     given_settings,
 )
-from capgate.gate._shadow import WORKERS as SHADOW_WORKERS
 from capgate.gate._shadow import Shadows, astart_shadow, start_shadow
 from capgate.gate._stats import GateStats
 from capgate.gate.flow import (
@@ -58,10 +57,7 @@ class _Shared:
         self.policies: dict[str, Policy] = {}
         self.logs: dict[str, DecisionLog] = {}
         self.slots = Slots()
-        self.shadows = Shadows()
-        self.shadows.reserve(settings.max_concurrency or SHADOW_WORKERS)  # threads start now, not in a call
-        if settings.log is not None:
-            log_writer(log_key(settings.log))  # its writer's thread too
+        self.shadows = Shadows.for_gate(settings)  # its threads start now, not in a call
         self.calibrations = Calibrations()
 
 

@@ -30,7 +30,7 @@ import concurrent.futures
 import contextvars
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capgate.core.backend import Prompt
 from capgate.core.types import Decision, Estimate
@@ -42,6 +42,9 @@ from capgate.gate._limits import failure_reason, log_key, log_writer
 from capgate.gate._results import ShadowDecision, Verdict
 from capgate.gate._workers import Lane, submit_or_run
 from capgate.gate.flow import aperform, perform
+
+if TYPE_CHECKING:
+    from capgate.gate._settings import GateSettings
 
 SHADOW_REASON = "shadow mode: the gate decides beside the call and logs what it would have done"
 
@@ -65,6 +68,16 @@ class Shadows:
         self._lock = threading.Lock()
         self._lane: Lane | None = None
         self._pending: set[concurrent.futures.Future[Any] | asyncio.Future[Any]] = set()
+
+    @classmethod
+    def for_gate(cls, settings: GateSettings) -> Shadows:
+        """A gate's shadows, their worker threads started now (``max_concurrency`` of them, or
+        :data:`WORKERS`) and the writer thread of the gate's log, so no call starts a thread."""
+        shadows = cls()
+        shadows.reserve(settings.max_concurrency or WORKERS)
+        if settings.log is not None:
+            log_writer(log_key(settings.log))
+        return shadows
 
     def reserve(self, workers: int) -> None:
         """Take this gate's ``workers`` places in the process's started threads (when the gate is
