@@ -17,6 +17,7 @@ TRL, PEFT, torch and transformers are imported inside the functions that use the
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -24,6 +25,8 @@ import os
 import shutil
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,6 +179,14 @@ def _progress_callback(total: int, show: bool) -> Any:
     return RewardProgress()
 
 
+@contextlib.contextmanager
+def _quiet_deprecations() -> Iterator[None]:
+    """Silence transformers' gradient-checkpointing rename warning, which TRL raises every step."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
 def _last_good_checkpoint(folder: Path) -> Path | None:
     """The newest checkpoint with its trainer state written (a kill mid-save leaves one without)."""
     found = sorted(
@@ -199,30 +210,32 @@ def _grpo(
     trl = importlib.import_module("trl")
     folder = out / "grpo"
     bf16 = device == "cuda" and torch.cuda.is_bf16_supported()
-    args = trl.GRPOConfig(
-        output_dir=str(folder), max_steps=config.steps, learning_rate=config.lr,
-        per_device_train_batch_size=config.prompts_per_step * config.num_generations,
-        gradient_accumulation_steps=1, num_generations=config.num_generations,
-        max_completion_length=config.max_completion_length, temperature=config.temperature, top_k=0,
-        beta=config.kl_beta, logging_steps=1, save_strategy="steps", save_steps=config.save_steps,
-        save_total_limit=2, report_to="none", use_cpu=device == "cpu", bf16=bf16, fp16=False,
-        gradient_checkpointing=False, seed=config.seed, data_seed=config.seed, disable_tqdm=True,
-        remove_unused_columns=False, dataloader_num_workers=0, log_completions=False,
-    )  # fmt: skip
-    trainer = trl.GRPOTrainer(
-        model=model,
-        reward_funcs=c3rl_reward_functions(config.rewards),
-        args=args,
-        train_dataset=Dataset.from_list(grpo_rows(train)),
-        processing_class=tokenizer,
-        callbacks=[_progress_callback(config.steps, show)],
-    )
+    with _quiet_deprecations():
+        args = trl.GRPOConfig(
+            output_dir=str(folder), max_steps=config.steps, learning_rate=config.lr,
+            per_device_train_batch_size=config.prompts_per_step * config.num_generations,
+            gradient_accumulation_steps=1, num_generations=config.num_generations,
+            max_completion_length=config.max_completion_length, temperature=config.temperature, top_k=0,
+            beta=config.kl_beta, logging_steps=1, save_strategy="steps", save_steps=config.save_steps,
+            save_total_limit=2, report_to="none", use_cpu=device == "cpu", bf16=bf16, fp16=False,
+            gradient_checkpointing=False, seed=config.seed, data_seed=config.seed, disable_tqdm=True,
+            remove_unused_columns=False, dataloader_num_workers=0, log_completions=False,
+        )  # fmt: skip
+        trainer = trl.GRPOTrainer(
+            model=model,
+            reward_funcs=c3rl_reward_functions(config.rewards),
+            args=args,
+            train_dataset=Dataset.from_list(grpo_rows(train)),
+            processing_class=tokenizer,
+            callbacks=[_progress_callback(config.steps, show)],
+        )
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # our bar shows the logs
     resume = _last_good_checkpoint(folder) if folder.is_dir() else None
     started = time.perf_counter()
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    with _quiet_deprecations():
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     history = [
         {key: value for key, value in entry.items() if key.startswith(("rewards/", "reward", "step", "loss"))}
         for entry in trainer.state.log_history
