@@ -210,7 +210,8 @@ def main() -> None:
     one = med(extract["gen_with_features_s"])
     hit_rate = plain["hits"] / plain["queries"] if plain["queries"] else float("nan")
     n = len(prompts)
-    print(f"{n} ARC-Easy test prompts (build_prompt), SmolLM2-135M float32, greedy {MAX_TOKENS} tokens")
+    name = "a tiny random-weight model" if args.smoke else "SmolLM2-135M"
+    print(f"{n} ARC-Easy test prompts (build_prompt), {name} float32, greedy {MAX_TOKENS} tokens")
     print()
     print("| path | median s / query | vs plain generation |")
     print("| --- | --- | --- |")
