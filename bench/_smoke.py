@@ -42,35 +42,10 @@ def tiny_model(folder: Path | None = None) -> Path:
     given = os.environ.get(TINY_MODEL_ENV)
     if given:
         return Path(given)
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    from capgate.local.models import prepare_model
+    from capgate.local.tiny import build_tiny_model
 
     out = (folder or Path(tempfile.mkdtemp(prefix="capgate-smoke-"))) / "tiny-llama"
-    if (out / "config.json").is_file():
-        return out
-    tokenizer = AutoTokenizer.from_pretrained(str(prepare_model("default")))
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-        tie_word_embeddings=False,
-        initializer_range=0.2,
-    )
-    torch.manual_seed(1234)
-    model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig.from_model_config(config)
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    return out
+    return build_tiny_model(out, lm_head_std=None)
 
 
 def postgres_url(given: str | None = None) -> str | None:

@@ -50,35 +50,9 @@ def default_model_dir(capgate_cache: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight 2-layer Llama saved as a transformers folder with SmolLM2's tokenizer."""
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from capgate.local.tiny import build_tiny_model
 
-    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir))
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-        tie_word_embeddings=False,
-        # Larger than the usual 0.02 so that outputs depend on the prompt and greedy decoding
-        # does not collapse into repeating one token.
-        initializer_range=0.2,
-    )
-    torch.manual_seed(1234)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.normal_(0.0, 0.3)
-    model.generation_config = GenerationConfig.from_model_config(config)
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    return folder
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), tokenizer_from=default_model_dir)
 
 
 @pytest.fixture(scope="module")
