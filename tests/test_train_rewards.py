@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -193,3 +195,33 @@ def test_synthetic_questions_are_graded_split_and_reproducible() -> None:
     assert len(arithmetic_items(100, families=["add_1d"], split="test")) < 100
     with pytest.raises(ValueError, match="unknown arithmetic families"):
         arithmetic_items(1, families=["div"])
+
+
+def test_the_warm_start_answers_with_the_models_own_finished_texts(tmp_path: Path) -> None:
+    """The warm start keeps the model's way of answering: a text that ended on its own (fewer tokens
+    than the harvest's limit), tag appended; bare extracted answers only without kept texts."""
+    from capgate.core.types import LabelledQuery, Sample
+    from capgate.train.data import load_examples, warm_start_rows
+
+    samples = [
+        Sample(text="To add 7 and 8 you first", answer="8", correct=False, n_tokens=24),  # cut off
+        Sample(text="7 + 8 = 15", answer="15", correct=True, n_tokens=7),
+        Sample(text="7 + 8 = 15.", answer="15", correct=True, n_tokens=8),
+        Sample(text=None, answer="15", correct=True, n_tokens=3),
+    ]
+    record = LabelledQuery.model_validate(
+        {"id": "q", "question": "What is 7 + 8?", "references": ["15"], "k": 4, "correct": 3,
+         "samples": samples, "kind": "numeric", "prompt": "What is 7 + 8? Answer with just the number."}
+    )  # fmt: skip
+    path = tmp_path / "l.jsonl"
+    path.write_text(record.model_dump_json() + "\n")
+    [example] = load_examples(path, max_tokens=24)
+    assert example.finished == ("7 + 8 = 15", "7 + 8 = 15.")
+    assert example.messages[0]["role"] == "system"
+    rows = {warm_start_rows([example], confidence="mu_hat", seed=s)[0][1] for s in range(20)}
+    assert rows == {"7 + 8 = 15 [confidence=75%]", "7 + 8 = 15. [confidence=75%]"}
+    [bare] = load_examples(path)  # the limit unknown: no text is known to have ended
+    assert warm_start_rows([bare], confidence="constant", seed=0)[0][1] in {
+        "8 [confidence=75%]",
+        "15 [confidence=75%]",
+    }

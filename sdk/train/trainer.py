@@ -346,11 +346,13 @@ def train_c3rl(
     show = sys.stderr.isatty() if progress is None else progress
     labels, out = Path(labels), Path(out)
     name = os.fspath(model)
-    examples = load_examples(labels)
-    spread = check_spread(examples, path=labels)
     folder = prepare_model(name)
     fingerprint, model_id = weights_fingerprint(folder), _model_id(name, folder)
+    examples = load_examples(labels)
+    spread = check_spread(examples, path=labels)
     harvest_meta = check_labels_model(labels, model_id=model_id, fingerprint=fingerprint)
+    limit = harvest_meta.get("max_tokens")
+    examples = load_examples(labels, max_tokens=limit if isinstance(limit, int) else None)
     missing = [module for module in ("trl", "peft") if importlib.util.find_spec(module) is None]
     if missing:  # before anything is written
         raise MissingExtraError("train", missing, "C3RL training")
