@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trl  # noqa: F401  - the train extra (trl, peft), installed by scripts/setup.sh: a missing one fails, never skips
 
 from capgate.core.types import LabelledQuery, Sample
 from capgate.errors import DataError
@@ -20,8 +21,6 @@ from capgate.labels import meta_path
 from capgate.local.models import weights_fingerprint
 from capgate.train.config import C3RLTrainConfig
 from capgate.train.synthetic import arithmetic_items, arithmetic_prompt
-
-pytest.importorskip("trl", reason="the train extra (trl, peft) is installed by scripts/setup.sh")
 
 FAST = {
     "warm_start_steps": 3, "warm_start_batch_size": 4, "steps": 2, "prompts_per_step": 2,
