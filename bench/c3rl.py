@@ -6,9 +6,10 @@ Protocol (every phase resumes where a killed run stopped; rerun the same command
    families, i.e. all but ``sub_2d``, on the *train* operand pairs) k=10 times per question, with
    the prompt it is trained and served with (question + "Answer with just the number.", the
    confidence instruction as the system turn), temperature 0.3, at most 24 tokens.
-2. **train**: ``capgate.train.train_c3rl``: a supervised warm start on the model's own answers
-   ending with ``[confidence=X%]`` (X = the question's µ̂ rounded to 5%), then GRPO with a LoRA
-   adapter (the paper's three terms and the format penalty, plus the optional Brier term at 0.5).
+2. **train**: ``capgate.train.train_c3rl``: a supervised warm start (24 steps of 4) on the model's
+   own answers ending with ``[confidence=X%]`` (X = the question's µ̂ rounded to 5%), then 24 GRPO
+   steps (1 question x 4 answers) with a LoRA adapter (the paper's three terms and the format
+   penalty, plus the optional Brier term at 0.5). That is what fitted the hour on a shared machine.
 3. **test pools**: base and trained models each answer the *test* questions (other operand pairs of
    every family, and all of ``sub_2d``, never trained on) k=10 times, same prompt and sampling; the
    stated tags are read (``capgate.cas.verbalized_confidence``).
@@ -25,8 +26,9 @@ above); AUROC >= 0.70 with its interval above 0.5; Brier below the constant base
 
 Run: ``OMP_NUM_THREADS=1 nohup .venv/bin/python bench/c3rl.py > bench/data/c3rl/run.log 2>&1 &``
 (one torch thread: on a shared two-core machine two spinning threads per process were slower;
-about an hour and a half); ``--smoke`` runs every phase in seconds on a tiny random-weight model
-(``tests/test_train_bench.py`` runs it); ``--report-only`` recomputes the report from the files. The
+about 45 minutes there, most of it sampling); ``--smoke`` runs every phase in seconds on a tiny
+random-weight model (``tests/test_train_bench.py`` runs it); ``--report-only`` recomputes the
+report from the files. The
 labels and test pools land in ``bench/data/c3rl/``, the run (merged model included) in
 ``$TMPDIR/capgate-c3rl-bench-run``.
 """
@@ -58,17 +60,18 @@ ROOT = Path(__file__).resolve().parent
 SAMPLING = {"k": 10, "temperature": 0.3, "max_tokens": 24}
 BENCH_CONFIG = C3RLTrainConfig(
     rewards=C3RLRewardConfig(brier=0.5),
-    warm_start_steps=60,
+    warm_start_steps=24,
+    warm_start_batch_size=4,
     warm_start_lr=5e-4,
-    steps=150,
+    steps=24,
     lr=1e-4,
-    prompts_per_step=2,
+    prompts_per_step=1,
     num_generations=4,
     max_completion_length=16,
     temperature=0.3,
-    save_steps=20,
+    save_steps=8,
     eval_fraction=0.1,
-    eval_max=16,
+    eval_max=8,
     device="cpu",
 )
 SMOKE_CONFIG = C3RLTrainConfig(
@@ -349,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     pools = (data / "test_base.jsonl", data / "test_trained.jsonl")
     if not args.report_only:
         log(f"phase 3: test pools ({len(test_items)} questions x k={sampling['k']}, base and trained)")
-        harvest_pool(model, test_items, pools[0], sampling)
         harvest_pool(run.model, test_items, pools[1], sampling)
+        harvest_pool(model, test_items, pools[0], sampling)
     log("phase 4: report")
     print(report(*pools, run), flush=True)
     return 0
