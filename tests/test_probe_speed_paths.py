@@ -373,9 +373,13 @@ def test_a_cpu_where_bfloat16_does_not_pay_off_falls_back_to_float32(
 
     shipped = recorded_fast_paths(LinearProbe.load(default_probe_path()))
     passed = [fast for fast in ("bfloat16", "bf16-mixed") if fast in shipped and shipped[fast].passed]
+    monkeypatch.setattr("capgate.local.models.bf16_speedup", lambda: 2.4)  # measured faster
     for native in (False, True):
-        monkeypatch.setattr("capgate.local.models.bf16_pays_off", lambda native=native: native)
+        monkeypatch.setattr("capgate.local.models.native_bf16_cpu", lambda native=native: native)
         estimator = load_estimator("default", device="cpu")
         expected = passed[0] if native and passed else "float32"
         assert estimator.featurizer.dtype == expected
-        assert estimator.estimate_one("What is 2+3?").details["dtype"] == expected
+        details = estimator.estimate_one("What is 2+3?").details
+        assert details["dtype"] == expected
+        assert details["fast_path"]["dtype"] == expected  # and how it was chosen is on the record
+        assert details["fast_path"]["bf16_speedup"] == (2.4 if native else None)
