@@ -65,9 +65,12 @@ from capgate.policies import Policy, load_policy
 
 _moved.install()
 
-__version__ = _metadata.version("capgate")
+try:
+    __version__ = _metadata.version("capgate")
+except _metadata.PackageNotFoundError:  # a source tree put on the path without installing it
+    __version__ = "0+unknown"
 """The installed distribution's version (from its metadata, the one place it is declared:
-``pyproject.toml``)."""
+``pyproject.toml``); ``"0+unknown"`` when capgate is imported from a tree never installed."""
 
 __all__ = [
     "Abstained",
