@@ -96,34 +96,11 @@ def log(message: str) -> None:
 
 
 def tiny_model(folder: Path) -> Path:
-    """A random-weight 2-layer Llama with SmolLM2's tokenizer (the smoke run's model)."""
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    """A random-weight 2-layer Llama with SmolLM2's tokenizer (the smoke run's model; weights as
+    initialised, seed 0)."""
+    from capgate.local.tiny import build_tiny_model
 
-    from capgate.local.models import prepare_model
-
-    if (folder / "config.json").is_file():
-        return folder
-    tokenizer = AutoTokenizer.from_pretrained(str(prepare_model("default")))
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig.from_model_config(config)
-    model.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    return folder
+    return build_tiny_model(folder, seed=0, initializer_range=0.02, lm_head_std=None)
 
 
 def harvest_pool(model: str | Path, items: list[Any], out: Path, sampling: dict[str, Any]) -> Path:
