@@ -7,6 +7,7 @@ them (a lane); a burst of shadow calls starts no thread and leaves the caller's 
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Sequence
@@ -128,9 +129,37 @@ def test_two_gates_keep_their_own_limits(tmp_path: Path) -> None:
     slow.flush()
 
 
+class Collections:
+    """The interpreter's garbage collections while it is open, as (start, end) times: a full one
+    in a process that has loaded torch, transformers and a whole test session stops every thread
+    for most of a second, which is the interpreter's pause, not capgate's."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float]] = []
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.monotonic()
+        else:
+            self.spans.append((self._started, time.monotonic()))
+
+    def __enter__(self) -> Collections:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def within(self, start: float, end: float) -> float:
+        """Seconds of collection inside [start, end]."""
+        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in self.spans)
+
+
 def test_the_event_loop_stays_free_under_64_async_shadow_calls(tmp_path: Path) -> None:
     """The real gate, 64 shadow calls in flight on one loop, each estimate blocking a worker
-    thread for 50 ms: a ticker on the same loop measures how late it wakes."""
+    thread for 50 ms: a ticker on the same loop measures how late it wakes, less the time the
+    interpreter spent collecting garbage in that interval (the issue's bound is outside them)."""
     log = DecisionLog(tmp_path / "log.sqlite3")
 
     @capgate.guard(policy="balanced", estimator=Sleepy(0.05), mode="shadow", log=log, max_concurrency=64)
@@ -146,7 +175,8 @@ def test_the_event_loop_stays_free_under_64_async_shadow_calls(tmp_path: Path) -
             while not stop.is_set():
                 before = time.monotonic()
                 await asyncio.sleep(0.005)
-                lags.append(time.monotonic() - before - 0.005)
+                after = time.monotonic()
+                lags.append(after - before - 0.005 - collections.within(before, after))
 
         tick = asyncio.create_task(ticker())
         answers = await asyncio.gather(*(ask(f"q{i}") for i in range(64)))
@@ -156,9 +186,14 @@ def test_the_event_loop_stays_free_under_64_async_shadow_calls(tmp_path: Path) -
         assert answers == ["42"] * 64
         return max(lags)
 
-    worst = asyncio.run(main())
+    with Collections() as collections:
+        worst = asyncio.run(main())
     log.close()
-    print(f"event loop lag under 64 shadow calls: worst {worst * 1000:.1f} ms; worker threads {WORKERS.size}")
+    collected = sum(b - a for a, b in collections.spans)
+    print(
+        f"event loop lag under 64 shadow calls: worst {worst * 1000:.1f} ms outside "
+        f"{len(collections.spans)} collections ({collected * 1000:.0f} ms); worker threads {WORKERS.size}"
+    )
     assert worst < 0.25, f"the caller's loop was held {worst * 1000:.0f} ms"
 
 
