@@ -6,10 +6,11 @@ Protocol (every phase resumes where a killed run stopped; rerun the same command
    families, i.e. all but ``sub_2d``, on the *train* operand pairs) k=10 times per question, with
    the prompt it is trained and served with (question + "Answer with just the number.", the
    confidence instruction as the system turn), temperature 0.3, at most 24 tokens.
-2. **train**: ``capgate.train.train_c3rl``: a supervised warm start (24 steps of 4) on the model's
-   own answers ending with ``[confidence=X%]`` (X = the question's µ̂ rounded to 5%), then 24 GRPO
-   steps (1 question x 4 answers) with a LoRA adapter (the paper's three terms and the format
-   penalty, plus the optional Brier term at 0.5). That is what fitted the hour on a shared machine.
+2. **train**: ``capgate.train.train_c3rl``: a supervised warm start (80 steps of 8, the reference
+   classes balanced) on the model's own answers ending with ``[confidence=X%]`` (X = the
+   question's µ̂ rounded to 5%), then 80 GRPO steps (1 question x 8 answers of at most 24 tokens,
+   temperature 0.7, so a group's stated values vary) with a LoRA adapter (the paper's three terms
+   and the format penalty, plus the optional Brier term at 0.5).
 3. **test pools**: base and trained models each answer the *test* questions (other operand pairs of
    every family, and all of ``sub_2d``, never trained on) k=10 times, same prompt and sampling; the
    stated tags are read (``capgate.cas.verbalized_confidence``).
@@ -60,16 +61,17 @@ ROOT = Path(__file__).resolve().parent
 SAMPLING = {"k": 10, "temperature": 0.3, "max_tokens": 24}
 BENCH_CONFIG = C3RLTrainConfig(
     rewards=C3RLRewardConfig(brier=0.5),
-    warm_start_steps=24,
-    warm_start_batch_size=4,
+    warm_start_steps=80,
+    warm_start_batch_size=8,
+    warm_start_balance=True,
     warm_start_lr=5e-4,
-    steps=24,
+    steps=80,
     lr=1e-4,
     prompts_per_step=1,
-    num_generations=4,
-    max_completion_length=16,
-    temperature=0.3,
-    save_steps=8,
+    num_generations=8,
+    max_completion_length=24,
+    temperature=0.7,
+    save_steps=10,
     eval_fraction=0.1,
     eval_max=8,
     device="cpu",

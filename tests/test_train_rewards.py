@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,27 @@ def test_the_warm_start_answers_with_the_models_own_finished_texts(tmp_path: Pat
         "8 [confidence=75%]",
         "15 [confidence=75%]",
     }
+
+
+def test_a_balanced_warm_start_gives_each_reference_class_the_largest_ones_share(tmp_path: Path) -> None:
+    """Six all-wrong questions, one all-right, two partly: balanced, the all-right question gets
+    four rows (the cap), the partly ones six between them, the all-wrong ones one each."""
+    from capgate.core.types import LabelledQuery, Sample
+    from capgate.train.data import MAX_BALANCE_COPIES, load_examples, warm_start_rows
+
+    def record(i: int, correct: int) -> str:
+        samples = [Sample(text=f"{i}", answer=f"{i}", correct=j < correct, n_tokens=2) for j in range(4)]
+        return LabelledQuery.model_validate(
+            {"id": f"q{i}", "question": f"What is {i} + 0?", "references": [str(i)], "k": 4,
+             "correct": correct, "samples": samples, "kind": "numeric"}
+        ).model_dump_json()  # fmt: skip
+
+    path = tmp_path / "l.jsonl"
+    lines = [record(i, 0) for i in range(6)] + [record(6, 4), record(7, 2), record(8, 1)]
+    path.write_text("\n".join(lines) + "\n")
+    examples = load_examples(path, max_tokens=24)
+    plain = warm_start_rows(examples, confidence="mu_hat", seed=0)
+    balanced = warm_start_rows(examples, confidence="mu_hat", seed=0, balance=True)
+    assert len(plain) == 9
+    stated = Counter(text.rsplit("=", 1)[1] for _, text in balanced)
+    assert stated == {"0%]": 6, "100%]": MAX_BALANCE_COPIES, "50%]": 3, "25%]": 3}

@@ -90,6 +90,9 @@ class C3RLTrainConfig(BaseModel):
             constant and GRPO has nothing to learn from.
         warm_start_confidence: What the warm start's answers state (see
             :data:`WarmStartConfidence`).
+        warm_start_balance: Give each reference class as many warm-start answers as the largest
+            (see :func:`capgate.train.data.warm_start_rows`), so the majority class's stated value
+            is not all the warm start teaches.
         warm_start_lr: Learning rate of the warm start.
         warm_start_batch_size: Answers per warm-start step.
         steps: GRPO optimizer steps.
@@ -118,6 +121,7 @@ class C3RLTrainConfig(BaseModel):
     rewards: C3RLRewardConfig = Field(default_factory=C3RLRewardConfig)
     warm_start_steps: int = Field(default=60, ge=0)
     warm_start_confidence: WarmStartConfidence = "mu_hat"
+    warm_start_balance: bool = True
     warm_start_lr: float = Field(default=5e-4, gt=0.0, allow_inf_nan=False)
     warm_start_batch_size: int = Field(default=8, ge=1)
     steps: int = Field(default=200, ge=0)

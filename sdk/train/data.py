@@ -223,8 +223,12 @@ def _answer_text(item: DatasetItem, answer: str) -> str:
     return f"\\boxed{{{answer}}}" if item.kind == "math" else answer
 
 
+MAX_BALANCE_COPIES = 4
+"""Most rows one question gets when the warm start balances the reference classes."""
+
+
 def warm_start_rows(
-    examples: list[LabelledExample], *, confidence: WarmStartConfidence, seed: int
+    examples: list[LabelledExample], *, confidence: WarmStartConfidence, seed: int, balance: bool = False
 ) -> list[tuple[list[dict[str, str]], str]]:
     """``(messages, answer)`` pairs for the warm start: one of the model's own sampled answers to
     each question (so its accuracy is not taught, only the format), ending with the tag.
@@ -236,18 +240,35 @@ def warm_start_rows(
 
     The stated confidence is the question's µ̂ (``"mu_hat"``) or the labels' base rate
     (``"constant"``), rounded to 5%. Questions with no extracted answer are skipped.
+
+    ``balance``: each reference class gives as many rows as the largest one (its questions
+    repeated, each copy with another of its answers drawn, at most :data:`MAX_BALANCE_COPIES` per
+    question), so the warm start does not teach the majority class's stated value alone (measured
+    on SmolLM2-135M, 60% all-wrong labels: it stated 0% on 454 of 456 test answers).
     """
     rng = random.Random(seed)
     base_rate = sum(e.mu_hat for e in examples) / max(len(examples), 1)
+    usable = [(e, _warm_answers(e)) for e in examples]
+    usable = [(e, answers) for e, answers in usable if answers]
+    sizes = Counter(e.reference for e, _ in usable)
+    target = max(sizes.values(), default=0)
+    seen: Counter[str] = Counter()
     rows: list[tuple[list[dict[str, str]], str]] = []
-    for example in examples:
-        answers = list(example.finished) or [_answer_text(example.item, a) for a in example.answers if a]
-        if not answers:
-            continue
+    for example, answers in usable:
+        copies = 1
+        if balance:  # the class's share spread evenly over its questions, the first taking the rest
+            size = sizes[example.reference]
+            share = min(target, MAX_BALANCE_COPIES * size)
+            copies = share // size + (seen[example.reference] < share % size)
+            seen[example.reference] += 1
         stated = round_to_step(example.mu_hat if confidence == "mu_hat" else base_rate)
-        text = f"{rng.choice(answers)} [confidence={stated}%]"
-        rows.append((example.messages, text))
+        for _ in range(copies):
+            rows.append((example.messages, f"{rng.choice(answers)} [confidence={stated}%]"))
     return rows
+
+
+def _warm_answers(example: LabelledExample) -> list[str]:
+    return list(example.finished) or [_answer_text(example.item, a) for a in example.answers if a]
 
 
 def grpo_rows(examples: list[LabelledExample]) -> list[dict[str, Any]]:

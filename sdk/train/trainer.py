@@ -258,7 +258,9 @@ def _warm_start(
     report_file = folder / "warm_start.json"
     if report_file.is_file():
         return dict(json.loads(report_file.read_text(encoding="utf-8")))
-    rows = warm_start_rows(train, confidence=config.warm_start_confidence, seed=config.seed)
+    rows = warm_start_rows(
+        train, confidence=config.warm_start_confidence, seed=config.seed, balance=config.warm_start_balance
+    )
     started = time.perf_counter()
     losses: list[float] = []
     if config.warm_start_steps:
@@ -275,6 +277,7 @@ def _warm_start(
         "steps": config.warm_start_steps,
         "rows": len(rows),
         "confidence": config.warm_start_confidence,
+        "balanced": config.warm_start_balance,
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
         "seconds": time.perf_counter() - started,
