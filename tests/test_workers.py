@@ -240,3 +240,48 @@ def test_a_stuck_log_delays_only_the_gates_that_write_to_it(tmp_path: Path) -> N
     assert stuck_log.count() == 4  # nothing lost
     stuck_log.close()
     free_log.close()
+
+
+def test_speculative_calls_and_estimate_deadlines_start_no_thread(
+    tmp_path: Path, thread_starts: list[str]
+) -> None:
+    """Enforce mode's other side work: a speculative call runs in a started worker thread, and a
+    sync estimate under a deadline too (its thread keeps running past the deadline, as before)."""
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    speculative = capgate.guard(policy="balanced", estimator=Sleepy(0.01), speculative=True, log=log)(
+        lambda prompt: f"reply to {prompt}"
+    )
+    deadline = capgate.guard(policy="balanced", estimator=Sleepy(0.01), estimate_timeout_s=2.0, log=log)(
+        lambda prompt: f"reply to {prompt}"
+    )
+    late = Gate(policy="balanced", estimator=Sleepy(0.3), estimate_timeout_s=0.05)
+    thread_starts.clear()  # the gates and their log are made; now the calls
+    overflow = WORKERS.overflow
+    for i in range(10):
+        assert speculative(f"q{i}") == f"reply to q{i}"
+        assert deadline(f"q{i}") == f"reply to q{i}"
+    verdict = late.assess("slow")
+    assert verdict.decision.degraded
+    assert "estimate_timeout_s=0.05" in verdict.decision.reason
+    assert [name for name in thread_starts if not name.startswith("capgate-log")] == []
+    assert WORKERS.overflow == overflow
+    assert {d.decision.speculation is not None for d in log.decisions()} == {True, False}
+    log.close()
+
+
+def test_work_beyond_the_started_threads_runs_at_once_on_a_thread_of_its_own() -> None:
+    """More side work in flight than the gates reserved never queues behind other work: it gets a
+    new thread, counted."""
+    workers = Workers()
+    workers.reserve(1)
+    release, ran = threading.Event(), threading.Event()
+    workers.start_now(lambda: release.wait(5), "busy")
+    workers.start_now(ran.set, "extra")
+    assert ran.wait(2), "the second job waited for the first"
+    assert workers.overflow == 1
+    release.set()
+    done = threading.Event()
+    time.sleep(0.05)
+    workers.start_now(done.set, "again")  # the started thread is free again: no new one
+    assert done.wait(2)
+    assert workers.overflow == 1

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from capgate.core.backend import Prompt
 from capgate.core.types import Estimate
 from capgate.estimators.base import CapabilityEstimator
+from capgate.gate._workers import WORKERS
 
 _logger = logging.getLogger("capgate")
 _ERROR_TEXT = 200  # characters of an error (or of a wrong return value) kept in a degraded reason
@@ -165,12 +166,19 @@ def limited_estimate(
             if semaphore is not None:
                 semaphore.release()
 
-    # Not a daemon: an estimate past its deadline may be inside native code (a torch forward
-    # pass), and a daemon thread killed there at interpreter exit aborts the process
-    # ("terminate called without an active exception"); exit waits for it to return instead.
-    worker = threading.Thread(target=work, name="capgate-estimate")
-    worker.start()
-    worker.join(max(0.0, deadline - time.monotonic()))
+    # In a started worker thread (none starts inside the call); not a daemon: an estimate past
+    # its deadline may be inside native code (a torch forward pass), and a daemon thread killed
+    # there at interpreter exit aborts the process; exit waits for it to return instead.
+    finished = threading.Event()
+
+    def work_and_tell() -> None:
+        try:
+            work()
+        finally:
+            finished.set()
+
+    WORKERS.start_now(work_and_tell, "capgate-estimate")
+    finished.wait(max(0.0, deadline - time.monotonic()))
     if not box:
         return _timed_out(estimator, queries, timeout_s or 0.0, queued=False)
     if isinstance(box[0], BaseException):

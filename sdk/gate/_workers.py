@@ -47,8 +47,11 @@ class Workers:
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._reserved = 0
+        self._busy = 0
         self.size = 0
         """Threads started (and kept) for the jobs."""
+        self.overflow = 0
+        """Jobs :meth:`start_now` ran on a thread of their own (every started one was busy)."""
 
     def reserve(self, threads: int) -> None:
         """Add ``threads`` to what the process keeps started (up to :data:`MAX_THREADS`), starting
@@ -68,11 +71,40 @@ class Workers:
             old.shutdown(wait=False)
 
     def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        """Run ``job`` in a started thread (:meth:`reserve` first)."""
-        pool = self._pool
+        """Run ``job`` in a started thread (:meth:`reserve` first); it queues while all are busy."""
+        with self._lock:
+            pool = self._pool
+            if pool is None:
+                raise RuntimeError("no worker threads reserved: call reserve() when the gate is made")
+            self._busy += 1
+        return submit_or_run(pool, self._counted(job))
+
+    def start_now(self, job: Callable[[], Any], name: str) -> None:
+        """Run ``job`` at once: in an idle started thread, or, when every one is busy (more work
+        in flight than the gates reserved), in a new thread named ``name`` (counted in
+        :attr:`overflow`), never queued behind other work. ``job`` must hand over its own result
+        and errors. Its thread is not a daemon, either way: it may be in native code (a forward
+        pass), where a daemon thread killed at interpreter exit aborts the process."""
+        with self._lock:
+            pool = self._pool if self._busy < self.size else None
+            if pool is not None:
+                self._busy += 1
+            else:
+                self.overflow += 1
         if pool is None:
-            raise RuntimeError("no worker threads reserved: call reserve() when the gate is made")
-        return submit_or_run(pool, job)
+            threading.Thread(target=job, name=name).start()
+        else:
+            submit_or_run(pool, self._counted(job))
+
+    def _counted(self, job: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            try:
+                return job()
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+        return run
 
 
 WORKERS = Workers()

@@ -47,7 +47,6 @@ import contextlib
 import contextvars
 import functools
 import operator
-import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -74,6 +73,7 @@ from capgate.gate._effects import (
 )
 from capgate.gate._limits import failure_reason
 from capgate.gate._results import GateBlocked, Verdict
+from capgate.gate._workers import WORKERS
 
 __all__ = [
     "Assess",
@@ -249,9 +249,7 @@ class Speculate(Effect):
             finally:
                 timing.append(time.monotonic() - started)
 
-        # not a daemon: the call may be in native code (a local model), where a daemon thread
-        # killed at interpreter exit aborts the process; exit waits for it instead
-        threading.Thread(target=call, name="capgate-speculative").start()
+        WORKERS.start_now(call, "capgate-speculative")  # a started thread: the call waits for none
         verdict: Verdict = perform(self.assess)
         if verdict.action == "answer":
             value = done.result()
