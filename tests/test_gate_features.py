@@ -293,7 +293,10 @@ def test_the_embedded_models_features_are_logged_for_a_non_probe_gate(tmp_path: 
     assert gate.flush(600)
     assert gate.stats.feature_failures == 0, gate.stats.last_beside_error
     default = load_estimator()
-    expected = default.featurizer.transform(queries)
+    # one query at a time, as the gate reads them: a batch of two pads the shorter query, and
+    # where the process chose the bfloat16 fast path (timed, so load-dependent) the padded pass
+    # differs from the single one by more than the tolerance (seen: 0.27 under load)
+    expected = [default.featurizer.transform([q])[0] for q in queries]
     for verdict, row in zip(verdicts, expected, strict=True):
         logged = _features(log, verdict.decision.id)
         assert logged is not None

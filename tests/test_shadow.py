@@ -275,6 +275,7 @@ def test_speculative_gating_returns_the_calls_own_result_on_answer_and_discards_
         return f"reply to {prompt}"
 
     assert ask("easy") == "reply to easy"
+    call_started.clear()  # the estimate waits for this call to have started too
     blocked = ask("hard")
     assert isinstance(blocked, capgate.Gated)  # the call ran, but its result never leaks
     assert blocked.action == "abstain"
