@@ -125,9 +125,10 @@ class LogUnavailableError(CapgateError, RuntimeError):
     """The decision log could not be written or read: its database is down, unreachable, locked
     beyond its wait, or did not answer within its time limit.
 
-    A :class:`~capgate.Gate` catches it when it logs a decision: the decision is still returned
-    and the failure is counted in ``gate.stats.log_failures`` and logged as a warning, unless the
-    log was opened with ``fail_closed=True``, in which case the gated call raises it.
+    A :class:`~capgate.Gate` catches it when it logs a decision: the decision is still returned,
+    the failure is counted in ``gate.stats.log_failures`` and logged as a warning, and the decision
+    waits in the log's spill file (:mod:`capgate.decision.spill`), unless the log was opened with
+    ``fail_closed=True``, in which case the gated call raises it.
 
     Args:
         message: What failed, including the underlying error.

@@ -326,8 +326,9 @@ def test_a_guarded_call_walks_down_once_and_calls_up_only_to_run_the_function() 
     finally:
         sys.setprofile(None)
     assert normalized == 1
-    # with a deadline the estimate runs in the gate's worker thread, whose stack starts at _limits
-    assert seen["estimator"] == ["capgate.gate._limits"]
+    # with a deadline the estimate runs in a started worker thread: its stack starts at the
+    # worker's wrapper, then _limits
+    assert seen["estimator"] == ["capgate.gate._workers", "capgate.gate._limits"]
 
     @capgate.guard(policy="balanced", estimator=Spy())
     def ask_plain(prompt: str) -> str:

@@ -224,6 +224,29 @@ def show(
     Console(width=200).print(table)
 
 
+@log_app.command("replay-spill")
+def replay_spill(
+    spill: Annotated[
+        Path | None,
+        typer.Option("--spill", help="The spill file (default: the log's own, see capgate.decision.spill)."),
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Write the decisions a gate kept in the log's spill file (the log was down or its queue
+    full) into the log; safe to rerun."""
+    from capgate.decision.spill import SpillFile
+
+    with open_existing_log(db) as log:
+        kept = SpillFile(spill) if spill is not None else log.spill
+        if kept is None:
+            fail("this log has no spill file (opened with spill=None); pass --spill")
+        try:
+            count = kept.replay(log)
+        except CapgateError as exc:
+            fail(str(exc))
+    typer.echo(f"wrote {count} spilled decisions into {log.location} (from {kept.path})")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``capgate log`` to the CLI."""
     app.add_typer(log_app, name="log")

@@ -4,6 +4,7 @@ Outcomes attach to logged decisions one at a time or in bulk (:mod:`capgate.deci
 :func:`gate_report` says what a gate bought over a window of the log (:mod:`capgate.decision.report`).
 Replay of policies on labelled data (:mod:`capgate.decision.simulate`) and risk-controlled
 thresholds (:mod:`capgate.decision.risk`) are pure functions on arrays of confidences and labels.
+Decisions a log cannot take yet wait in its spill file (:mod:`capgate.decision.spill`).
 """
 
 from capgate.core.messages import query_hash
@@ -16,6 +17,7 @@ from capgate.decision.outcomes import ImportSummary, OutcomeConflictError, Outco
 from capgate.decision.report import GateReport, GroupReport, gate_report
 from capgate.decision.risk import RiskControl, calibrate_threshold
 from capgate.decision.simulate import ReplaySummary, replay_policy, threshold_frontier
+from capgate.decision.spill import SpillFile
 
 __all__ = [
     "Action",
@@ -34,6 +36,7 @@ __all__ = [
     "PostgresDecisionLog",
     "ReplaySummary",
     "RiskControl",
+    "SpillFile",
     "WindowStats",
     "calibrate_threshold",
     "calibration_report",

@@ -60,6 +60,7 @@ from capgate.decision._store import Store
 from capgate.decision.calibrations import CalibrationLog
 from capgate.decision.features import FeatureLog
 from capgate.decision.postgres import PostgresStore
+from capgate.decision.spill import SpilledDecision, SpillFile, default_spill_path
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -159,7 +160,13 @@ class DecisionLog(FeatureLog, CalibrationLog):
             may take.
         fail_closed: When a :class:`~capgate.Gate` cannot write a decision here, make the gated
             call raise :class:`~capgate.LogUnavailableError` instead of returning the decision (the
-            default counts the failure in ``gate.stats.log_failures`` and logs a warning).
+            default counts the failure in ``gate.stats.log_failures``, logs a warning and keeps
+            the decision in the spill file).
+        spill: Where a gate keeps the decisions this log cannot take yet (it is down, or its
+            write queue is full), to write them here once it takes writes again
+            (:mod:`capgate.decision.spill`): ``"auto"`` (default) beside a SQLite file, or in
+            the user's state folder for a database URL; a path; or ``None`` to drop them (counted
+            and warned, as before).
 
     The constructor only stores settings; each thread and process opens its own connection on
     first use. Use it as a context manager, or call :meth:`close`, to close this thread's
@@ -179,6 +186,7 @@ class DecisionLog(FeatureLog, CalibrationLog):
         busy_timeout_s: float = 30.0,
         timeout_s: float | None = None,
         fail_closed: bool = False,
+        spill: str | Path | None = "auto",
     ) -> None:
         self.path: str | Path = path if is_database_url(path) else Path(path)
         self.store_text = store_text
@@ -191,6 +199,11 @@ class DecisionLog(FeatureLog, CalibrationLog):
             self.store = SQLiteStore(self.path, busy_timeout_s=busy_timeout_s)
         else:
             raise TypeError(f"`timeout_s` is for a postgresql:// log; {path} is a SQLite file")
+        self.spill: SpillFile | None = None
+        """Where decisions wait when this log cannot take them (``None``: they are dropped)."""
+        if spill is not None:
+            where = default_spill_path(self.path if isinstance(self.path, Path) else self.location)
+            self.spill = SpillFile(where if spill == "auto" else spill)
 
     @property
     def location(self) -> str:
@@ -245,16 +258,36 @@ class DecisionLog(FeatureLog, CalibrationLog):
             raise ValueError(f"`samples_used` must be >= 0; got {samples_used}")
         if latency_s is not None and latency_s < 0:
             raise ValueError(f"`latency_s` must be >= 0; got {latency_s}")
-        estimate = decision.estimate
         text: str | None = None
         if query is not None and self.store_text:
             text = query if isinstance(query, str) else json.dumps(as_messages(query), ensure_ascii=False)
+        digest = None if query is None else query_hash(query)
+        return self._insert(decision, digest, text, samples_used, latency_s)
+
+    def record_spilled(self, spilled: SpilledDecision) -> str:
+        """Record a decision kept in a spill file (:mod:`capgate.decision.spill`); returns its id.
+
+        Raises:
+            LogUnavailableError: The store could not be written.
+        """
+        text = spilled.query_text if self.store_text else None
+        return self._insert(spilled.decision, spilled.query_sha256, text, spilled.samples_used, None)
+
+    def _insert(
+        self,
+        decision: Decision,
+        query_sha256: str | None,
+        text: str | None,
+        samples_used: int | None,
+        latency_s: float | None,
+    ) -> str:
+        estimate = decision.estimate
         row = (  # in the order of _schema.INSERT
             decision.id,
             decision.created_at.isoformat(),
             decision.step,
             decision.tool,
-            None if query is None else query_hash(query),
+            query_sha256,
             text,
             estimate.method,
             estimate.p,

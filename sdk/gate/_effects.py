@@ -91,6 +91,8 @@ class FlowGate(Protocol):
 
     def shadow(self, query: Prompt) -> Verdict: ...
 
+    def spill_queued(self, verdict: Verdict, samples_used: int | None, cas: CASResult | None) -> None: ...
+
     async def ashadow(self, query: Prompt) -> Verdict: ...
 
     def in_shadow(self) -> bool: ...
@@ -174,7 +176,10 @@ class Record(Effect):
             self.run()
         elif self.gate.settings.log is not None:
             writer = log_writer(log_key(self.gate.settings.log))
-            await asyncio.get_running_loop().run_in_executor(writer, self.run)
+            if writer.full:  # a stuck log: the decision waits on local disk, not in memory
+                self.gate.spill_queued(self.verdict, self.samples_used, self.cas)
+            else:
+                await asyncio.get_running_loop().run_in_executor(writer, self.run)
 
 
 async def _awaited(value: Any) -> Any:

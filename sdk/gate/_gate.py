@@ -17,7 +17,7 @@ from capgate.gate._calibration import Calibrations, calibration_target
 from capgate.gate._defaults import default_estimator, default_extract
 from capgate.gate._effects import estimates_of
 from capgate.gate._limits import Limits, Slots
-from capgate.gate._record import write_decision
+from capgate.gate._record import spill_full, write_decision
 from capgate.gate._results import Gated, Sampled, Verdict, blocked_error
 from capgate.gate._settings import (
     PROMOTED,
@@ -403,9 +403,10 @@ class Gate:
         drawn and ``stopped_by``, the stop rule (or cap) that ended sampling.
 
         A log that cannot store the decision (its database down, or no answer within its
-        time limit) does not stop the call: the failure is counted in ``stats.log_failures``
-        and logged as a warning on the ``capgate`` logger, unless the log was opened with
-        ``fail_closed=True``.
+        time limit) does not stop the call: the failure is counted (``stats.log_failures``,
+        a warning) and the decision waits in the log's spill file (``stats.log_spilled``,
+        :mod:`capgate.decision.spill`), unless the log is ``fail_closed=True``. So do async and
+        shadow decisions while the log's writer queue is full.
 
         Once logged, the decision's features (``log_features``) and a candidate calibration's
         decision beside it (``shadow_calibration``) follow in a shadow thread (:meth:`flush`).
@@ -414,25 +415,24 @@ class Gate:
             LogUnavailableError: The log could not store the decision and is ``fail_closed``.
         """
         if verdict.pending is not None:  # a shadow decision: logged once made, from the log's thread
-            verdict.pending.then(
-                lambda made: self._shared.shadows.write(
-                    lambda: self._write(made, samples_used, cas), self.settings.log
-                )
-            )
+            verdict.pending.then(lambda made: self._shared.shadows.write(
+                lambda: self._write(made, samples_used, cas),
+                lambda: self.spill_queued(made, samples_used, cas),
+                self.settings.log,
+            ))  # fmt: skip
             return
         self._write(verdict, samples_used, cas)
 
+    def spill_queued(self, verdict: Verdict, samples_used: int | None, cas: CASResult | None) -> None:
+        """Keep the decision in the log's spill file: the log's write queue is full."""
+        spill_full(self, self.log, verdict, samples_used, cas)
+
     def _write(self, verdict: Verdict, samples_used: int | None, cas: CASResult | None) -> None:
-        shared = self._shared
+        shared = self._shared  # then, beside the call: its features, a candidate's decision
         write_decision(
-            self,
-            verdict,
-            samples_used,
-            cas,
-            shadows=shared.shadows,
-            calibrations=shared.calibrations,
-            make_gate=Gate.from_settings,
-        )  # then, beside the call: its features (log_features), a candidate's decision (shadow_calibration)
+            self, verdict, samples_used, cas,
+            shadows=shared.shadows, calibrations=shared.calibrations, make_gate=Gate.from_settings,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ blocking
 

@@ -22,9 +22,10 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from capgate.core.backend import Prompt
 from capgate.core.types import Estimate
@@ -32,9 +33,64 @@ from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._workers import WORKERS
 
 _logger = logging.getLogger("capgate")
+T = TypeVar("T")
 _ERROR_TEXT = 200  # characters of an error (or of a wrong return value) kept in a degraded reason
 
-_LOG_WRITERS: dict[str, ThreadPoolExecutor] = {}
+MAX_PENDING_WRITES = 10_000
+"""Most writes one log's writer thread holds queued; beyond it, decisions go to the log's spill
+file (:mod:`capgate.decision.spill`) and the memory a stuck log takes stays bounded."""
+
+
+class LogWriter(ThreadPoolExecutor):
+    """One log's writer thread and its queue, with the count of writes waiting in it."""
+
+    def __init__(self, max_pending: int = MAX_PENDING_WRITES) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="capgate-log")
+        self.max_pending = max_pending
+        self.pending = 0
+        """Writes submitted and not yet done."""
+        self._count = threading.Lock()
+        self._replaying = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Queue ``fn(*args, **kwargs)`` for the writer thread (counted in :attr:`pending`)."""
+        with self._count:
+            self.pending += 1
+
+        def counted() -> T:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._count:
+                    self.pending -= 1
+
+        try:
+            return super().submit(counted)
+        except BaseException:
+            with self._count:
+                self.pending -= 1
+            raise
+
+    @property
+    def full(self) -> bool:
+        """Whether :attr:`max_pending` writes already wait (the gate spills instead of queueing)."""
+        return self.pending >= self.max_pending
+
+    def claim_replay(self) -> bool:
+        """Take the one place for a spill replay (``False``: one is queued or running)."""
+        with self._count:
+            if self._replaying:
+                return False
+            self._replaying = True
+            return True
+
+    def replay_done(self) -> None:
+        """Free the place :meth:`claim_replay` took."""
+        with self._count:
+            self._replaying = False
+
+
+_LOG_WRITERS: dict[str, LogWriter] = {}
 _LOG_WRITERS_LOCK = threading.Lock()
 
 
@@ -45,11 +101,12 @@ def log_key(log: object) -> str:
     return str(location if location is not None else log)
 
 
-def log_writer(key: str) -> ThreadPoolExecutor:
+def log_writer(key: str) -> LogWriter:
     """The thread the async path and shadow decisions write to the log ``key`` from: one per log,
     so a slow or unreachable log (a paused PostgreSQL, a large features write) delays only the
     gates that write to it. Its thread starts the first time a gate names the log (when the gate
-    is made, see ``Gate``), not inside a call.
+    is made, see ``Gate``), not inside a call. Its queue holds at most
+    :data:`MAX_PENDING_WRITES`; beyond, decisions go to the log's spill file.
 
     Not the event loop's default executor: estimates that missed their deadline may still fill
     that one (a thread cannot be cancelled), and a decision must be logged without waiting on them.
@@ -57,7 +114,7 @@ def log_writer(key: str) -> ThreadPoolExecutor:
     with _LOG_WRITERS_LOCK:
         writer = _LOG_WRITERS.get(key)
         if writer is None:
-            writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capgate-log")
+            writer = LogWriter()
             writer.submit(lambda: None)  # start its thread now
             _LOG_WRITERS[key] = writer
         return writer

@@ -12,10 +12,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from capgate.cas.loop import CASResult
+from capgate.core.types import Decision
 from capgate.errors import LogUnavailableError
 from capgate.gate._calibration import Calibrations, decide_candidate
 from capgate.gate._effects import FlowGate
 from capgate.gate._features import keep_features
+from capgate.gate._limits import log_key, log_writer
 from capgate.gate._results import Verdict
 from capgate.gate._settings import GateSettings
 from capgate.gate._shadow import Shadows
@@ -26,29 +28,94 @@ if TYPE_CHECKING:
 _logger = logging.getLogger("capgate")
 
 
+def _as_logged(
+    verdict: Verdict, samples_used: int | None, cas: CASResult | None
+) -> tuple[Decision, int | None]:
+    """The decision as the log stores it, and its samples (a resample's from its CAS run)."""
+    if cas is None:
+        return verdict.decision, samples_used
+    return verdict.decision.model_copy(update={"stopped_by": cas.stopped_by}), cas.samples_used
+
+
+def spill_full(
+    gate: FlowGate, log: DecisionLog | None, verdict: Verdict, samples_used: int | None, cas: CASResult | None
+) -> None:
+    """Keep a decision in the spill file because the log's write queue is full (counted in
+    ``stats.log_spilled``; lost, counted and warned, only when the log has no spill file)."""
+    if log is None:
+        return
+    decision, samples_used = _as_logged(verdict, samples_used, cas)
+    why = "the log's write queue was full"
+    if spill(log, decision, verdict, samples_used, why):
+        gate.stats.log_spilled_one()
+    else:
+        gate.stats.log_failed(RuntimeError(why))
+        _logger.warning("decision %s (%s) was not logged: %s", decision.id, decision.action, why)
+
+
 def _logged(
     gate: FlowGate, log: DecisionLog, verdict: Verdict, samples_used: int | None, cas: CASResult | None
 ) -> bool:
-    decision = verdict.decision
-    if cas is not None:
-        samples_used = cas.samples_used
-        decision = decision.model_copy(update={"stopped_by": cas.stopped_by})
+    decision, samples_used = _as_logged(verdict, samples_used, cas)
     try:
         log.record(decision, query=verdict.query, samples_used=samples_used)
     except LogUnavailableError as exc:
         gate.stats.log_failed(exc)
         closed = log.fail_closed
+        kept = not closed and spill(log, decision, verdict, samples_used, f"the log failed: {exc}")
+        if kept:
+            gate.stats.log_spilled_one()
         _logger.warning(
             "decision %s (%s) was not logged%s: %s",
             decision.id,
             decision.action,
-            "; failing the call (fail_closed)" if closed else "",
+            "; failing the call (fail_closed)" if closed else ("; kept in its spill file" if kept else ""),
             exc,
         )
         if closed:
             raise
         return False
+    if log.spill is not None and log.spill.pending():
+        replay_later(gate, log)
     return True
+
+
+def spill(log: DecisionLog, decision: Decision, verdict: Verdict, samples_used: int | None, why: str) -> bool:
+    """Keep ``decision`` in ``log``'s spill file (``False``: the log has none, or the file could
+    not be written either: the decision is lost, as the warning says)."""
+    kept = log.spill
+    if kept is None:
+        return False
+    try:
+        kept.append(
+            decision, query=verdict.query, samples_used=samples_used, store_text=log.store_text, why=why
+        )
+    except OSError as exc:
+        _logger.warning("decision %s could not be kept in %s either: %s", decision.id, kept.path, exc)
+        return False
+    return True
+
+
+def replay_later(gate: FlowGate, log: DecisionLog) -> None:
+    """Write the log's spilled decisions back, from the log's own writer thread (not the
+    caller's): the log took a write, so it takes writes again."""
+    kept = log.spill
+    writer = log_writer(log_key(gate.settings.log))
+    if kept is None or not writer.claim_replay():
+        return
+
+    def replay() -> None:
+        try:
+            count = kept.replay(log)
+        except Exception as exc:  # the log failed again, or a bad file: the decisions stay kept
+            _logger.warning("the spilled decisions of %s stay kept in %s: %s", log.location, kept.path, exc)
+        else:
+            if count:
+                _logger.info("wrote %d spilled decisions back into %s", count, log.location)
+        finally:
+            writer.replay_done()
+
+    writer.submit(replay)
 
 
 def write_decision(

@@ -114,10 +114,14 @@ class Shadows:
         """
         self._track(self._threads(workers).submit(job))
 
-    def write(self, job: Callable[[], None], log: object) -> None:
+    def write(self, job: Callable[[], None], spill: Callable[[], None], log: object) -> None:
         """Run the log write ``job`` of a shadow decision in the thread of its log (the gate's
-        ``log`` setting; a flush waits for it)."""
-        self._track(submit_or_run(log_writer(log_key(log)), job))
+        ``log`` setting; a flush waits for it); ``spill()`` here instead when its queue is full."""
+        writer = log_writer(log_key(log))
+        if writer.full:
+            spill()
+            return
+        self._track(submit_or_run(writer, job))
 
     def astart(self, job: Callable[[], Any], unmade: Callable[[], Verdict]) -> ShadowDecision:
         """Run the coroutine ``job()`` as a task of the running event loop; ``unmade()``: the

@@ -26,6 +26,9 @@ class GateStats:
         log_failures: Decisions the decision log could not store (each also logged as a warning
             on the ``capgate`` logger); the decisions were still returned.
         last_log_error: The most recent of those failures, in words.
+        log_spilled: Decisions kept in the log's spill file instead (the log failed, or its
+            write queue was full), to be written to it once it takes writes again
+            (:mod:`capgate.decision.spill`).
         features_logged: Decisions whose reader features were written to the log (``log_features``).
         feature_failures: Decisions whose features could not be had or written (the call was not
             affected; each is logged as a warning naming the decision, never the features).
@@ -45,6 +48,7 @@ class GateStats:
     last_cas: CASResult | None = None
     log_failures: int = 0
     last_log_error: str | None = None
+    log_spilled: int = 0
     features_logged: int = 0
     feature_failures: int = 0
     candidate_decisions: int = 0
@@ -85,6 +89,11 @@ class GateStats:
         with self._lock:
             self.log_failures += 1
             self.last_log_error = str(error)
+
+    def log_spilled_one(self) -> None:
+        """Count a decision kept in the log's spill file."""
+        with self._lock:
+            self.log_spilled += 1
 
     def beside(self, work: str, *, failed: str | None = None) -> None:
         """Count work done beside the call: ``"features"`` logged or a ``"candidate"`` decision

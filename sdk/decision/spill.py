@@ -1,0 +1,166 @@
+"""Decisions a gate could not write to its log yet, kept on local disk and written later.
+
+When the log cannot take a decision (a PostgreSQL down or paused past its ``timeout_s``, a SQLite
+file locked beyond its ``busy_timeout_s``) or its write queue is full, the gate appends the
+decision to the log's spill file (one JSON line each, the query as its SHA-256 unless the log
+stores text) instead of dropping it, and writes the file back into the log once the log takes
+writes again (:meth:`SpillFile.replay`, run by the gate after its next successful write, or
+``capgate log replay-spill``). Replaying is safe to repeat: the log keeps the first record of a
+decision id, so a replay cut short by a crash is rerun from its start without duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from capgate.core.backend import Prompt, as_messages
+from capgate.core.messages import query_hash
+from capgate.core.types import Decision
+from capgate.errors import DataError
+
+_logger = logging.getLogger("capgate")
+
+
+@dataclass(frozen=True)
+class SpilledDecision:
+    """One decision kept in a spill file: what :meth:`DecisionLog.record` is given, and why it
+    was spilled."""
+
+    decision: Decision
+    query_sha256: str | None
+    query_text: str | None
+    samples_used: int | None
+    why: str
+
+
+class SpillTarget(Protocol):
+    """Where spilled decisions are written back (a :class:`~capgate.decision.DecisionLog`)."""
+
+    def record_spilled(self, spilled: SpilledDecision) -> str:
+        """Record one kept decision; returns its id."""
+        ...
+
+
+class SpillFile:
+    """A JSON-lines file of decisions waiting for their log (see the module docstring).
+
+    Args:
+        path: The file (created, with its folder, on the first spilled decision).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()  # appends, and moving the file aside
+        self._replaying = threading.Lock()  # one replay at a time
+
+    @property
+    def replaying_path(self) -> Path:
+        """Where a replay moves the file while it writes it back (new spills go to :attr:`path`)."""
+        return self.path.with_name(self.path.name + ".replaying")
+
+    def append(
+        self,
+        decision: Decision,
+        *,
+        query: Prompt | None,
+        samples_used: int | None,
+        store_text: bool,
+        why: str,
+    ) -> None:
+        """Keep ``decision`` until its log takes it (``why``: what kept it out, in words)."""
+        text = None
+        if query is not None and store_text:
+            text = query if isinstance(query, str) else json.dumps(as_messages(query), ensure_ascii=False)
+        line = json.dumps(
+            {
+                "decision": json.loads(decision.model_dump_json()),
+                "query_sha256": None if query is None else query_hash(query),
+                "query_text": text,
+                "samples_used": samples_used,
+                "why": why,
+            },
+            ensure_ascii=False,
+        )
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as out:
+                out.write(line + "\n")
+
+    def pending(self) -> bool:
+        """Whether any decision waits here (a cheap check: the files' sizes)."""
+        return any(p.is_file() and p.stat().st_size > 0 for p in (self.path, self.replaying_path))
+
+    def read(self, path: Path | None = None) -> list[SpilledDecision]:
+        """The decisions kept in ``path`` (default :attr:`path`), in order.
+
+        A last line cut short by a crash mid-append is skipped with a warning (its decision never
+        reached the file whole); any other bad line raises.
+
+        Raises:
+            DataError: A line that is not a spilled decision (the message names file and line).
+        """
+        path = path or self.path
+        if not path.is_file():
+            return []
+        lines = path.read_text(encoding="utf-8").split("\n")
+        kept: list[SpilledDecision] = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                kept.append(
+                    SpilledDecision(
+                        decision=Decision.model_validate(record["decision"]),
+                        query_sha256=record.get("query_sha256"),
+                        query_text=record.get("query_text"),
+                        samples_used=record.get("samples_used"),
+                        why=str(record.get("why", "")),
+                    )
+                )
+            except (ValueError, KeyError, TypeError) as exc:
+                if number == len(lines) and not line.endswith("}"):  # the unfinished last append
+                    _logger.warning("%s:%d: skipped a spilled decision cut short mid-write", path, number)
+                    continue
+                raise DataError(f"{path}:{number}: not a spilled decision ({exc})") from exc
+        return kept
+
+    def replay(self, log: SpillTarget) -> int:
+        """Write the kept decisions into ``log``, then empty the file; returns how many.
+
+        The file is first moved aside (:attr:`replaying_path`), so decisions spilled meanwhile
+        wait for the next replay. Safe to rerun after a crash or a failed write: the log keeps the
+        first record of each decision id.
+
+        Raises:
+            LogUnavailableError: The log failed again; the decisions not written stay kept.
+        """
+        with self._replaying:
+            with self._lock:
+                if not self.replaying_path.exists():
+                    if not self.path.is_file():
+                        return 0
+                    os.replace(self.path, self.replaying_path)
+            kept = self.read(self.replaying_path)
+            for item in kept:
+                log.record_spilled(item)
+            self.replaying_path.unlink()
+            return len(kept)
+
+
+def default_spill_path(location: str | Path) -> Path:
+    """Where a log's decisions wait when it cannot take them: beside a SQLite file
+    (``<file>.spill.jsonl``); for a database URL, in the user's state folder
+    (``$XDG_STATE_HOME/capgate/spill/``, default ``~/.local/state``), named by the URL's hash."""
+    if isinstance(location, Path):
+        return location.with_name(location.name + ".spill.jsonl")
+    import hashlib
+
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return state / "capgate" / "spill" / f"{hashlib.sha256(location.encode()).hexdigest()[:16]}.jsonl"
