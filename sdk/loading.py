@@ -15,7 +15,7 @@ from capgate.errors import DataError, ProbeMismatchError
 if TYPE_CHECKING:
     from capgate.estimators.base import CapabilityEstimator
     from capgate.estimators.guarded import InjectionGuard
-    from capgate.estimators.probe import LinearProbe, ProbeEstimator
+    from capgate.estimators.probe import Featurizer, LinearProbe, ProbeEstimator
     from capgate.learn import Calibration
 
 __all__ = [
@@ -176,6 +176,7 @@ def load_estimator(
     batch_size: int = 32,
     guard: Literal[True],
     calibration: None = None,
+    method: Literal["probe"] = "probe",
 ) -> InjectionGuard: ...
 
 
@@ -189,6 +190,7 @@ def load_estimator(
     batch_size: int = 32,
     guard: Literal[False] = ...,
     calibration: None = None,
+    method: Literal["probe"] = "probe",
 ) -> ProbeEstimator: ...
 
 
@@ -202,6 +204,21 @@ def load_estimator(
     batch_size: int = 32,
     guard: bool = False,
     calibration: str | os.PathLike[str] | Calibration,
+    method: Literal["probe"] = "probe",
+) -> CapabilityEstimator: ...
+
+
+@overload
+def load_estimator(
+    model: str | os.PathLike[str] = "default",
+    *,
+    probe: None = None,
+    device: Literal["auto", "cpu", "cuda"] = "auto",
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"] = "auto",
+    batch_size: int = 32,
+    guard: bool = False,
+    calibration: str | os.PathLike[str] | Calibration | None = None,
+    method: str,
 ) -> CapabilityEstimator: ...
 
 
@@ -214,6 +231,7 @@ def load_estimator(
     batch_size: int = 32,
     guard: bool = False,
     calibration: str | os.PathLike[str] | Calibration | None = None,
+    method: str = "probe",
 ) -> CapabilityEstimator:
     """A saved capability estimator, ready to use: a probe and the reader model it reads.
 
@@ -253,13 +271,24 @@ def load_estimator(
             a loaded :class:`capgate.learn.Calibration`), applied to the probe
             (:meth:`~capgate.learn.Calibration.apply`: a recalibration map, or the probe it
             learnt over this reader's featurizer); the guard, if asked, wraps the result.
+        method: ``"probe"`` (the default, above), or another estimator installed under that
+            name in the ``capgate.estimators`` entry-point group, loaded over ``model`` with
+            ``device`` and ``dtype``. capgate installs ``"verbalized"``:
+            :func:`capgate.adapters.backends.transformers.verbalized_estimator` (extra ``local``),
+            which reads the ``[confidence=X%]`` tag of a model trained by ``capgate train c3rl``
+            (its ``model/`` folder) and asks any other model for its confidence. A recalibration
+            map in ``calibration`` applies to it too; ``probe`` and ``batch_size`` do not.
 
     Raises:
-        ValueError: No probe was given for a model other than the default one.
+        ValueError: No probe was given for a model other than the default one; or ``method``
+            names no installed estimator, or is given a probe.
         ProbeMismatchError: The probe was trained on other features.
         DataError: The probe's files, or its recorded fast-path checks, are malformed; or the
             calibration is, or maps another method's estimates.
     """
+    if method != "probe":
+        return _installed_estimator(method, model, probe=probe, device=device, dtype=dtype, guard=guard,
+                                    calibration=calibration)  # fmt: skip
     require_extra("local", "a probe over a local model")
     from capgate.estimators.probe import LinearProbe, ProbeEstimator, check_spec_match
     from capgate.local.hidden_states import FeatureSpec, HiddenStateFeaturizer
@@ -300,6 +329,45 @@ def load_estimator(
     estimator: CapabilityEstimator = ProbeEstimator(
         featurizer, saved, ignore_spec_fields=ignore, fast_path=fast_path
     )
+    return _wrapped(estimator, calibration, guard, featurizer)
+
+
+ESTIMATOR_ENTRY_POINTS = "capgate.estimators"
+"""The entry-point group :func:`load_estimator` looks a ``method`` other than ``"probe"`` up in:
+each entry is a callable ``(model, *, device, dtype) -> CapabilityEstimator``."""
+
+
+def _installed_estimator(
+    method: str,
+    model: str | os.PathLike[str],
+    *,
+    probe: object,
+    device: str,
+    dtype: str,
+    guard: bool,
+    calibration: str | os.PathLike[str] | Calibration | None,
+) -> CapabilityEstimator:
+    from importlib.metadata import entry_points
+
+    if probe is not None:
+        raise ValueError(f"`probe` is for method='probe'; method={method!r} reads no probe")
+    found = {entry.name: entry for entry in entry_points(group=ESTIMATOR_ENTRY_POINTS)}
+    if method not in found:
+        known = ", ".join(sorted({"probe", *found}))
+        raise ValueError(
+            f"no estimator method {method!r} is installed (group {ESTIMATOR_ENTRY_POINTS!r}); known: {known}"
+        )
+    estimator = found[method].load()(model, device=device, dtype=dtype)
+    return _wrapped(estimator, calibration, guard, None)
+
+
+def _wrapped(
+    estimator: CapabilityEstimator,
+    calibration: str | os.PathLike[str] | Calibration | None,
+    guard: bool,
+    featurizer: Featurizer | None,
+) -> CapabilityEstimator:
+    """``estimator`` under its calibration (a learnt probe reads ``featurizer``), then the guard."""
     if calibration is not None:
         from capgate.learn import Calibration
 

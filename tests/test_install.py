@@ -147,6 +147,16 @@ def test_every_policy_preset_validates(installed: dict[str, Path]) -> None:
     assert presets == {p.stem for p in (ROOT / "policies").glob("*.yaml")}
 
 
+def test_the_installed_estimator_methods_are_registered(installed: dict[str, Path]) -> None:
+    """``load_estimator(..., method="verbalized")`` finds its loader through the wheel's entry points."""
+    code = (
+        "from importlib.metadata import entry_points;"
+        "print(','.join(f'{e.name}={e.value}' for e in entry_points(group='capgate.estimators')))"
+    )
+    loader = "capgate.adapters.backends.transformers:verbalized_estimator"
+    assert _in_venv(installed, code) == f"verbalized={loader}"
+
+
 def test_the_default_probe_ships_and_a_missing_extra_names_itself(installed: dict[str, Path]) -> None:
     code = (
         "import json, capgate\n"

@@ -103,6 +103,30 @@ def test_the_outputs_load_back(trained: Any) -> None:
     assert answer.n_tokens >= 1
 
 
+def test_load_estimator_reads_a_trained_folders_own_tag(trained: Any, tiny_model_dir: Path) -> None:
+    """``method="verbalized"`` (the installed ``capgate.estimators`` entry point) on the run's
+    ``model/`` folder reads the tag the model was trained to state; on its base, it asks."""
+    import capgate
+    from capgate.estimators import VerbalizedConfidence
+
+    estimator = capgate.load_estimator(trained.model, method="verbalized", device="cpu")
+    assert isinstance(estimator, VerbalizedConfidence)
+    assert estimator.tag is True
+    assert estimator.backend.model_id == trained.manifest["trained_model"]["model_id"]
+    base = capgate.load_estimator(tiny_model_dir, method="verbalized", device="cpu")
+    assert isinstance(base, VerbalizedConfidence)
+    assert base.tag is False
+    estimate = estimator.estimate_one("What is 2 + 2? Answer with just the number.")
+    assert estimate.method == "verbalized"  # a random tiny model rarely tags: usable or named
+    assert estimate.usable or estimate.reason
+    with pytest.raises(
+        ValueError, match=r"no estimator method 'psychic' is installed.*known: probe, verbalized"
+    ):
+        capgate.load_estimator(trained.model, method="psychic")
+    with pytest.raises(ValueError, match="`probe` is for method='probe'"):
+        capgate.load_estimator(trained.model, method="verbalized", probe=tiny_model_dir)  # type: ignore[call-overload]
+
+
 def test_a_finished_run_is_returned_not_retrained(trained: Any, tiny_model_dir: Path) -> None:
     from capgate.train.trainer import train_c3rl
 

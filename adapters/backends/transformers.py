@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import json
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from transformers import (
@@ -49,10 +50,19 @@ from transformers import (
 
 from capgate.adapters.backends._prefill_reuse import reuse_prefill, stage_prefill
 from capgate.core.backend import EndpointKind, Generation, Prompt, SamplingParams, TokenLogprob
-from capgate.local.models import DEFAULT_MODEL, Device, DType, LoadedModel, load_model
+from capgate.estimators.verbalized import VerbalizedConfidence
+from capgate.local.models import (
+    DEFAULT_MODEL,
+    MODEL_METADATA_FILE,
+    Device,
+    DType,
+    LoadedModel,
+    load_model,
+    prepare_model,
+)
 from capgate.local.prefill import prefill_cache
 
-__all__ = ["TransformersBackend", "load_backend"]
+__all__ = ["TransformersBackend", "load_backend", "trained_to_state_confidence", "verbalized_estimator"]
 
 
 class _RawLogprobRecorder(LogitsProcessor):
@@ -350,3 +360,39 @@ def load_backend(
         else load_model(name_or_path, device=device, dtype=dtype)
     )
     return TransformersBackend(loaded, max_batch_size=max_batch_size)
+
+
+def trained_to_state_confidence(name_or_path: str | os.PathLike[str]) -> bool:
+    """Whether a model folder is one ``capgate train c3rl`` wrote (its ``model/``: the capgate
+    metadata file says ``source.c3rl``), so it ends its answers with ``[confidence=X%]``."""
+    folder = prepare_model(os.fspath(name_or_path))
+    try:
+        meta = json.loads((folder / MODEL_METADATA_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    source = meta.get("source") if isinstance(meta, dict) else None
+    return isinstance(source, dict) and source.get("c3rl") is True
+
+
+def verbalized_estimator(
+    name_or_path: str | os.PathLike[str] = DEFAULT_MODEL,
+    *,
+    device: Device = "auto",
+    dtype: DType | Literal["bf16-mixed"] = "auto",
+    tag: bool | None = None,
+) -> VerbalizedConfidence:
+    """:class:`~capgate.estimators.VerbalizedConfidence` over a local model: what
+    ``capgate.load_estimator(model, method="verbalized")`` loads.
+
+    Args:
+        name_or_path: What :func:`load_model` accepts; typically a ``capgate train c3rl`` run's
+            ``model/`` folder.
+        device: See :func:`load_model`.
+        dtype: See :func:`load_model` (``"bf16-mixed"`` is a probe reader's pass: float32 here).
+        tag: Read the model's own ``[confidence=X%]`` tag after its answer (``True``) or ask it
+            for a probability (``False``); ``None``: the tag for a model C3RL trained
+            (:func:`trained_to_state_confidence`), asking for any other.
+    """
+    backend = load_backend(name_or_path, device=device, dtype="float32" if dtype == "bf16-mixed" else dtype)
+    states = trained_to_state_confidence(name_or_path) if tag is None else tag
+    return VerbalizedConfidence(backend, tag=states)
