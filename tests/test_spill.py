@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,11 @@ class Outage:
 
     def __init__(self, log: DecisionLog, monkeypatch: pytest.MonkeyPatch) -> None:
         self.down = True
+        self.tries = 0
         write = log.store.write
 
         def refusing(sql: str, params: Any = ()) -> int:
+            self.tries += self.down
             if self.down:
                 raise LogUnavailableError("the database is down (planted)", location=log.location)
             return write(sql, params)
@@ -121,20 +124,27 @@ def test_default_spill_paths() -> None:
 def test_a_down_log_keeps_the_gates_decisions_and_gets_them_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The first failed write rests the log for RETRY_LOG_AFTER_S: the decisions meanwhile go
+    straight to the spill file, untried (an outage costs one time limit, not one per call)."""
+    monkeypatch.setattr("capgate.gate._limits.RETRY_LOG_AFTER_S", 0.3)
     log = DecisionLog(tmp_path / "log.sqlite3")
     outage = Outage(log, monkeypatch)
     guarded = capgate.guard(policy="balanced", estimator=Sure(), log=log)(lambda q: "42")
     for i in range(5):
         assert guarded(f"q{i}") == "42"
-    stats = guarded.gate.stats
+    stats = guarded.gate.stats  # type: ignore[attr-defined]
+    assert outage.tries == 1
     assert stats.log_failures == 5
     assert stats.log_spilled == 5
     assert log.spill is not None
     assert len(log.spill.read()) == 5
     outage.end()
-    assert guarded("q5") == "42"  # this write succeeds, and the spilled five follow from the writer
+    assert guarded("q5") == "42"  # still resting: kept untried
+    assert outage.tries == 1
+    time.sleep(0.35)
+    assert guarded("q6") == "42"  # tried, written, and the spilled six follow from the writer
     _drain(log)
-    assert log.count() == 6
+    assert log.count() == 7
     assert not log.spill.pending()
     log.close()
 

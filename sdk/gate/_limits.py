@@ -36,6 +36,11 @@ _logger = logging.getLogger("capgate")
 T = TypeVar("T")
 _ERROR_TEXT = 200  # characters of an error (or of a wrong return value) kept in a degraded reason
 
+RETRY_LOG_AFTER_S = 1.0
+"""After a log failed a write, how long the gates spill its decisions without trying it (one
+write then tries again): during an outage every write would otherwise wait out the log's own
+time limit, one after another on its writer thread."""
+
 MAX_PENDING_WRITES = 10_000
 """Most writes one log's writer thread holds queued; beyond it, decisions go to the log's spill
 file (:mod:`capgate.decision.spill`) and the memory a stuck log takes stays bounded."""
@@ -51,6 +56,8 @@ class LogWriter(ThreadPoolExecutor):
         """Writes submitted and not yet done."""
         self._count = threading.Lock()
         self._replaying = False
+        self._failed_at = -float("inf")
+        self._failure = ""
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Queue ``fn(*args, **kwargs)`` for the writer thread (counted in :attr:`pending`)."""
@@ -75,6 +82,19 @@ class LogWriter(ThreadPoolExecutor):
     def full(self) -> bool:
         """Whether :attr:`max_pending` writes already wait (the gate spills instead of queueing)."""
         return self.pending >= self.max_pending
+
+    def failed(self, error: BaseException) -> None:
+        """Note that the log failed a write now (see :meth:`resting`)."""
+        with self._count:
+            self._failed_at, self._failure = time.monotonic(), str(error)
+
+    def resting(self) -> str | None:
+        """The log's last failure, if it was less than :data:`RETRY_LOG_AFTER_S` ago (then
+        decisions go straight to its spill file); ``None``: try the log."""
+        with self._count:
+            if time.monotonic() - self._failed_at < RETRY_LOG_AFTER_S:
+                return self._failure
+            return None
 
     def claim_replay(self) -> bool:
         """Take the one place for a spill replay (``False``: one is queued or running)."""

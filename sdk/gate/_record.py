@@ -57,9 +57,20 @@ def _logged(
     gate: FlowGate, log: DecisionLog, verdict: Verdict, samples_used: int | None, cas: CASResult | None
 ) -> bool:
     decision, samples_used = _as_logged(verdict, samples_used, cas)
+    writer = log_writer(log_key(gate.settings.log))
+    failure = None if log.fail_closed else writer.resting()
+    why = f"the log failed just now: {failure}"
+    if failure is not None and spill(log, decision, verdict, samples_used, why):
+        gate.stats.log_failed(LogUnavailableError(why, location=log.location))  # not stored, not tried
+        gate.stats.log_spilled_one()
+        _logger.warning(
+            "decision %s (%s) was not logged; kept in its spill file: %s", decision.id, decision.action, why
+        )
+        return False
     try:
         log.record(decision, query=verdict.query, samples_used=samples_used)
     except LogUnavailableError as exc:
+        writer.failed(exc)
         gate.stats.log_failed(exc)
         closed = log.fail_closed
         kept = not closed and spill(log, decision, verdict, samples_used, f"the log failed: {exc}")
