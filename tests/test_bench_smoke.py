@@ -69,6 +69,7 @@ SMOKES: dict[str, Smoke | RunBy] = {
     "estimators_smollm2.py": Smoke("paper's Brier ordering on Qwen3-8B", model=True),
     "injection_bench.py": Smoke("forward passes of the reader model this run", model=True),
     "load_bench.py": Smoke("reliability: ", timeout_s=150.0, model=True),
+    "log_outage_bench.py": Smoke("lost 0", timeout_s=120.0),
     "peers_bench.py": Smoke("peers: no headline (no peer row", model=True),
     "vllm_hidden_states_bench.py": Smoke("features vs transformers", model=True),
     "datasets_grading_bench.py": Smoke("grader, data"),
