@@ -28,9 +28,11 @@ expectation holds.
 
 Run: ``python bench/load_bench.py [--vllm-url URL --served-model NAME | --vllm-state-dir DIR]
 [--levels 1,16,64,256] [--calls N] [--estimators probe,verbalized,ptrue] [--no-faults]
-[--no-restart] [--no-report] [--coalesce-sweep]``. Prints its tables, rewrites the load and faults
-sections of bench/RELIABILITY.md (and, with ``--coalesce-sweep``, the coalescer section: the probe at
-``--sweep-level`` calls in flight for each coalescer window and maximum batch), and ends with
+[--no-restart] [--no-report] [--coalesce-sweep] [--no-gc | --only-gc]``. Prints its tables,
+rewrites the load, faults and gc sections of bench/RELIABILITY.md (*gc*: the probe's shadow
+rounds untuned, after ``capgate.tune_process()`` and untuned again, side by side in one process;
+with ``--coalesce-sweep``, the coalescer section too: the probe at ``--sweep-level`` calls in
+flight for each coalescer window and maximum batch), and ends with
 ``reliability: N calls, C concurrent max, p99 L s, degraded D%, lost 0; faults survived F/F``.
 """
 
@@ -605,6 +607,85 @@ def modes_report(args: argparse.Namespace, runs: list[Run], started: str) -> str
     return "\n".join(lines)
 
 
+GC_PHASES = ("untuned", "tune_process()", "untuned again")
+
+
+@dataclass
+class GcPhase:
+    """One phase of the garbage-collection comparison: the same shadow rounds, one process setting."""
+
+    label: str
+    runs: list[Run]
+    collections: list[tuple[float, float]]
+    explicit_s: float  # one full collection run by hand at the end of the phase
+    frozen: int  # objects kept out of collections (gc.get_freeze_count())
+
+    def cells(self) -> tuple[Any, ...]:
+        delays = sorted(d for r in self.runs for d in r.delays)
+        p99 = delays[min(len(delays) - 1, round(0.99 * (len(delays) - 1)))] if delays else float("nan")
+        took = [b - a for a, b in self.collections]
+        return (
+            self.label, f"{self.frozen:,}", sum(r.calls for r in self.runs), len(took),
+            f"{max(took, default=0.0):.3f}", f"{sum(took):.2f}", f"{self.explicit_s:.3f}", f"{p99:.3f}",
+            sum(r.delayed for r in self.runs), sum(r.held_by_gc for r in self.runs),
+        )  # fmt: skip
+
+
+def gc_tuning_runs(args: argparse.Namespace, folder: Path) -> list[GcPhase]:
+    """The probe in shadow mode, ``--gc-rounds`` rounds of ``--gc-level`` calls in flight, three
+    times in one process: untuned, after ``capgate.tune_process()``, then untuned again
+    (``gc.unfreeze()``), so that a drift of the machine shows as a difference between the first
+    and the last."""
+    import capgate
+
+    estimator = estimators(args)["probe"]()
+    phases: list[GcPhase] = []
+    for label in GC_PHASES:
+        if label == "tune_process()":
+            capgate.tune_process()
+        elif label == "untuned again":
+            gc.unfreeze()
+        collections: list[tuple[float, float]] = []
+        runs: list[Run] = []
+        with FullCollections(collections):
+            for round_ in range(args.gc_rounds):
+                runs.append(asyncio.run(
+                    gated_calls(f"probe gc {label} {round_}", estimator, prompts_for(args.gc_level),
+                                level=args.gc_level, deadline=args.deadline,
+                                gate_concurrency=args.gate_concurrency, folder=folder, mode="shadow",
+                                call_s=MODE_CALL_S)
+                ))  # fmt: skip
+        started = time.perf_counter()
+        gc.collect()
+        phase = GcPhase(label, runs, collections, time.perf_counter() - started, gc.get_freeze_count())
+        print(GC_ROW.format(*phase.cells()), flush=True)
+        phases.append(phase)
+    return phases
+
+
+GC_ROW = "{:<14} {:>9} {:>6} {:>5} {:>8} {:>7} {:>9} {:>7} {:>7} {:>6}"
+
+
+def gc_report(args: argparse.Namespace, phases: list[GcPhase], started: str) -> str:
+    lines = [
+        "## Garbage collections: `capgate.tune_process()` (issue 36)",
+        "",
+        f"Method: `bench/load_bench.py` (`gc_tuning_runs`): the probe gate in shadow mode, "
+        f"{args.gc_rounds} rounds of {args.gc_level} calls in flight (the gated coroutine takes "
+        f"{MODE_CALL_S:g} s), three times in one process: untuned; after `capgate.tune_process()` "
+        f"(`gc.freeze()` of everything loaded); untuned again after `gc.unfreeze()`. *full GCs*: the "
+        f"interpreter's own generation-2 collections during the rounds (a `gc.callbacks` hook), "
+        f"the longest and their total; *one by hand*: a `gc.collect()` after the rounds; *p99 +s*: "
+        f"what the gate added to a call; *delayed* and *by GC* as in the modes table. Machine: {started}.",
+        "",
+        "| process | objects frozen | calls | full GCs | longest s | total s | one by hand s | p99 +s "
+        "| delayed | by GC |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += ["| " + " | ".join(str(c) for c in phase.cells()) + " |" for phase in phases]
+    return "\n".join(lines)
+
+
 def vllm_restart_run(args: argparse.Namespace, folder: Path) -> Fault:
     state = Path(args.vllm_state_dir)
     pid = int((state / "pid").read_text())
@@ -730,6 +811,12 @@ def main() -> None:
     parser.add_argument("--no-modes", action="store_true", help="skip the shadow and speculative runs")
     parser.add_argument("--no-restart", action="store_true", help="skip the vLLM kill + restart run")
     parser.add_argument("--no-report", action="store_true", help="do not rewrite bench/RELIABILITY.md")
+    parser.add_argument("--gc-rounds", type=int, default=4, help="shadow rounds per phase, GC comparison")
+    parser.add_argument("--gc-level", type=int, default=64, help="calls in flight in the GC comparison")
+    parser.add_argument("--no-gc", action="store_true", help="skip the tune_process() comparison")
+    parser.add_argument(
+        "--only-gc", action="store_true", help="run only the tune_process() comparison (its section alone)"
+    )
     parser.add_argument(
         "--coalesce-sweep", action="store_true", help="also sweep the probe's coalescer window and max batch"
     )
@@ -756,6 +843,7 @@ def main() -> None:
         args.levels, args.calls, args.fault_calls, args.fault_deadline = [1, 4], 2, 2, 1.5
         args.no_restart, args.coalesce_sweep, args.sweep_level = True, True, 2
         args.sweep_windows, args.sweep_max_batches = [0.005], [8]
+        args.gc_rounds, args.gc_level = 1, 4
         left_out("the embedded model and shipped probe (a tiny model and probe), the vLLM kill + restart run")
         with contextlib.ExitStack() as stack:
             if not args.vllm_url:
@@ -772,6 +860,16 @@ def run(args: argparse.Namespace) -> None:
         args.served_model = (state / "model").read_text().strip()
     started = machine()
     print(f"machine: {started}")
+    if args.only_gc:
+        with tempfile.TemporaryDirectory() as tmp:
+            phases = gc_tuning_runs(args, Path(tmp))
+        text = gc_report(args, phases, started)
+        if getattr(args, "smoke_dir", None):
+            (args.smoke_dir / "RELIABILITY.md").write_text(text + "\n")
+        elif not args.no_report:
+            update_section("gc", text)
+        print(f"reliability: gc only, {sum(r.calls for p in phases for r in p.runs)} calls")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         sweep = coalesce_sweep(args, folder) if args.coalesce_sweep else []
@@ -785,6 +883,7 @@ def run(args: argparse.Namespace) -> None:
             for f in faults:
                 print(f"fault {f.name:<24} survived={'yes' if f.survived else 'NO '}  {f.detail}")
         modes: list[Run] = [] if args.no_modes else mode_runs(args, folder)
+        phases: list[GcPhase] = [] if args.no_gc else gc_tuning_runs(args, folder)
     every = runs + [r for f in faults for r in f.runs] + modes
     latencies = sorted(x for r in runs for x in r.latencies)
     p99 = (
@@ -805,6 +904,7 @@ def run(args: argparse.Namespace) -> None:
             fault_text,
             sweep_report(args, sweep, started),
             modes_report(args, modes, started),
+            gc_report(args, phases, started),
         ]
         (args.smoke_dir / "RELIABILITY.md").write_text("\n\n".join([summary, *sections]) + "\n")
     elif not args.no_report:
@@ -817,6 +917,8 @@ def run(args: argparse.Namespace) -> None:
             update_section("coalescer", sweep_report(args, sweep, started))
         if modes:
             update_section("modes", modes_report(args, modes, started))
+        if phases:
+            update_section("gc", gc_report(args, phases, started))
     print(summary)
 
 
