@@ -101,6 +101,20 @@ def test_the_process_starts_threads_when_gates_are_made_and_grows_rarely() -> No
     assert workers.size == 256  # MAX_THREADS
 
 
+def test_gates_that_are_gone_give_their_places_back() -> None:
+    """Making and dropping gates one after another does not grow the process's threads: a gone
+    gate's reservation is released, and the next gate reuses the threads it had."""
+    workers = Workers()
+    for _ in range(50):
+        lane = Lane(8, workers)
+        del lane
+        gc.collect()
+    assert workers.size == 8
+    kept = [Lane(8, workers) for _ in range(3)]  # live gates' places still add up (grown by doubling)
+    assert workers.size == 32
+    assert len(kept) == 3
+
+
 def test_shadow_calls_start_no_thread(tmp_path: Path, thread_starts: list[str]) -> None:
     gate_log = DecisionLog(tmp_path / "log.sqlite3")
     guarded = capgate.guard(policy="balanced", estimator=Sleepy(0.001), mode="shadow", log=gate_log)(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -70,6 +71,12 @@ class Workers:
         if old is not None:  # finishes the jobs it holds, takes no new ones, then its threads end
             old.shutdown(wait=False)
 
+    def release(self, threads: int) -> None:
+        """Give back what :meth:`reserve` took (a gate that is gone): the threads stay started,
+        but later gates reuse them before the process starts more."""
+        with self._lock:
+            self._reserved = max(0, self._reserved - threads)
+
     def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         """Run ``job`` in a started thread (:meth:`reserve` first); it queues while all are busy."""
         with self._lock:
@@ -123,6 +130,7 @@ class Lane:
         self._running = 0
         self._waiting: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         workers.reserve(limit)
+        weakref.finalize(self, workers.release, limit)  # its gate gone, its places are free again
 
     def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         """Run ``job`` in a worker thread when one of this lane's ``limit`` places is free."""
