@@ -15,16 +15,16 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
 
+from capgate._util.saved import read_saved
 from capgate._util.validate import FloatArray, check_positive_int
 from capgate.core.backend import Prompt, as_messages
 from capgate.core.types import Estimate
-from capgate.errors import DataError
 from capgate.estimators._common import (
     as_vector,
     check_fitted,
     check_weights,
-    get_field,
     n_rows,
     read_json,
     write_json,
@@ -105,8 +105,8 @@ class UniformRandom(CapabilityEstimator):
     def load(cls, path: str | os.PathLike[str]) -> UniformRandom:
         """Load what :meth:`save` wrote."""
         file = Path(path)
-        payload = read_json(file, kind=_UNIFORM_FORMAT)
-        return cls(random_state=get_field(payload, "random_state", int, file))
+        saved = read_saved(_SavedUniform, read_json(file, kind=_UNIFORM_FORMAT), file)
+        return cls(random_state=saved.random_state)
 
 
 class ConstantPrior(CapabilityEstimator):
@@ -172,8 +172,24 @@ class ConstantPrior(CapabilityEstimator):
     def load(cls, path: str | os.PathLike[str]) -> ConstantPrior:
         """Load what :meth:`save` wrote."""
         file = Path(path)
-        payload = read_json(file, kind=_PRIOR_FORMAT)
-        prior = get_field(payload, "prior", (int, float), file)
-        if not 0.0 <= prior <= 1.0:
-            raise DataError(f"must be in [0, 1]; got {prior!r}", path=file, field="prior")
-        return cls.from_mean(float(prior), n_train=get_field(payload, "n_train", int, file))
+        saved = read_saved(_SavedPrior, read_json(file, kind=_PRIOR_FORMAT), file)
+        return cls.from_mean(saved.prior, n_train=saved.n_train)
+
+
+class _SavedUniform(BaseModel):
+    """The file :meth:`UniformRandom.save` writes."""
+
+    model_config = ConfigDict(strict=True)
+
+    format: str
+    random_state: int
+
+
+class _SavedPrior(BaseModel):
+    """The file :meth:`ConstantPrior.save` writes."""
+
+    model_config = ConfigDict(strict=True)
+
+    format: str
+    prior: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    n_train: int
