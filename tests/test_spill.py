@@ -60,9 +60,13 @@ class Outage:
 
 
 def _drain(log: DecisionLog) -> None:
-    """Wait until the log's writer thread has done what it holds (a replay included)."""
-    for _ in range(2):  # a replay may be queued by a write the first wait let through
-        log_writer(log_key(log)).submit(lambda: None).result(timeout=10)
+    """Wait until the log's writer thread has done what it holds (a replay's batches included)."""
+    writer = log_writer(log_key(log))
+    for _ in range(100):  # each replay batch queues the next behind what came meanwhile
+        writer.submit(lambda: None).result(timeout=10)
+        if writer.pending == 0 and not (log.spill is not None and log.spill.pending()):
+            return
+    raise AssertionError("the log's writer did not drain")
 
 
 def test_the_spill_file_keeps_decisions_and_replays_them_once(tmp_path: Path) -> None:
@@ -98,6 +102,17 @@ def test_a_replay_cut_short_reruns_without_duplicates(tmp_path: Path) -> None:
     log.close()
 
 
+def test_a_replay_in_batches_keeps_the_rest(tmp_path: Path) -> None:
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    kept = SpillFile(tmp_path / "log.spill.jsonl")
+    for _ in range(25):
+        kept.append(_decision(), query="q", samples_used=1, store_text=False, why="planted")
+    assert [kept.replay(log, limit=10) for _ in range(4)] == [10, 10, 5, 0]
+    assert log.count() == 25
+    assert not kept.pending()
+    log.close()
+
+
 def test_a_cut_last_line_is_skipped_and_a_bad_line_is_named(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -130,6 +145,7 @@ def test_a_down_log_keeps_the_gates_decisions_and_gets_them_back(
     log = DecisionLog(tmp_path / "log.sqlite3")
     outage = Outage(log, monkeypatch)
     guarded = capgate.guard(policy="balanced", estimator=Sure(), log=log)(lambda q: "42")
+    monkeypatch.setattr("capgate.gate._record.REPLAY_BATCH", 2)  # written back over three turns
     for i in range(5):
         assert guarded(f"q{i}") == "42"
     stats = guarded.gate.stats  # type: ignore[attr-defined]

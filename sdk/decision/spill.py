@@ -77,16 +77,8 @@ class SpillFile:
         text = None
         if query is not None and store_text:
             text = query if isinstance(query, str) else json.dumps(as_messages(query), ensure_ascii=False)
-        line = json.dumps(
-            {
-                "decision": json.loads(decision.model_dump_json()),
-                "query_sha256": None if query is None else query_hash(query),
-                "query_text": text,
-                "samples_used": samples_used,
-                "why": why,
-            },
-            ensure_ascii=False,
-        )
+        digest = None if query is None else query_hash(query)
+        line = _line(SpilledDecision(decision, digest, text, samples_used, why))
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as out:
@@ -131,8 +123,9 @@ class SpillFile:
                 raise DataError(f"{path}:{number}: not a spilled decision ({exc})") from exc
         return kept
 
-    def replay(self, log: SpillTarget) -> int:
-        """Write the kept decisions into ``log``, then empty the file; returns how many.
+    def replay(self, log: SpillTarget, *, limit: int | None = None) -> int:
+        """Write the kept decisions into ``log`` (at most ``limit`` of them), and keep only the
+        rest; returns how many were written.
 
         The file is first moved aside (:attr:`replaying_path`), so decisions spilled meanwhile
         wait for the next replay. Safe to rerun after a crash or a failed write: the log keeps the
@@ -148,10 +141,29 @@ class SpillFile:
                         return 0
                     os.replace(self.path, self.replaying_path)
             kept = self.read(self.replaying_path)
-            for item in kept:
+            now, rest = (kept, []) if limit is None else (kept[:limit], kept[limit:])
+            for item in now:
                 log.record_spilled(item)
-            self.replaying_path.unlink()
-            return len(kept)
+            if rest:  # the rest rewritten whole before the old file goes: a crash keeps one or the other
+                partial = self.replaying_path.with_name(self.replaying_path.name + ".tmp")
+                partial.write_text("".join(_line(item) + "\n" for item in rest), encoding="utf-8")
+                os.replace(partial, self.replaying_path)
+            else:
+                self.replaying_path.unlink()
+            return len(now)
+
+
+def _line(item: SpilledDecision) -> str:
+    return json.dumps(
+        {
+            "decision": json.loads(item.decision.model_dump_json()),
+            "query_sha256": item.query_sha256,
+            "query_text": item.query_text,
+            "samples_used": item.samples_used,
+            "why": item.why,
+        },
+        ensure_ascii=False,
+    )
 
 
 def default_spill_path(location: str | Path) -> Path:

@@ -107,6 +107,11 @@ def spill(log: DecisionLog, decision: Decision, verdict: Verdict, samples_used: 
     return True
 
 
+REPLAY_BATCH = 20
+"""Spilled decisions written back per turn of the log's writer thread: the calls' own writes
+queued meanwhile go between two batches instead of waiting for the whole file."""
+
+
 def replay_later(gate: FlowGate, log: DecisionLog) -> None:
     """Write the log's spilled decisions back, from the log's own writer thread (not the
     caller's): the log took a write, so it takes writes again."""
@@ -116,15 +121,20 @@ def replay_later(gate: FlowGate, log: DecisionLog) -> None:
         return
 
     def replay() -> None:
+        more = False
         try:
-            count = kept.replay(log)
+            count = kept.replay(log, limit=REPLAY_BATCH)
+            more = kept.replaying_path.exists()
         except Exception as exc:  # the log failed again, or a bad file: the decisions stay kept
             _logger.warning("the spilled decisions of %s stay kept in %s: %s", log.location, kept.path, exc)
         else:
             if count:
                 _logger.info("wrote %d spilled decisions back into %s", count, log.location)
         finally:
-            writer.replay_done()
+            if more:  # the next batch queues behind the writes that came meanwhile
+                writer.submit(replay)
+            else:
+                writer.replay_done()
 
     writer.submit(replay)
 
