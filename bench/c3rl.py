@@ -27,10 +27,10 @@ above); AUROC >= 0.70 with its interval above 0.5; Brier below the constant base
 
 Run: ``OMP_NUM_THREADS=1 nohup .venv/bin/python bench/c3rl.py > bench/data/c3rl/run.log 2>&1 &``
 (one torch thread: on a shared two-core machine two spinning threads per process were slower;
-about 45 minutes there, most of it sampling); ``--smoke`` runs every phase in seconds on a tiny
-random-weight model (``tests/test_train_bench.py`` runs it); ``--report-only`` recomputes the
-report from the files. The
-labels and test pools land in ``bench/data/c3rl/``, the run (merged model included) in
+about 45 minutes there with the labels cached: 14 min warm start, 25 min GRPO, 4 min test pool);
+``--smoke`` runs every phase in seconds on a tiny random-weight model
+(``tests/test_train_bench.py`` runs it); ``--report-only`` recomputes the report from the files.
+The labels and test pools land in ``bench/data/c3rl/``, the run (merged model included) in
 ``$TMPDIR/capgate-c3rl-bench-run``.
 """
 
