@@ -16,7 +16,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
 
+from capgate._util.saved import read_saved
 from capgate._util.validate import (
     FloatArray,
     check_choice,
@@ -32,7 +34,6 @@ from capgate.estimators._common import (
     check_fitted,
     check_weights,
     fit_logistic_link,
-    get_field,
     read_json,
     sigmoid,
     write_json,
@@ -192,23 +193,18 @@ class IsotonicCalibrator(Params):
             raise DataError(
                 f"expected {_ISOTONIC_FORMAT!r}; got {payload.get('format')!r}", path=where, field="format"
             )
-        out_of_bounds = get_field(payload, "out_of_bounds", str, where)
-        if out_of_bounds not in ("clip", "raise"):
-            raise DataError(
-                f"must be 'clip' or 'raise'; got {out_of_bounds!r}", path=where, field="out_of_bounds"
-            )
-        xs = _unit_list(payload, "X_thresholds", where)
-        ys = _unit_list(payload, "y_thresholds", where)
+        saved = read_saved(_SavedIsotonic, payload, where)
+        xs = _unit_list(saved.X_thresholds, "X_thresholds", where)
+        ys = _unit_list(saved.y_thresholds, "y_thresholds", where)
         if xs.shape != ys.shape or xs.shape[0] == 0 or np.any(np.diff(xs) <= 0) or np.any(np.diff(ys) < 0):
             raise DataError(
                 "X_thresholds must increase and y_thresholds not decrease, with equal non-zero lengths",
                 path=where,
                 field="X_thresholds",
             )
-        calibrator = cls(out_of_bounds=out_of_bounds)
+        calibrator = cls(out_of_bounds=saved.out_of_bounds)
         calibrator.X_thresholds_, calibrator.y_thresholds_ = xs, ys
-        calibrator.X_min_ = float(get_field(payload, "X_min", (int, float), where))
-        calibrator.X_max_ = float(get_field(payload, "X_max", (int, float), where))
+        calibrator.X_min_, calibrator.X_max_ = saved.X_min, saved.X_max
         return calibrator
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -222,8 +218,20 @@ class IsotonicCalibrator(Params):
         return cls.from_json(read_json(file, kind=_ISOTONIC_FORMAT), path=file)
 
 
-def _unit_list(payload: dict[str, Any], key: str, path: Path) -> FloatArray:
-    values = get_field(payload, key, list, path)
+class _SavedIsotonic(BaseModel):
+    """The JSON :meth:`IsotonicCalibrator.to_json` writes."""
+
+    model_config = ConfigDict(strict=True)
+
+    format: str
+    out_of_bounds: Literal["clip", "raise"]
+    X_thresholds: list[float]
+    y_thresholds: list[float]
+    X_min: float = Field(allow_inf_nan=False)
+    X_max: float = Field(allow_inf_nan=False)
+
+
+def _unit_list(values: list[float], key: str, path: Path) -> FloatArray:
     try:
         return as_vector(values, name=key, unit=True)
     except ValueError as exc:
@@ -338,16 +346,14 @@ class PlattCalibrator(Params):
             raise DataError(
                 f"expected {_PLATT_FORMAT!r}; got {payload.get('format')!r}", path=where, field="format"
             )
-        settings = get_field(payload, "settings", dict, where)
+        saved = read_saved(_SavedPlatt, payload, where)
         try:
-            calibrator = cls(**settings)
+            calibrator = cls(**saved.settings)
             calibrator._check_settings()
         except (TypeError, ValueError) as exc:
             raise DataError(str(exc), path=where, field="settings") from None
-        calibrator.coef_ = float(get_field(payload, "coef", (int, float), where))
-        calibrator.intercept_ = float(get_field(payload, "intercept", (int, float), where))
-        calibrator.n_iter_ = get_field(payload, "n_iter", int, where)
-        calibrator.converged_ = get_field(payload, "converged", bool, where)
+        calibrator.coef_, calibrator.intercept_ = saved.coef, saved.intercept
+        calibrator.n_iter_, calibrator.converged_ = saved.n_iter, saved.converged
         return calibrator
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -466,8 +472,8 @@ class Recalibrated(CapabilityEstimator):
             DataError: The file is missing or corrupt, or was fitted on another method's confidences.
         """
         file = Path(path)
-        payload = read_json(file, kind=_RECALIBRATED_FORMAT)
-        base = get_field(payload, "base_method", str, file)
+        saved = read_saved(_SavedRecalibrated, read_json(file, kind=_RECALIBRATED_FORMAT), file)
+        base = saved.base_method
         if base != estimator.method:
             raise DataError(
                 f"calibrator was fitted on {base!r} confidences; "
@@ -475,4 +481,27 @@ class Recalibrated(CapabilityEstimator):
                 path=file,
                 field="base_method",
             )
-        return cls(estimator, load_calibrator(get_field(payload, "calibrator", dict, file), path=file))
+        return cls(estimator, load_calibrator(saved.calibrator, path=file))
+
+
+class _SavedPlatt(BaseModel):
+    """The JSON :meth:`PlattCalibrator.to_json` writes."""
+
+    model_config = ConfigDict(strict=True)
+
+    format: str
+    settings: dict[str, Any]
+    coef: float = Field(allow_inf_nan=False)
+    intercept: float = Field(allow_inf_nan=False)
+    n_iter: int
+    converged: bool
+
+
+class _SavedRecalibrated(BaseModel):
+    """The file :meth:`Recalibrated.save` (and :meth:`Recalibrated.save_map`) writes."""
+
+    model_config = ConfigDict(strict=True)
+
+    format: str
+    base_method: str
+    calibrator: dict[str, Any]
