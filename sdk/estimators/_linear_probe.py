@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
 
 from capgate._util.atomic import atomic_path
+from capgate._util.saved import read_saved
 from capgate._util.validate import FloatArray
 from capgate.errors import DataError
 from capgate.estimators._common import (
@@ -23,7 +25,6 @@ from capgate.estimators._common import (
     as_vector,
     brier_and_bce,
     check_fitted,
-    get_field,
     json_settings,
     read_json,
     sigmoid,
@@ -342,18 +343,18 @@ class LinearProbe(Params):
         """
         folder = Path(path)
         meta_path, weights_path = folder / META_FILE, folder / WEIGHTS_FILE
-        meta = read_json(meta_path, kind=FORMAT)
-        version = get_field(meta, "format_version", int, meta_path)
+        payload = read_json(meta_path, kind=FORMAT)
+        version = read_saved(_Versioned, payload, meta_path).format_version
         if version > FORMAT_VERSION:
             raise DataError(
                 f"saved by a newer capgate (format {version}; this one reads <= {FORMAT_VERSION})",
                 path=meta_path,
                 field="format_version",
             )
+        meta = read_saved(_SavedProbeMeta, payload, meta_path)
         if not weights_path.is_file():
             raise DataError("weights file not found", path=weights_path)
-        digest = get_field(meta, "weights_sha256", str, meta_path)
-        if sha256_file(weights_path) != digest:
+        if sha256_file(weights_path) != meta.weights_sha256:
             raise DataError(
                 "weights file does not match the SHA-256 recorded in probe.json", path=weights_path
             )
@@ -362,8 +363,8 @@ class LinearProbe(Params):
             tensors = st.load_file(str(weights_path))
         except Exception as exc:  # safetensors' own error: a file that is not safetensors (a pickle...)
             raise DataError(f"not a safetensors file: {exc}", path=weights_path) from None
-        dim = get_field(meta, "dim", int, meta_path)
-        settings = dict(get_field(meta, "settings", dict, meta_path))
+        dim = meta.dim
+        settings = dict(meta.settings)
         if isinstance(settings.get("lr"), list):
             settings["lr"] = tuple(settings["lr"])
         try:
@@ -379,17 +380,15 @@ class LinearProbe(Params):
             raise DataError("z-score tensors do not match the 'standardize' setting", path=weights_path)
         if mean is not None and (mean.shape != (dim,) or scale.shape != (dim,)):
             raise DataError(f"expected mean and scale of shape ({dim},)", path=weights_path)
-        sweep = get_field(meta, "lr_sweep", list, meta_path)
+        sweep = meta.lr_sweep
         try:
             lr_sweep = {float(lr): float(loss) for lr, loss in sweep}
         except (TypeError, ValueError, OverflowError):
             msg = f"expected a list of [learning rate, validation loss] pairs; got {sweep!r:.200}"
             raise DataError(msg, path=meta_path, field="lr_sweep") from None
-        spec = meta.get("feature_spec")
-        if spec is not None and not isinstance(spec, dict):
-            raise DataError(f"expected an object or null; got {spec!r}", path=meta_path, field="feature_spec")
+        spec = meta.feature_spec
         try:
-            target = as_target(meta.get("target"))
+            target = as_target(meta.target)
         except (TypeError, ValueError) as exc:
             raise DataError(f"not a probe target: {exc}", path=meta_path, field="target") from None
         probe._set_state(
@@ -397,16 +396,40 @@ class LinearProbe(Params):
             bias=float(bias[0]),
             mean=None if mean is None else mean.astype(np.float64, copy=False),
             scale=None if scale is None else scale.astype(np.float64, copy=False),
-            lr=float(get_field(meta, "lr", (int, float), meta_path)),
+            lr=meta.lr,
             lr_sweep=lr_sweep,
-            best_epoch=get_field(meta, "best_epoch", int, meta_path),
-            n_epochs=get_field(meta, "n_epochs", int, meta_path),
+            best_epoch=meta.best_epoch,
+            n_epochs=meta.n_epochs,
             feature_spec=spec,
             target=target,
-            training=dict(get_field(meta, "training", dict, meta_path)),
-            validation=dict(get_field(meta, "validation", dict, meta_path)),
+            training=dict(meta.training),
+            validation=dict(meta.validation),
         )
         return probe
+
+
+class _Versioned(BaseModel):
+    """The first field a saved probe is read by: a newer format is refused before anything else."""
+
+    model_config = ConfigDict(strict=True)
+
+    format_version: int
+
+
+class _SavedProbeMeta(_Versioned):
+    """``probe.json``, the metadata :meth:`LinearProbe.save` writes beside its safetensors."""
+
+    weights_sha256: str
+    dim: int
+    settings: dict[str, Any]
+    lr_sweep: list[Any]
+    lr: float = Field(allow_inf_nan=False)
+    best_epoch: int
+    n_epochs: int
+    feature_spec: dict[str, Any] | None = None
+    target: Any = None
+    training: dict[str, Any]
+    validation: dict[str, Any]
 
 
 def as_target(value: object) -> ProbeTarget | None:
