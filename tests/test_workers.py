@@ -115,6 +115,25 @@ def test_gates_that_are_gone_give_their_places_back() -> None:
     assert len(kept) == 3
 
 
+def test_a_gate_gone_inside_reserve_does_not_deadlock() -> None:
+    """A gate's places are given back from a garbage collection's finalizer, which can fire on
+    the thread that is inside ``reserve()`` holding its lock (it deadlocked load_bench once):
+    ``release`` must not wait for that lock."""
+    workers = Workers()
+    workers.reserve(4)
+
+    def inside_reserve() -> None:
+        with workers._lock:
+            workers.release(4)
+
+    thread = threading.Thread(target=inside_reserve)
+    thread.start()
+    thread.join(2)
+    assert not thread.is_alive(), "release() waited for the lock reserve() holds"
+    workers.reserve(4)  # the 4 given back are folded in: no growth
+    assert workers.size == 4
+
+
 def test_shadow_calls_start_no_thread(tmp_path: Path, thread_starts: list[str]) -> None:
     gate_log = DecisionLog(tmp_path / "log.sqlite3")
     guarded = capgate.guard(policy="balanced", estimator=Sleepy(0.001), mode="shadow", log=gate_log)(

@@ -48,6 +48,7 @@ class Workers:
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._reserved = 0
+        self._released: list[int] = []  # places given back by gates that are gone (see release)
         self._busy = 0
         self.size = 0
         """Threads started (and kept) for the jobs."""
@@ -58,6 +59,8 @@ class Workers:
         """Add ``threads`` to what the process keeps started (up to :data:`MAX_THREADS`), starting
         any missing now. Called when a gate is made, never inside a call."""
         with self._lock:
+            while self._released:
+                self._reserved = max(0, self._reserved - self._released.pop())
             self._reserved += threads
             if min(self._reserved, MAX_THREADS) <= self.size:
                 return
@@ -73,9 +76,13 @@ class Workers:
 
     def release(self, threads: int) -> None:
         """Give back what :meth:`reserve` took (a gate that is gone): the threads stay started,
-        but later gates reuse them before the process starts more."""
-        with self._lock:
-            self._reserved = max(0, self._reserved - threads)
+        but later gates reuse them before the process starts more.
+
+        Takes no lock: it runs from a garbage collection's finalizer, which may fire inside
+        :meth:`reserve` on the same thread (a lock there deadlocked a bench); the count is folded
+        in by the next :meth:`reserve`.
+        """
+        self._released.append(threads)  # atomic; read and cleared under the lock in reserve()
 
     def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         """Run ``job`` in a started thread (:meth:`reserve` first); it queues while all are busy."""
