@@ -7,8 +7,6 @@ Private: the public names live in :mod:`capgate.estimators.probe`, ``.baselines`
 from __future__ import annotations
 
 import json
-import math
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -146,30 +144,6 @@ def read_json(path: Path, *, kind: str | None, what: str | None = None) -> dict[
     if kind is not None and found != kind:
         raise DataError(f"expected a saved {kind!r}; got format {found!r}", path=path, field="format")
     return payload
-
-
-def get_field(payload: Mapping[str, Any], key: str, types: type | tuple[type, ...], path: Path) -> Any:
-    """``payload[key]``, checked to be of ``types``, else a :class:`DataError` naming the field."""
-    if key not in payload:
-        raise DataError("missing", path=path, field=key)
-    value = payload[key]
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
-        raise DataError(f"expected {_type_names(types)}; got {value!r}", path=path, field=key)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise DataError(f"must be finite; got {value!r}", path=path, field=key)
-    if isinstance(value, int) and float in _as_tuple(types) and abs(value) > sys.float_info.max:
-        raise DataError(
-            f"must be a finite number; got an integer of {len(str(value))} digits", path=path, field=key
-        )
-    return value
-
-
-def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
-    return types if isinstance(types, tuple) else (types,)
-
-
-def _type_names(types: type | tuple[type, ...]) -> str:
-    return " or ".join(t.__name__ for t in _as_tuple(types))
 
 
 def sigmoid(z: FloatArray) -> FloatArray:

@@ -15,7 +15,9 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
 
+from capgate._util.saved import read_saved
 from capgate._util.validate import (
     FloatArray,
     check_choice,
@@ -23,12 +25,12 @@ from capgate._util.validate import (
     check_positive_int,
     check_positive_number,
 )
+from capgate.errors import DataError
 from capgate.estimators._common import (
     as_matrix,
     as_vector,
     brier_and_bce,
     check_fitted,
-    get_field,
     json_settings,
     read_json,
     sigmoid,
@@ -471,14 +473,27 @@ class ProbeSearch(Params):
         """
         folder = Path(path)
         meta_path = folder / SEARCH_FILE
-        meta = read_json(meta_path, kind=SEARCH_FORMAT)
-        settings = dict(get_field(meta, "settings", dict, meta_path))
-        search = cls(**settings)
+        meta = read_saved(_SavedSearch, read_json(meta_path, kind=SEARCH_FORMAT), meta_path)
+        try:
+            search = cls(**meta.settings)
+        except TypeError as exc:
+            raise DataError(f"unknown settings: {exc}", path=meta_path, field="settings") from None
         search.best_estimator_ = LinearProbe.load(folder)
-        search.best_params_ = dict(get_field(meta, "best_params", dict, meta_path))
-        search.best_score_ = float(get_field(meta, "best_score", (int, float), meta_path))
-        search.cv_results_ = dict(get_field(meta, "cv_results", dict, meta_path))
-        search.layers_ = meta.get("layers")
-        search.n_layers_in_ = meta.get("n_layers_in")
-        search.n_features_in_ = int(get_field(meta, "n_features_in", int, meta_path))
+        search.best_params_, search.best_score_ = dict(meta.best_params), meta.best_score
+        search.cv_results_, search.layers_ = dict(meta.cv_results), meta.layers
+        search.n_layers_in_, search.n_features_in_ = meta.n_layers_in, meta.n_features_in
         return search
+
+
+class _SavedSearch(BaseModel):
+    """The search's own file beside its best probe (:meth:`ProbeSearch.save`)."""
+
+    model_config = ConfigDict(strict=True)
+
+    settings: dict[str, Any]
+    best_params: dict[str, Any]
+    best_score: float = Field(allow_inf_nan=False)
+    cv_results: dict[str, Any]
+    layers: list[int] | None = None
+    n_layers_in: int | None = None
+    n_features_in: int
