@@ -16,7 +16,6 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field
 
 from capgate._util.saved import read_saved
 from capgate._util.validate import (
@@ -38,6 +37,7 @@ from capgate.estimators._common import (
     sigmoid,
     write_json,
 )
+from capgate.estimators._recalibration_formats import SavedIsotonic, SavedPlatt, SavedRecalibrated
 from capgate.estimators.base import CapabilityEstimator, Params
 
 __all__ = ["Calibrator", "IsotonicCalibrator", "PlattCalibrator", "Recalibrated", "load_calibrator"]
@@ -193,7 +193,7 @@ class IsotonicCalibrator(Params):
             raise DataError(
                 f"expected {_ISOTONIC_FORMAT!r}; got {payload.get('format')!r}", path=where, field="format"
             )
-        saved = read_saved(_SavedIsotonic, payload, where)
+        saved = read_saved(SavedIsotonic, payload, where)
         xs = _unit_list(saved.X_thresholds, "X_thresholds", where)
         ys = _unit_list(saved.y_thresholds, "y_thresholds", where)
         if xs.shape != ys.shape or xs.shape[0] == 0 or np.any(np.diff(xs) <= 0) or np.any(np.diff(ys) < 0):
@@ -216,19 +216,6 @@ class IsotonicCalibrator(Params):
         """Load what :meth:`save` wrote."""
         file = Path(path)
         return cls.from_json(read_json(file, kind=_ISOTONIC_FORMAT), path=file)
-
-
-class _SavedIsotonic(BaseModel):
-    """The JSON :meth:`IsotonicCalibrator.to_json` writes."""
-
-    model_config = ConfigDict(strict=True)
-
-    format: str
-    out_of_bounds: Literal["clip", "raise"]
-    X_thresholds: list[float]
-    y_thresholds: list[float]
-    X_min: float = Field(allow_inf_nan=False)
-    X_max: float = Field(allow_inf_nan=False)
 
 
 def _unit_list(values: list[float], key: str, path: Path) -> FloatArray:
@@ -346,7 +333,7 @@ class PlattCalibrator(Params):
             raise DataError(
                 f"expected {_PLATT_FORMAT!r}; got {payload.get('format')!r}", path=where, field="format"
             )
-        saved = read_saved(_SavedPlatt, payload, where)
+        saved = read_saved(SavedPlatt, payload, where)
         try:
             calibrator = cls(**saved.settings)
             calibrator._check_settings()
@@ -472,7 +459,7 @@ class Recalibrated(CapabilityEstimator):
             DataError: The file is missing or corrupt, or was fitted on another method's confidences.
         """
         file = Path(path)
-        saved = read_saved(_SavedRecalibrated, read_json(file, kind=_RECALIBRATED_FORMAT), file)
+        saved = read_saved(SavedRecalibrated, read_json(file, kind=_RECALIBRATED_FORMAT), file)
         base = saved.base_method
         if base != estimator.method:
             raise DataError(
@@ -482,26 +469,3 @@ class Recalibrated(CapabilityEstimator):
                 field="base_method",
             )
         return cls(estimator, load_calibrator(saved.calibrator, path=file))
-
-
-class _SavedPlatt(BaseModel):
-    """The JSON :meth:`PlattCalibrator.to_json` writes."""
-
-    model_config = ConfigDict(strict=True)
-
-    format: str
-    settings: dict[str, Any]
-    coef: float = Field(allow_inf_nan=False)
-    intercept: float = Field(allow_inf_nan=False)
-    n_iter: int
-    converged: bool
-
-
-class _SavedRecalibrated(BaseModel):
-    """The file :meth:`Recalibrated.save` (and :meth:`Recalibrated.save_map`) writes."""
-
-    model_config = ConfigDict(strict=True)
-
-    format: str
-    base_method: str
-    calibrator: dict[str, Any]

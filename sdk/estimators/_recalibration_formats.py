@@ -1,0 +1,44 @@
+"""The files the recalibration estimators save, declared once (read with
+:func:`capgate._util.saved.read_saved`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SavedIsotonic(BaseModel):
+    """The JSON :meth:`~capgate.estimators.IsotonicCalibrator.to_json` writes."""
+
+    model_config = ConfigDict(strict=True)
+
+    format: str
+    out_of_bounds: Literal["clip", "raise"]
+    X_thresholds: list[float]
+    y_thresholds: list[float]
+    X_min: float = Field(allow_inf_nan=False)
+    X_max: float = Field(allow_inf_nan=False)
+
+
+class SavedPlatt(BaseModel):
+    """The JSON :meth:`~capgate.estimators.PlattCalibrator.to_json` writes."""
+
+    model_config = ConfigDict(strict=True)
+
+    format: str
+    settings: dict[str, Any]
+    coef: float = Field(allow_inf_nan=False)
+    intercept: float = Field(allow_inf_nan=False)
+    n_iter: int
+    converged: bool
+
+
+class SavedRecalibrated(BaseModel):
+    """The file :meth:`~capgate.estimators.Recalibrated.save` (and ``save_map``) writes."""
+
+    model_config = ConfigDict(strict=True)
+
+    format: str
+    base_method: str
+    calibrator: dict[str, Any]
