@@ -525,8 +525,8 @@ def mode_runs(args: argparse.Namespace, folder: Path) -> list[Run]:
         ("truncated JSON", Raw(b'{"choices": [{"index": 0, "mess', content_length=400), {}),
         ("slow drip", Drip(OK.body, chunk=4, every=0.5), {"timeout": 30.0}),
     ]
-    print(MODE_ROW.format("mode", "fault / load", "level", "calls", "p50 +s", "p99 +s", "delayed", "by GC",
-                          "GC s", "degraded", "rows", "lost", "discarded"))  # fmt: skip
+    print(MODE_ROW.format("mode", "fault / load", "level", "calls", "p50 +s", "p99 +s", "p99 / f", "delayed",
+                          "by GC", "GC s", "degraded", "rows", "lost", "discarded"))  # fmt: skip
     for mode in ("shadow", "speculative"):
         for name, action, backend in scenarios:
             with FaultServer(lambda body, i, action=action: action) as server:
@@ -554,7 +554,7 @@ def mode_runs(args: argparse.Namespace, folder: Path) -> list[Run]:
     return runs
 
 
-MODE_ROW = "{:<12} {:<16} {:>5} {:>5} {:>7} {:>7} {:>7} {:>6} {:>7} {:>8} {:>5} {:>4} {:>9}"
+MODE_ROW = "{:<12} {:<16} {:>5} {:>5} {:>7} {:>7} {:>7} {:>7} {:>6} {:>7} {:>8} {:>5} {:>4} {:>9}"
 
 
 def _mode_cells(r: Run) -> tuple[Any, ...]:
@@ -563,7 +563,8 @@ def _mode_cells(r: Run) -> tuple[Any, ...]:
     p99 = delays[min(len(delays) - 1, round(0.99 * (len(delays) - 1)))] if delays else float("nan")
     shadow = r.mode == "shadow"  # enforce waits for its decision by design: no "delayed" there
     delayed, by_gc = (r.delayed, r.held_by_gc) if shadow else ("-", "-")
-    return (r.mode, r.name, r.level, r.calls, f"{p50:.3f}", f"{p99:.3f}", delayed, by_gc,
+    ratio = f"{(r.call_s + p99) / r.call_s:.2f}x" if r.call_s and delays else "-"  # vs the ungated call
+    return (r.mode, r.name, r.level, r.calls, f"{p50:.3f}", f"{p99:.3f}", ratio, delayed, by_gc,
             f"{r.longest_gc:.3f}", f"{100 * r.degraded / max(r.calls, 1):.0f}%", r.rows, r.lost,
             r.discarded)  # fmt: skip
 
@@ -583,7 +584,8 @@ def modes_report(args: argparse.Namespace, runs: list[Run], started: str) -> str
         f"gate deadline {args.fault_deadline:g} s), and each estimator at {args.levels} in flight "
         f"(deadline {args.deadline:g} s); vLLM server: {args.vllm_url or 'none'} "
         f"({args.served_model or '-'}). "
-        f"'+s' is what the gate added to a call (its latency less the function's own time); a shadow call "
+        f"'+s' is what the gate added to a call (its latency less the function's own time); *p99 / f*: "
+        f"the call's p99 over the ungated function's own {MODE_CALL_S:g} s; a shadow call "
         f"is *delayed* when the gate added more than {DELAY_S:g} s, not counting the time the process stood "
         f"still in full garbage collections within the call; *by GC*: shadow calls over {DELAY_S:g} s only "
         f"because such a collection fell inside them (it holds every thread and coroutine, gated or not); "
@@ -591,9 +593,9 @@ def modes_report(args: argparse.Namespace, runs: list[Run], started: str) -> str
         f"*discarded*: speculative calls whose result was dropped because the decision blocked. "
         f"Machine: {started}.",
         "",
-        "| mode | fault / load | in flight | calls | p50 +s | p99 +s | delayed | by GC | GC s | degraded "
-        "| log rows | lost | discarded |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| mode | fault / load | in flight | calls | p50 +s | p99 +s | p99 / f | delayed | by GC | GC s "
+        "| degraded | log rows | lost | discarded |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += ["| " + " | ".join(str(c) for c in _mode_cells(r)) + " |" for r in runs]
     lines += [

@@ -41,12 +41,13 @@ def test_without_collections_every_slow_call_is_the_gates() -> None:
 def test_the_rows_print_both_counts() -> None:
     run = shadow_run([0.45, 0.45, 0.06], [(0.0, 0.45), (0.30, 0.75), (1.0, 1.06)], [(0.10, 0.40)])
     cells = load_bench._mode_cells(run)
-    assert cells[6:9] == (1, 1, "0.300")
+    assert cells[5:7] == ("0.400", "9.00x")  # p99 added, and the call's p99 over the ungated 0.05 s
+    assert cells[7:10] == (1, 1, "0.300")
     assert "verbalized load" in run.line()
     enforce = load_bench.Run(
         name="x", level=1, calls=1, mode="speculative", latencies=[1.0], windows=[(0, 1)]
     )
-    assert load_bench._mode_cells(enforce)[6:8] == ("-", "-")  # enforce waits for its decision by design
+    assert load_bench._mode_cells(enforce)[7:9] == ("-", "-")  # enforce waits for its decision by design
 
 
 def test_full_collections_are_recorded_only_while_watched() -> None:
