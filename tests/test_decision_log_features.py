@@ -102,6 +102,7 @@ def test_bad_vectors_are_refused_naming_the_decision_never_a_value(
     message = str(info.value)
     assert wrong.id in message
     assert what in message
+    message = message.replace(wrong.id, "<id>")  # a random id may hold "4242" itself (seen once in CI)
     assert "4242" not in message
     assert "1000000" not in message
     assert "e+06" not in message
