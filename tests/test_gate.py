@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from pathlib import Path
 
 import pytest
 from _estimators import KeywordEstimator
@@ -145,19 +146,41 @@ def test_constructor_checks_settings() -> None:
 
 def test_the_gate_settings_are_declared_once() -> None:
     """GateSettings declares them; GateOptions (the keyword arguments every integration types its
-    ``**settings`` with) names the same ones, and the constructor's signature is derived from them."""
-    import dataclasses
+    ``**settings`` with) names the same ones with the same types, and the constructor's signature
+    is derived from them."""
     import inspect
+    import typing
 
     from capgate.gate import GateOptions, GateSettings
 
-    fields = {f.name: f.default for f in dataclasses.fields(GateSettings)}
+    fields = {name: f.default for name, f in GateSettings.model_fields.items()}
     assert GateOptions.__required_keys__ | GateOptions.__optional_keys__ == set(fields)
+    options = typing.get_type_hints(GateOptions)
+    for name, field in GateSettings.model_fields.items():
+        assert _plain_type(options[name]) == _plain_type(field.annotation), name
     signature = inspect.signature(Gate)
     assert {name: p.default for name, p in signature.parameters.items()} == fields
     assert all(p.kind is p.KEYWORD_ONLY for p in signature.parameters.values())
     with pytest.raises(SettingsError, match="unknown gate setting"):
         Gate(colour="red")  # type: ignore[call-arg]
+
+
+def _plain_type(annotation: object) -> object:
+    """``annotation`` with its ``Annotated`` metadata (pydantic's ``InstanceOf`` and constraints)
+    taken off, unions as sets of their members (so ``A | B`` and ``B | A`` read the same)."""
+    import types
+    import typing
+
+    if isinstance(annotation, list):  # a Callable's parameters
+        return tuple(_plain_type(a) for a in annotation)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _plain_type(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return frozenset(_plain_type(a) for a in typing.get_args(annotation))
+    if origin is not None:
+        return (origin, tuple(_plain_type(a) for a in typing.get_args(annotation)))
+    return annotation
 
 
 def test_policy_files_load_once() -> None:
@@ -197,3 +220,21 @@ def test_coerce_is_the_one_check_of_gate_against_settings() -> None:
 def test_default_extract() -> None:
     assert default_extract("The answer is \\boxed{42}") == "42"
     assert default_extract("") is None
+
+
+def test_the_settings_dump_as_json_with_objects_by_their_repr(tmp_path: Path) -> None:
+    # the OpenAI Agents SDK (and any tool that records an agent's configuration) dumps pydantic
+    # models it finds with model_dump(mode="json"): settings holding an estimator must survive it
+    import json
+
+    from capgate.gate import GateSettings
+
+    estimator = KeywordEstimator({"hard": 0.1})
+    settings = GateSettings(estimator=estimator, routes={"small": estimator}, log=tmp_path / "d.db")
+    dumped = settings.model_dump(mode="json")
+    assert json.loads(json.dumps(dumped)) == dumped
+    assert dumped["estimator"] == repr(estimator)
+    assert dumped["routes"] == {"small": repr(estimator)}
+    assert dumped["log"] == str(tmp_path / "d.db")
+    assert dumped["policy"] == "balanced"
+    assert settings.model_dump()["estimator"] is estimator  # Python mode keeps the objects

@@ -68,21 +68,9 @@ class Gate:
     policy loads on first use. Per-call settings: :meth:`with_options`.
 
     Args:
-        policy: A :class:`~capgate.policies.Policy`, a preset name or a policy file path.
-        estimator: The capability estimator; ``None`` uses :func:`capgate.default_estimator` at
-            call time.
-        extract: Answer extractor for ``resample`` votes (default: :func:`capgate.default_extract`).
-        on_block: ``"return"`` a :class:`~capgate.Gated` result or ``"raise"`` a
-            :class:`~capgate.GateBlocked`.
-        step: Agent step name passed to the policy (selects its step override).
-        tool: Tool name passed to the policy (selects its tool override).
-        log: Decision log (a :class:`~capgate.decision.DecisionLog` or a path to one).
-        target: The model the gated calls go to; checked against the estimator's target.
-        allow_other_target: Gate ``target`` with an estimator of another model (recorded).
-        max_concurrency: Most estimates in flight at once from this gate (a burst queues).
-        estimate_timeout_s: Deadline on one estimate; a late one is a degraded decision.
-        routes: One estimator per model choice, for the policy's ``route`` actions (the
-            decision's ``route`` names the choice).
+        **settings: The gate's settings, each declared once (type, default, meaning) in
+            :class:`~capgate.GateSettings`: ``policy``, ``estimator``, ``log``, ``mode``,
+            ``max_concurrency``, ``estimate_timeout_s``, ``routes`` and the rest.
 
     Raises:
         SettingsError: A setting has a wrong value or type (the message names it), or the

@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias, TypedDict, runtime_checkable
+from typing import Annotated, Any, Final, Literal, Protocol, TypeAlias, TypedDict, runtime_checkable
+
+from annotated_types import Gt, Lt, MinLen
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    InstanceOf,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from capgate.core.types import Extractor, Mode
+from capgate.decision.log import DecisionLog
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.estimators.probe import Featurizer
 from capgate.policies import Policy, load_policy
-
-if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
 
 
 class Unset(enum.Enum):
@@ -116,165 +126,163 @@ class GateOptions(SharedOptions, total=False):
 
 
 @dataclass(frozen=True)
-class GateSettings:
+class Expects:
+    """What a setting must be, in words: a bad value's error reads "`name` must be <this>; got ..."."""
+
+    text: str
+
+
+NonEmptyStr: TypeAlias = Annotated[str, StringConstraints(min_length=1)]
+PositiveSeconds: TypeAlias = Annotated[float, Gt(0), Lt(1e9)]
+
+
+class GateSettings(BaseModel):
     """What a :class:`~capgate.Gate` is configured with; every integration takes the same keywords.
 
-    Checked on construction (and on :meth:`replace`), each error naming the setting.
-
-    Attributes:
-        policy: A :class:`~capgate.policies.Policy`, a preset name or a policy file path.
-        estimator: The capability estimator; ``None`` uses the process-wide default
-            (:func:`capgate.set_default_estimator`) at call time.
-        extract: Answer extractor for ``resample`` votes (default: :func:`capgate.default_extract`).
-        on_block: ``"return"`` a result or ``"raise"`` a :class:`~capgate.GateBlocked`.
-        step: Agent step passed to the policy (selects its ``steps:`` override).
-        tool: Tool name passed to the policy (selects its ``tools:`` override).
-        log: Decision log (a :class:`~capgate.decision.DecisionLog` or a path to one).
-        target: The model the gated calls go to (a model id or served name); recorded in each
-            decision and checked against the estimator's target (a probe knows whose
-            capability it predicts).
-        allow_other_target: Gate calls to ``target`` with an estimator of another model's
-            capability; each decision records the override (``target_override``).
-        max_concurrency: Most estimate calls in flight at once from this gate and its views; a
-            burst beyond it queues for a slot (``None``: no cap of the gate's own).
-        estimate_timeout_s: Deadline in seconds on one call's estimate, the wait for a slot
-            included; a late estimate becomes a degraded decision naming it (``None``: none).
-        routes: One capability estimator per model choice (by name), for the policy's ``route``
-            actions: the query goes to the cheapest choice (first in the action's ``choices``)
-            whose predicted capability clears the edge, else to the strongest (the last).
-        mode: ``"shadow"``: decide and log beside each call, which proceeds as if answered (the
-            estimate never delays or fails it); ``"enforce"``: act on each decision; ``None``: the
-            policy's ``mode`` (enforce unless the policy file says shadow).
-        speculative: In enforce mode, start the gated call together with its estimate (for a
-            remote call whose estimate is a call of its own): an ``answer`` returns the call's
-            result without waiting twice; a block discards it (an async call is cancelled). The
-            decision records it (``speculation``). Only for calls that are safe to start and drop.
-        log_features: Write each logged decision's reader features to the log (keyed by its id,
-            tagged with the reader's feature spec), for ``capgate calibrate`` to fit a probe on the
-            gate's own traffic. A probe's are its own (no second pass); for another estimator
-            (verbalized, P(True), consistency) ``feature_reader`` computes them beside the call,
-            which it never delays or fails (failures are counted in ``stats.feature_failures``).
-            Needs a ``log``. Features are as sensitive as the text: hidden states can be inverted
-            to recover much of a prompt.
-        feature_reader: The featurizer whose features are logged. ``None``: a probe's own; for
-            another estimator, the embedded model's, with the default probe's spec (loaded once, on
-            the first decision that needs it, beside the call).
-        calibration: Run under a calibration (``capgate calibrate --out DIR``): a folder, a loaded
-            :class:`capgate.learn.Calibration`, or ``"promoted"`` (the version the log says is in
-            force for the gate's target, read when the gate first decides; nothing promoted: run
-            uncalibrated). The gate uses the calibration's estimator in place of ``estimator`` and
-            its thresholds (when it carries them) as its policy, unless ``policy`` names another
-            policy than the one they were learnt for (then the gate keeps its own, and says so
-            once on the ``capgate`` logger; refused at once for a loaded calibration); every
-            decision records its ``calibration`` version.
-        shadow_calibration: A candidate calibration (as ``calibration``, or ``"candidate"``: the
-            version the log has in shadow). Beside every logged decision the gate also decides
-            under the candidate and logs that decision (``shadow``, with the candidate's
-            ``calibration`` and ``beside`` the enforced decision's id), never delaying or failing
-            the call; ``capgate report`` compares the two on the same decisions. Needs a ``log``.
+    Each setting is declared once, here: its type, its default, what a bad value's error says and
+    its documentation. Checked on construction (and on :meth:`replace`), each error naming the
+    setting; the TypedDict integrations type their ``**settings`` with (:class:`GateOptions`) and
+    the :class:`~capgate.Gate` constructor's signature are checked against or derived from it.
 
     Raises:
         SettingsError: A setting has a wrong value or type (the message names it), or the
             estimator predicts another model than ``target`` without ``allow_other_target``.
     """
 
-    policy: PolicyLike = DEFAULT_POLICY
-    estimator: CapabilityEstimator | None = None
-    extract: Extractor | None = None
-    on_block: OnBlock = "return"
-    step: str | None = None
-    tool: str | None = None
-    log: DecisionLog | str | Path | None = None
-    target: str | None = None
-    allow_other_target: bool = False
-    max_concurrency: int | None = None
-    estimate_timeout_s: float | None = None
-    routes: Mapping[str, CapabilityEstimator] | None = None
-    mode: Mode | None = None
-    speculative: bool = False
-    log_features: bool = False
-    feature_reader: Featurizer | None = None
-    calibration: CalibrationSetting | None = None
-    shadow_calibration: CalibrationSetting | None = None
+    model_config = ConfigDict(
+        frozen=True, strict=True, extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True
+    )
 
-    def __post_init__(self) -> None:
-        from capgate.decision.log import DecisionLog
+    policy: Annotated[
+        NonEmptyStr | InstanceOf[Path] | InstanceOf[Policy],
+        Expects("a Policy, a preset name or a policy file path"),
+    ] = DEFAULT_POLICY
+    """A :class:`~capgate.policies.Policy`, a preset name or a policy file path."""
 
-        policy = self.policy
-        if not isinstance(policy, str | Path | Policy) or (isinstance(policy, str) and not policy):
-            raise SettingsError(
-                f"`policy` must be a Policy, a preset name or a policy file path; got {policy!r}"
-            )
-        if self.estimator is not None and not isinstance(self.estimator, CapabilityEstimator):
-            raise SettingsError(
-                f"`estimator` must be a capgate CapabilityEstimator or None; got {self.estimator!r}"
-            )
-        if self.extract is not None and not callable(self.extract):
-            raise SettingsError(f"`extract` must be a function text -> answer or None; got {self.extract!r}")
-        if self.on_block not in ON_BLOCK:
-            raise SettingsError(f"`on_block` must be one of {ON_BLOCK}; got {self.on_block!r}")
-        for name in ("step", "tool"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, str) and value):
-                raise SettingsError(f"`{name}` must be a non-empty string or None; got {value!r}")
-        if self.log is not None and not isinstance(self.log, DecisionLog | str | Path):
-            raise SettingsError(f"`log` must be a DecisionLog, a path or None; got {self.log!r}")
-        if self.target is not None and not (isinstance(self.target, str) and self.target):
-            raise SettingsError(f"`target` must be a non-empty model name or None; got {self.target!r}")
-        if not isinstance(self.speculative, bool):
-            raise SettingsError(f"`speculative` must be True or False; got {self.speculative!r}")
-        if not isinstance(self.allow_other_target, bool):
-            raise SettingsError(
-                f"`allow_other_target` must be True or False; got {self.allow_other_target!r}"
-            )
-        limit = self.max_concurrency
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise SettingsError(f"`max_concurrency` must be a positive integer or None; got {limit!r}")
-        deadline = self.estimate_timeout_s
-        if deadline is not None and (
-            isinstance(deadline, bool) or not isinstance(deadline, int | float) or not 0 < deadline < 1e9
-        ):
-            raise SettingsError(f"`estimate_timeout_s` must be a positive number or None; got {deadline!r}")
-        if self.mode not in (None, *MODES):
-            raise SettingsError(f"`mode` must be one of {MODES} or None; got {self.mode!r}")
+    estimator: Annotated[
+        InstanceOf[CapabilityEstimator] | None, Expects("a capgate CapabilityEstimator or None")
+    ] = None
+    """The capability estimator; ``None`` uses the process-wide default
+    (:func:`capgate.set_default_estimator`) at call time."""
+
+    extract: Annotated[Extractor | None, Expects("a function text -> answer or None")] = None
+    """Answer extractor for ``resample`` votes (default: :func:`capgate.default_extract`)."""
+
+    on_block: Annotated[OnBlock, Expects(f"one of {ON_BLOCK}")] = "return"
+    """``"return"`` a result or ``"raise"`` a :class:`~capgate.GateBlocked`."""
+
+    step: Annotated[NonEmptyStr | None, Expects("a non-empty string or None")] = None
+    """Agent step passed to the policy (selects its ``steps:`` override)."""
+
+    tool: Annotated[NonEmptyStr | None, Expects("a non-empty string or None")] = None
+    """Tool name passed to the policy (selects its ``tools:`` override)."""
+
+    log: Annotated[
+        InstanceOf[DecisionLog] | str | InstanceOf[Path] | None, Expects("a DecisionLog, a path or None")
+    ] = None
+    """Decision log (a :class:`~capgate.decision.DecisionLog` or a path to one)."""
+
+    target: Annotated[NonEmptyStr | None, Expects("a non-empty model name or None")] = None
+    """The model the gated calls go to (a model id or served name); recorded in each decision and
+    checked against the estimator's target (a probe knows whose capability it predicts)."""
+
+    allow_other_target: Annotated[bool, Expects("True or False")] = False
+    """Gate calls to ``target`` with an estimator of another model's capability; each decision
+    records the override (``target_override``)."""
+
+    max_concurrency: Annotated[Annotated[int, Gt(0)] | None, Expects("a positive integer or None")] = None
+    """Most estimate calls in flight at once from this gate and its views; a burst beyond it queues
+    for a slot (``None``: no cap of the gate's own)."""
+
+    estimate_timeout_s: Annotated[PositiveSeconds | None, Expects("a positive number or None")] = None
+    """Deadline in seconds on one call's estimate, the wait for a slot included; a late estimate
+    becomes a degraded decision naming it (``None``: none)."""
+
+    routes: Annotated[
+        Annotated[Mapping[NonEmptyStr, InstanceOf[CapabilityEstimator]], MinLen(1)] | None,
+        Expects("a mapping of model choice names to capability estimators"),
+    ] = None
+    """One capability estimator per model choice (by name), for the policy's ``route`` actions:
+    the query goes to the cheapest choice (first in the action's ``choices``) whose predicted
+    capability clears the edge, else to the strongest (the last)."""
+
+    mode: Annotated[Mode | None, Expects(f"one of {MODES} or None")] = None
+    """``"shadow"``: decide and log beside each call, which proceeds as if answered (the estimate
+    never delays or fails it); ``"enforce"``: act on each decision; ``None``: the policy's ``mode``
+    (enforce unless the policy file says shadow)."""
+
+    speculative: Annotated[bool, Expects("True or False")] = False
+    """In enforce mode, start the gated call together with its estimate (for a remote call whose
+    estimate is a call of its own): an ``answer`` returns the call's result without waiting twice;
+    a block discards it (an async call is cancelled). The decision records it (``speculation``).
+    Only for calls that are safe to start and drop."""
+
+    log_features: Annotated[bool, Expects("True or False")] = False
+    """Write each logged decision's reader features to the log (keyed by its id, tagged with the
+    reader's feature spec), for ``capgate calibrate`` to fit a probe on the gate's own traffic. A
+    probe's are its own (no second pass); for another estimator (verbalized, P(True), consistency)
+    ``feature_reader`` computes them beside the call, which it never delays or fails (failures are
+    counted in ``stats.feature_failures``). Needs a ``log``. Features are as sensitive as the text:
+    hidden states can be inverted to recover much of a prompt."""
+
+    feature_reader: Annotated[
+        InstanceOf[Featurizer] | None,
+        Expects("a featurizer (with `spec` and `transform(queries)`) or None"),
+    ] = None
+    """The featurizer whose features are logged. ``None``: a probe's own; for another estimator, the
+    embedded model's, with the default probe's spec (loaded once, on the first decision that needs
+    it, beside the call)."""
+
+    calibration: Annotated[
+        NonEmptyStr | InstanceOf[Path] | InstanceOf[CalibrationLike] | None,
+        Expects(f"a calibration folder, a loaded capgate.learn.Calibration, {PROMOTED!r} or None"),
+    ] = None
+    """Run under a calibration (``capgate calibrate --out DIR``): a folder, a loaded
+    :class:`capgate.learn.Calibration`, or ``"promoted"`` (the version the log says is in force
+    for the gate's target, read when the gate first decides; nothing promoted: run uncalibrated).
+    The gate uses the calibration's estimator in place of ``estimator`` and its thresholds (when
+    it carries them) as its policy, unless ``policy`` names another policy than the one they were
+    learnt for (then the gate keeps its own, and says so once on the ``capgate`` logger; refused at
+    once for a loaded calibration); every decision records its ``calibration`` version."""
+
+    shadow_calibration: Annotated[
+        NonEmptyStr | InstanceOf[Path] | InstanceOf[CalibrationLike] | None,
+        Expects(f"a calibration folder, a loaded capgate.learn.Calibration, {CANDIDATE!r} or None"),
+    ] = None
+    """A candidate calibration (as ``calibration``, or ``"candidate"``: the version the log has in
+    shadow). Beside every logged decision the gate also decides under the candidate and logs that
+    decision (``shadow``, with the candidate's ``calibration`` and ``beside`` the enforced
+    decision's id), never delaying or failing the call; ``capgate report`` compares the two on the
+    same decisions. Needs a ``log``."""
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise _settings_error(exc, values) from None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        """In JSON mode, the settings a JSON document can hold as they are, the others (an
+        estimator, a function, a loaded log) by their ``repr``; in Python mode, the objects."""
+        if not info.mode_is_json():
+            dumped: dict[str, Any] = handler(self)
+            return dumped
+        return {name: _json_value(getattr(self, name)) for name in type(self).model_fields}
+
+    @model_validator(mode="after")
+    def _check_together(self) -> GateSettings:
+        """The checks that read more than one setting: the estimator's target, learning from traffic."""
         if self.estimator is not None:
             self.target_check(self.estimator)
-        self._check_learning()
-        if self.routes is not None:
-            if not isinstance(self.routes, Mapping) or not self.routes:
-                raise SettingsError(
-                    f"`routes` must map model choice names to capability estimators; got {self.routes!r}"
-                )
-            for name, estimator in self.routes.items():
-                if not (isinstance(name, str) and name) or not isinstance(estimator, CapabilityEstimator):
-                    raise SettingsError(
-                        f"`routes` must map model choice names to capability estimators; "
-                        f"got {name!r}: {estimator!r}"
-                    )
-            object.__setattr__(self, "routes", dict(self.routes))
-
-    def _check_learning(self) -> None:
-        """Check the settings of learning from traffic: features and calibrations."""
-        if not isinstance(self.log_features, bool):
-            raise SettingsError(f"`log_features` must be True or False; got {self.log_features!r}")
         if self.log_features and self.log is None:
             raise SettingsError(
                 "`log_features` writes each decision's features to the decision log: pass log=..."
-            )
-        if self.feature_reader is not None and not isinstance(self.feature_reader, Featurizer):
-            raise SettingsError(
-                "`feature_reader` must be a featurizer (with `spec` and `transform(queries)`) or None; "
-                f"got {self.feature_reader!r}"
             )
         for name, keyword in (("calibration", PROMOTED), ("shadow_calibration", CANDIDATE)):
             value = getattr(self, name)
             if value is None:
                 continue
-            if not isinstance(value, str | Path | CalibrationLike) or (isinstance(value, str) and not value):
-                raise SettingsError(
-                    f"`{name}` must be a calibration folder, a loaded capgate.learn.Calibration, "
-                    f"{keyword!r} or None; got {value!r}"
-                )
             other = CANDIDATE if keyword == PROMOTED else PROMOTED
             if isinstance(value, str) and value == other:
                 raise SettingsError(f"`{name}` takes {keyword!r} (or a folder), not {other!r}")
@@ -283,6 +291,7 @@ class GateSettings:
                 raise SettingsError(f"`{name}`={value!r} {why} the decision log: pass log=...")
         if isinstance(self.calibration, CalibrationLike):
             self.calibrated_policy(self.calibration.version, self.calibration.policy, at_start=True)
+        return self
 
     def calibrated_policy(
         self, version: str, policy: Policy | None, *, at_start: bool = False
@@ -337,11 +346,42 @@ class GateSettings:
         Raises:
             SettingsError: An unknown setting, or a wrong value.
         """
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            raise SettingsError(f"unknown gate setting(s): {', '.join(unknown)}")
+        _check_names(changes)
         given = {k: v for k, v in changes.items() if v is not UNSET}
-        return dataclasses.replace(self, **given) if given else self
+        if not given:
+            return self
+        return GateSettings(**{**{name: getattr(self, name) for name in type(self).model_fields}, **given})
+
+
+def _json_value(value: object) -> object:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Policy):
+        return value.name
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    return repr(value)
+
+
+def _check_names(values: Mapping[str, object]) -> None:
+    unknown = sorted(set(values) - set(GateSettings.model_fields))
+    if unknown:
+        raise SettingsError(f"unknown gate setting(s): {', '.join(unknown)}")
+
+
+def _settings_error(exc: ValidationError, values: Mapping[str, object]) -> SettingsError:
+    """The first error of a settings check in words: "`name` must be <what it expects>; got <value>"."""
+    error = exc.errors()[0]
+    if error["type"] == "extra_forbidden":
+        return SettingsError(f"unknown gate setting(s): {error['loc'][0]}")
+    if error["type"] in ("assertion_error", "value_error") and not error["loc"]:  # a check of several
+        cause = error.get("ctx", {}).get("error")
+        return cause if isinstance(cause, SettingsError) else SettingsError(error["msg"])
+    name = str(error["loc"][0])
+    expects = next(m.text for m in GateSettings.model_fields[name].metadata if isinstance(m, Expects))
+    return SettingsError(f"`{name}` must be {expects}; got {values.get(name, error['input'])!r}")
 
 
 def given_settings(**values: Any) -> dict[str, Any]:
@@ -353,9 +393,7 @@ def given_settings(**values: Any) -> dict[str, Any]:
         SettingsError: A name that is not a gate setting.
     """
     defaults = GateSettings()
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(defaults)})
-    if unknown:
-        raise SettingsError(f"unknown gate setting(s): {', '.join(unknown)}")
+    _check_names(values)
     return {k: v for k, v in values.items() if v is not UNSET and v != getattr(defaults, k)}
 
 

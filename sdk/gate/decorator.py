@@ -343,13 +343,10 @@ def guard(
             first positional one).
         gate: A ready :class:`~capgate.gate.Gate` to share between functions (then give none of
             the gate settings below).
-        **settings: The gate settings (:class:`~capgate.gate.GateOptions`): ``policy`` (a
-            policy, preset name or file; default ``"balanced"``), ``estimator`` (default: the
-            process-wide default), ``extract`` (answer extractor for ``resample`` votes; a
-            grader's ``extract`` works), ``on_block`` (``"return"`` a
-            :class:`~capgate.gate.Gated`, or ``"raise"`` a :class:`~capgate.gate.GateBlocked`),
-            ``step`` / ``tool`` (select the policy's overrides), ``log`` (a
-            :class:`~capgate.decision.DecisionLog` or its path).
+        **settings: The gate settings, each declared once in :class:`~capgate.GateSettings`
+            (``policy``, default ``"balanced"``; ``estimator``, default the process-wide one;
+            ``on_block``: ``"return"`` a :class:`~capgate.gate.Gated` or ``"raise"`` a
+            :class:`~capgate.gate.GateBlocked`; ``log``, ``mode`` and the rest).
 
     Returns:
         The guarded function, or a decorator when called without ``fn``.
