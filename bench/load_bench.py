@@ -28,7 +28,7 @@ expectation holds.
 
 Run: ``python bench/load_bench.py [--vllm-url URL --served-model NAME | --vllm-state-dir DIR]
 [--levels 1,16,64,256] [--calls N] [--estimators probe,verbalized,ptrue] [--no-faults]
-[--no-restart] [--no-report] [--coalesce-sweep] [--no-gc | --only-gc]``. Prints its tables,
+[--no-restart] [--no-report] [--coalesce-sweep] [--no-gc | --only-gc | --only-modes]``. Prints its tables,
 rewrites the load, faults and gc sections of bench/RELIABILITY.md (*gc*: the probe's shadow
 rounds untuned, after ``capgate.tune_process()`` and untuned again, side by side in one process;
 with ``--coalesce-sweep``, the coalescer section too: the probe at ``--sweep-level`` calls in
@@ -61,6 +61,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the fault-injection server
 sys.path.insert(0, str(REPO / "bench"))
 
 from _fault_server import Drip, FaultServer, Hang, Raw, Reply, chat_completion  # noqa: E402
+from _loop_watch import LoopWatch, Stall  # noqa: E402
 from _report import machine, update_section  # noqa: E402
 
 from capgate import Gate, guard, load_policy  # noqa: E402
@@ -74,10 +75,12 @@ from capgate.estimators.base import CapabilityEstimator  # noqa: E402
 POLICY = load_policy("balanced")
 ON_DEGRADED = POLICY.on_degraded.action
 SLACK_S = 2.0
-DELAY_S = 0.25
-"""In shadow mode, a call that returns this much later than the function's own time counts as
-delayed by the gate (the event loop of a loaded 2-core CPU lags by tens of milliseconds)."""
 """How long past its deadline a call may take to return (deciding and logging, on a loaded CPU)."""
+DELAY_S = 0.05
+"""In shadow mode, a call that returns this much later than the function's own time counts as
+delayed by the gate (#36's definition: capgate added more than 50 ms)."""
+STALL_S = 0.03
+"""The loop watch records every stretch longer than this in which the event loop did not run."""
 SUMMARY_NOTE = (
     "Calls: every gated call the load and fault runs made; p99 and degraded: the load runs only "
     "(degraded includes estimates that missed the gate's deadline on this CPU server); lost: calls "
@@ -107,6 +110,7 @@ class Run:
     discarded: int = 0  # speculative: calls started with their estimate whose result was dropped
     windows: list[tuple[float, float]] = field(default_factory=list)  # each returned call: start, end
     collections: list[tuple[float, float]] = field(default_factory=list)  # full GCs during the run
+    stalls: list[Stall] = field(default_factory=list)  # the event loop's stalls over STALL_S
 
     @property
     def delays(self) -> list[float]:
@@ -254,9 +258,12 @@ async def gated_calls(
             run.windows.append((start, end))
             run.late += int(elapsed > deadline + SLACK_S)
 
+    gc.collect()  # the previous run's garbage is not this run's (pyperf collects between runs too)
     start = time.monotonic()
     with FullCollections(run.collections):
-        await asyncio.gather(*(one(p) for p in prompts))
+        async with LoopWatch(STALL_S) as watch:
+            await asyncio.gather(*(one(p) for p in prompts))
+    run.stalls = watch.stalls
     run.wall_s = time.monotonic() - start
     if mode == "shadow":
         await gate.aflush()  # the decisions made beside the calls are logged when they are done
@@ -570,7 +577,19 @@ def _mode_cells(r: Run) -> tuple[Any, ...]:
 
 
 def _mode_line(r: Run) -> str:
-    return MODE_ROW.format(*_mode_cells(r))
+    stall = max(r.stalls, key=lambda s: s.seconds, default=None)
+    return MODE_ROW.format(*_mode_cells(r)) + (f"   longest stall: {stall.cause()}" if stall else "")
+
+
+def _stall_lines(runs: list[Run]) -> list[str]:
+    """The longest loop stall of each shadow run at 64 in flight or more, or with a delayed call."""
+    lines = []
+    for r in runs:
+        stall = max(r.stalls, key=lambda s: s.seconds, default=None)
+        if r.mode == "shadow" and stall is not None and (r.level >= 64 or r.delayed):
+            count = f"{len(r.stalls)} stalls over {1000 * STALL_S:.0f} ms"
+            lines.append(f"- shadow, {r.name} at {r.level} in flight: {count}; longest: {stall.cause()}")
+    return lines
 
 
 def modes_report(args: argparse.Namespace, runs: list[Run], started: str) -> str:
@@ -579,7 +598,8 @@ def modes_report(args: argparse.Namespace, runs: list[Run], started: str) -> str
     lines = [
         "## Shadow mode and speculative gating",
         "",
-        f"Method: `bench/load_bench.py` (`mode_runs`); the gated coroutine takes {MODE_CALL_S:g} s; "
+        f"Method: `bench/load_bench.py` (`mode_runs`); the gated coroutine takes {MODE_CALL_S:g} s; each run "
+        f"starts after a `gc.collect()` (the previous run's garbage is not its own); "
         f"{args.fault_calls} calls per fault, 16 in flight, against the fault server (verbalized estimator, "
         f"gate deadline {args.fault_deadline:g} s), and each estimator at {args.levels} in flight "
         f"(deadline {args.deadline:g} s); vLLM server: {args.vllm_url or 'none'} "
@@ -606,6 +626,18 @@ def modes_report(args: argparse.Namespace, runs: list[Run], started: str) -> str
         f"process tracked {len(gc.get_objects()):,} objects at the end: torch, transformers, the clients "
         f"and the bench's own); decisions logged = calls in every run: {'yes' if sound else 'NO'}.",
     ]
+    stalls = _stall_lines(runs)
+    if stalls:
+        lines += [
+            "",
+            f"Where the caller's event loop stood still (`bench/_loop_watch.py`: a ticker on the loop every "
+            f"5 ms, a watchdog thread sampling the loop thread's stack while the ticker is over "
+            f"{1000 * STALL_S:.0f} ms late; *process CPU*: the CPU time the whole process used during "
+            f"the stall over its length, on {os.cpu_count()} cores; *GC*: collections of any generation "
+            f"inside it):",
+            "",
+            *stalls,
+        ]
     return "\n".join(lines)
 
 
@@ -811,6 +843,9 @@ def main() -> None:
     parser.add_argument("--fault-deadline", type=float, default=5.0)
     parser.add_argument("--no-faults", action="store_true")
     parser.add_argument("--no-modes", action="store_true", help="skip the shadow and speculative runs")
+    parser.add_argument(
+        "--only-modes", action="store_true", help="run only the shadow and speculative runs (their section)"
+    )
     parser.add_argument("--no-restart", action="store_true", help="skip the vLLM kill + restart run")
     parser.add_argument("--no-report", action="store_true", help="do not rewrite bench/RELIABILITY.md")
     parser.add_argument("--gc-rounds", type=int, default=4, help="shadow rounds per phase, GC comparison")
@@ -862,6 +897,17 @@ def run(args: argparse.Namespace) -> None:
         args.served_model = (state / "model").read_text().strip()
     started = machine()
     print(f"machine: {started}")
+    if args.only_modes:
+        with tempfile.TemporaryDirectory() as tmp:
+            modes = mode_runs(args, Path(tmp))
+        text = modes_report(args, modes, started)
+        if getattr(args, "smoke_dir", None):
+            (args.smoke_dir / "RELIABILITY.md").write_text(text + "\n")
+        elif not args.no_report:
+            update_section("modes", text)
+        calls, lost = sum(r.calls for r in modes), sum(r.lost for r in modes)
+        print(f"reliability: modes only, {calls} calls, lost {lost}")
+        return
     if args.only_gc:
         with tempfile.TemporaryDirectory() as tmp:
             phases = gc_tuning_runs(args, Path(tmp))
