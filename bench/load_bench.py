@@ -54,7 +54,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the fault-injection server
@@ -890,6 +890,27 @@ def main() -> None:
     run(args)
 
 
+T = TypeVar("T")
+
+
+def _one_section(
+    args: argparse.Namespace,
+    name: str,
+    runs: Callable[[Path], list[T]],
+    report_of: Callable[[argparse.Namespace, list[T], str], str],
+    started: str,
+) -> list[T]:
+    """Run one section's runs alone and rewrite only that section (``--only-modes``, ``--only-gc``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        done = runs(Path(tmp))
+    text = report_of(args, done, started)
+    if getattr(args, "smoke_dir", None):
+        (args.smoke_dir / "RELIABILITY.md").write_text(text + "\n")
+    elif not args.no_report:
+        update_section(name, text)
+    return done
+
+
 def run(args: argparse.Namespace) -> None:
     if args.vllm_state_dir and not args.vllm_url:
         state = Path(args.vllm_state_dir)
@@ -898,24 +919,13 @@ def run(args: argparse.Namespace) -> None:
     started = machine()
     print(f"machine: {started}")
     if args.only_modes:
-        with tempfile.TemporaryDirectory() as tmp:
-            modes = mode_runs(args, Path(tmp))
-        text = modes_report(args, modes, started)
-        if getattr(args, "smoke_dir", None):
-            (args.smoke_dir / "RELIABILITY.md").write_text(text + "\n")
-        elif not args.no_report:
-            update_section("modes", text)
-        calls, lost = sum(r.calls for r in modes), sum(r.lost for r in modes)
-        print(f"reliability: modes only, {calls} calls, lost {lost}")
+        modes = _one_section(args, "modes", lambda folder: mode_runs(args, folder), modes_report, started)
+        print(
+            f"reliability: modes only, {sum(r.calls for r in modes)} calls, lost {sum(r.lost for r in modes)}"
+        )
         return
     if args.only_gc:
-        with tempfile.TemporaryDirectory() as tmp:
-            phases = gc_tuning_runs(args, Path(tmp))
-        text = gc_report(args, phases, started)
-        if getattr(args, "smoke_dir", None):
-            (args.smoke_dir / "RELIABILITY.md").write_text(text + "\n")
-        elif not args.no_report:
-            update_section("gc", text)
+        phases = _one_section(args, "gc", lambda folder: gc_tuning_runs(args, folder), gc_report, started)
         print(f"reliability: gc only, {sum(r.calls for p in phases for r in p.runs)} calls")
         return
     with tempfile.TemporaryDirectory() as tmp:
