@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 import capgate.local.models as models
+from capgate._util.atomic import atomic_folder
 from capgate.cli import app
 from capgate.errors import CapgateError, DataError
 from capgate.local.models import (
@@ -106,7 +107,7 @@ def test_atomic_folder_failure_leaves_nothing(tmp_path: Path) -> None:
         raise RuntimeError("killed mid-way")
 
     with pytest.raises(RuntimeError, match="killed"):
-        models._atomic_folder(final, build)
+        atomic_folder(final, build)
     assert not final.exists()
     assert list((tmp_path / "models").iterdir()) == []
 
@@ -126,12 +127,12 @@ def test_atomic_folder_builds_once_and_cleans_dead_leftovers(tmp_path: Path) -> 
         calls.append(out)
         (out / "config.json").write_text("{}")
 
-    final = models._atomic_folder(root / "m", build)
+    final = atomic_folder(root / "m", build)
     assert (final / "config.json").read_text() == "{}"
     assert final.stat().st_mode & 0o777 == 0o755
     assert not leftover.exists()
     assert live.exists()
-    assert models._atomic_folder(root / "m", build) == final
+    assert atomic_folder(root / "m", build) == final
     assert len(calls) == 1
 
 

@@ -103,6 +103,28 @@ def test_the_outputs_load_back(trained: Any) -> None:
     assert answer.n_tokens >= 1
 
 
+def test_the_adapter_merges_without_peft_into_the_same_model(
+    trained: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """capgate's own merge of the run's adapter (how the shipped adapter reaches users) gives the
+    logits PEFT's merge gave, and keeps the run's name and its C3RL mark."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from capgate.local.lora import merge_lora
+
+    merged = merge_lora(tiny_model_dir, trained.adapter, tmp_path / "merged")
+    meta = json.loads((merged / "capgate_model.json").read_text())
+    assert meta["model_id"] == trained.manifest["trained_model"]["model_id"]
+    assert meta["source"]["c3rl"] is True
+    ids = torch.tensor([[1, 17, 42, 99, 7]])
+    ours, peft_merged = (
+        AutoModelForCausalLM.from_pretrained(str(folder)) for folder in (merged, trained.model)
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, peft_merged(ids).logits, atol=1e-5, rtol=1e-5)
+
+
 def test_load_estimator_reads_a_trained_folders_own_tag(trained: Any, tiny_model_dir: Path) -> None:
     """``method="verbalized"`` (the installed ``capgate.estimators`` entry point) on the run's
     ``model/`` folder reads the tag the model was trained to state; on its base, it asks."""

@@ -1,9 +1,10 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a half-written mix.
+"""Atomic file and folder writes: a reader sees the old file or the new one, never a half-written mix.
 
 Every writer here follows the same steps: write a hidden temporary file in the target's folder,
 fsync it, ``os.replace`` it over the target, then fsync the folder so the rename itself is durable.
 If anything fails (or the process is interrupted) before the rename, the temporary file is removed
-and the target is untouched.
+and the target is untouched. A folder (:func:`atomic_folder`) is built under a hidden name and renamed
+into place once complete.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -91,3 +94,49 @@ def atomic_write_json(path: str | os.PathLike[str], payload: Any, *, allow_nan: 
     """
     text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=allow_nan) + "\n"
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_dead_partials(root: Path) -> None:
+    """Delete ``.partial`` folders left by conversions whose process no longer runs."""
+    for partial in root.glob(".*.partial"):
+        match = re.search(r"\.pid(\d+)\.", partial.name)
+        if match is None or not _pid_alive(int(match.group(1))):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def atomic_folder(final: Path, build: Callable[[Path], None]) -> Path:
+    """Run ``build(tmp)`` into a fresh hidden folder next to ``final``, then rename it into place.
+
+    If ``final`` already exists it is returned untouched. If ``build`` fails (or the process is
+    killed) no ``final`` folder appears; a failed build's folder is removed at once, a killed
+    one's on the next call.
+    """
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_partials(final.parent)
+    prefix = f".{final.name}.pid{os.getpid()}."
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=final.parent))
+    try:
+        build(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is shared (say, with a vLLM server)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():  # not a lost race with another converter: a real failure
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final

