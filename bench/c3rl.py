@@ -27,7 +27,10 @@ above); AUROC >= 0.70 with its interval above 0.5; Brier below the constant base
 
 Run: ``OMP_NUM_THREADS=1 nohup .venv/bin/python bench/c3rl.py > bench/data/c3rl/run.log 2>&1 &``
 (one torch thread: on a shared two-core machine two spinning threads per process were slower;
-about 45 minutes there with the labels cached: 14 min warm start, 25 min GRPO, 4 min test pool);
+about 30 minutes there with the labels cached: 8-14 min warm start, 15-25 min GRPO (LoRA rank 4
+and 16), 3-4 min test pool);
+``--ship DIR`` also stores the adapter as the package ships it (float16) and measures the test pool
+again through capgate's own merge (run 4 wrote ``sdk/assets/c3rl_smollm2`` so);
 ``--smoke`` runs every phase in seconds on a tiny random-weight model
 (``tests/test_train_bench.py`` runs it); ``--report-only`` recomputes the report from the files.
 The labels and test pools land in ``bench/data/c3rl/``, the run (merged model included) in
@@ -74,6 +77,8 @@ BENCH_CONFIG = C3RLTrainConfig(
     save_steps=10,
     eval_fraction=0.1,
     eval_max=8,
+    lora_r=4,  # run 4: rank 4 (run 3 had 16), so the shipped adapter stays small
+    lora_alpha=8,
     device="cpu",
 )
 SMOKE_CONFIG = C3RLTrainConfig(
@@ -289,6 +294,37 @@ def report(base_pool: Path, trained_pool: Path, run: Any) -> str:
     return "\n".join(lines)
 
 
+def ship_adapter(run: Any, dest: Path) -> Path:
+    """Write ``dest``: the run's adapter as capgate ships it (``capgate.local.lora``): its weights in
+    float16, PEFT's config naming the base by capgate's model id, and ``capgate_adapter.json`` (the
+    base fingerprint a merge checks, the run's settings and data hash)."""
+    from safetensors.torch import load_file, save_file
+
+    from capgate.local.lora import ADAPTER_CONFIG, ADAPTER_PROVENANCE, ADAPTER_WEIGHTS
+
+    manifest = run.manifest
+    dest.mkdir(parents=True, exist_ok=True)
+    tensors = load_file(str(run.adapter / ADAPTER_WEIGHTS))
+    save_file({k: v.half().contiguous() for k, v in tensors.items()}, str(dest / ADAPTER_WEIGHTS),
+              metadata={"format": "pt"})  # fmt: skip
+    config = json.loads((run.adapter / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = manifest["base_model"]["model_id"]
+    (dest / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    provenance = {
+        "model_id": manifest["trained_model"]["model_id"],
+        "base_weights_fingerprint": manifest["base_weights_fingerprint"],
+        "base_model_id": manifest["base_model"]["model_id"],
+        "c3rl": True,
+        "data_sha256": manifest["data_sha256"],
+        "weights_dtype": "float16 (trained in float32)",
+        "trained_by": "capgate train c3rl, bench/c3rl.py",
+        "run": {key: manifest[key] for key in ("config", "warm_start", "seed", "versions") if key in manifest}
+        | {"grpo_steps": manifest["grpo"].get("steps"), "labels_spread": manifest["labels"]["spread"]},
+    }
+    (dest / ADAPTER_PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n", encoding="utf-8")
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="Every phase in seconds on a tiny random model.")
@@ -297,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-per-family", type=int, default=12)
     parser.add_argument("--test-per-family", type=int, default=6)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument(
+        "--ship", type=Path, help="Also write the trained adapter as capgate ships it (float16) into this "
+        "folder, and harvest and report the test pool of the base with it merged in (capgate.local.lora).",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     data = args.data or (
         Path(tempfile.mkdtemp(prefix="c3rl-smoke-")) if args.smoke else ROOT / "data" / "c3rl"
@@ -335,6 +375,16 @@ def main(argv: list[str] | None = None) -> int:
         harvest_pool(model, test_items, pools[0], sampling)
     log("phase 4: report")
     print(report(*pools, run), flush=True)
+    if args.ship is not None:
+        from capgate.local.lora import merge_lora
+        from capgate.local.models import prepare_model
+
+        shipped = ship_adapter(run, args.ship)
+        merged = merge_lora(prepare_model(model), shipped, run_dir / "shipped-merged")
+        log(f"phase 5: the shipped adapter ({shipped}), merged by capgate into {merged}: its test pool")
+        shipped_pool = harvest_pool(merged, test_items, data / "test_shipped.jsonl", sampling)
+        print("as shipped (float16 adapter, merged without PEFT):", flush=True)
+        print(report(pools[0], shipped_pool, run), flush=True)
     return 0
 
 

@@ -102,7 +102,8 @@ def test_provenance_names_the_model_and_must_match_the_base(tiny_model_dir: Path
 @pytest.mark.parametrize(
     ("setting", "field"),
     [({"use_dora": True}, "use_dora"), ({"bias": "all"}, "bias"), ({"r": 0}, "r"),
-     ({"modules_to_save": ["lm_head"]}, "modules_to_save"), ({"rank_pattern": {"q": 8}}, "rank_pattern")],
+     ({"modules_to_save": ["lm_head"]}, "modules_to_save"), ({"rank_pattern": {"q": 8}}, "rank_pattern"),
+     ({"lora_bias": True}, "lora_bias"), ({"trainable_token_indices": [5]}, "trainable_token_indices")],
 )  # fmt: skip
 def test_what_a_plain_merge_cannot_reproduce_is_refused_by_field(
     tiny_model_dir: Path, tmp_path: Path, setting: dict[str, object], field: str

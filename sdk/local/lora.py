@@ -7,8 +7,8 @@ one ``model.safetensors`` holding ``W + scale * B @ A`` for every adapted layer 
 
 capgate ships one adapter: SmolLM2-135M-Instruct taught by ``capgate train c3rl`` to end its
 answers with ``[confidence=X%]`` (``bench/c3rl.py``, bench/RESULTS.md):
-:func:`shipped_c3rl_adapter`. ``prepare_model("default-c3rl")`` merges it into the embedded model
-once and caches the folder, which any capgate backend loads.
+:data:`capgate.assets.C3RL_SMOLLM2_ADAPTER`. ``prepare_model("default-c3rl")`` merges it into the
+embedded model once and caches the folder, which any capgate backend loads.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import json
 import math
 import os
 import shutil
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,7 +38,6 @@ __all__ = [
     "adapter_digest",
     "merge_lora",
     "read_provenance",
-    "shipped_c3rl_adapter",
 ]
 
 DEFAULT_C3RL_MODEL = "default-c3rl"
@@ -71,6 +69,11 @@ class LoraConfigFile(BaseModel):
     modules_to_save: list[str] | None = Field(default=None, max_length=0)
     rank_pattern: dict[str, Any] = Field(default_factory=dict, max_length=0)
     alpha_pattern: dict[str, Any] = Field(default_factory=dict, max_length=0)
+    lora_bias: Literal[False] = False
+    use_qalora: Literal[False] = False
+    layer_replication: None = None
+    trainable_token_indices: None = None
+    target_parameters: None = None
 
     @property
     def scale(self) -> float:
@@ -87,11 +90,6 @@ class AdapterProvenance(BaseModel):
     c3rl: bool = False
     """The adapter teaches the ``[confidence=X%]`` tag (``capgate train c3rl``): the merged folder
     says so too, so :func:`capgate.load_estimator` with ``method="verbalized"`` reads the tag."""
-
-
-def shipped_c3rl_adapter() -> Path:
-    """The folder of the C3RL adapter shipped for the embedded model."""
-    return Path(str(resources.files("capgate.assets") / "c3rl_smollm2"))
 
 
 def adapter_digest(adapter: str | os.PathLike[str]) -> str:

@@ -32,10 +32,11 @@ from typing import Any, Literal, TypeAlias
 
 from capgate._util.atomic import atomic_folder, atomic_write_json
 from capgate._util.extras import require_extra
+from capgate.assets import C3RL_SMOLLM2_ADAPTER
 from capgate.core.backend import Prompt, as_messages
 from capgate.errors import CapgateError, DataError
 from capgate.local._cpu import BF16_PAYS_OFF, bf16_pays_off, bf16_speedup, native_bf16_cpu
-from capgate.local.lora import DEFAULT_C3RL_MODEL, adapter_digest, merge_lora, shipped_c3rl_adapter
+from capgate.local.lora import DEFAULT_C3RL_MODEL, adapter_digest, merge_lora
 from capgate.local.weights import (
     CACHE_ENV,
     MODEL_METADATA_FILE,
@@ -214,7 +215,7 @@ def prepare_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Path:
 
     Args:
         name_or_path: ``"default"``; ``"default-c3rl"`` (the default with the shipped C3RL
-            adapter merged in once, cached: :func:`capgate.local.lora.shipped_c3rl_adapter`); a
+            adapter merged in once, cached: :data:`capgate.assets.C3RL_SMOLLM2_ADAPTER`); a
             transformers model folder; a ``.gguf`` file (converted once, cached); or a Hugging
             Face hub id (downloaded into the hub cache; only config, tokenizer and safetensors
             files are fetched).
@@ -234,8 +235,8 @@ def prepare_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Path:
         return prepare_gguf(default_gguf_path())
     if name == DEFAULT_C3RL_MODEL:
         base = prepare_gguf(default_gguf_path())
-        adapter = shipped_c3rl_adapter()
-        return merge_lora(base, adapter, base.with_name(f"{base.name}-c3rl-{adapter_digest(adapter)[:16]}"))
+        digest = adapter_digest(C3RL_SMOLLM2_ADAPTER)[:16]
+        return merge_lora(base, C3RL_SMOLLM2_ADAPTER, base.with_name(f"{base.name}-c3rl-{digest}"))
     path = Path(name).expanduser()
     if path.is_file():
         return prepare_gguf(path)
