@@ -319,7 +319,7 @@ def test_replay_refuses_bad_data(tmp_path: Path) -> None:
 
 def test_json_schema_of_the_replay_part_and_bad_options(tmp_path: Path) -> None:
     runner = CliRunner()
-    result = runner.invoke(app, ["demo", "--no-live", "--json", "--plot", str(tmp_path)])
+    result = runner.invoke(app, ["demo", "--no-live", "--no-verbalized", "--json", "--plot", str(tmp_path)])
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
     assert document["schema"] == "capgate.demo.live/1"
@@ -346,8 +346,8 @@ def test_json_schema_of_the_replay_part_and_bad_options(tmp_path: Path) -> None:
     for args, message in (
         (["--questions", "357"], "from 1 to 356"),
         (["--questions", "0"], "from 1 to 356"),
-        (["--no-live", "--no-replay"], "nothing to run"),
-        (["--no-live", "--replay-data", str(tmp_path / "none.jsonl")], "none.jsonl"),
+        (["--no-live", "--no-verbalized", "--no-replay"], "nothing to run"),
+        (["--no-live", "--no-verbalized", "--replay-data", str(tmp_path / "none.jsonl")], "none.jsonl"),
     ):
         result = runner.invoke(app, ["demo", *args])
         assert result.exit_code == 2, (args, result.output)
@@ -363,7 +363,7 @@ def _demo(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_capgate_demo_json_figures_match_a_hand_count_of_its_rows(default_model_dir: Path) -> None:
-    result = _demo("--questions", "4", "--json", "--no-replay")
+    result = _demo("--questions", "4", "--json", "--no-replay", "--no-verbalized")
     assert result.returncode == 0, result.stderr[-2000:]
     live = json.loads(result.stdout)["live"]
     rows = [
@@ -408,6 +408,7 @@ def test_capgate_demo_runs_end_to_end(default_model_dir: Path, tmp_path: Path) -
     assert describe_policy(load_policy(DEMO_POLICY)) in " ".join(out.split())
     assert "LIVE:" in out
     assert "REPLAY (recorded data; no model runs)" in out
+    assert "VERBALIZED: SmolLM2 taught by C3RL (the shipped adapter)" in " ".join(out.split())
     for heading in (
         "without the gate",
         "with the gate",

@@ -331,9 +331,10 @@ def test_the_demo_table_check_fails_on_a_planted_wrong_count() -> None:
 
 @pytest.fixture(scope="module")
 def replay() -> dict[str, Any]:
-    """The demo's recorded 20B part as `capgate demo --no-live --json` prints it (seconds)."""
+    """The demo's recorded 20B part as `capgate demo --no-live --no-verbalized --json` prints it
+    (seconds)."""
     done = subprocess.run(
-        [sys.executable, "-m", "capgate.cli", "demo", "--no-live", "--json"],
+        [sys.executable, "-m", "capgate.cli", "demo", "--no-live", "--no-verbalized", "--json"],
         capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -179,7 +179,9 @@ def test_the_default_probe_ships_and_a_missing_extra_names_itself(installed: dic
 
 
 def test_the_demos_replay_finds_its_data(installed: dict[str, Path]) -> None:
-    out = _run([str(installed["capgate"]), "demo", "--no-live", "--json"], cwd=installed["cwd"])
+    out = _run(
+        [str(installed["capgate"]), "demo", "--no-live", "--no-verbalized", "--json"], cwd=installed["cwd"]
+    )
     report = json.loads(out)
     assert report["replay"] is not None, report
     assert report["replay_skipped"] is None, report
@@ -187,10 +189,11 @@ def test_the_demos_replay_finds_its_data(installed: dict[str, Path]) -> None:
 
 @pytest.mark.slow
 def test_the_whole_demo_runs_from_the_wheel(installed: dict[str, Path]) -> None:
-    """Both parts, live and replay, from the installed wheel. The heavy extras (torch,
-    transformers...) and the embedded model's package come from this environment's
-    site-packages through a ``.pth`` line placed after the fresh environment's own: installing
-    a second copy of torch would test pip, not capgate; capgate itself still comes from the wheel."""
+    """Every part, live, verbalized (the shipped C3RL adapter) and replay, from the installed
+    wheel. The heavy extras (torch, transformers...) and the embedded model's package come from
+    this environment's site-packages through a ``.pth`` line placed after the fresh environment's
+    own: installing a second copy of torch would test pip, not capgate; capgate itself still
+    comes from the wheel."""
     import site
 
     fresh_site = Path(_in_venv(installed, "import site; print(site.getsitepackages()[0])"))
@@ -201,6 +204,7 @@ def test_the_whole_demo_runs_from_the_wheel(installed: dict[str, Path]) -> None:
     assert "LIVE: 4 questions, without the gate vs with the gate" in out
     assert "REPLAY: 250 held-out MATH-500 questions" in out
     assert "replay skipped" not in out
+    assert "VERBALIZED: SmolLM2 taught by C3RL (the shipped adapter)" in " ".join(out.split())
 
 
 # --------------------------------------------------------------------------- the release workflow

@@ -1,6 +1,7 @@
-"""``capgate demo``: the main job. A live gated agent on the embedded model, then a replay of a
-real 20B model's recorded answers through a calibrated policy (:mod:`capgate.demo.live`,
-:mod:`capgate.demo.replay`)."""
+"""``capgate demo``: the main job. A live gated agent on the embedded model, the embedded model
+trained by C3RL stating its confidence beside the probe, then a replay of a real 20B model's
+recorded answers through a calibrated policy (:mod:`capgate.demo.live`,
+:mod:`capgate.demo.verbalized`, :mod:`capgate.demo.replay`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from capgate.decision.report import Rate
     from capgate.demo.live import DemoReport, DemoRow
     from capgate.demo.replay import ReplayReport
+    from capgate.demo.verbalized import VerbalizedReport
 
 __all__ = ["register"]
 
@@ -115,6 +117,35 @@ def _print_live(out: Console, report: DemoReport) -> None:
         f"The probe on these questions: mean p {num('mean_p')}, mean µ̂ {num('mean_mu_hat')}, "
         f"capability Brier {num('capability_brier')}, AUROC {num('auroc')}. "
         f"Run in {report.seconds:.0f} s.\n"
+    )
+
+
+def _print_verbalized(out: Console, report: VerbalizedReport) -> None:
+    from rich.table import Table
+
+    from capgate.train.synthetic import HELD_OUT_FAMILY
+
+    table = Table(
+        title=f"VERBALIZED: SmolLM2 taught by C3RL (the shipped adapter) states its confidence, on "
+        f"{len(report.rows)} arithmetic questions it never trained on"
+    )
+    for name in ("question", "family", "its answer", "right", "stated", "probe (base model)"):
+        table.add_column(name, justify="left" if name in ("question", "family") else "right")
+    for r in report.rows:
+        stated = f"{r.stated:.0%}" if r.stated is not None else f"no tag: {r.reason or '?'}"
+        probe = f"{r.probe:.2f}" if r.probe is not None else "n/a"
+        family = f"{r.family} (held out)" if r.family == HELD_OUT_FAMILY else r.family
+        table.add_row(r.question, family, r.answer or "-", "yes" if r.correct else "no", stated, probe)
+    out.print(table)
+
+    def mean(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.0%}"
+
+    right, wrong = report.mean_stated(correct=True), report.mean_stated(correct=False)
+    out.print(
+        f"Tagged {report.tag_rate:.0%} of its answers; mean stated {mean(right)} on its right answers, "
+        f"{mean(wrong)} on its wrong ones. What it learnt, measured on 480 answers: mostly which kinds "
+        f"of question it can do (bench/RESULTS.md, C3RL). Run in {report.seconds:.0f} s.\n"
     )
 
 
@@ -243,6 +274,13 @@ def demo_command(
     live: Annotated[
         bool, typer.Option("--live/--no-live", help="Run the live part (the embedded model).")
     ] = True,
+    verbalized: Annotated[
+        bool,
+        typer.Option(
+            "--verbalized/--no-verbalized",
+            help="Show the embedded model trained by C3RL stating its confidence, beside the probe.",
+        ),
+    ] = True,
     replay: Annotated[
         bool, typer.Option("--replay/--no-replay", help="Replay the recorded gpt-oss-20b MATH-500 answers.")
     ] = True,
@@ -254,14 +292,15 @@ def demo_command(
         float, typer.Option(help="The replay policy's risk (capgate policy calibrate --risk).")
     ] = 0.1,
 ) -> None:
-    """Show what the gate buys: a live gated agent against the same agent ungated, then a real 20B
-    model's recorded answers through a policy calibrated for a risk."""
+    """Show what the gate buys: a live gated agent against the same agent ungated, the embedded
+    model trained by C3RL stating its confidence, then a real 20B model's recorded answers through
+    a policy calibrated for a risk."""
     from capgate.demo.live import held_out_size
     from capgate.demo.replay import REPLAY_DATA, replay_math500
     from capgate.errors import CapgateError
 
-    if not live and not replay:
-        fail("nothing to run: --no-live and --no-replay together")
+    if not live and not verbalized and not replay:
+        fail("nothing to run: --no-live, --no-verbalized and --no-replay together")
     if live and not 1 <= questions <= held_out_size():
         fail(f"--questions must be from 1 to {held_out_size()} (the held-out split); got {questions}")
     data = replay_data if replay_data is not None else REPLAY_DATA
@@ -275,6 +314,7 @@ def demo_command(
     live_report = None
     if live:
         live_report = _run_live(out, questions, seed, quiet=as_json)
+    verbalized_report = _run_verbalized(seed) if verbalized else None
     replay_report = None
     if replay and replay_note is None:
         try:
@@ -286,6 +326,7 @@ def demo_command(
         document = {
             "schema": SCHEMA,
             "live": live_json(live_report) if live_report is not None else None,
+            "verbalized": verbalized_report.to_dict() if verbalized_report is not None else None,
             "replay": replay_report.to_dict() if replay_report is not None else None,
             "replay_skipped": replay_note,
             "plots": [str(p) for p in written],
@@ -294,6 +335,8 @@ def demo_command(
         return
     if live_report is not None:
         _print_live(out, live_report)
+    if verbalized_report is not None:
+        _print_verbalized(out, verbalized_report)
     if replay_report is not None:
         _print_replay(out, replay_report)
     if replay_note is not None:
@@ -325,6 +368,25 @@ def _run_live(out: Console, questions: int, seed: int, *, quiet: bool) -> DemoRe
             progress.update(task, advance=1, description="ungated and gated agent")
 
         return run_demo(n_questions=questions, seed=seed, on_row=show, on_start=start)
+
+
+def _run_verbalized(seed: int) -> VerbalizedReport:
+    from transformers.utils import logging as transformers_logging
+
+    import capgate
+    from capgate.demo.verbalized import run_verbalized
+    from capgate.errors import CapgateError
+    from capgate.estimators import VerbalizedConfidence
+
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        trained = capgate.load_estimator("default-c3rl", method="verbalized")
+        probe = capgate.load_estimator("default")
+    except (CapgateError, ValueError) as exc:
+        fail(f"the verbalized part cannot load the embedded model with the shipped C3RL adapter: {exc}")
+    if not isinstance(trained, VerbalizedConfidence) or not trained.tag:
+        fail(f"the embedded model with the shipped C3RL adapter does not read its own tag: {trained!r}")
+    return run_verbalized(trained, probe, seed=seed)
 
 
 def register(app: typer.Typer) -> None:
