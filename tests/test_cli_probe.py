@@ -234,87 +234,28 @@ def test_eval_refuses_features_from_another_model(data: Path, tmp_path: Path) ->
 
 
 def test_bad_input_exits_2_with_a_located_error(data: Path, tmp_path: Path) -> None:
-    code, _, err = invoke("probe", "fit", "--labels", data / "train.jsonl", "--out", tmp_path / "p")
+    train, test = data / "train.jsonl", data / "test.jsonl"
+    features, out, noq = tmp_path / "test.npz", tmp_path / "p", tmp_path / "noq.jsonl"
+    noq.write_text('{"id": "a", "k": 2, "correct": 1}\n\n{"id": "b", "k": 2, "correct": 0}\n')
+    code, _, err = invoke("probe", "featurize", "--labels", noq, "--out", out, "--featurizer", FEATURIZER)
     assert code == 2
-    assert "give exactly one of --features, --model, --featurizer; got none" in err
-
-    (tmp_path / "noq.jsonl").write_text(
-        '{"id": "a", "k": 2, "correct": 1}\n\n{"id": "b", "k": 2, "correct": 0}\n'
+    assert err.strip() == (
+        f"error: {noq}:1: field 'question': no question text to featurize (give --features instead)"
     )
-    code, _, err = invoke(
-        "probe",
-        "featurize",
-        "--labels",
-        tmp_path / "noq.jsonl",
-        "--out",
-        tmp_path / "f.npz",
-        "--featurizer",
-        FEATURIZER,
-    )
-    assert code == 2
-    assert (
-        err.strip() == f"error: {tmp_path / 'noq.jsonl'}:1: field 'question': no question text to featurize "
-        "(give --features instead)"
-    )
-
-    invoke(
-        "probe",
-        "featurize",
-        "--labels",
-        data / "test.jsonl",
-        "--out",
-        tmp_path / "test.npz",
-        "--featurizer",
-        FEATURIZER,
-    )
-    code, _, err = invoke(
-        "probe",
-        "fit",
-        "--labels",
-        data / "train.jsonl",
-        "--features",
-        tmp_path / "test.npz",
-        "--out",
-        tmp_path / "p",
-    )
-    assert code == 2
-    assert "field 'id': 500 of 500 ids have no features in" in err
-
-    code, _, err = invoke(
-        "probe",
-        "fit",
-        "--labels",
-        data / "train.jsonl",
-        "--featurizer",
-        "nowhere:thing",
-        "--out",
-        tmp_path / "p",
-    )
-    assert code == 2
-    assert "cannot import 'nowhere'" in err
-    code, _, err = invoke(
-        "probe",
-        "fit",
-        "--labels",
-        data / "train.jsonl",
-        "--featurizer",
-        FEATURIZER,
-        "--out",
-        tmp_path / "p",
-        "--lr",
-        "fast",
-    )
-    assert code == 2
-    assert "--lr must be 'sweep' or comma-separated numbers; got 'fast'" in err
-    code, _, err = invoke(
-        "probe",
-        "eval",
-        "--probe",
-        tmp_path / "missing",
-        "--labels",
-        data / "test.jsonl",
-        "--features",
-        tmp_path / "test.npz",
-    )
-    assert code == 2
-    assert "no saved capgate.linear_probe here" in err
+    invoke("probe", "featurize", "--labels", test, "--out", features, "--featurizer", FEATURIZER)
+    refusals = [
+        (["fit", "--labels", train, "--out", out],
+         "give exactly one of --features, --model, --featurizer; got none"),
+        (["fit", "--labels", train, "--features", features, "--out", out],
+         "field 'id': 500 of 500 ids have no features in"),
+        (["fit", "--labels", train, "--featurizer", "nowhere:thing", "--out", out],
+         "cannot import 'nowhere'"),
+        (["fit", "--labels", train, "--featurizer", FEATURIZER, "--out", out, "--lr", "fast"],
+         "--lr must be 'sweep' or comma-separated numbers; got 'fast'"),
+        (["eval", "--probe", tmp_path / "missing", "--labels", test, "--features", features],
+         "no saved capgate.linear_probe here"),
+    ]  # fmt: skip
+    for args, message in refusals:
+        code, _, err = invoke("probe", *args)
+        assert code == 2, (args, err)
+        assert message in err, (args, err)

@@ -109,19 +109,24 @@ def test_a_newer_schema_is_refused_without_touching_it(log_location: str | Path)
     assert fetch(log_location, "SELECT value FROM capgate_meta WHERE key = 'schema_version'") == [("5",)]
 
 
+def log_at_version(location: str | Path, version: int) -> str | Path:
+    """``location`` holding an empty log with the schema as ``version`` left it."""
+    dialect = SQLITE if isinstance(location, Path) else POSTGRES
+    if isinstance(location, Path):
+        location.parent.mkdir(parents=True, exist_ok=True)
+    for _, _, statements in dialect.migrations[:version]:
+        for statement in statements:
+            execute(location, statement)
+    execute(location, "CREATE TABLE capgate_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    execute(location, f"INSERT INTO capgate_meta VALUES ('schema_version', '{version}')")
+    return location
+
+
 def test_a_version_2_log_migrates_to_outcomes_per_source(new_log_location: Callable[[], str | Path]) -> None:
     """Version 3 keys outcomes by (decision, source) and adds the shadow and target columns: a
     version 2 log's outcomes come forward as source 'unspecified', its shadow decisions (known
     only from their JSON) are marked shadow, and their targets are filled in."""
-    location = new_log_location()
-    dialect = SQLITE if isinstance(location, Path) else POSTGRES
-    if isinstance(location, Path):
-        location.parent.mkdir(parents=True, exist_ok=True)
-    for _, _, statements in dialect.migrations[:2]:  # the schema as version 2 left it
-        for statement in statements:
-            execute(location, statement)
-    execute(location, "CREATE TABLE capgate_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    execute(location, "INSERT INTO capgate_meta VALUES ('schema_version', '2')")
+    location = log_at_version(new_log_location(), 2)
     estimate = Estimate(p=0.3, method="probe")
     shadow = Decision(action="abstain", estimate=estimate, reason="v2", shadow=True, target="m1")
     plain = Decision(action="answer", estimate=estimate, reason="v2")
@@ -156,15 +161,7 @@ def test_a_version_3_log_migrates_to_calibration_versions_and_features(
     """Version 4 adds the calibration and beside columns, backfilled from each decision's JSON
     (a decision that carries them in its JSON gets them; older rows get NULL), the features and
     calibration-event tables, and the report index over the new columns."""
-    location = new_log_location()
-    dialect = SQLITE if isinstance(location, Path) else POSTGRES
-    if isinstance(location, Path):
-        location.parent.mkdir(parents=True, exist_ok=True)
-    for _, _, statements in dialect.migrations[:3]:  # the schema as version 3 left it
-        for statement in statements:
-            execute(location, statement)
-    execute(location, "CREATE TABLE capgate_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    execute(location, "INSERT INTO capgate_meta VALUES ('schema_version', '3')")
+    location = log_at_version(new_log_location(), 3)
     estimate = Estimate(p=0.3, method="probe")
     enforced = Decision(action="abstain", estimate=estimate, reason="v3", calibration="cal-a")
     candidate = Decision(
