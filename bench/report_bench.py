@@ -36,7 +36,7 @@ from decision_log_bench import _fresh_schema, _postgres_url  # the same throwawa
 
 from capgate import Estimate
 from capgate.decision import Decision, DecisionLog, gate_report
-from capgate.decision._schema import INSERT, INSERT_OUTCOME, UPDATE_Y, writer_id
+from capgate.decision.store.schema import INSERT, INSERT_OUTCOME, UPDATE_Y, writer_id
 
 REPO = Path(__file__).resolve().parents[1]
 ACTIONS = ("answer", "abstain", "clarify", "escalate", "resample", "route")

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from capgate.decision.risk import calibrate_threshold
+from capgate.decision.analysis.risk import calibrate_threshold
 from capgate.labels.labelled import read_labelled
 
 Array = NDArray[np.float64]

@@ -127,7 +127,7 @@ class LogUnavailableError(CapgateError, RuntimeError):
 
     A :class:`~capgate.Gate` catches it when it logs a decision: the decision is still returned,
     the failure is counted in ``gate.stats.log_failures`` and logged as a warning, and the decision
-    waits in the log's spill file (:mod:`capgate.decision.spill`), unless the log was opened with
+    waits in the log's spill file (:mod:`capgate.decision.store.spill`), unless the log was opened with
     ``fail_closed=True``, in which case the gated call raises it.
 
     Args:

@@ -86,10 +86,10 @@ def test_the_import_graph_is_read_from_the_source() -> None:
     assert "capgate.gate.flow" in GRAPH["capgate.gate.decorator"]
     assert "capgate.policies" in GRAPH["capgate.gate._settings"]
     # a lazy import inside a function body counts
-    assert "capgate.decision.log" in GRAPH["capgate.gate._settings"]
+    assert "capgate.decision.store.log" in GRAPH["capgate.gate._settings"]
     # a TYPE_CHECKING import counts only for the type-level graph
-    assert "capgate.decision.log" not in GRAPH["capgate.gate._effects"]
-    assert "capgate.decision.log" in TYPED_GRAPH["capgate.gate._effects"]
+    assert "capgate.decision.store.log" not in GRAPH["capgate.gate._effects"]
+    assert "capgate.decision.store.log" in TYPED_GRAPH["capgate.gate._effects"]
     assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
 
 

@@ -23,12 +23,12 @@ from capgate import Cost, DataError, Estimate
 from capgate.cli import app
 from capgate.core.messages import query_hash
 from capgate.decision import Decision, Outcome
-from capgate.decision._schema import INSERT_OUTCOME, POSTGRES, SQLITE
-from capgate.decision._sqlite import SQLiteStore
-from capgate.decision._store import Store
-from capgate.decision.log import DecisionLog, PostgresDecisionLog
-from capgate.decision.outcomes import OutcomeConflictError
-from capgate.decision.postgres import PostgresStore
+from capgate.decision.store._sqlite import SQLiteStore
+from capgate.decision.store._store import Store
+from capgate.decision.store.log import DecisionLog, PostgresDecisionLog
+from capgate.decision.store.outcomes import OutcomeConflictError
+from capgate.decision.store.postgres import PostgresStore
+from capgate.decision.store.schema import INSERT_OUTCOME, POSTGRES, SQLITE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -215,7 +215,7 @@ _WRITER = """
 import sys
 from capgate import Estimate
 from capgate.decision import Decision
-from capgate.decision.log import DecisionLog
+from capgate.decision.store.log import DecisionLog
 
 path, tag, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 log = DecisionLog(path)
@@ -390,7 +390,7 @@ def test_a_sampled_resample_updates_its_first_record(db: str | Path) -> None:
 
 
 def test_the_schema_is_declared_once_and_rendered_for_each_store() -> None:
-    source = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "sdk" / "decision").glob("*.py"))
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "sdk" / "decision").rglob("*.py"))
     for table in ("decisions", "outcomes", "capgate_meta", "capgate_migrations"):
         assert source.count(f"CREATE TABLE IF NOT EXISTS {table} (") == 1, table
     sqlite, postgres = SQLITE.migrations, POSTGRES.migrations

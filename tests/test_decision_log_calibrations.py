@@ -11,7 +11,7 @@ import pytest
 
 from capgate import DataError
 from capgate.decision import CalibrationEvent, DecisionLog
-from capgate.decision.calibrations import NO_CALIBRATION
+from capgate.decision.store.calibrations import NO_CALIBRATION
 
 
 def _version(event: CalibrationEvent | None) -> str | None:

@@ -15,7 +15,7 @@ from _postgres import execute, fetch
 
 from capgate import DataError, Estimate
 from capgate.decision import Decision, DecisionLog, LoggedFeatures
-from capgate.decision.features import spec_json, spec_sha256
+from capgate.decision.store.features import spec_json, spec_sha256
 
 SPEC = {"model_id": "tiny", "weights_fingerprint": "sha256:0", "layers": "all", "pooling": "last", "dim": 64}
 

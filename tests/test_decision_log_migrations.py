@@ -16,7 +16,7 @@ from _postgres import execute, fetch
 
 from capgate import Estimate
 from capgate.decision import Decision, DecisionLog
-from capgate.decision._schema import POSTGRES, SCHEMA_VERSION, SQLITE
+from capgate.decision.store.schema import POSTGRES, SCHEMA_VERSION, SQLITE
 
 V1_FILE = Path(__file__).parent / "data" / "decision_log_v1.sqlite3"
 

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from capgate import DataError, Estimate
 from capgate.cli import app
 from capgate.decision import Decision
-from capgate.decision.log import DecisionLog
-from capgate.decision.monitor import calibration_report
+from capgate.decision.analysis.monitor import calibration_report
+from capgate.decision.store.log import DecisionLog
 from capgate.metrics import expected_calibration_error
 
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from capgate import Estimate
 from capgate.cli import app
 from capgate.decision import Decision, DecisionLog
-from capgate.decision.monitor import calibration_report
+from capgate.decision.analysis.monitor import calibration_report
 
 
 def _fill(log: DecisionLog, p: np.ndarray, y: np.ndarray, **kw: object) -> list[str]:

@@ -19,7 +19,7 @@ from capgate import DataError, Estimate, Outcome
 from capgate.cli import app
 from capgate.core.messages import query_hash
 from capgate.decision import Decision, DecisionLog
-from capgate.decision.outcomes import OutcomeConflictError, OutcomeImportError
+from capgate.decision.store.outcomes import OutcomeConflictError, OutcomeImportError
 
 WAIT_S = 30.0
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from capgate import Estimate
 from capgate.cli import app
 from capgate.decision import Decision, DecisionLog
-from capgate.decision.report import gate_report, wilson
+from capgate.decision.analysis.report import gate_report, wilson
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 N = 120

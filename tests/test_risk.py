@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from capgate.decision.risk import (
+from capgate.decision.analysis.risk import (
     binomial_cdf,
     binomial_tail_pvalue,
     calibrate_threshold,

@@ -14,7 +14,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 import capgate
 from capgate import Decision, Estimate, Gate, RoutePlan, SettingsError
 from capgate.adapters.agents.langgraph import capability_subgraph, read_decision
-from capgate.decision.simulate import replay_policy
+from capgate.decision.analysis.simulate import replay_policy
 from capgate.policies import Policy, PolicyError, RouteAction, choose_route
 
 ROUTED = Policy.model_validate(

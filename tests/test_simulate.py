@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from capgate import Estimate
-from capgate.decision.simulate import ACTIONS, replay_policy, threshold_frontier
+from capgate.decision.analysis.simulate import ACTIONS, replay_policy, threshold_frontier
 from capgate.policies import PRESETS, Policy, load_policy
 
 

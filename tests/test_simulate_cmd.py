@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from capgate.cli import app
-from capgate.decision.simulate import replay_policy, threshold_frontier
+from capgate.decision.analysis.simulate import replay_policy, threshold_frontier
 from capgate.labels.labelled import read_labelled
 from capgate.policies import load_policy
 

@@ -22,7 +22,7 @@ from capgate import Estimate, Gate
 from capgate.cli import app
 from capgate.core.types import Decision
 from capgate.decision import DecisionLog
-from capgate.decision.spill import SpillFile, default_spill_path
+from capgate.decision.store.spill import SpillFile, default_spill_path
 from capgate.errors import DataError, LogUnavailableError
 from capgate.estimators import CapabilityEstimator
 from capgate.gate._limits import log_key, log_writer

@@ -17,6 +17,16 @@ from types import ModuleType
 
 MOVED_MODULES: dict[str, str] = {
     "capgate.backend": "capgate.core.backend",
+    "capgate.decision.calibrations": "capgate.decision.store.calibrations",
+    "capgate.decision.features": "capgate.decision.store.features",
+    "capgate.decision.log": "capgate.decision.store.log",
+    "capgate.decision.monitor": "capgate.decision.analysis.monitor",
+    "capgate.decision.outcomes": "capgate.decision.store.outcomes",
+    "capgate.decision.postgres": "capgate.decision.store.postgres",
+    "capgate.decision.report": "capgate.decision.analysis.report",
+    "capgate.decision.risk": "capgate.decision.analysis.risk",
+    "capgate.decision.simulate": "capgate.decision.analysis.simulate",
+    "capgate.decision.spill": "capgate.decision.store.spill",
     "capgate.demo_compare": "capgate.demo.comparison",
     "capgate.demo_replay": "capgate.demo.replay",
     "capgate.features": "capgate.local.hidden_states",

@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _open(db: str | None) -> Any:
-    from capgate.decision.log import DecisionLog, default_log_path
+    from capgate.decision.store.log import DecisionLog, default_log_path
 
     return DecisionLog(db if db is not None else default_log_path())
 

@@ -18,7 +18,7 @@ from capgate.cli._common import JsonFlag, console, fail
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from capgate.decision.report import Rate
+    from capgate.decision.analysis.report import Rate
     from capgate.demo.live import DemoReport, DemoRow
     from capgate.demo.replay import ReplayReport
     from capgate.demo.verbalized import VerbalizedReport

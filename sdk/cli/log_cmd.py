@@ -12,7 +12,7 @@ from rich.table import Table
 
 from capgate._util.validate import check_int_at_least, check_non_negative_number, check_unit_interval
 from capgate.cli._common import DbOption, JsonFlag, check_option, command_group, fail, run_reporting_errors
-from capgate.decision.log import DecisionLog, default_log_path, is_database_url
+from capgate.decision.store.log import DecisionLog, default_log_path, is_database_url
 from capgate.errors import CapgateError
 
 __all__ = ["log_app", "register"]
@@ -54,7 +54,7 @@ def _parse_correct(text: str) -> bool:
 
 
 def _import_file(path: Path, db: str | None, *, skip_bad: bool, replace: bool) -> None:
-    from capgate.decision.outcomes import OutcomeImportError
+    from capgate.decision.store.outcomes import OutcomeImportError
 
     with open_existing_log(db) as log:
         try:
@@ -228,13 +228,15 @@ def show(
 def replay_spill(
     spill: Annotated[
         Path | None,
-        typer.Option("--spill", help="The spill file (default: the log's own, see capgate.decision.spill)."),
+        typer.Option(
+            "--spill", help="The spill file (default: the log's own, see capgate.decision.store.spill)."
+        ),
     ] = None,
     db: DbOption = None,
 ) -> None:
     """Write the decisions a gate kept in the log's spill file (the log was down or its queue
     full) into the log; safe to rerun."""
-    from capgate.decision.spill import SpillFile
+    from capgate.decision.store.spill import SpillFile
 
     with open_existing_log(db) as log:
         kept = SpillFile(spill) if spill is not None else log.spill

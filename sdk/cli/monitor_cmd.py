@@ -13,7 +13,7 @@ from rich.table import Table
 
 from capgate.cli._common import DbOption, JsonFlag, run_reporting_errors
 from capgate.cli.log_cmd import open_existing_log
-from capgate.decision.monitor import MethodReport, calibration_report
+from capgate.decision.analysis.monitor import MethodReport, calibration_report
 
 __all__ = ["monitor", "register"]
 

@@ -129,7 +129,7 @@ def calibrate_cmd(
     with fallback) with a binomial (or Hoeffding–Bentkus) p-value. The certified threshold becomes
     the answer band's lower edge in the policy written to --out.
     """
-    from capgate.decision.risk import Loss, Procedure, PValue, calibrate_threshold
+    from capgate.decision.analysis.risk import Loss, Procedure, PValue, calibrate_threshold
     from capgate.labels.labelled import read_labelled
     from capgate.learn.thresholds import base_policy, no_threshold_message, policy_header, risk_summary
     from capgate.policies import PolicyError

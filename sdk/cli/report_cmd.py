@@ -1,5 +1,5 @@
 """``capgate report``: what the gate buys, from the decision log (either store), per policy /
-step / tool / target / mode, for a time window (:mod:`capgate.decision.report`)."""
+step / tool / target / mode, for a time window (:mod:`capgate.decision.analysis.report`)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def report_cmd(
     calibration, each rate with its 95% interval. Decisions without outcomes are counted, never
     guessed; a group with too few outcomes says so and gives no rate."""
     from capgate._util.validate import check_int_at_least
-    from capgate.decision.report import gate_report
+    from capgate.decision.analysis.report import gate_report
     from capgate.policies import PolicyError
 
     check_option(check_int_at_least, "--min-outcomes", min_outcomes, 1)

@@ -103,7 +103,7 @@ def simulate_cmd(
     query's graded samples when the file has them (the winner's correctness, the samples spent, the
     rule that stopped); the output says when a file has none and µ̂ is used instead.
     """
-    from capgate.decision.simulate import replay_policy, threshold_frontier
+    from capgate.decision.analysis.simulate import replay_policy, threshold_frontier
     from capgate.labels.labelled import read_labelled
     from capgate.policies import PolicyError, load_policy
 

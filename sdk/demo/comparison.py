@@ -12,7 +12,7 @@ or stopped the call. :func:`compare` counts, over the same questions:
   spent and the time it added (its total time minus the ungated agent's, negative when the time
   saved by abstaining outweighs the estimates).
 
-Every rate comes with its 95% Wilson interval (:func:`capgate.decision.report.wilson`); a rate
+Every rate comes with its 95% Wilson interval (:func:`capgate.decision.analysis.report.wilson`); a rate
 whose denominator is 0 is ``None``.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from capgate._util.jsonl import json_ready
-from capgate.decision.report import Rate, wilson
+from capgate.decision.analysis.report import Rate, wilson
 
 __all__ = ["Compared", "Comparison", "WithGate", "WithoutGate", "compare"]
 

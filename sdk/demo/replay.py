@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 
 from capgate._util.jsonl import json_ready
 from capgate.assets import MATH500_GPT_OSS_20B
-from capgate.decision.report import Rate, wilson
+from capgate.decision.analysis.report import Rate, wilson
 
 __all__ = [
     "REPLAY_CONFIDENCE",

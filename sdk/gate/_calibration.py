@@ -34,7 +34,7 @@ from capgate.gate.flow import perform
 from capgate.policies import Policy
 
 if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
+    from capgate.decision.store.log import DecisionLog
 
 _logger = logging.getLogger("capgate")
 

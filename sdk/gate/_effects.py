@@ -34,7 +34,7 @@ from capgate.gate._settings import GateSettings
 from capgate.gate._stats import GateStats
 
 if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
+    from capgate.decision.store.log import DecisionLog
 
 R = TypeVar("R")
 _logger = logging.getLogger("capgate")

@@ -28,7 +28,7 @@ from capgate.gate._results import Verdict
 from capgate.gate._shadow import WORKERS, Shadows
 
 if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
+    from capgate.decision.store.log import DecisionLog
 
 _logger = logging.getLogger("capgate")
 

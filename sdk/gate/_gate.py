@@ -41,7 +41,7 @@ from capgate.gate.flow import (
 from capgate.policies import Policy, choose_route, load_policy
 
 if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
+    from capgate.decision.store.log import DecisionLog
 
 T = TypeVar("T")
 
@@ -169,7 +169,7 @@ class Gate:
     @property
     def log(self) -> DecisionLog | None:
         """The decision log in force (a path is opened once and shared by every view)."""
-        from capgate.decision.log import DecisionLog
+        from capgate.decision.store.log import DecisionLog
 
         log = self.settings.log
         if log is None or isinstance(log, DecisionLog):
@@ -393,7 +393,7 @@ class Gate:
         A log that cannot store the decision (its database down, or no answer within its
         time limit) does not stop the call: the failure is counted (``stats.log_failures``,
         a warning) and the decision waits in the log's spill file (``stats.log_spilled``,
-        :mod:`capgate.decision.spill`), unless the log is ``fail_closed=True``. So do async and
+        :mod:`capgate.decision.store.spill`), unless the log is ``fail_closed=True``. So do async and
         shadow decisions while the log's writer queue is full.
 
         Once logged, the decision's features (``log_features``) and a candidate calibration's

@@ -43,7 +43,7 @@ time limit, one after another on its writer thread."""
 
 MAX_PENDING_WRITES = 10_000
 """Most writes one log's writer thread holds queued; beyond it, decisions go to the log's spill
-file (:mod:`capgate.decision.spill`) and the memory a stuck log takes stays bounded."""
+file (:mod:`capgate.decision.store.spill`) and the memory a stuck log takes stays bounded."""
 
 
 class LogWriter(ThreadPoolExecutor):

@@ -23,7 +23,7 @@ from capgate.gate._settings import GateSettings
 from capgate.gate._shadow import Shadows
 
 if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
+    from capgate.decision.store.log import DecisionLog
 
 _logger = logging.getLogger("capgate")
 

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from capgate.core.types import Extractor, Mode
-from capgate.decision.log import DecisionLog
+from capgate.decision.store.log import DecisionLog
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.estimators.probe import Featurizer

@@ -28,7 +28,7 @@ class GateStats:
         last_log_error: The most recent of those failures, in words.
         log_spilled: Decisions kept in the log's spill file instead (the log failed, or its
             write queue was full), to be written to it once it takes writes again
-            (:mod:`capgate.decision.spill`).
+            (:mod:`capgate.decision.store.spill`).
         features_logged: Decisions whose reader features were written to the log (``log_features``).
         feature_failures: Decisions whose features could not be had or written (the call was not
             affected; each is logged as a warning naming the decision, never the features).

@@ -50,7 +50,7 @@ from capgate.learn._traffic import CalibrationRefusedError, Traffic, read_traffi
 from capgate.policies import PRESETS
 
 if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
+    from capgate.decision.store.log import DecisionLog
     from capgate.policies import Policy
 
 
@@ -168,7 +168,7 @@ def calibrate(
             or method, features from several readers, mixed calibration versions.
         DataError: ``out`` exists.
     """
-    from capgate.decision.log import DecisionLog
+    from capgate.decision.store.log import DecisionLog
 
     own = not isinstance(log, DecisionLog)
     opened = log if isinstance(log, DecisionLog) else DecisionLog(os.fspath(log))

@@ -72,7 +72,7 @@ def certify(
         seed: Seed of the one-response draw.
         notes: Where to say what was decided.
     """
-    from capgate.decision.risk import calibrate_threshold
+    from capgate.decision.analysis.risk import calibrate_threshold
     from capgate.policies import PRESETS
 
     per_query = _per_query(conf, traffic)

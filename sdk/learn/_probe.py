@@ -29,7 +29,7 @@ from capgate._util.validate import FloatArray
 from capgate.learn._traffic import CalibrationRefusedError, Traffic
 
 if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
+    from capgate.decision.store.log import DecisionLog
     from capgate.estimators.probe import LinearProbe
 
 _Rows = TypeVar("_Rows", npt.NDArray[np.float32], npt.NDArray[np.float64])

@@ -16,7 +16,7 @@ from capgate._util.validate import FloatArray
 from capgate.errors import DataError
 
 if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog, LoggedDecision
+    from capgate.decision.store.log import DecisionLog, LoggedDecision
 
 
 _MAP_SUFFIXES = ("+isotonic", "+platt")

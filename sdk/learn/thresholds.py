@@ -2,7 +2,7 @@
 and ``capgate calibrate`` share (the base policy, the Learn-then-Test summary, the message when
 nothing can be certified, and the calibrated policy file's header).
 
-The test itself is :func:`capgate.decision.risk.calibrate_threshold`.
+The test itself is :func:`capgate.decision.analysis.risk.calibrate_threshold`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from capgate.decision.risk import RiskControl
+from capgate.decision.analysis.risk import RiskControl
 from capgate.policies import Policy, load_policy
 
 __all__ = [

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-from capgate.decision._schema import Dialect
+from capgate.decision.store.schema import Dialect
 
 C = TypeVar("C")
 
@@ -18,7 +18,7 @@ class Store(Protocol):
     """Where a decision log keeps its rows: a SQLite file (``_sqlite.SQLiteStore``) or a PostgreSQL
     database (``postgres.PostgresStore``).
 
-    Statements use ``?`` placeholders and the SQL of :mod:`capgate.decision._schema`, rendered for
+    Statements use ``?`` placeholders and the SQL of :mod:`capgate.decision.store.schema`, rendered for
     :attr:`dialect`. Each thread and process opens its own connection on first use, which brings
     the schema to the current version. A store that cannot be reached or written in its time
     raises :class:`~capgate.LogUnavailableError`; one that is not a usable log, a

@@ -2,9 +2,9 @@
 shared PostgreSQL database (``DecisionLog("postgresql://user@host/db")``), with one API.
 
 The log (records, outcomes, reads, the schema and its migrations) is written once, on a small store
-protocol (:mod:`capgate.decision._store`) with two implementations: a SQLite file for concurrent
-writers on one host (:mod:`capgate.decision._sqlite`), PostgreSQL for many writers on many hosts
-(:mod:`capgate.decision.postgres`). Both carry a schema version (``capgate_meta``) and the history
+protocol (:mod:`capgate.decision.store._store`) with two implementations: a SQLite file for concurrent
+writers on one host (:mod:`capgate.decision.store._sqlite`), PostgreSQL for many writers on many hosts
+(:mod:`capgate.decision.store.postgres`). Both carry a schema version (``capgate_meta``) and the history
 of its migrations (``capgate_migrations``): opening an older log migrates it forward in one
 transaction; a log written by a newer capgate is refused.
 
@@ -12,7 +12,7 @@ Queries are stored as a SHA-256 hash (:func:`~capgate.core.messages.query_hash`)
 ``store_text=True``. Outcomes attach later by decision id, one per source
 (:meth:`DecisionLog.record_outcome`, ``capgate log outcome DECISION_ID --correct yes``, or in bulk:
 :meth:`DecisionLog.import_outcomes`, ``capgate log outcome --file OUTCOMES.jsonl``; see
-:mod:`capgate.decision.outcomes`).
+:mod:`capgate.decision.store.outcomes`).
 
 Examples:
     >>> import tempfile, os
@@ -42,8 +42,13 @@ from capgate._util.validate import check_positive_int
 from capgate.core.backend import Prompt, as_messages
 from capgate.core.messages import query_hash
 from capgate.core.types import Decision, Outcome
-from capgate.decision import outcomes as _outcomes
-from capgate.decision._schema import (
+from capgate.decision.store import outcomes as _outcomes
+from capgate.decision.store._sqlite import SQLiteStore
+from capgate.decision.store._store import Store
+from capgate.decision.store.calibrations import CalibrationLog
+from capgate.decision.store.features import FeatureLog
+from capgate.decision.store.postgres import PostgresStore
+from capgate.decision.store.schema import (
     COLUMNS,
     INSERT,
     INSERT_SAMPLED,
@@ -55,12 +60,7 @@ from capgate.decision._schema import (
     parse_version,
     writer_id,
 )
-from capgate.decision._sqlite import SQLiteStore
-from capgate.decision._store import Store
-from capgate.decision.calibrations import CalibrationLog
-from capgate.decision.features import FeatureLog
-from capgate.decision.postgres import PostgresStore
-from capgate.decision.spill import SpilledDecision, SpillFile, default_spill_path
+from capgate.decision.store.spill import SpilledDecision, SpillFile, default_spill_path
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -164,7 +164,7 @@ class DecisionLog(FeatureLog, CalibrationLog):
             the decision in the spill file).
         spill: Where a gate keeps the decisions this log cannot take yet (it is down, or its
             write queue is full), to write them here once it takes writes again
-            (:mod:`capgate.decision.spill`): ``"auto"`` (default) beside a SQLite file, or in
+            (:mod:`capgate.decision.store.spill`): ``"auto"`` (default) beside a SQLite file, or in
             the user's state folder for a database URL; a path; or ``None`` to drop them (counted
             and warned, as before).
 
@@ -265,7 +265,7 @@ class DecisionLog(FeatureLog, CalibrationLog):
         return self._insert(decision, digest, text, samples_used, latency_s)
 
     def record_spilled(self, spilled: SpilledDecision) -> str:
-        """Record a decision kept in a spill file (:mod:`capgate.decision.spill`); returns its id.
+        """Record a decision kept in a spill file (:mod:`capgate.decision.store.spill`); returns its id.
 
         Raises:
             LogUnavailableError: The store could not be written.
@@ -359,7 +359,7 @@ class DecisionLog(FeatureLog, CalibrationLog):
     def import_outcomes(
         self, path: str | Path, *, skip_bad: bool = False, replace: bool = False
     ) -> _outcomes.ImportSummary:
-        """Attach the outcomes of a JSONL file: :func:`capgate.decision.outcomes.import_outcomes`."""
+        """Attach the outcomes of a JSONL file: :func:`capgate.decision.store.outcomes.import_outcomes`."""
         return _outcomes.import_outcomes(self, path, skip_bad=skip_bad, replace=replace)
 
     # ------------------------------------------------------------------ reads

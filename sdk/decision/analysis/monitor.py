@@ -1,7 +1,7 @@
 """Live calibration of logged decisions, and drift flags.
 
 For each estimator method, target and calibration version (``capgate calibrate``) in a
-:class:`~capgate.decision.log.DecisionLog`, the decisions that have both a predicted capability p
+:class:`~capgate.decision.store.log.DecisionLog`, the decisions that have both a predicted capability p
 and an outcome are taken in time order (a candidate calibration's shadow decisions, made beside
 the enforced ones, are left to ``capgate report``'s paired comparison). The outcome's target is
 ``mu_hat`` when it was measured (correct / k), else ``correct`` as 0/1. The **window** is the
@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from capgate.decision.calibrations import NO_CALIBRATION
-from capgate.decision.log import DecisionLog, LoggedDecision, is_database_url
+from capgate.decision.store.calibrations import NO_CALIBRATION
+from capgate.decision.store.log import DecisionLog, LoggedDecision, is_database_url
 from capgate.errors import DataError
 from capgate.metrics import capability_brier, expected_calibration_error
 

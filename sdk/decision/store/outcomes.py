@@ -43,8 +43,8 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from capgate.core.types import Outcome
-from capgate.decision._schema import INSERT_OUTCOME, OUTCOME_COLUMNS, REPLACE_OUTCOME, UPDATE_Y
-from capgate.decision._store import Store
+from capgate.decision.store._store import Store
+from capgate.decision.store.schema import INSERT_OUTCOME, OUTCOME_COLUMNS, REPLACE_OUTCOME, UPDATE_Y
 from capgate.errors import DataError
 
 __all__ = ["ImportSummary", "OutcomeConflictError", "OutcomeImportError", "import_outcomes"]
@@ -97,7 +97,7 @@ class ImportSummary:
 
 
 def params(outcome: Outcome) -> tuple[Any, ...]:
-    """The parameters of :data:`~capgate.decision._schema.INSERT_OUTCOME` for ``outcome``."""
+    """The parameters of :data:`~capgate.decision.store.schema.INSERT_OUTCOME` for ``outcome``."""
     return (
         outcome.source,
         None if outcome.correct is None else int(outcome.correct),
@@ -113,7 +113,7 @@ def params(outcome: Outcome) -> tuple[Any, ...]:
 
 
 def outcome_of_row(row: Sequence[Any]) -> Outcome:
-    """An :class:`Outcome` from a row of :data:`~capgate.decision._schema.OUTCOME_COLUMNS`."""
+    """An :class:`Outcome` from a row of :data:`~capgate.decision.store.schema.OUTCOME_COLUMNS`."""
     recorded = row[9]
     return Outcome(
         decision_id=row[0],

@@ -23,12 +23,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from capgate._util.jsonl import json_ready
-from capgate.decision._report_stats import Rate, wilson
-from capgate.decision._schema import OUTCOME_VALUE
-from capgate.decision.simulate import ACTIONS
+from capgate.decision.analysis._report_stats import Rate, wilson
+from capgate.decision.analysis.simulate import ACTIONS
+from capgate.decision.store.schema import OUTCOME_VALUE
 
 if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
+    from capgate.decision.store.log import DecisionLog
 
 _Z = 1.959963984540054
 _THROUGH = (ACTIONS.index("answer"), ACTIONS.index("resample"))

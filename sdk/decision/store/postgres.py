@@ -37,8 +37,8 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from capgate._util.validate import check_positive_number
-from capgate.decision._schema import POSTGRES, migrate
-from capgate.decision._store import Connections
+from capgate.decision.store._store import Connections
+from capgate.decision.store.schema import POSTGRES, migrate
 from capgate.errors import DataError, LogUnavailableError
 
 __all__ = ["PostgresStore"]
@@ -140,7 +140,7 @@ os.register_at_fork(after_in_child=_reset_watchdog)
 
 
 class PostgresStore:
-    """A :class:`~capgate.decision._store.Store` in a PostgreSQL database.
+    """A :class:`~capgate.decision.store._store.Store` in a PostgreSQL database.
 
     Args:
         url: A libpq URL, ``postgresql://user[:password]@host[:port]/dbname[?options]``. The

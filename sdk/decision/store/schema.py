@@ -159,7 +159,7 @@ _V3 = (
     "ALTER TABLE decisions ADD COLUMN {if_not_exists}outcome_y {real}",
     f"UPDATE decisions SET outcome_y = (SELECT AVG({OUTCOME_VALUE}) FROM outcomes o"
     " WHERE o.decision_id = decisions.id)",
-    # covering indexes of the report (capgate.decision.report): it reads only these columns
+    # covering indexes of the report (capgate.decision.analysis.report): it reads only these columns
     "CREATE INDEX IF NOT EXISTS decisions_for_report ON decisions (policy, step, tool, target, shadow,"
     " created_at, action, p, degraded, latency_s, outcome_y, samples_used, id)",
     "CREATE INDEX IF NOT EXISTS outcomes_values ON outcomes (decision_id, source, correct, mu_hat, score)",

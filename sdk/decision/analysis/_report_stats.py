@@ -1,5 +1,5 @@
 """The gate report's rates and their intervals: Wilson's for proportions, a bootstrap for the
-calibration metrics (see :mod:`capgate.decision.report`)."""
+calibration metrics (see :mod:`capgate.decision.analysis.report`)."""
 
 from __future__ import annotations
 

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from capgate._util.validate import check_positive_number
-from capgate.decision._schema import SCHEMA_VERSION, SQLITE, VERSION, migrate
-from capgate.decision._store import Connections
+from capgate.decision.store._store import Connections
+from capgate.decision.store.schema import SCHEMA_VERSION, SQLITE, VERSION, migrate
 from capgate.errors import DataError, LogUnavailableError
 
 
 class SQLiteStore:
-    """A :class:`~capgate.decision._store.Store` in a SQLite file.
+    """A :class:`~capgate.decision.store._store.Store` in a SQLite file.
 
     Args:
         path: The database file (created, with its folder, on first use).

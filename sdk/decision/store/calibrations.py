@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal, TypeAlias, get_args
 
-from capgate.decision._schema import writer_id
+from capgate.decision.store.schema import writer_id
 from capgate.errors import DataError
 
 if TYPE_CHECKING:
-    from capgate.decision._store import Store
+    from capgate.decision.store._store import Store
 
 __all__ = ["NO_CALIBRATION", "CalibrationEvent", "CalibrationEventKind", "CalibrationLog"]
 

@@ -31,9 +31,9 @@ in SQL; each decision's y is kept in its row, ``outcome_y``, by the transaction 
 outcome), so a million decisions are read in seconds (``bench/report_bench.py``); with ``source``
 y is averaged from that source's outcomes instead (slower: one index lookup per decision). A
 candidate policy (``policy=``) is replayed on the logged estimates and outcomes by
-:func:`capgate.decision.simulate.replay_policy`, the replay ``capgate simulate`` uses. A candidate
+:func:`capgate.decision.analysis.simulate.replay_policy`, the replay ``capgate simulate`` uses. A candidate
 calibration that ran beside the enforced one is compared with it on the same decisions
-(:mod:`capgate.decision._report_compare`: :attr:`GateReport.comparisons`).
+(:mod:`capgate.decision.analysis._report_compare`: :attr:`GateReport.comparisons`).
 
 Examples:
     >>> import os, tempfile
@@ -65,13 +65,13 @@ from numpy.typing import NDArray
 from capgate._util.jsonl import json_ready
 from capgate._util.validate import check_int_at_least
 from capgate.core.types import Action
-from capgate.decision._report_compare import VersionComparison, compare_versions
-from capgate.decision._report_stats import Calibration, Rate, bootstrap_calibration, wilson
-from capgate.decision._schema import OUTCOME_VALUE
-from capgate.decision.simulate import ACTIONS, ReplaySummary, replay_policy
+from capgate.decision.analysis._report_compare import VersionComparison, compare_versions
+from capgate.decision.analysis._report_stats import Calibration, Rate, bootstrap_calibration, wilson
+from capgate.decision.analysis.simulate import ACTIONS, ReplaySummary, replay_policy
+from capgate.decision.store.schema import OUTCOME_VALUE
 
 if TYPE_CHECKING:
-    from capgate.decision.log import DecisionLog
+    from capgate.decision.store.log import DecisionLog
     from capgate.policies import Policy
 
 __all__ = ["Calibration", "GateReport", "GroupReport", "Rate", "VersionComparison", "gate_report", "wilson"]
@@ -187,7 +187,7 @@ class GateReport:
 
     def format(self) -> str:
         """The report as text (what ``capgate report`` prints)."""
-        from capgate.decision._report_text import format_report
+        from capgate.decision.analysis._report_text import format_report
 
         return format_report(self)
 
@@ -195,7 +195,7 @@ class GateReport:
         """Draw each group's reliability diagram and risk-coverage curve as PNGs into ``folder``
         (needs matplotlib: the ``plots`` extra); returns the written paths. A group without
         enough outcomes for its calibration gets no plot."""
-        from capgate.decision._report_text import plot_report
+        from capgate.decision.analysis._report_text import plot_report
 
         return plot_report(self, Path(folder))
 

@@ -1,4 +1,4 @@
-"""The gate report (:mod:`capgate.decision.report`) as text and as plots."""
+"""The gate report (:mod:`capgate.decision.analysis.report`) as text and as plots."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from capgate.decision._report_stats import Rate
-from capgate.decision.simulate import ACTIONS
+from capgate.decision.analysis._report_stats import Rate
+from capgate.decision.analysis.simulate import ACTIONS
 
-# The report's classes are read here, not imported (capgate.decision.report imports this module).
+# The report's classes are read here, not imported (capgate.decision.analysis.report imports this module).
 GateReport = Any
 GroupReport = Any
 

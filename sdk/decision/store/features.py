@@ -42,7 +42,7 @@ import numpy as np
 from capgate.errors import DataError
 
 if TYPE_CHECKING:
-    from capgate.decision._store import Store
+    from capgate.decision.store._store import Store
 
 __all__ = ["ENCODING", "FeatureLog", "LoggedFeatures", "spec_json", "spec_sha256"]
 
