@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument(
         "--ship", type=Path, help="Also write the trained adapter as capgate ships it (float16) into this "
-        "folder, and harvest and report the test pool of the base with it merged in (capgate.local.lora).",
+        "folder, and harvest and report the test pool of the base with it merged in (capgate.local.lora; "
+        "with --report-only too: that pool resumes where it stopped).",
     )  # fmt: skip
     args = parser.parse_args(argv)
     data = args.data or (

@@ -48,6 +48,24 @@ def test_the_shipped_adapter_is_small_half_precision_and_names_its_base(default_
     assert provenance.base_weights_fingerprint == weights_fingerprint(default_model_dir)
 
 
+def test_default_c3rl_is_the_embedded_model_with_the_adapter_merged_in(default_model_dir: Path) -> None:
+    from capgate.adapters.backends.transformers import trained_to_state_confidence
+    from capgate.local.lora import adapter_digest
+    from capgate.local.models import prepare_model, weights_fingerprint
+
+    folder = prepare_model("default-c3rl")
+    assert folder.name == f"{default_model_dir.name}-c3rl-{adapter_digest(C3RL_SMOLLM2_ADAPTER)[:16]}"
+    assert prepare_model("default-c3rl") == folder  # merged once, then found
+    meta = json.loads((folder / "capgate_model.json").read_text())
+    provenance = read_provenance(C3RL_SMOLLM2_ADAPTER)
+    assert provenance is not None
+    assert meta["model_id"] == provenance.model_id
+    assert meta["source"]["base_weights_fingerprint"] == weights_fingerprint(default_model_dir)
+    assert weights_fingerprint(folder) != weights_fingerprint(default_model_dir)
+    assert trained_to_state_confidence("default-c3rl") is True
+    assert trained_to_state_confidence("default") is False
+
+
 @pytest.mark.slow
 def test_the_verbalized_part_shows_the_trained_models_own_confidence(default_model_dir: Path) -> None:
     done = subprocess.run(
@@ -63,7 +81,10 @@ def test_the_verbalized_part_shows_the_trained_models_own_confidence(default_mod
     for r in rows:  # each question's grade, redone from its text
         a, op, b = r["question"].removeprefix("What is ").removesuffix("?").split()
         truth = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
-        assert r["correct"] == (r["answer"] is not None and grader.extract(r["answer"]) == str(truth)), r
+        if r["stated"] is None:  # no tag: no answer read, no grade
+            assert r["correct"] is None, r
+        else:
+            assert r["correct"] == (r["answer"] is not None and grader.extract(r["answer"]) == str(truth)), r
         assert r["probe"] is not None
         assert 0.0 <= r["probe"] <= 1.0
     tagged = [r for r in rows if r["stated"] is not None]

@@ -64,12 +64,14 @@ def test_the_merge_adds_scaled_b_times_a_to_the_adapted_weights_only(
 
 
 def test_rslora_scales_by_the_square_root_of_the_rank(tiny_model_dir: Path, tmp_path: Path) -> None:
-    adapter = write_adapter(tmp_path / "adapter", tiny_model_dir, r=4, alpha=2.0, use_rslora=True)
+    adapter = write_adapter(tmp_path / "adapter", tiny_model_dir, r=4, alpha=6.0, use_rslora=True)
     merged = merge_lora(tiny_model_dir, adapter, tmp_path / "merged")
     name = f"{TARGETS[0]}.weight"
     lora = load_file(str(adapter / ADAPTER_WEIGHTS))
     a, b = (lora[f"base_model.model.{TARGETS[0]}.lora_{x}.weight"].float() for x in "AB")
-    expected = load_file(str(tiny_model_dir / "model.safetensors"))[name] + 1.0 * b @ a  # 2 / sqrt(4)
+    expected = (
+        load_file(str(tiny_model_dir / "model.safetensors"))[name] + 3.0 * b @ a
+    )  # 6 / sqrt(4), not 6 / 4
     torch.testing.assert_close(load_file(str(merged / "model.safetensors"))[name], expected)
 
 
@@ -79,6 +81,13 @@ def test_a_finished_merge_is_returned_as_is(tiny_model_dir: Path, tmp_path: Path
     stamp = (merged / "model.safetensors").stat().st_mtime_ns
     assert merge_lora(tiny_model_dir, adapter, tmp_path / "merged") == merged
     assert (merged / "model.safetensors").stat().st_mtime_ns == stamp
+    other = write_adapter(tmp_path / "other", tiny_model_dir, alpha=2.0)  # another merge: refused, kept
+    with pytest.raises(DataError, match="holds another model or merge") as info:
+        merge_lora(tiny_model_dir, other, tmp_path / "merged")
+    assert info.value.path == str(merged)
+    assert (merged / "model.safetensors").stat().st_mtime_ns == stamp
+    with pytest.raises(DataError, match="holds another model or merge"):
+        merge_lora(tiny_model_dir, adapter, tiny_model_dir)  # never over the base itself
 
 
 def test_provenance_names_the_model_and_must_match_the_base(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -95,7 +104,8 @@ def test_provenance_names_the_model_and_must_match_the_base(tiny_model_dir: Path
     )
     with pytest.raises(DataError, match=r"trained on weights gguf-sha256:0, not on this base") as info:
         merge_lora(tiny_model_dir, adapter, tmp_path / "other")
-    assert info.value.path == str(adapter)
+    assert info.value.path == str(adapter / ADAPTER_PROVENANCE)
+    assert info.value.field == "base_weights_fingerprint"
     assert not (tmp_path / "other").exists()
 
 
@@ -103,7 +113,9 @@ def test_provenance_names_the_model_and_must_match_the_base(tiny_model_dir: Path
     ("setting", "field"),
     [({"use_dora": True}, "use_dora"), ({"bias": "all"}, "bias"), ({"r": 0}, "r"),
      ({"modules_to_save": ["lm_head"]}, "modules_to_save"), ({"rank_pattern": {"q": 8}}, "rank_pattern"),
-     ({"lora_bias": True}, "lora_bias"), ({"trainable_token_indices": [5]}, "trainable_token_indices")],
+     ({"lora_bias": True}, "lora_bias"), ({"trainable_token_indices": [5]}, "trainable_token_indices"),
+     ({"init_lora_weights": "pissa"}, "init_lora_weights"),
+     ({"alora_invocation_tokens": [7]}, "alora_invocation_tokens")],
 )  # fmt: skip
 def test_what_a_plain_merge_cannot_reproduce_is_refused_by_field(
     tiny_model_dir: Path, tmp_path: Path, setting: dict[str, object], field: str
@@ -130,3 +142,19 @@ def test_an_adapter_for_another_shape_or_module_is_refused(tiny_model_dir: Path,
     with pytest.raises(DataError, match="missing from the adapter folder") as info:
         merge_lora(tiny_model_dir, tmp_path / "other", tmp_path / "merged")
     assert info.value.path == str(tmp_path / "other" / ADAPTER_CONFIG)
+
+
+def test_tensors_a_plain_merge_cannot_use_and_missing_weights_are_refused(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    adapter = write_adapter(tmp_path / "adapter", tiny_model_dir)
+    tensors = load_file(str(adapter / ADAPTER_WEIGHTS))
+    tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector"] = torch.ones(32)
+    save_file(tensors, str(adapter / ADAPTER_WEIGHTS))
+    with pytest.raises(DataError, match=r"tensors it cannot merge: \['base_model.*lora_magnitude_vector'\]"):
+        merge_lora(tiny_model_dir, adapter, tmp_path / "merged")
+    (adapter / ADAPTER_WEIGHTS).rename(adapter / "adapter_model.bin")
+    with pytest.raises(DataError, match=r"adapter_model\.bin is never loaded") as info:
+        merge_lora(tiny_model_dir, adapter, tmp_path / "merged")
+    assert info.value.path == str(adapter / ADAPTER_WEIGHTS)
+    assert not (tmp_path / "merged").exists()

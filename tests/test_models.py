@@ -119,8 +119,10 @@ def test_atomic_folder_builds_once_and_cleans_dead_leftovers(tmp_path: Path) -> 
     dead.wait()
     leftover = root / f".m.pid{dead.pid}.abc.partial"  # a conversion that was killed
     leftover.mkdir()
-    live = root / f".other.pid{os.getpid()}.xyz.partial"  # one still running (this process)
+    live = root / f".m.pid{os.getpid()}.xyz.partial"  # one still running (this process)
     live.mkdir()
+    other = root / f".other.pid{dead.pid}.abc.partial"  # another folder's: not this build's to remove
+    other.mkdir()
     calls: list[Path] = []
 
     def build(out: Path) -> None:
@@ -132,6 +134,7 @@ def test_atomic_folder_builds_once_and_cleans_dead_leftovers(tmp_path: Path) -> 
     assert final.stat().st_mode & 0o777 == 0o755
     assert not leftover.exists()
     assert live.exists()
+    assert other.exists()
     assert atomic_folder(root / "m", build) == final
     assert len(calls) == 1
 

@@ -118,11 +118,14 @@ def test_the_adapter_merges_without_peft_into_the_same_model(
     assert meta["model_id"] == trained.manifest["trained_model"]["model_id"]
     assert meta["source"]["c3rl"] is True
     ids = torch.tensor([[1, 17, 42, 99, 7]])
-    ours, peft_merged = (
-        AutoModelForCausalLM.from_pretrained(str(folder)) for folder in (merged, trained.model)
+    ours, peft_merged, base = (
+        AutoModelForCausalLM.from_pretrained(str(folder))
+        for folder in (merged, trained.model, tiny_model_dir)
     )
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, peft_merged(ids).logits, atol=1e-5, rtol=1e-5)
+        # the adapter moved the model: a merge that dropped it would not pass the check above
+        assert (ours(ids).logits - base(ids).logits).abs().max() > 1e-3
 
 
 def test_load_estimator_reads_a_trained_folders_own_tag(trained: Any, tiny_model_dir: Path) -> None:

@@ -10,6 +10,7 @@ into place once complete.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import re
@@ -106,9 +107,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _remove_dead_partials(root: Path) -> None:
-    """Delete ``.partial`` folders left by conversions whose process no longer runs."""
-    for partial in root.glob(".*.partial"):
+def _remove_dead_partials(root: Path, name: str) -> None:
+    """Delete the ``.partial`` folders of ``name`` left by builds whose process no longer runs."""
+    for partial in root.glob(f".{glob.escape(name)}.pid*.partial"):
         match = re.search(r"\.pid(\d+)\.", partial.name)
         if match is None or not _pid_alive(int(match.group(1))):
             shutil.rmtree(partial, ignore_errors=True)
@@ -119,16 +120,21 @@ def atomic_folder(final: Path, build: Callable[[Path], None]) -> Path:
 
     If ``final`` already exists it is returned untouched. If ``build`` fails (or the process is
     killed) no ``final`` folder appears; a failed build's folder is removed at once, a killed
-    one's on the next call.
+    one's on the next call for the same ``final``. The built files and the rename are synced to
+    disk, so a crash after the rename cannot leave a truncated file in a folder trusted since.
     """
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_partials(final.parent)
+    _remove_dead_partials(final.parent, final.name)
     prefix = f".{final.name}.pid{os.getpid()}."
     tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=final.parent))
     try:
         build(tmp)
+        for file in tmp.rglob("*"):
+            if file.is_file():
+                with file.open("rb") as handle:
+                    os.fsync(handle.fileno())
         tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is shared (say, with a vLLM server)
         try:
             os.rename(tmp, final)
@@ -139,4 +145,5 @@ def atomic_folder(final: Path, build: Callable[[Path], None]) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    fsync_dir(final.parent)
     return final

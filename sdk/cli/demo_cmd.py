@@ -135,7 +135,8 @@ def _print_verbalized(out: Console, report: VerbalizedReport) -> None:
         stated = f"{r.stated:.0%}" if r.stated is not None else f"no tag: {r.reason or '?'}"
         probe = f"{r.probe:.2f}" if r.probe is not None else "n/a"
         family = f"{r.family} (held out)" if r.family == HELD_OUT_FAMILY else r.family
-        table.add_row(r.question, family, r.answer or "-", "yes" if r.correct else "no", stated, probe)
+        graded = "?" if r.correct is None else "yes" if r.correct else "no"
+        table.add_row(r.question, family, r.answer or "-", graded, stated, probe)
     out.print(table)
 
     def mean(value: float | None) -> str:
@@ -371,12 +372,17 @@ def _run_live(out: Console, questions: int, seed: int, *, quiet: bool) -> DemoRe
 
 
 def _run_verbalized(seed: int) -> VerbalizedReport:
-    from transformers.utils import logging as transformers_logging
-
     import capgate
+    from capgate._util.extras import require_extra
     from capgate.demo.verbalized import run_verbalized
     from capgate.errors import CapgateError
     from capgate.estimators import VerbalizedConfidence
+
+    try:
+        require_extra("local", "the demo's verbalized part (--no-verbalized leaves it out)")
+    except CapgateError as exc:
+        fail(str(exc))
+    from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:

@@ -40,7 +40,8 @@ class VerbalizedRow:
     question: str
     family: str
     answer: str | None
-    correct: bool
+    correct: bool | None
+    """Whether its answer was right; None when no answer could be read (no tag to end it)."""
     stated: float | None
     """The ``[confidence=X%]`` the trained model ended its answer with (None: no readable tag)."""
     probe: float | None
@@ -63,6 +64,7 @@ class VerbalizedReport:
     def mean_stated(self, *, correct: bool) -> float | None:
         """The mean stated confidence over the tagged answers that were right (or wrong)."""
         values = [r.stated for r in self.rows if r.stated is not None and r.correct is correct]
+        # an untagged answer has neither a stated value nor a grade: it counts in tag_rate only
         return sum(values) / len(values) if values else None
 
     def to_dict(self) -> dict[str, object]:
@@ -109,7 +111,7 @@ def run_verbalized(
             question=item.question,
             family=str(item.metadata["family"]),
             answer=grader.extract(answer) if isinstance(answer, str) else None,
-            correct=isinstance(answer, str) and grader.grade(answer, item),
+            correct=grader.grade(answer, item) if isinstance(answer, str) else None,
             stated=estimate.p if estimate.usable else None,
             probe=beside.p if beside is not None and beside.usable else None,
             reason=estimate.reason,

@@ -74,6 +74,12 @@ class LoraConfigFile(BaseModel):
     layer_replication: None = None
     trainable_token_indices: None = None
     target_parameters: None = None
+    # PiSSA, OLoRA, CorDA, LoftQ and LoRA-GA initialisations train against changed base weights
+    # (PEFT converts them back to plain LoRA on request: then this reads True); aLoRA and Arrow
+    # apply the adapter only in part: none is a plain ``W + scale * B @ A``.
+    init_lora_weights: Literal[True, False, "gaussian"] = True
+    alora_invocation_tokens: None = None
+    arrow_config: None = None
 
     @property
     def scale(self) -> float:
@@ -92,12 +98,30 @@ class AdapterProvenance(BaseModel):
     says so too, so :func:`capgate.load_estimator` with ``method="verbalized"`` reads the tag."""
 
 
+_MERGE_VERSION = "capgate-lora-merge/1"
+"""Salts the digest: a change to how capgate merges makes every cached merge a new folder."""
+
+
 def adapter_digest(adapter: str | os.PathLike[str]) -> str:
-    """The sha256 over an adapter folder's config and weights (what a merged folder records)."""
+    """The sha256 over an adapter folder's config, weights and provenance (if any), and capgate's
+    merge version: what names and fingerprints a merged folder.
+
+    Raises:
+        DataError: The config or the safetensors weights are missing (PEFT's older pickled
+            ``adapter_model.bin`` is never loaded).
+    """
     folder = Path(adapter)
-    combined = hashlib.sha256()
-    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
-        combined.update(f"{name}\0{sha256_file(folder / name)}\n".encode())
+    combined = hashlib.sha256(f"{_MERGE_VERSION}\n".encode())
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS, ADAPTER_PROVENANCE):
+        path = folder / name
+        if not path.is_file():
+            if name == ADAPTER_PROVENANCE:
+                continue
+            hint = " (a pickled adapter_model.bin is never loaded: save it with safetensors)"
+            raise DataError(
+                f"missing from the adapter folder{hint if name == ADAPTER_WEIGHTS else ''}", path=path
+            )
+        combined.update(f"{name}\0{sha256_file(path)}\n".encode())
     return combined.hexdigest()
 
 
@@ -110,9 +134,9 @@ def _read_json(path: Path) -> object:
         raise DataError(f"unreadable JSON: {exc}", path=path) from None
 
 
-def read_provenance(adapter: Path) -> AdapterProvenance | None:
+def read_provenance(adapter: str | os.PathLike[str]) -> AdapterProvenance | None:
     """The adapter's ``capgate_adapter.json``, or None for an adapter trained elsewhere."""
-    path = adapter / ADAPTER_PROVENANCE
+    path = Path(adapter) / ADAPTER_PROVENANCE
     return read_saved(AdapterProvenance, _read_json(path), path) if path.is_file() else None
 
 
@@ -158,16 +182,17 @@ def merge_lora(
 ) -> Path:
     """Write ``out``: the model folder ``base`` with the LoRA ``adapter`` merged into its weights.
 
-    ``out`` is built under a hidden name and appears only when complete; an existing ``out`` is
-    returned untouched. Its ``capgate_model.json`` names the model as the adapter's
-    ``capgate_adapter.json`` does (else ``<base id>+lora-<digest>``) and fingerprints it by the
-    base's fingerprint and the adapter's digest, so probes and harvests of the base are never
-    mistaken for the merged model's.
+    ``out`` is built under a hidden name and appears only when complete; an existing ``out``
+    holding this very merge is returned untouched. Its ``capgate_model.json`` names the model as
+    the adapter's ``capgate_adapter.json`` does (else ``<base id>+lora-<digest>``) and
+    fingerprints it by the base's fingerprint and the adapter's digest, so probes and harvests of
+    the base are never mistaken for the merged model's.
 
     Raises:
-        DataError: The adapter folder is malformed, uses what a plain merge cannot reproduce
-            (DoRA, biases, saved modules, per-layer ranks), was trained on other base weights
-            (by its ``capgate_adapter.json``), or does not fit the base's tensors.
+        DataError: The adapter folder is malformed; uses what a plain merge cannot reproduce
+            (DoRA, biases, saved modules, per-layer ranks, PiSSA-style initialisations, aLoRA);
+            was trained on other base weights (by its ``capgate_adapter.json``); does not fit
+            the base's tensors; or ``out`` exists and holds another merge.
     """
     base_dir, adapter_dir, final = Path(base), Path(adapter), Path(out)
     config_path = adapter_dir / ADAPTER_CONFIG
@@ -178,13 +203,23 @@ def merge_lora(
         raise DataError(
             f"the adapter was trained on weights {provenance.base_weights_fingerprint}, not on this "
             f"base ({base_fingerprint})",
-            path=adapter_dir,
+            path=adapter_dir / ADAPTER_PROVENANCE,
+            field="base_weights_fingerprint",
         )
     digest = adapter_digest(adapter_dir)
+    fingerprint = "lora-merge-sha256:" + hashlib.sha256(f"{base_fingerprint}\0{digest}".encode()).hexdigest()
+    if final.is_dir():
+        held = _read_json(final / MODEL_METADATA_FILE) if (final / MODEL_METADATA_FILE).is_file() else None
+        if not isinstance(held, dict) or held.get("weights_fingerprint") != fingerprint:
+            raise DataError(
+                "the folder exists and holds another model or merge; choose another out", path=final
+            )
+        return final
     meta_file = base_dir / MODEL_METADATA_FILE
     base_meta = _read_json(meta_file) if meta_file.is_file() else {}
     base_id = base_meta.get("model_id") if isinstance(base_meta, dict) else None
-    model_id = provenance.model_id if provenance else f"{base_id or base_dir.resolve()}+lora-{digest[:12]}"
+    base_name = base_id if isinstance(base_id, str) else str(base_dir.resolve())
+    model_id = provenance.model_id if provenance else f"{base_name}+lora-{digest[:12]}"
 
     def build(tmp: Path) -> None:
         from safetensors.torch import save_file
@@ -194,17 +229,15 @@ def merge_lora(
         for file in base_dir.iterdir():
             if file.is_file() and file.name != MODEL_METADATA_FILE and not file.name.endswith(_WEIGHT_FILES):
                 shutil.copy2(file, tmp / file.name)
-        fingerprint = hashlib.sha256(f"{base_fingerprint}\0{digest}".encode()).hexdigest()
         source = {
             "c3rl": bool(provenance and provenance.c3rl),
-            "base_model_id": base_id,
+            "base_model_id": base_name,
             "base_weights_fingerprint": base_fingerprint,
             "adapter_sha256": digest,
             "adapter": provenance.model_dump() if provenance else None,
         }
         atomic_write_json(tmp / MODEL_METADATA_FILE, {
-            "format": 1, "model_id": model_id, "weights_fingerprint": f"lora-merge-sha256:{fingerprint}",
-            "source": source,
+            "format": 1, "model_id": model_id, "weights_fingerprint": fingerprint, "source": source,
         })  # fmt: skip
 
     return atomic_folder(final, build)
