@@ -3,7 +3,8 @@
 ``merge_lora(base, adapter, out)`` writes ``out``: the base folder's config and tokenizer files and
 one ``model.safetensors`` holding ``W + scale * B @ A`` for every adapted layer (scale
 ``lora_alpha / r``, or ``lora_alpha / sqrt(r)`` for rsLoRA). What capgate cannot merge exactly
-(DoRA, trained biases, extra saved modules, per-layer ranks) is refused, never approximated.
+(DoRA, trained biases, extra saved modules, per-layer ranks, PiSSA-style initialisations, aLoRA)
+is refused, never approximated.
 
 capgate ships one adapter: SmolLM2-135M-Instruct taught by ``capgate train c3rl`` to end its
 answers with ``[confidence=X%]`` (``bench/c3rl.py``, bench/RESULTS.md):
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from capgate._util.atomic import atomic_folder, atomic_write_json
 from capgate._util.saved import read_saved
 from capgate.errors import DataError
-from capgate.local.weights import MODEL_METADATA_FILE, sha256_file, weights_fingerprint
+from capgate.local.weights import MODEL_METADATA_FILE, cached_file_sha256, weights_fingerprint
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -104,7 +105,9 @@ _MERGE_VERSION = "capgate-lora-merge/1"
 
 def adapter_digest(adapter: str | os.PathLike[str]) -> str:
     """The sha256 over an adapter folder's config, weights and provenance (if any), and capgate's
-    merge version: what names and fingerprints a merged folder.
+    merge version: what names and fingerprints a merged folder. File digests are remembered by
+    path, size and mtime (:func:`~capgate.local.weights.cached_file_sha256`), so resolving
+    ``"default-c3rl"`` again costs no re-hash.
 
     Raises:
         DataError: The config or the safetensors weights are missing (PEFT's older pickled
@@ -121,7 +124,7 @@ def adapter_digest(adapter: str | os.PathLike[str]) -> str:
             raise DataError(
                 f"missing from the adapter folder{hint if name == ADAPTER_WEIGHTS else ''}", path=path
             )
-        combined.update(f"{name}\0{sha256_file(path)}\n".encode())
+        combined.update(f"{name}\0{cached_file_sha256(path)}\n".encode())
     return combined.hexdigest()
 
 
@@ -164,9 +167,8 @@ def _merged_state(base: Path, adapter: Path, config: LoraConfigFile) -> dict[str
         if weight is None or up is None:
             missing = name if weight is None else f"{module}.lora_B.weight"
             raise DataError(f"the adapter does not fit the base model: no tensor {missing!r}", path=adapter)
-        if (up.shape[0], down.shape[1]) != tuple(weight.shape) or not up.shape[1] == down.shape[
-            0
-        ] == config.r:
+        fits_weight = (up.shape[0], down.shape[1]) == tuple(weight.shape)
+        if not fits_weight or not up.shape[1] == down.shape[0] == config.r:
             raise DataError(
                 f"the adapter does not fit the base model: {name} is {tuple(weight.shape)}, its update "
                 f"{(up.shape[0], down.shape[1])} at rank {down.shape[0]} (config r={config.r})",
