@@ -22,16 +22,15 @@ import argparse
 import multiprocessing as mp
 import os
 import platform
-import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from _pg_server import ThrowawayPostgres
+
 from capgate import Estimate
 from capgate.decision import Decision, DecisionLog, calibration_report
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _write(location: str, tag: str, count: int, start: mp.synchronize.Event) -> None:
@@ -73,29 +72,12 @@ def run(location: str, n_writers: int, per_writer: int) -> float:
     return seconds
 
 
-def _postgres_url(given: str | None) -> tuple[str, Path | None]:
+def _postgres_url(given: str | None) -> tuple[str, ThrowawayPostgres | None]:
     url = given or os.environ.get("CAPGATE_TEST_POSTGRES_URL")
     if url:
         return url, None
-    state = Path(tempfile.mkdtemp(prefix="capgate-pg-bench-"))
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts/postgres-server.sh"), "start"],
-        env={**os.environ, "CAPGATE_PG_STATE_DIR": str(state)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip(), state
-
-
-def _stop_postgres(state: Path) -> None:
-    """Stop the server :func:`_postgres_url` started (its state folder)."""
-    subprocess.run(
-        ["bash", str(REPO / "scripts/postgres-server.sh"), "stop"],
-        env={**os.environ, "CAPGATE_PG_STATE_DIR": str(state)},
-        capture_output=True,
-        check=False,
-    )
+    server = ThrowawayPostgres("capgate-pg-bench-")
+    return server.start(), server
 
 
 def _fresh_schema(url: str) -> str:
@@ -126,7 +108,7 @@ def main() -> None:
     print(
         f"each writer: {args.per_writer} decisions + {args.per_writer // 2} outcomes, one transaction each\n"
     )
-    started: Path | None = None
+    started: ThrowawayPostgres | None = None
     try:
         for store in args.stores.split(","):
             if store == "postgres":
@@ -150,7 +132,7 @@ def main() -> None:
                 print(f"calibration report (window 1000, {len(reports)} methods): {took * 1000:.1f} ms\n")
     finally:
         if started is not None:
-            _stop_postgres(started)
+            started.stop()
 
 
 if __name__ == "__main__":

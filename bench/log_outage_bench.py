@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _pg_server import ThrowawayPostgres
 from _report import machine, update_section
 from _smoke import smoke_dir
 
@@ -42,7 +43,6 @@ from capgate.decision import DecisionLog
 from capgate.estimators import CapabilityEstimator
 from capgate.gate._limits import log_key, log_writer
 
-ROOT = Path(__file__).resolve().parents[1]
 CALL_S = 0.02
 
 
@@ -72,17 +72,12 @@ class Server:
     """This bench's own PostgreSQL server (scripts/postgres-server.sh), paused and resumed by signal."""
 
     def __init__(self) -> None:
-        self.state = Path(tempfile.mkdtemp(prefix="capgate-pg-outage-"))
-        os.chmod(self.state, 0o755)  # the server's own user reaches its state through it
-        env = {**os.environ, "CAPGATE_PG_STATE_DIR": str(self.state)}
-        started = subprocess.run(
-            ["bash", str(ROOT / "scripts/postgres-server.sh"), "start"],
-            env=env, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if started.returncode != 0:
-            raise SystemExit(f"could not start PostgreSQL: {started.stderr.strip()[-400:]}")
-        self.url = started.stdout.strip()
-        self._env = env
+        self.server = ThrowawayPostgres("capgate-pg-outage-")
+        self.state = self.server.state
+        try:
+            self.url = self.server.start()
+        except RuntimeError as exc:
+            raise SystemExit(str(exc)) from None
 
     def pids(self) -> list[int]:
         """The postmaster and its children (the backends and background workers)."""
@@ -100,8 +95,7 @@ class Server:
 
     def stop(self) -> None:
         self.signal(signal.SIGCONT)  # a stopped server cannot shut down
-        subprocess.run(["bash", str(ROOT / "scripts/postgres-server.sh"), "stop"], env=self._env,
-                       capture_output=True, check=False)  # fmt: skip
+        self.server.stop()
 
 
 async def keep_busy(calls: Calls, in_flight: int, until: float, t0: float) -> None:

@@ -14,10 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import shutil
 import socket
-import subprocess
-import tempfile
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -26,7 +24,10 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-_STARTED: dict[str, str] = {}
+sys.path.insert(0, str(REPO / "bench"))
+from _pg_server import ThrowawayPostgres  # noqa: E402
+
+_STARTED: list[ThrowawayPostgres] = []  # the one server this process started, if any
 
 
 def server_url() -> str:
@@ -40,33 +41,21 @@ def server_url() -> str:
     )
     if os.environ.get("CI"):
         pytest.fail(msg)
-    if "url" not in _STARTED:
-        # Not under pytest's private temp folder: the server's own user must reach its state.
-        state = Path(tempfile.mkdtemp(prefix="capgate-pg-test-"))
-        done = subprocess.run(
-            ["bash", str(REPO / "scripts/postgres-server.sh"), "start"],
-            env={**os.environ, "CAPGATE_PG_STATE_DIR": str(state)},
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            pytest.skip(f"{msg}; starting one here failed: {done.stderr.strip()[-300:]}")
-        _STARTED.update(url=done.stdout.strip(), state=str(state))
-    return _STARTED["url"]
+    if not _STARTED:
+        server = ThrowawayPostgres("capgate-pg-test-")
+        try:
+            server.start()
+        except RuntimeError as exc:
+            server.stop()
+            pytest.skip(f"{msg}; starting one here failed: {exc}")
+        _STARTED.append(server)
+    return _STARTED[0].url
 
 
 def stop_started_server() -> None:
     """Stop the server :func:`server_url` started, if it started one."""
-    if "state" in _STARTED:
-        subprocess.run(
-            ["bash", str(REPO / "scripts/postgres-server.sh"), "stop"],
-            env={**os.environ, "CAPGATE_PG_STATE_DIR": _STARTED["state"]},
-            capture_output=True,
-            check=False,
-        )
-        shutil.rmtree(_STARTED["state"], ignore_errors=True)
-        _STARTED.clear()
+    if _STARTED:
+        _STARTED.pop().stop()
 
 
 def fresh_url(base: str) -> str:
