@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from capgate.estimators.guarded import InjectionGuard
     from capgate.estimators.probe import Featurizer, LinearProbe, ProbeEstimator
     from capgate.learn import Calibration
+    from capgate.local.hidden_states import FeatureDType
+    from capgate.local.models import Device
 
 __all__ = [
     "DEFAULT_PROBE",
@@ -166,59 +168,31 @@ def _feature_dtype(dtype: str, device: str, probe: LinearProbe) -> tuple[str, di
     }
 
 
+class _ReaderOptions(TypedDict, total=False):
+    """The settings of :func:`load_estimator` that do not change what it returns."""
+
+    probe: str | os.PathLike[str] | None
+    device: Device
+    dtype: FeatureDType
+    batch_size: int
+
+
 @overload
 def load_estimator(
-    model: str | os.PathLike[str] = "default",
-    *,
-    probe: str | os.PathLike[str] | None = None,
-    device: Literal["auto", "cpu", "cuda"] = "auto",
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"] = "auto",
-    batch_size: int = 32,
-    guard: Literal[True],
-    calibration: None = None,
-    method: Literal["probe"] = "probe",
+    model: str | os.PathLike[str] = ..., *, guard: Literal[True], **options: Unpack[_ReaderOptions]
 ) -> InjectionGuard: ...
-
-
 @overload
 def load_estimator(
-    model: str | os.PathLike[str] = "default",
-    *,
-    probe: str | os.PathLike[str] | None = None,
-    device: Literal["auto", "cpu", "cuda"] = "auto",
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"] = "auto",
-    batch_size: int = 32,
-    guard: Literal[False] = ...,
-    calibration: None = None,
-    method: Literal["probe"] = "probe",
+    model: str | os.PathLike[str] = ..., *, guard: Literal[False] = ..., **options: Unpack[_ReaderOptions]
 ) -> ProbeEstimator: ...
-
-
 @overload
 def load_estimator(
-    model: str | os.PathLike[str] = "default",
+    model: str | os.PathLike[str] = ...,
     *,
-    probe: str | os.PathLike[str] | None = None,
-    device: Literal["auto", "cpu", "cuda"] = "auto",
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"] = "auto",
-    batch_size: int = 32,
-    guard: bool = False,
-    calibration: str | os.PathLike[str] | Calibration,
-    method: Literal["probe"] = "probe",
-) -> CapabilityEstimator: ...
-
-
-@overload
-def load_estimator(
-    model: str | os.PathLike[str] = "default",
-    *,
-    probe: None = None,
-    device: Literal["auto", "cpu", "cuda"] = "auto",
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"] = "auto",
-    batch_size: int = 32,
-    guard: bool = False,
-    calibration: str | os.PathLike[str] | Calibration | None = None,
-    method: str,
+    guard: bool = ...,
+    calibration: str | os.PathLike[str] | Calibration | None = ...,
+    method: str = ...,
+    **options: Unpack[_ReaderOptions],
 ) -> CapabilityEstimator: ...
 
 
@@ -226,8 +200,8 @@ def load_estimator(
     model: str | os.PathLike[str] = "default",
     *,
     probe: str | os.PathLike[str] | None = None,
-    device: Literal["auto", "cpu", "cuda"] = "auto",
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"] = "auto",
+    device: Device = "auto",
+    dtype: FeatureDType = "auto",
     batch_size: int = 32,
     guard: bool = False,
     calibration: str | os.PathLike[str] | Calibration | None = None,
