@@ -7,27 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from capgate.cas import (
-    SamplingState,
-    beta_consensus,
-    beta_prob_above_half,
-    cas_confidence_gap,
-    cas_frequency_gap,
-    stop_after_delay,
-    stop_after_samples,
-    stop_after_tokens,
-    stop_all,
-    stop_any,
-    stop_if,
-    stop_never,
-)
-from capgate.cas.stop import _incomplete_beta as incomplete_beta
+from capgate import cas
 
 
 def state(
     votes: dict[str, int], conf: dict[str, tuple[float | None, ...]] | None = None, **kw: object
-) -> SamplingState:
-    return SamplingState.build(votes=votes, confidences=conf, **kw)  # type: ignore[arg-type]
+) -> cas.SamplingState:
+    return cas.SamplingState.build(votes=votes, confidences=conf, **kw)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- algebra
@@ -35,75 +21,79 @@ def state(
 
 def test_simple_rules_fire_at_their_limits() -> None:
     s = state({"a": 3}, tokens=900, elapsed_s=2.5)
-    assert stop_after_samples(3)(s)
-    assert not stop_after_samples(4)(s)
-    assert stop_after_tokens(900)(s)
-    assert not stop_after_tokens(901)(s)
-    assert stop_after_delay(2.5)(s)
-    assert not stop_after_delay(3)(s)
-    assert not stop_never()(s)
+    assert cas.stop_after_samples(3)(s)
+    assert not cas.stop_after_samples(4)(s)
+    assert cas.stop_after_tokens(900)(s)
+    assert not cas.stop_after_tokens(901)(s)
+    assert cas.stop_after_delay(2.5)(s)
+    assert not cas.stop_after_delay(3)(s)
+    assert not cas.stop_never()(s)
 
 
 def test_or_and_build_rules_that_compose_further() -> None:
     s = state({"a": 3}, tokens=100)
-    yes, no = stop_after_samples(2), stop_after_tokens(1000)
-    assert isinstance(yes | no, stop_any)
+    yes, no = cas.stop_after_samples(2), cas.stop_after_tokens(1000)
+    assert isinstance(yes | no, cas.stop_any)
     assert (yes | no)(s)
-    assert isinstance(yes & no, stop_all)
+    assert isinstance(yes & no, cas.stop_all)
     assert not (yes & no)(s)
     # composites are rules themselves and flatten
-    combo = (yes | no) | stop_never()
-    assert isinstance(combo, stop_any)
+    combo = (yes | no) | cas.stop_never()
+    assert isinstance(combo, cas.stop_any)
     assert len(combo.rules) == 3
     assert ((yes & no) | yes)(s)
-    assert not ((yes | no) & stop_never())(s)
+    assert not ((yes | no) & cas.stop_never())(s)
 
 
 def test_plain_functions_are_accepted_on_either_side() -> None:
-    def two_answers(st: SamplingState) -> bool:
+    def two_answers(st: cas.SamplingState) -> bool:
         return len(st.votes) >= 2
 
     s1, s2 = state({"a": 5}), state({"a": 1, "b": 1})
-    left = two_answers | stop_after_samples(5)
-    right = stop_after_samples(5) & two_answers
-    assert isinstance(left, stop_any)
-    assert isinstance(right, stop_all)
+    left = two_answers | cas.stop_after_samples(5)
+    right = cas.stop_after_samples(5) & two_answers
+    assert isinstance(left, cas.stop_any)
+    assert isinstance(right, cas.stop_all)
     assert left(s1)
     assert left(s2)
     assert not right(s1)
     assert not right(s2)
     assert right(state({"a": 4, "b": 1}))
-    assert stop_if(two_answers)(s2)
-    assert not stop_if(two_answers)(s1)
-    assert stop_any(two_answers, lambda st: st.tokens > 10)(s2)
+    assert cas.stop_if(two_answers)(s2)
+    assert not cas.stop_if(two_answers)(s1)
+    assert cas.stop_any(two_answers, lambda st: st.tokens > 10)(s2)
 
 
 def test_repr_shows_settings() -> None:
-    rule = (beta_consensus(0.9) | stop_after_samples(40)) & stop_after_tokens(8000)
+    rule = (cas.beta_consensus(0.9) | cas.stop_after_samples(40)) & cas.stop_after_tokens(8000)
     assert (
         repr(rule) == "stop_all(stop_any(beta_consensus(threshold=0.9), stop_after_samples(40)), "
         "stop_after_tokens(8000))"
     )
-    assert repr(cas_confidence_gap(scale=5, margin=0.2, mode="stochastic")) == (
+    assert repr(cas.cas_confidence_gap(scale=5, margin=0.2, mode="stochastic")) == (
         "cas_confidence_gap(scale=5, margin=0.2, mode='stochastic')"
     )
     assert (
-        repr(cas_confidence_gap()) == "cas_confidence_gap(scale=10, margin=0.5, mode='threshold', level=0.5)"
+        repr(cas.cas_confidence_gap())
+        == "cas_confidence_gap(scale=10, margin=0.5, mode='threshold', level=0.5)"
     )
 
 
 @pytest.mark.parametrize(
     ("factory", "message"),
     [
-        (lambda: stop_after_samples(0), "`n` must be a positive integer; got 0"),
-        (lambda: stop_after_tokens(-3), "`n` must be a positive integer; got -3"),
-        (lambda: stop_after_delay(0), "`seconds` must be a positive number; got 0"),
-        (lambda: beta_consensus(0.4), "`threshold` must be a number in (0.5, 1); got 0.4"),
-        (lambda: cas_confidence_gap(scale=0), "`scale`: input should be greater than 0; got 0"),
-        (lambda: cas_confidence_gap(mode="always"), "`mode`: input should be 'threshold' or 'stochastic'"),  # type: ignore[arg-type]
-        (lambda: cas_confidence_gap(level=1.0), "`level`: input should be less than 1; got 1.0"),
-        (lambda: cas_frequency_gap(True), "`epsilon`: input should be a valid number; got True"),  # type: ignore[arg-type]
-        (lambda: cas_frequency_gap(math.inf), "`epsilon`: input should be a finite number; got inf"),
+        (lambda: cas.stop_after_samples(0), "`n` must be a positive integer; got 0"),
+        (lambda: cas.stop_after_tokens(-3), "`n` must be a positive integer; got -3"),
+        (lambda: cas.stop_after_delay(0), "`seconds` must be a positive number; got 0"),
+        (lambda: cas.beta_consensus(0.4), "`threshold` must be a number in (0.5, 1); got 0.4"),
+        (lambda: cas.cas_confidence_gap(scale=0), "`scale`: input should be greater than 0; got 0"),
+        (
+            lambda: cas.cas_confidence_gap(mode="always"),  # type: ignore[arg-type]
+            "`mode`: input should be 'threshold' or 'stochastic'",
+        ),
+        (lambda: cas.cas_confidence_gap(level=1.0), "`level`: input should be less than 1; got 1.0"),
+        (lambda: cas.cas_frequency_gap(True), "`epsilon`: input should be a valid number; got True"),  # type: ignore[arg-type]
+        (lambda: cas.cas_frequency_gap(math.inf), "`epsilon`: input should be a finite number; got inf"),
     ],
 )
 def test_bad_settings_are_rejected_naming_the_value(factory: object, message: str) -> None:
@@ -114,7 +104,7 @@ def test_bad_settings_are_rejected_naming_the_value(factory: object, message: st
 
 def test_non_callables_are_rejected() -> None:
     with pytest.raises(TypeError, match="stop rules or functions"):
-        stop_any(stop_never(), 3)  # type: ignore[arg-type]
+        cas.stop_any(cas.stop_never(), 3)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- Beta
@@ -138,26 +128,17 @@ def _beta_cdf_numeric(x: float, a: int, b: int, n_grid: int = 200_001) -> float:
 )
 def test_beta_tail_matches_numeric_integration(a: int, b: int) -> None:
     numeric = 1.0 - _beta_cdf_numeric(0.5, a, b)
-    assert beta_prob_above_half(a, b) == pytest.approx(numeric, abs=1e-9)
-    assert 1.0 - incomplete_beta(0.5, a, b) == pytest.approx(numeric, abs=1e-9)
-
-
-@pytest.mark.parametrize(
-    ("x", "a", "b"), [(0.1, 2, 3), (0.37, 5, 5), (0.8, 9, 2), (0.95, 1, 4), (0.25, 20, 40)]
-)
-def test_incomplete_beta_matches_numeric_integration(x: float, a: int, b: int) -> None:
-    assert incomplete_beta(x, a, b) == pytest.approx(_beta_cdf_numeric(x, a, b), abs=1e-9)
+    assert cas.beta_prob_above_half(a, b) == pytest.approx(numeric, abs=1e-9)
 
 
 def test_beta_tail_is_exact_for_large_counts() -> None:
     # symmetric posterior: exactly one half, however large
-    assert beta_prob_above_half(400, 400) == 0.5
-    assert incomplete_beta(0.5, 400, 400) == pytest.approx(0.5, abs=1e-12)
-    assert beta_prob_above_half(600, 500) > 0.99
+    assert cas.beta_prob_above_half(400, 400) == 0.5
+    assert cas.beta_prob_above_half(600, 500) > 0.99
 
 
 def test_beta_consensus_decisions() -> None:
-    rule = beta_consensus(0.95)
+    rule = cas.beta_consensus(0.95)
     assert not rule(state({}))  # nothing extracted yet
     assert not rule(state({"a": 3}))  # Beta(4,1): 0.9375
     assert rule(state({"a": 4}))  # Beta(5,1): 0.96875
@@ -174,7 +155,7 @@ def test_beta_consensus_decisions() -> None:
 
 
 def test_cas_single_answer_uses_c2_zero() -> None:
-    rule = cas_confidence_gap(scale=10, margin=0.5)
+    rule = cas.cas_confidence_gap(scale=10, margin=0.5)
     s = state({"7": 2}, {"7": (0.9, 0.7)})
     assert rule.gap(s) == pytest.approx(0.8)
     assert rule.stop_probability(s) == pytest.approx(1 / (1 + math.exp(-10 * 0.3)))
@@ -186,7 +167,7 @@ def test_cas_ranks_by_confidence_weighted_vote() -> None:
     # "a" has more votes but less weight (3 x 0.2 = 0.6) than "b" (1 x 0.95): "b" leads.
     s = state({"a": 3, "b": 1}, {"a": (0.2, 0.2, 0.2), "b": (0.95,)})
     assert s.leader == "b"
-    rule = cas_confidence_gap(scale=10, margin=0.5)
+    rule = cas.cas_confidence_gap(scale=10, margin=0.5)
     assert rule.gap(s) == pytest.approx(0.75)
     assert rule(s)
     # two rivals close in confidence: no stop
@@ -197,13 +178,13 @@ def test_cas_ranks_by_confidence_weighted_vote() -> None:
 
 def test_cas_threshold_level_shifts_the_required_gap() -> None:
     s = state({"a": 1, "b": 1}, {"a": (0.9,), "b": (0.3,)})  # gap 0.6
-    assert cas_confidence_gap(margin=0.5, level=0.5)(s)
-    assert cas_confidence_gap(margin=0.5, level=0.7)(s)  # needs gap >= 0.5 + logit(0.7)/10 = 0.585
-    assert not cas_confidence_gap(margin=0.5, level=0.8)(s)  # needs 0.639
+    assert cas.cas_confidence_gap(margin=0.5, level=0.5)(s)
+    assert cas.cas_confidence_gap(margin=0.5, level=0.7)(s)  # needs gap >= 0.5 + logit(0.7)/10 = 0.585
+    assert not cas.cas_confidence_gap(margin=0.5, level=0.8)(s)  # needs 0.639
 
 
 def test_cas_never_stops_on_unknown_confidence() -> None:
-    rule = cas_confidence_gap(margin=-1.0, level=0.01)  # as eager as it can be
+    rule = cas.cas_confidence_gap(margin=-1.0, level=0.01)  # as eager as it can be
     assert not rule(state({}))
     assert not rule(state({"a": 3}, {"a": (None, None, None)}))
     assert not rule(state({"a": 2, "b": 1}, {"a": (0.9, 0.9), "b": (None,)}))
@@ -214,7 +195,7 @@ def test_cas_never_stops_on_unknown_confidence() -> None:
 
 
 def test_cas_stochastic_stops_with_probability_p_stop() -> None:
-    rule = cas_confidence_gap(scale=10, margin=0.5, mode="stochastic")
+    rule = cas.cas_confidence_gap(scale=10, margin=0.5, mode="stochastic")
     rng = np.random.default_rng(1234)
     s = state({"a": 2, "b": 1}, {"a": (0.8, 0.8), "b": (0.2,)}, rng=rng)  # gap 0.6 -> σ(1) ≈ 0.731
     p = rule.stop_probability(s)
@@ -267,9 +248,9 @@ def _posterior_by_integration(a: int, b: int, steps: int = 20000) -> float:
 def test_beta_futility_fires_exactly_when_a_majority_is_unlikely(
     votes: dict[str, int], unanswered: int
 ) -> None:
-    from capgate.cas import SamplingState, beta_futility
+    from capgate.cas import beta_futility
 
-    state = SamplingState.build(votes=votes, n_unanswered=unanswered)
+    state = cas.SamplingState.build(votes=votes, n_unanswered=unanswered)
     leader, n = max(votes.values()), sum(votes.values()) + unanswered
     posterior = _posterior_by_integration(leader + 1, n - leader + 1)
     rule = beta_futility(0.05)
@@ -278,15 +259,15 @@ def test_beta_futility_fires_exactly_when_a_majority_is_unlikely(
 
 
 def test_beta_futility_settings_and_composition() -> None:
-    from capgate.cas import SamplingState, beta_consensus, beta_futility, replay
+    from capgate.cas import beta_futility, replay
 
     with pytest.raises(ValueError, match=r"`threshold` must be a number in \(0, 0.5\); got 0.5"):
         beta_futility(0.5)
     assert repr(beta_futility()) == "beta_futility(threshold=0.05)"
-    assert not beta_futility()(SamplingState.build(votes={}))
+    assert not beta_futility()(cas.SamplingState.build(votes={}))
     # Seven different answers: no majority in sight, so the loop gives up at 7 of 20.
     pool = [(str(i), i == 0, None, 1) for i in range(20)]
-    result = replay(pool, stop=beta_consensus() | beta_futility(), batch_size=1)
+    result = replay(pool, stop=cas.beta_consensus() | beta_futility(), batch_size=1)
     assert result.samples_used == 7
 
 
@@ -302,6 +283,6 @@ def test_the_paper_rules_epsilon_is_the_same_in_every_spelling() -> None:
     assert isinstance(spelled, PaperConfidenceGap)
     assert spelled.epsilon == DEFAULT_EPSILON == -1.0
     assert StopSettings().confidence_gap == spelled
-    assert cas_frequency_gap().epsilon == DEFAULT_EPSILON
+    assert cas.cas_frequency_gap().epsilon == DEFAULT_EPSILON
     built = repr(stop_rule(StopSettings.model_validate({"confidence_gap": {"rule": "paper"}})))
     assert "cas_frequency_gap(epsilon=-1)" in built, built

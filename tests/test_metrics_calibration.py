@@ -9,15 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capgate.metrics import (
-    brier_decomposition,
-    capability_brier,
-    expected_calibration_error,
-    mean_absolute_error,
-    reliability_diagram,
-    response_brier,
-    root_mean_squared_error,
-)
+from capgate import metrics
 
 probabilities = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 
@@ -57,12 +49,14 @@ def brute_response_brier(p: list[float], c: list[int], k: list[int]) -> float:
 def test_brier_and_ece_match_brute_force(data: tuple[list[float], list[int], list[int]]) -> None:
     p, c, k = data
     mu = [ci / ki for ci, ki in zip(c, k, strict=True)]
-    assert capability_brier(p, mu) == pytest.approx(
+    assert metrics.capability_brier(p, mu) == pytest.approx(
         sum((a - b) ** 2 for a, b in zip(p, mu, strict=True)) / len(p)
     )
     for m in (1, 3, 10):
-        assert expected_calibration_error(p, mu, n_bins=m) == pytest.approx(brute_ece(p, mu, m), abs=1e-12)
-    assert response_brier(p, c, k) == pytest.approx(brute_response_brier(p, c, k), abs=1e-12)
+        assert metrics.expected_calibration_error(p, mu, n_bins=m) == pytest.approx(
+            brute_ece(p, mu, m), abs=1e-12
+        )
+    assert metrics.response_brier(p, c, k) == pytest.approx(brute_response_brier(p, c, k), abs=1e-12)
 
 
 @settings(max_examples=100, deadline=None)
@@ -71,37 +65,37 @@ def test_response_brier_is_capability_brier_plus_variance(
     data: tuple[list[float], list[int], list[int]],
 ) -> None:
     p, c, k = data
-    d = brier_decomposition(p, c, k)
+    d = metrics.brier_decomposition(p, c, k)
     assert d.response == pytest.approx(d.capability + d.variance, abs=1e-12)
     assert d.response >= d.capability - 1e-15
 
 
 def test_ece_counts_confidence_of_exactly_one_in_last_bin() -> None:
-    diagram = reliability_diagram([1.0, 0.95, 0.0], [1.0, 1.0, 0.0])
+    diagram = metrics.reliability_diagram([1.0, 0.95, 0.0], [1.0, 1.0, 0.0])
     assert diagram.counts.tolist() == [1, 0, 0, 0, 0, 0, 0, 0, 0, 2]
-    assert expected_calibration_error([1.0], [0.5]) == pytest.approx(0.5)
+    assert metrics.expected_calibration_error([1.0], [0.5]) == pytest.approx(0.5)
 
 
 def test_ece_bin_edges_are_left_closed() -> None:
     # 0.3 belongs to [0.3, 0.4), not [0.2, 0.3).
-    assert reliability_diagram([0.3], [0.3]).counts.tolist()[3] == 1
-    assert reliability_diagram([0.7], [0.7]).counts.tolist()[7] == 1
+    assert metrics.reliability_diagram([0.3], [0.3]).counts.tolist()[3] == 1
+    assert metrics.reliability_diagram([0.7], [0.7]).counts.tolist()[7] == 1
 
 
 def test_reliability_diagram_ece_agrees_with_ece_function() -> None:
     rng = np.random.default_rng(0)
     p, mu = rng.random(500), rng.random(500)
     for strategy in ("uniform", "quantile"):
-        d = reliability_diagram(p, mu, n_bins=7, strategy=strategy)
-        assert d.ece == pytest.approx(expected_calibration_error(p, mu, n_bins=7, strategy=strategy))
+        d = metrics.reliability_diagram(p, mu, n_bins=7, strategy=strategy)
+        assert d.ece == pytest.approx(metrics.expected_calibration_error(p, mu, n_bins=7, strategy=strategy))
         assert d.counts.sum() == 500
-    empty_bins = reliability_diagram([0.05], [0.0])
+    empty_bins = metrics.reliability_diagram([0.05], [0.0])
     assert np.isnan(empty_bins.mean_confidence[5])
 
 
 def test_equal_mass_bins_hold_equal_counts() -> None:
     p = np.linspace(0, 1, 103)
-    d = reliability_diagram(p, p, n_bins=10, strategy="quantile")
+    d = metrics.reliability_diagram(p, p, n_bins=10, strategy="quantile")
     assert set(d.counts.tolist()) <= {10, 11}
     assert d.counts.sum() == 103
     # Sorted predictions are cut into consecutive chunks.
@@ -125,13 +119,13 @@ def brute_equal_mass_ece(p: list[float], mu: list[float], m: int) -> float:
 def test_equal_mass_ece_matches_brute_force(data: tuple[list[float], list[int], list[int]]) -> None:
     p, c, k = data
     mu = [ci / ki for ci, ki in zip(c, k, strict=True)]
-    got = expected_calibration_error(p, mu, n_bins=4, strategy="quantile")
+    got = metrics.expected_calibration_error(p, mu, n_bins=4, strategy="quantile")
     assert got == pytest.approx(brute_equal_mass_ece(p, mu, 4), abs=1e-12)
 
 
 def test_mae_rmse() -> None:
-    assert mean_absolute_error([0.2, 0.8], [0.0, 1.0]) == pytest.approx(0.2)
-    assert root_mean_squared_error([0.2, 0.8], [0.0, 1.0]) == pytest.approx(0.2)
+    assert metrics.mean_absolute_error([0.2, 0.8], [0.0, 1.0]) == pytest.approx(0.2)
+    assert metrics.root_mean_squared_error([0.2, 0.8], [0.0, 1.0]) == pytest.approx(0.2)
 
 
 @pytest.mark.parametrize(
@@ -146,13 +140,13 @@ def test_mae_rmse() -> None:
 )
 def test_bad_inputs_are_named(p: list[float], mu: list[float], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]").replace("`", "`")):
-        capability_brier(p, mu)
+        metrics.capability_brier(p, mu)
 
 
 def test_bad_settings_are_named() -> None:
     with pytest.raises(ValueError, match="`n_bins` must be a positive integer; got 0"):
-        expected_calibration_error([0.5], [0.5], n_bins=0)
+        metrics.expected_calibration_error([0.5], [0.5], n_bins=0)
     with pytest.raises(ValueError, match="`strategy` must be 'uniform' or 'quantile'"):
-        expected_calibration_error([0.5], [0.5], strategy="weird")  # type: ignore[arg-type]
+        metrics.expected_calibration_error([0.5], [0.5], strategy="weird")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`correct` must be <= `k`"):
-        response_brier([0.5], [3], 2)
+        metrics.response_brier([0.5], [3], 2)

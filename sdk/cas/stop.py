@@ -24,13 +24,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TypeAlias
 
-import numpy as np
-
 from capgate._util.validate import (
     check_number_in,
     check_positive_int,
     check_positive_number,
-    check_unit_interval,
     settings_of,
 )
 from capgate.cas._state import SamplingState
@@ -227,31 +224,6 @@ def beta_prob_above_half(a: int, b: int) -> float:
     check_positive_int("b", b)
     n = a + b - 1
     return sum(math.comb(n, j) for j in range(a)) / (1 << n)
-
-
-def _incomplete_beta(x: float, a: int, b: int) -> float:
-    """The regularized incomplete beta I_x(a, b) = P(X <= x), X ~ Beta(a, b), for integer a, b.
-
-    The reference :func:`beta_prob_above_half` is tested against (1 − I_{1/2}(a, b)). Exact binomial
-    sum I_x(a, b) = sum_{j=a}^{n} C(n, j) x^j (1-x)^(n-j), n = a+b-1, evaluated in log space
-    (numpy ``logaddexp``) so it stays finite for large ``a + b``.
-
-    Examples:
-        >>> round(_incomplete_beta(0.5, 3, 2), 10)
-        0.3125
-    """
-    check_positive_int("a", a)
-    check_positive_int("b", b)
-    check_unit_interval("x", x)
-    if x == 0.0:
-        return 0.0
-    if x == 1.0:
-        return 1.0
-    n = a + b - 1
-    j = np.arange(a, n + 1, dtype=np.float64)
-    log_comb = math.lgamma(n + 1) - np.array([math.lgamma(k + 1) + math.lgamma(n - k + 1) for k in j])
-    terms = log_comb + j * math.log(x) + (n - j) * math.log1p(-x)
-    return float(min(1.0, math.exp(float(np.logaddexp.reduce(terms)))))
 
 
 class beta_consensus(StopRule):  # noqa: N801
