@@ -31,6 +31,12 @@ DbOption = Annotated[
         "user data folder.",
     ),
 ]
+LocalModel = Annotated[
+    str,
+    typer.Option(
+        "--model", help="The local model: 'default', a model folder, a .gguf file or a Hugging Face id."
+    ),
+]
 
 
 def console() -> Console:

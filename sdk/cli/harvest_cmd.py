@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from capgate.cli._common import LocalModel
 from capgate.core.backend import Backend
 from capgate.errors import DataError
 
@@ -144,9 +145,7 @@ def harvest_command(
         ),
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output JSON-lines file; rerun to resume.")],
-    model: Annotated[
-        str, typer.Option(help="Local model: 'default', a folder, or a Hugging Face model id.")
-    ] = "default",
+    model: LocalModel = "default",
     backend: Annotated[
         str | None,
         typer.Option(help="module:factory returning a capgate.Backend (overrides --model)."),

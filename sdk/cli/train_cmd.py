@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from capgate.cli._common import command_group, fail
+from capgate.cli._common import LocalModel, command_group, fail
 
 __all__ = ["register"]
 
@@ -24,9 +24,7 @@ def c3rl_command(
         ),
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="The run's folder; rerun to resume.")],
-    model: Annotated[
-        str, typer.Option(help="'default', a model folder, a .gguf file or a Hugging Face id.")
-    ] = "default",
+    model: LocalModel = "default",
     config: Annotated[
         Path | None,
         typer.Option(help="A JSON or YAML file of training settings (capgate.train.C3RLTrainConfig)."),
