@@ -41,68 +41,42 @@ def invoke(*args: str | Path) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def featurize(labels: Path, out: Path, *more: str) -> tuple[int, str, str]:
+    """``capgate probe featurize`` of ``labels`` into ``out`` with the toy featurizer."""
+    return invoke("probe", "featurize", "--labels", labels, "--out", out, "--featurizer", FEATURIZER, *more)
+
+
+def fit(labels: Path, out: Path, *more: str | Path) -> tuple[int, str, str]:
+    """``capgate probe fit`` on ``labels`` into ``out``; ``more``: the features' source and settings."""
+    return invoke("probe", "fit", "--labels", labels, "--out", out, *more)
+
+
+def evaluate(probe: Path, labels: Path, *more: str | Path) -> tuple[int, str, str]:
+    """``capgate probe eval`` of ``probe`` on ``labels``."""
+    return invoke("probe", "eval", "--probe", probe, "--labels", labels, *more)
+
+
 def test_featurize_fit_eval(data: Path, tmp_path: Path) -> None:
-    code, out, _ = invoke(
-        "probe",
-        "featurize",
-        "--labels",
-        data / "train.jsonl",
-        "--out",
-        tmp_path / "train.npz",
-        "--featurizer",
-        FEATURIZER,
-        "--batch-size",
-        "64",
-    )
+    train, test, probe_dir = data / "train.jsonl", data / "test.jsonl", tmp_path / "probe"
+    code, out, _ = featurize(train, tmp_path / "train.npz", "--batch-size", "64")
     assert code == 0, out
     assert "wrote" in out
     stored = load_features(tmp_path / "train.npz")
     assert stored.ids[:2] == ["q0", "q1"]
     assert stored.spec == CharCountFeaturizer().spec
-    code, out, _ = invoke(
-        "probe",
-        "featurize",
-        "--labels",
-        data / "test.jsonl",
-        "--out",
-        tmp_path / "test.npz",
-        "--featurizer",
-        FEATURIZER,
-    )
+    code, out, _ = featurize(test, tmp_path / "test.npz")
     assert code == 0, out
 
-    code, out, _ = invoke(
-        "probe",
-        "fit",
-        "--labels",
-        data / "train.jsonl",
-        "--features",
-        tmp_path / "train.npz",
-        "--out",
-        tmp_path / "probe",
-        "--lr",
-        "0.01",
-        "--seed",
-        "3",
-    )
+    code, out, _ = fit(train, probe_dir, "--features", tmp_path / "train.npz", "--lr", "0.01", "--seed", "3")
     assert code == 0, out
     assert "fitted on 450 queries" in out
-    probe = LinearProbe.load(tmp_path / "probe")
-    assert probe.training_["source"] == str(data / "train.jsonl")
+    probe = LinearProbe.load(probe_dir)
+    assert probe.training_["source"] == str(train)
     assert probe.feature_spec_ == CharCountFeaturizer().spec
     assert probe.random_state == 3
 
-    code, out, _ = invoke(
-        "probe",
-        "eval",
-        "--probe",
-        tmp_path / "probe",
-        "--labels",
-        data / "test.jsonl",
-        "--features",
-        tmp_path / "test.npz",
-        "--json-out",
-        tmp_path / "eval.json",
+    code, out, _ = evaluate(
+        probe_dir, test, "--features", tmp_path / "test.npz", "--json-out", tmp_path / "eval.json"
     )
     assert code == 0, out
     for column in ("cap. Brier", "ECE", "AUROC", "Spearman"):
@@ -117,60 +91,35 @@ def test_featurize_fit_eval(data: Path, tmp_path: Path) -> None:
     assert rows["constant-prior"]["auroc"] == 0.5
 
     # featurizing on the fly gives the same numbers as the stored features
-    code, out, _ = invoke(
-        "probe",
-        "eval",
-        "--probe",
-        tmp_path / "probe",
-        "--labels",
-        data / "test.jsonl",
-        "--featurizer",
-        FEATURIZER,
-        "--json",
-    )
+    code, out, _ = evaluate(probe_dir, test, "--featurizer", FEATURIZER, "--json")
     assert code == 0, out
     assert json.loads(out)["rows"] == list(rows.values())
 
 
 def test_fit_with_validation_labels_and_on_the_fly_features(data: Path, tmp_path: Path) -> None:
-    code, out, _ = invoke(
-        "probe",
-        "fit",
-        "--labels",
-        data / "train.jsonl",
+    train, test, probe_dir = data / "train.jsonl", data / "test.jsonl", tmp_path / "probe"
+    code, out, _ = fit(
+        train,
+        probe_dir,
         "--val-labels",
-        data / "test.jsonl",
+        test,
         "--featurizer",
         FEATURIZER,
-        "--out",
-        tmp_path / "probe",
         "--lr",
         "0.001,0.01",
         "--max-epochs",
         "30",
     )
     assert code == 0, out
-    probe = LinearProbe.load(tmp_path / "probe")
+    probe = LinearProbe.load(probe_dir)
     assert probe.training_["n"] == 500
     assert probe.validation_["n"] == 200
     assert set(probe.lr_sweep_) == {0.001, 0.01}
 
 
 def test_fit_reports_training_warnings_on_stderr(data: Path, tmp_path: Path) -> None:
-    code, _, err = invoke(
-        "probe",
-        "fit",
-        "--labels",
-        data / "train.jsonl",
-        "--featurizer",
-        FEATURIZER,
-        "--out",
-        tmp_path / "probe",
-        "--lr",
-        "0.0001",
-        "--max-epochs",
-        "2",
-    )
+    train, probe_dir = data / "train.jsonl", tmp_path / "probe"
+    code, _, err = fit(train, probe_dir, "--featurizer", FEATURIZER, "--lr", "0.0001", "--max-epochs", "2")
     assert code == 0
     assert "warning: LinearProbe stopped at max_epochs=2 while the validation loss was still falling" in err
 
@@ -178,57 +127,18 @@ def test_fit_reports_training_warnings_on_stderr(data: Path, tmp_path: Path) -> 
 def test_eval_refuses_features_from_another_model(data: Path, tmp_path: Path) -> None:
     from capgate.estimators.feature_store import save_features
 
-    invoke(
-        "probe",
-        "featurize",
-        "--labels",
-        data / "train.jsonl",
-        "--out",
-        tmp_path / "train.npz",
-        "--featurizer",
-        FEATURIZER,
-    )
-    invoke(
-        "probe",
-        "fit",
-        "--labels",
-        data / "train.jsonl",
-        "--features",
-        tmp_path / "train.npz",
-        "--out",
-        tmp_path / "probe",
-        "--lr",
-        "0.01",
-        "--max-epochs",
-        "5",
-    )
+    train, test, probe_dir = data / "train.jsonl", data / "test.jsonl", tmp_path / "probe"
+    featurize(train, tmp_path / "train.npz")
+    fit(train, probe_dir, "--features", tmp_path / "train.npz", "--lr", "0.01", "--max-epochs", "5")
     other = CharCountFeaturizer(seed=4)
-    ids = [json.loads(line)["id"] for line in (data / "test.jsonl").read_text().splitlines()]
-    questions = [json.loads(line)["question"] for line in (data / "test.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in test.read_text().splitlines()]
+    ids, questions = [row["id"] for row in rows], [row["question"] for row in rows]
     save_features(tmp_path / "other.npz", ids, other.transform(questions), other.spec)
-    code, _, err = invoke(
-        "probe",
-        "eval",
-        "--probe",
-        tmp_path / "probe",
-        "--labels",
-        data / "test.jsonl",
-        "--features",
-        tmp_path / "other.npz",
-    )
+    code, _, err = evaluate(probe_dir, test, "--features", tmp_path / "other.npz")
     assert code == 2
     assert err.startswith("error: probe does not match the featurizer: weights_fingerprint: probe has")
-    code, _, err = invoke(
-        "probe",
-        "eval",
-        "--probe",
-        tmp_path / "probe",
-        "--labels",
-        data / "test.jsonl",
-        "--features",
-        tmp_path / "other.npz",
-        "--ignore-spec-field",
-        "weights_fingerprint",
+    code, _, err = evaluate(
+        probe_dir, test, "--features", tmp_path / "other.npz", "--ignore-spec-field", "weights_fingerprint"
     )
     assert code == 0, err
 
@@ -237,12 +147,12 @@ def test_bad_input_exits_2_with_a_located_error(data: Path, tmp_path: Path) -> N
     train, test = data / "train.jsonl", data / "test.jsonl"
     features, out, noq = tmp_path / "test.npz", tmp_path / "p", tmp_path / "noq.jsonl"
     noq.write_text('{"id": "a", "k": 2, "correct": 1}\n\n{"id": "b", "k": 2, "correct": 0}\n')
-    code, _, err = invoke("probe", "featurize", "--labels", noq, "--out", out, "--featurizer", FEATURIZER)
+    code, _, err = featurize(noq, out)
     assert code == 2
     assert err.strip() == (
         f"error: {noq}:1: field 'question': no question text to featurize (give --features instead)"
     )
-    invoke("probe", "featurize", "--labels", test, "--out", features, "--featurizer", FEATURIZER)
+    featurize(test, features)
     refusals = [
         (["fit", "--labels", train, "--out", out],
          "give exactly one of --features, --model, --featurizer; got none"),

@@ -34,14 +34,17 @@ def test_policy_walkthrough() -> None:
     assert (
         "preset balanced: [0, 0.3) abstain, [0.3, 0.6) clarify, [0.6, 1] answer; on_degraded: abstain" in out
     )
-    assert "preset conservative:" in out
-    assert "preset cost-saver:" in out
-    assert "broken.yaml:5: field 'bands[1].below'" in out
-    assert "broken.yaml:6: field 'on_degraded.action': unknown action 'shrug'" in out
-    assert "p=0.92: answer" in out
-    assert "p=0.45: clarify" in out
-    assert "p=0.12: abstain" in out
-    assert "p=None: abstain (estimate degraded (hidden states not available)" in out
+    for line in (
+        "preset conservative:",
+        "preset cost-saver:",
+        "broken.yaml:5: field 'bands[1].below'",
+        "broken.yaml:6: field 'on_degraded.action': unknown action 'shrug'",
+        "p=0.92: answer",
+        "p=0.45: clarify",
+        "p=0.12: abstain",
+        "p=None: abstain (estimate degraded (hidden states not available)",
+    ):
+        assert line in out
     data = read_labelled(
         EXAMPLES.parent / "sdk" / "assets" / "math500_gpt-oss-20b_probe-math.jsonl",
         confidence=["probe_conf_raw"],
@@ -112,10 +115,13 @@ def test_shadow_rollout_reports_ungated_against_would_be_gated(tmp_path: Path) -
         (group,) = gate_report(log, min_outcomes=20).groups
     assert len(rows) == 24
     assert all(r.decision.shadow and r.outcome is not None and r.outcome.source == "grader" for r in rows)
-    assert f"ungated accuracy:         {group.accuracy_all}" in out
-    assert f"would-be gated accuracy:  {group.accuracy_gated}" in out
-    assert f"would-be coverage:        {group.coverage}" in out
-    assert "(had we enforced)" in out
+    for line in (
+        f"ungated accuracy:         {group.accuracy_all}",
+        f"would-be gated accuracy:  {group.accuracy_gated}",
+        f"would-be coverage:        {group.coverage}",
+        "(had we enforced)",
+    ):
+        assert line in out
 
 
 @pytest.mark.slow

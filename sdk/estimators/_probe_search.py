@@ -26,17 +26,7 @@ from capgate._util.validate import (
     check_positive_number,
 )
 from capgate.errors import DataError
-from capgate.estimators._common import (
-    as_matrix,
-    as_vector,
-    brier_and_bce,
-    check_fitted,
-    json_settings,
-    read_json,
-    sigmoid,
-    spec_as_dict,
-    write_json,
-)
+from capgate.estimators import _common
 from capgate.estimators._convex import fit_link, kfold, layer_candidates, pool_layers, ridge_loo, zscore
 from capgate.estimators._linear_probe import LinearProbe
 from capgate.estimators._probe_training import fit_weights
@@ -208,10 +198,10 @@ class ProbeSearch(Params):
                 of another length or outside [0, 1] (entry named), a spec that disagrees with ``X``.
         """
         self._check_settings()
-        features = as_matrix(X, layered=True)
-        mu = as_vector(y, name="y", n=features.shape[0], unit=True)
+        features = _common.as_matrix(X, layered=True)
+        mu = _common.as_vector(y, name="y", n=features.shape[0], unit=True)
         n_layers = features.shape[1] if features.ndim == 3 else None
-        spec = None if feature_spec is None else spec_as_dict(feature_spec)
+        spec = None if feature_spec is None else _common.spec_as_dict(feature_spec)
         hidden = self._hidden_indices(spec, features)
         if features.shape[0] < 2 * self.n_splits:
             raise ValueError(
@@ -306,7 +296,7 @@ class ProbeSearch(Params):
                     "solver": "ridge",
                     "alpha": float(alpha),
                     "standardize": std,
-                    **brier_and_bce(sigmoid(a * loo + c), mu),
+                    **_common.brier_and_bce(_common.sigmoid(a * loo + c), mu),
                     "stage": 1,
                 }
             )
@@ -340,7 +330,7 @@ class ProbeSearch(Params):
                     "solver": solver,
                     "alpha": alpha,
                     "standardize": std,
-                    **brier_and_bce(sigmoid(a * oof[i] + c), mu),
+                    **_common.brier_and_bce(_common.sigmoid(a * oof[i] + c), mu),
                     "stage": stage,
                 }
             )
@@ -414,13 +404,13 @@ class ProbeSearch(Params):
             return spec
         everything = self.n_layers_in_ is not None and len(self.layers_) == self.n_layers_in_
         layers: Any = "all" if everything and spec.get("layers", "all") == "all" else list(self.layers_)
-        return spec_as_dict({**spec, "layers": layers})
+        return _common.spec_as_dict({**spec, "layers": layers})
 
     # --------------------------------------------------------------- prediction
 
     def _pooled(self, X: npt.ArrayLike) -> FloatArray:
-        check_fitted(self, "best_estimator_")
-        features = as_matrix(X, layered=True)
+        _common.check_fitted(self, "best_estimator_")
+        features = _common.as_matrix(X, layered=True)
         expected = (
             (self.n_features_in_,) if self.n_layers_in_ is None else (self.n_layers_in_, self.n_features_in_)
         )
@@ -446,14 +436,14 @@ class ProbeSearch(Params):
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Save the chosen probe (loadable by :meth:`LinearProbe.load`) and ``search.json`` beside it."""
-        check_fitted(self, "best_estimator_")
+        _common.check_fitted(self, "best_estimator_")
         assert self.best_estimator_ is not None
         folder = self.best_estimator_.save(path)
-        write_json(
+        _common.write_json(
             folder / SEARCH_FILE,
             {
                 "format": SEARCH_FORMAT,
-                "settings": json_settings(self.get_params(deep=False)),
+                "settings": _common.json_settings(self.get_params(deep=False)),
                 "best_params": self.best_params_,
                 "best_score": self.best_score_,
                 "cv_results": self.cv_results_,
@@ -473,7 +463,7 @@ class ProbeSearch(Params):
         """
         folder = Path(path)
         meta_path = folder / SEARCH_FILE
-        meta = read_saved(_SavedSearch, read_json(meta_path, kind=SEARCH_FORMAT), meta_path)
+        meta = read_saved(_SavedSearch, _common.read_json(meta_path, kind=SEARCH_FORMAT), meta_path)
         try:
             search = cls(**meta.settings)
         except TypeError as exc:
