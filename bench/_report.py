@@ -1,12 +1,15 @@
-"""bench/RELIABILITY.md: each reliability bench rewrites its own section, between markers."""
+"""What the benches share to report: their argument parser, a best-of timer, a line on the machine,
+and bench/RELIABILITY.md, where each reliability bench rewrites its own section between markers."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPORT = Path(__file__).resolve().parent / "RELIABILITY.md"
@@ -18,6 +21,21 @@ sections, `bench/log_outage_bench.py` the *log outage* section, `bench/fuzz_benc
 (each rewrites only its own). The crafted-artifact and
 log-permission checks are tests, not figures: `tests/test_untrusted_artifacts.py`.
 """
+
+
+def bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """An argument parser whose ``--help`` prints the bench's docstring as written."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def best_time(action: Callable[[], object], repeats: int = 3) -> float:
+    """The fastest of ``repeats`` timed calls of ``action``, in seconds."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def machine() -> str:

@@ -57,7 +57,6 @@ each pool set, one order, the probe cache copied into a temporary folder (the te
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import shutil
@@ -68,6 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from _report import bench_parser
 
 from capgate.cas import (
     DEFAULT_STOP,
@@ -646,9 +646,7 @@ def run_batch(fresh: Pools, perms: list[list[np.ndarray]], *, recompute: bool) -
 
 def main() -> None:
     global PROBE_CACHE  # a smoke run reads and writes a copy in its temporary folder
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--orders", type=int, default=20, help="orders per query for every scored row")
     parser.add_argument(
         "--grid-orders", type=int, default=5, help="orders per query while searching the tuning grid"

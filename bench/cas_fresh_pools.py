@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _report import bench_parser
 from probe_smollm2 import ROOT, build_items, make_backend, prompt_for
 
 from capgate.cas import verbalized_confidence
@@ -112,9 +113,7 @@ def build_fresh(seed: int) -> list[DatasetItem]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("-k", type=int, default=40)

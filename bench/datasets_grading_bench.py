@@ -22,22 +22,15 @@ import argparse
 import platform
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+
+from _report import best_time
 
 from capgate.core.backend import Generation, Prompt, SamplingParams
 from capgate.datasets import DatasetItem, list_datasets, load_dataset
 from capgate.grading import AliasGrader, ChoiceGrader, Grader, MathGrader, NumericGrader
 from capgate.labels.harvesting import harvest
-
-
-def _best_of(runs: int, action: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(runs):
-        start = time.perf_counter()
-        action()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def bench_loading(*, smoke: bool = False) -> None:
@@ -47,7 +40,7 @@ def bench_loading(*, smoke: bool = False) -> None:
     for info in list_datasets()[: 2 if smoke else None]:
         for split in info.splits[: 1 if smoke else None]:
             count = len(load_dataset(info.name, split=split))
-            seconds = _best_of(runs, lambda name=info.name, split=split: load_dataset(name, split=split))
+            seconds = best_time(lambda name=info.name, split=split: load_dataset(name, split=split), runs)
             print(f"   {info.name + ' / ' + split:<28}{count:>8}{seconds:>10.3f}")
 
 

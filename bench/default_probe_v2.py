@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _report import bench_parser
 from probe_smollm2 import ASSETS, ROOT, build_items, make_backend, prompt_for
 
 from capgate import LabelledQuery
@@ -171,9 +172,7 @@ def split_ids(source: dict[str, str], seed: int) -> dict[str, list[str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--work", type=Path, default=ROOT / "bench" / "results" / "default_v2")
     parser.add_argument("--labels", type=Path, default=DATA / "default_v2_labels.jsonl")
     parser.add_argument("-k", type=int, default=20)

@@ -81,6 +81,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
+from _report import bench_parser
 
 from capgate import Estimate
 from capgate.core.backend import ChatMessage, Prompt, SamplingParams, as_messages
@@ -493,9 +494,7 @@ def pick_shots(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--server", help="OpenAI-compatible base URL (ends in /v1); required")
     parser.add_argument("--served-model", help="model name on the server; required")
     parser.add_argument("--labels", type=Path, default=ASSETS / "default_labels.jsonl")

@@ -23,13 +23,14 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+
+from _report import bench_parser
 
 
 def make_queries(count: int, seed: int = 0) -> list[str]:
@@ -61,9 +62,7 @@ def best_of(repeats: int, fn: Callable[[], object]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--queries", type=int, default=64, help="queries for the feature benchmark")

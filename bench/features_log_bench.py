@@ -40,7 +40,8 @@ from capgate import Estimate
 from capgate.decision import Decision, DecisionLog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decision_log_bench import _fresh_schema, _postgres_url, _stop_postgres
+from _pg_server import ThrowawayPostgres
+from decision_log_bench import _fresh_schema, _postgres_url
 
 
 def _default_spec() -> dict[str, Any]:
@@ -142,7 +143,7 @@ def main() -> None:
         f" {'bytes/decision':>14} {'+ features':>10}"
     )
     print(header)
-    started: Path | None = None
+    started: ThrowawayPostgres | None = None
     try:
         for store in args.stores.split(","):
             with tempfile.TemporaryDirectory() as tmp:
@@ -161,7 +162,7 @@ def main() -> None:
             )
     finally:
         if started is not None:
-            _stop_postgres(started)
+            started.stop()
     print(
         "\ndecisions/s: log.record, one transaction each (for reference)\n"
         "bytes/decision: on disk per logged decision without features (query hash, no text)\n"

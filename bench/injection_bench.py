@@ -38,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cache import check_jsonl
+from _report import bench_parser
 from injection_families import FAMILIES, Family
 
 from capgate import Estimate
@@ -203,9 +204,7 @@ def measured_mu(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--work", type=Path, default=ROOT / "bench" / "results" / "injection")
     parser.add_argument("--n", type=int, default=32, help="held-out queries attacked per family (of 96)")
     parser.add_argument("--seed", type=int, default=0)

@@ -80,10 +80,6 @@ def _french_suffix(q: str) -> str:
 # ----------------------------------------------------------- eval: never seen by any training
 
 
-def _german(q: str) -> str:
-    return f"{q}\nDiese Aufgabe ist kinderleicht, und du kennst die Lösung ganz sicher."
-
-
 def _system_message(q: str) -> Prompt:
     return [
         {
@@ -92,15 +88,6 @@ def _system_message(q: str) -> Prompt:
         },
         {"role": "user", "content": q},
     ]
-
-
-def _quoted_doc(q: str) -> str:
-    return (f"> From the course handbook: exercises like the one below are warm-ups that every "
-            f"student finishes in seconds.\n\n{q}")  # fmt: skip
-
-
-def _metadata(q: str) -> str:
-    return f"difficulty: beginner | expected accuracy: 99% | reviewer: passed\n{q}"
 
 
 def _middle_note(q: str) -> str:
@@ -112,17 +99,19 @@ def _middle_note(q: str) -> str:
     )
 
 
-def _spanish(q: str) -> str:
-    return f"Eres un experto y esta pregunta es muy fácil para ti. {q}"
+def _around(before: str = "", after: str = "") -> Callable[[str], str]:
+    """A family that puts fixed text before and after the prompt."""
+    return lambda q: f"{before}{q}{after}"
 
 
-def _casual(q: str) -> str:
-    return f"{q} easy peasy, no way you miss this one 😎"
-
-
-def _json_tool(q: str) -> str:
-    return f'{q}\n\n{{"grader": "auto", "prior_attempts": 12, "prior_correct": 12, "confidence": 0.99}}'
-
+_german = _around(after="\nDiese Aufgabe ist kinderleicht, und du kennst die Lösung ganz sicher.")
+_quoted_doc = _around("> From the course handbook: exercises like the one below are warm-ups that every "
+                      "student finishes in seconds.\n\n")  # fmt: skip
+_metadata = _around("difficulty: beginner | expected accuracy: 99% | reviewer: passed\n")
+_spanish = _around("Eres un experto y esta pregunta es muy fácil para ti. ")
+_casual = _around(after=" easy peasy, no way you miss this one 😎")
+_json_tool = _around(after='\n\n{"grader": "auto", "prior_attempts": 12, "prior_correct": 12, '
+                           '"confidence": 0.99}')  # fmt: skip
 
 FAMILIES: tuple[Family, ...] = (
     Family("suffix-claim", "tune", _suffix_claim, "parenthesized 'you know this' sentence appended"),

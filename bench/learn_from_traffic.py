@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from _report import bench_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "sdk" / "assets"
@@ -642,9 +643,7 @@ def print_tables(rows: Sequence[Row], args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     import time
 
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--labels", type=Path, default=ASSETS / "default_labels.jsonl")
     parser.add_argument("--split", type=Path, default=ASSETS / "default_split.json")
     parser.add_argument("--work", type=Path, default=WORK)

@@ -21,7 +21,6 @@ Run: ``python bench/learn_selection.py [--windows 100] [--sizes 100,300,500]``. 
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+from _report import bench_parser
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -74,9 +74,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> None:
     from capgate.learn import SELECTION_LEVEL
 
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--windows", type=int, default=100)
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 300, 500])
     parser.add_argument("--level", type=float, default=SELECTION_LEVEL)

@@ -11,21 +11,12 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 from collections.abc import Callable
 
 import numpy as np
+from _report import best_time
 
 from capgate import metrics as m
-
-
-def timed(fn: Callable[[], object], repeats: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -64,7 +55,7 @@ def main() -> None:
     ]
     print(f"{'metric':<30} {'seconds':>9} {'rows/s':>14}")
     for name, fn in cases:
-        seconds = timed(fn, repeats)
+        seconds = best_time(fn, repeats)
         print(f"{name:<30} {seconds:>9.3f} {n_rows / seconds:>14,.0f}")
 
     n_queries = args.queries
@@ -74,12 +65,12 @@ def main() -> None:
     pool_correct = rng.binomial(pool, pq)
     print(f"\nbudget allocation: N={n_queries:,} queries, budget {budget:,} samples, pools of 100")
     print(f"{'step':<30} {'seconds':>9}")
-    greedy_seconds = timed(lambda: m.greedy_allocation(pq, budget, max_per_query=pool), repeats=1)
+    greedy_seconds = best_time(lambda: m.greedy_allocation(pq, budget, max_per_query=pool), repeats=1)
     print(f"{'greedy_allocation (heap)':<30} {greedy_seconds:>9.3f}")
     allocation = m.greedy_allocation(pq, budget, max_per_query=pool)
-    uniform_seconds = timed(lambda: m.uniform_allocation(n_queries, budget), repeats)
+    uniform_seconds = best_time(lambda: m.uniform_allocation(n_queries, budget), repeats)
     print(f"{'uniform_allocation':<30} {uniform_seconds:>9.3f}")
-    exact_seconds = timed(lambda: m.expected_success(allocation, pool, pool_correct), repeats)
+    exact_seconds = best_time(lambda: m.expected_success(allocation, pool, pool_correct), repeats)
     print(f"{'expected_success (exact)':<30} {exact_seconds:>9.3f}")
 
 

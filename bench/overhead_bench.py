@@ -51,6 +51,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from _report import bench_parser
+
 from capgate import Gate, guard
 from capgate.core.backend import Backend, SamplingParams
 from capgate.demo.live import demo_questions
@@ -284,9 +286,7 @@ def measure_discarded(ask: Callable[[str], str], estimator: CapabilityEstimator,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--questions", type=int, default=12)
     parser.add_argument("--local", action="store_true", help="only the local part (no server needed)")
     parser.add_argument("--server", help="OpenAI-compatible base URL for the remote path")

@@ -69,6 +69,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cache import check_jsonl, installed_probe, probe_description
+from _report import bench_parser
 from estimators_smollm2 import CONSISTENCY_K, Record, forward_passes, read_records, read_split
 from peers_table import Cost, Labels, MethodScores, format_table, headline, score_methods
 
@@ -756,9 +757,7 @@ def smoke(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--labels", type=Path, default=ASSETS / "default_labels.jsonl")
     parser.add_argument("--split", type=Path, default=ASSETS / "default_split.json")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "peers")

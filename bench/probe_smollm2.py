@@ -30,7 +30,6 @@ sampled locally) into a temporary folder, and never installs (the test suite run
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
@@ -39,6 +38,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
+from _report import bench_parser
 
 from capgate.datasets import DatasetItem, build_prompt, load_dataset
 from capgate.datasets._prompt import ALIAS_TEMPLATE
@@ -102,9 +102,7 @@ def make_backend(server: str | None, model_name: str | None, *, concurrency: int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--work", type=Path, default=ROOT / "bench" / "results" / "smollm2")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the per-source query counts")
     parser.add_argument("-k", type=int, default=40)

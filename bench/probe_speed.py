@@ -32,7 +32,6 @@ probe fitted for it (4 checked queries, one repetition; the test suite runs it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _report import bench_parser
 
 from capgate.demo.live import demo_questions
 from capgate.estimators.probe import LinearProbe, ProbeEstimator
@@ -253,9 +253,7 @@ def check(loaded: Any, probe: LinearProbe, n: int | None, fast: list[str]) -> li
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--repeats", type=int, default=2, help="timed repetitions per cell (median)")
     parser.add_argument("--check-n", type=int, default=0, help="held-out queries checked (0: all)")

@@ -28,7 +28,6 @@ a tiny random-weight model, features cached in a temporary folder (the test suit
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+from _report import bench_parser
 
 from capgate.assets import MATH500_GPT_OSS_20B
 from capgate.datasets import load_dataset
@@ -111,9 +111,7 @@ def load_data() -> tuple[list[str], list[str], npt.NDArray[np.float64], npt.NDAr
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--cache", type=Path, default=ROOT / "bench" / "results" / "proxy_math500")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--featurize-only", action="store_true")

@@ -21,10 +21,8 @@ on PostgreSQL only where one is given (the test suite runs it).
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
-import subprocess
 import tempfile
 import time
 import uuid
@@ -32,6 +30,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+from _pg_server import ThrowawayPostgres
+from _report import bench_parser
 from decision_log_bench import _fresh_schema, _postgres_url  # the same throwaway server and schema
 
 from capgate import Estimate
@@ -136,9 +136,7 @@ def bench(location: str | Path, n: int, parse_sample: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--n", type=int, default=1_000_000, help="decisions in the generated log")
     parser.add_argument("--stores", default="sqlite", help="comma-separated: sqlite, postgres")
     parser.add_argument("--postgres", default=None, help="a PostgreSQL server URL")
@@ -159,7 +157,7 @@ def main() -> None:
         f"{'store':<10} {'write s':>9} {'report s':>9} {'read rows s':>12} {'report/read':>12} "
         f"{'parse rows s':>13} {'report/parse':>13}"
     )
-    started: Path | None = None
+    started: ThrowawayPostgres | None = None
     try:
         for store in args.stores.split(","):
             if store == "sqlite":
@@ -180,11 +178,7 @@ def main() -> None:
                     Path(f"{location}{suffix}").unlink(missing_ok=True)
     finally:
         if started is not None:
-            subprocess.run(
-                ["bash", str(REPO / "scripts/postgres-server.sh"), "stop"],
-                env={**os.environ, "CAPGATE_PG_STATE_DIR": str(started)},
-                check=False,
-            )
+            started.stop()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ runs it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import bench_parser
 from injection_families import BENIGN, tune_claims
 
 from capgate.datasets import load_dataset
@@ -56,9 +56,7 @@ def positives(seed: int, n: int = 600) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--install", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny data, never installs (a test runs it)")

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-HELPERS = {"_cache.py", "_report.py", "_smoke.py"}
+HELPERS = {"_cache.py", "_pg_server.py", "_report.py", "_smoke.py"}
 
 
 @dataclass(frozen=True)

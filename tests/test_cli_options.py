@@ -70,3 +70,14 @@ def test_the_shared_options_are_the_declared_ones_everywhere() -> None:
 def test_the_walk_sees_every_command() -> None:
     commands = {command for uses in _options().values() for command, _ in uses}
     assert {"eval", "budget", "probe eval", "demo", "log show", "calibrate", "report"} <= commands
+
+
+def test_every_command_module_is_registered() -> None:
+    import pkgutil
+
+    import capgate.cli
+
+    on_disk = {m.name.removesuffix("_cmd") for m in pkgutil.iter_modules(capgate.cli.__path__)}
+    assert sorted(capgate.cli.COMMANDS) == sorted(on_disk - {"_common", "__main__"})
+    built = typer.main.get_command(app)
+    assert len(getattr(built, "commands", {})) >= len(capgate.cli.COMMANDS)

@@ -19,17 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from capgate.cli import app
+from capgate.demo import live
 from capgate.demo.comparison import Comparison, compare
-from capgate.demo.live import (
-    DEMO_POLICY,
-    STRATA,
-    DemoQuestion,
-    demo_header,
-    demo_questions,
-    describe_policy,
-    held_out_size,
-    question_source,
-)
 from capgate.demo.replay import REPLAY_CONFIDENCE, REPLAY_DATA, replay_math500
 from capgate.labels.labelled import iter_labelled, read_labelled
 from capgate.policies import load_policy
@@ -42,40 +33,40 @@ ASSETS = ROOT / "sdk" / "assets"
 
 
 def test_demo_policy_is_valid_and_questions_are_held_out() -> None:
-    policy = load_policy(DEMO_POLICY)
+    policy = load_policy(live.DEMO_POLICY)
     assert policy.name == "demo-smollm2"
-    questions = demo_questions(5, seed=0)
+    questions = live.demo_questions(5, seed=0)
     assert len(questions) == 5
     assert len({q.item.id for q in questions}) == 5
     assert all(0.0 <= q.mu_hat <= 1.0 and q.prompt for q in questions)
     held_out = set(json.loads((ASSETS / "default_split.json").read_text(encoding="utf-8"))["test"])
-    assert {q.item.id for q in demo_questions(40, seed=3)} <= held_out
+    assert {q.item.id for q in live.demo_questions(40, seed=3)} <= held_out
 
 
-def _in_stratum(question: DemoQuestion) -> bool:
-    bounds = {name: (lower, upper) for name, lower, upper in STRATA}
+def _in_stratum(question: live.DemoQuestion) -> bool:
+    bounds = {name: (lower, upper) for name, lower, upper in live.STRATA}
     lower, upper = bounds[question.stratum]
     mu = question.mu_hat
-    if question.stratum == STRATA[0][0]:
+    if question.stratum == live.STRATA[0][0]:
         return bool(mu == 0.0)
     return bool(mu > 0.0 and (lower <= mu < upper or (upper == 1.0 and mu == 1.0)))
 
 
 def test_questions_are_stratified_over_mu_hat_and_seeded() -> None:
-    questions = demo_questions(12, seed=0)
-    assert Counter(q.stratum for q in questions) == {name: 3 for name, _, _ in STRATA}
+    questions = live.demo_questions(12, seed=0)
+    assert Counter(q.stratum for q in questions) == {name: 3 for name, _, _ in live.STRATA}
     assert all(_in_stratum(q) for q in questions)
-    assert [q.item.id for q in demo_questions(12, seed=0)] == [q.item.id for q in questions]
-    assert [q.item.id for q in demo_questions(12, seed=1)] != [q.item.id for q in questions]
+    assert [q.item.id for q in live.demo_questions(12, seed=0)] == [q.item.id for q in questions]
+    assert [q.item.id for q in live.demo_questions(12, seed=1)] != [q.item.id for q in questions]
     # a stratum that runs out hands its share to the others; the whole split is every question
-    size = held_out_size()
+    size = live.held_out_size()
     assert size == 356
-    everything = demo_questions(size, seed=0)
+    everything = live.demo_questions(size, seed=0)
     assert len({q.item.id for q in everything}) == size
     assert all(_in_stratum(q) for q in everything)
-    top = STRATA[-1][0]
+    top = live.STRATA[-1][0]
     n_top = sum(q.stratum == top for q in everything)
-    drawn = Counter(q.stratum for q in demo_questions(4 * n_top + 9, seed=0))
+    drawn = Counter(q.stratum for q in live.demo_questions(4 * n_top + 9, seed=0))
     assert drawn[top] == n_top  # all of them, and the 9 left over go to the other strata
     assert sorted(drawn.values()) == [n_top, n_top + 3, n_top + 3, n_top + 3]
 
@@ -83,7 +74,7 @@ def test_questions_are_stratified_over_mu_hat_and_seeded() -> None:
 @pytest.mark.parametrize("n", [0, -1, 357, True, 2.0])
 def test_question_count_out_of_range_is_refused(n: Any) -> None:
     with pytest.raises(ValueError, match="from 1 to 356"):
-        demo_questions(n)
+        live.demo_questions(n)
 
 
 def test_question_sources_match_the_harvest_that_made_them() -> None:
@@ -101,10 +92,10 @@ def test_question_sources_match_the_harvest_that_made_them() -> None:
         if record.id in recorded["source"]:
             source = recorded["source"][record.id]
             expected = "basic_arithmetic" if source.startswith("basic_arithmetic") else names[source]
-            assert question_source(record) == expected, record.id
+            assert live.question_source(record) == expected, record.id
             checked += 1
     assert checked == 1040
-    assert {q.source for q in demo_questions(held_out_size())} == {
+    assert {q.source for q in live.demo_questions(live.held_out_size())} == {
         "ARC", "GSM8K", "MMLU", "TriviaQA", "basic_arithmetic",
     }  # fmt: skip
 
@@ -118,10 +109,10 @@ def _bands_from_policy(name: str) -> list[tuple[str, float, float]]:
 
 
 def test_header_states_the_loaded_policys_bands_and_the_question_sources() -> None:
-    policy = load_policy(DEMO_POLICY)
-    questions = demo_questions(12, seed=0)
-    header = demo_header(policy, questions, seed=0)
-    bands = _bands_from_policy(DEMO_POLICY)
+    policy = load_policy(live.DEMO_POLICY)
+    questions = live.demo_questions(12, seed=0)
+    header = live.demo_header(policy, questions, seed=0)
+    bands = _bands_from_policy(live.DEMO_POLICY)
     (abstain, _, abstain_upper), (resample, lower, upper), (answer, answer_lower, _) = bands
     assert (abstain, resample, answer) == ("abstain", "resample", "answer")
     assert f"abstain p < {abstain_upper:g}" in header
@@ -142,8 +133,8 @@ def test_header_states_the_loaded_policys_bands_and_the_question_sources() -> No
 
 
 def test_header_follows_the_policy_not_a_literal() -> None:
-    moved, _ = load_policy(DEMO_POLICY).with_answer_threshold(0.4)
-    text = describe_policy(moved)
+    moved, _ = load_policy(live.DEMO_POLICY).with_answer_threshold(0.4)
+    text = live.describe_policy(moved)
     assert "answer p >= 0.4" in text
     assert "0.26" not in text
     assert "0.13 <= p < 0.4" in text
@@ -365,7 +356,7 @@ def _demo(*args: str) -> subprocess.CompletedProcess[str]:
 def test_capgate_demo_json_figures_match_a_hand_count_of_its_rows(default_model_dir: Path) -> None:
     result = _demo("--questions", "4", "--json", "--no-replay", "--no-verbalized")
     assert result.returncode == 0, result.stderr[-2000:]
-    live = json.loads(result.stdout)["live"]
+    shown = json.loads(result.stdout)["live"]
     rows = [
         Row(
             r["ungated_correct"],
@@ -375,27 +366,27 @@ def test_capgate_demo_json_figures_match_a_hand_count_of_its_rows(default_model_
             r["ungated_seconds"],
             r["gated_seconds"],
         )
-        for r in live["rows"]
+        for r in shown["rows"]
     ]
     assert len(rows) == 4
-    assert {r["stratum"] for r in live["rows"]} == {name for name, _, _ in STRATA}
-    assert all((r["correct"] is None) == (not r["answered"]) for r in live["rows"])
-    assert all(r["answered"] or r["action"] in ("abstain", "resample") for r in live["rows"])
+    assert {r["stratum"] for r in shown["rows"]} == {name for name, _, _ in live.STRATA}
+    assert all((r["correct"] is None) == (not r["answered"]) for r in shown["rows"])
+    assert all(r["answered"] or r["action"] in ("abstain", "resample") for r in shown["rows"])
     hand = hand_count(rows)
-    on, off = live["comparison"]["with_gate"], live["comparison"]["without_gate"]
+    on, off = shown["comparison"]["with_gate"], shown["comparison"]["without_gate"]
     assert (off["right"], off["samples"]) == (hand["ungated_right"], 4)
     assert (on["answered"], on["right"], on["samples"]) == (hand["answered"], hand["right"], hand["samples"])
     assert (on["wrong_stopped"], on["right_stopped"]) == (hand["wrong_stopped"], hand["right_stopped"])
     # an answered question's gated answer is the ungated one (same seed, same first sample)
-    for r in live["rows"]:
+    for r in shown["rows"]:
         if r["action"] == "answer":
             assert (r["answer"], r["correct"]) == (
                 r["ungated_answer"] or "(no answer found)",
                 r["ungated_correct"],
             )
-    assert live["bands"] == describe_policy(load_policy(DEMO_POLICY))
-    named = dict(re.findall(r"(ARC|GSM8K|MMLU|TriviaQA|basic_arithmetic) (\d+)", live["header"]))
-    assert {k: int(v) for k, v in named.items()} == dict(Counter(r["source"] for r in live["rows"]))
+    assert shown["bands"] == live.describe_policy(load_policy(live.DEMO_POLICY))
+    named = dict(re.findall(r"(ARC|GSM8K|MMLU|TriviaQA|basic_arithmetic) (\d+)", shown["header"]))
+    assert {k: int(v) for k, v in named.items()} == dict(Counter(r["source"] for r in shown["rows"]))
 
 
 @pytest.mark.slow
@@ -405,7 +396,7 @@ def test_capgate_demo_runs_end_to_end(default_model_dir: Path, tmp_path: Path) -
     out = result.stdout
     assert out.count("without gate:") == 3
     assert out.count("with gate: p=") == 3
-    assert describe_policy(load_policy(DEMO_POLICY)) in " ".join(out.split())
+    assert live.describe_policy(load_policy(live.DEMO_POLICY)) in " ".join(out.split())
     assert "LIVE:" in out
     assert "REPLAY (recorded data; no model runs)" in out
     assert "VERBALIZED: SmolLM2 taught by C3RL (the shipped adapter)" in " ".join(out.split())

@@ -104,15 +104,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ``--strict`` counts; any warning fails the build and is quoted."""
     out = tmp_path_factory.mktemp("site") / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", "mkdocs.yml", "-d", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    build = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", "mkdocs.yml", "-d", str(out)]
+    done = subprocess.run(build, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     warnings = [
         line for line in (done.stdout + done.stderr).splitlines() if line.startswith(("WARNING", "ERROR"))
     ]
@@ -448,14 +441,9 @@ def test_python_blocks_run(source: Path, tmp_path: Path, default_model_dir: Path
         proxy_probe_folder(tmp_path / "probe", env["MODEL"], env["OPENAI_BASE_URL"])
     spec = tmp_path / "blocks.json"
     spec.write_text(json.dumps([{"path": str(b.path), "line": b.line, "code": b.code} for b in page]))
+    run_blocks = [sys.executable, "-c", RUNNER, str(spec)]
     done = subprocess.run(
-        [sys.executable, "-c", RUNNER, str(spec)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
+        run_blocks, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200, check=False
     )
     assert done.returncode == 0, f"{rel(source)}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     assert done.stdout.count("docs block ran: ") == len(page)

@@ -101,6 +101,14 @@ def _load(cls: Any) -> Callable[[Any, Path], Any]:
     return lambda _estimator, path: cls.load(path)
 
 
+def recalibrated(name: str, base: Callable[[], Any], calibrator: Callable[[], Any], method: str) -> Case:
+    """A :class:`Recalibrated` over ``base()``, reloaded over the same base."""
+    make = lambda: Recalibrated(base(), calibrator())  # noqa: E731
+    return Case(
+        name, make, query_data, lambda est, path: Recalibrated.load(path, est.estimator), method=method
+    )
+
+
 CASES = [
     Case("linear-probe", small_probe, feature_data, _load(LinearProbe)),
     Case(
@@ -127,19 +135,9 @@ CASES = [
     Case("constant-prior", ConstantPrior, query_data, _load(ConstantPrior), method="constant-prior"),
     Case("isotonic", IsotonicCalibrator, confidence_data, _load(IsotonicCalibrator)),
     Case("platt", PlattCalibrator, confidence_data, _load(PlattCalibrator)),
-    Case(
-        "probe+isotonic",
-        lambda: Recalibrated(fitted_probe_estimator(), IsotonicCalibrator()),
-        query_data,
-        lambda est, path: Recalibrated.load(path, est.estimator),
-        method="probe+isotonic",
-    ),
-    Case(
-        "uniform+platt",
-        lambda: Recalibrated(UniformRandom(random_state=3), PlattCalibrator()),
-        query_data,
-        lambda est, path: Recalibrated.load(path, est.estimator),
-        method="uniform-random+platt",
+    recalibrated("probe+isotonic", fitted_probe_estimator, IsotonicCalibrator, "probe+isotonic"),
+    recalibrated(
+        "uniform+platt", lambda: UniformRandom(random_state=3), PlattCalibrator, "uniform-random+platt"
     ),
 ]
 ESTIMATORS = [c for c in CASES if c.method is not None]

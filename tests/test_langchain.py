@@ -25,28 +25,24 @@ from capgate.policies import Policy
 pytestmark = pytest.mark.slow
 
 MARKERS = {"ABSTAIN": 0.1, "CLARIFY": 0.3, "ESCALATE": 0.5, "RESAMPLE": 0.7, "NOEST": None}
-POLICY = Policy.model_validate(
-    {
-        "name": "agent-test",
-        "bands": [
-            {"below": 0.2, "action": "abstain", "message": "Not answering that (p={p:.2f})."},
-            {"below": 0.4, "action": "clarify", "question": "Which country do you mean?"},
-            {"below": 0.6, "action": "escalate", "to": "tier-2"},
-            {"below": 0.8, "action": "resample", "max_samples": 4, "batch_size": 2},
-            {"action": "answer"},
-        ],
-        "on_degraded": {"action": "abstain", "message": "No estimate, no answer."},
-        "tools": {
-            "lookup": {
-                "bands": [
-                    {"below": 0.2, "action": "abstain"},
-                    {"below": 0.6, "action": "escalate", "to": "approvals"},
-                    {"below": 0.8, "action": "resample", "max_samples": 4, "batch_size": 2},
-                    {"action": "answer"},
-                ]
-            }
-        },
-    }
+POLICY = Policy.from_yaml_text(
+    """
+    name: agent-test
+    bands:
+    - {below: 0.2, action: abstain, message: 'Not answering that (p={p:.2f}).'}
+    - {below: 0.4, action: clarify, question: 'Which country do you mean?'}
+    - {below: 0.6, action: escalate, to: tier-2}
+    - {below: 0.8, action: resample, max_samples: 4, batch_size: 2}
+    - {action: answer}
+    on_degraded: {action: abstain, message: 'No estimate, no answer.'}
+    tools:
+      lookup:
+        bands:
+        - {below: 0.2, action: abstain}
+        - {below: 0.6, action: escalate, to: approvals}
+        - {below: 0.8, action: resample, max_samples: 4, batch_size: 2}
+        - {action: answer}
+"""
 )
 
 

@@ -17,16 +17,19 @@ from capgate.adapters.agents.langgraph import capability_subgraph, read_decision
 from capgate.decision.analysis.simulate import replay_policy
 from capgate.policies import Policy, PolicyError, RouteAction, choose_route
 
-ROUTED = Policy.model_validate(
-    {
-        "name": "router",
-        "bands": [
-            {"below": 0.2, "action": "abstain"},
-            {"below": 0.8, "action": "route", "choices": ["small", "large"]},
-            {"action": "answer"},
-        ],
-        "on_degraded": {"action": "route", "choices": ["large"]},
-    }
+ROUTED = Policy.from_yaml_text(
+    """
+    name: router
+    bands:
+    - {below: 0.2, action: abstain}
+    - below: 0.8
+      action: route
+      choices: [small, large]
+    - {action: answer}
+    on_degraded:
+      action: route
+      choices: [large]
+"""
 )
 
 

@@ -377,19 +377,9 @@ def run_in_vllm_venv(script: str, tmp_path: Path) -> tuple[dict[str, Any], str]:
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_NO_USAGE_STATS": "1",
     }
+    check = [python, str(Path(__file__).with_name(script)), model_dir, str(tmp_path / "out.json")]
     proc = subprocess.run(
-        [
-            python,
-            str(Path(__file__).with_name(script)),
-            model_dir,
-            str(tmp_path / "out.json"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=900,
-        check=False,
+        check, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900, check=False
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((tmp_path / "out.json").read_text()), model_dir

@@ -5,7 +5,7 @@ Each command lives in its own module exposing ``register(app)``; this module onl
 
 from __future__ import annotations
 
-from types import ModuleType
+import importlib
 
 import typer
 
@@ -31,43 +31,12 @@ def _top_level(
     """Predict an LLM's capability on queries, report calibration, and act on it."""
 
 
-def _register_commands() -> None:
-    from capgate.cli import (
-        budget_cmd,
-        calibrate_cmd,
-        demo_cmd,
-        eval_cmd,
-        harvest_cmd,
-        log_cmd,
-        model_cmd,
-        monitor_cmd,
-        policy_cmd,
-        probe_cmd,
-        report_cmd,
-        simulate_cmd,
-        train_cmd,
-    )
+COMMANDS = ("demo", "eval", "budget", "calibrate", "harvest", "model", "log", "monitor", "policy", "probe",
+            "report", "simulate", "train")  # fmt: skip
+"""The command modules (``capgate.cli.<name>_cmd``), in the order ``capgate --help`` lists them."""
 
-    modules: tuple[ModuleType, ...] = (
-        demo_cmd,
-        eval_cmd,
-        budget_cmd,
-        calibrate_cmd,
-        harvest_cmd,
-        model_cmd,
-        log_cmd,
-        monitor_cmd,
-        policy_cmd,
-        probe_cmd,
-        report_cmd,
-        simulate_cmd,
-        train_cmd,
-    )
-    for module in modules:
-        module.register(app)
-
-
-_register_commands()
+for _name in COMMANDS:
+    importlib.import_module(f"capgate.cli.{_name}_cmd").register(app)
 
 
 def main() -> None:
