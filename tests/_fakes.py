@@ -1,7 +1,7 @@
-"""Scripted in-memory backends for estimator tests (no model, no network).
+"""Scripted in-memory backends for estimator tests (no model, no network), and decisions to log.
 
-They answer deterministically from the prompt text, so batching and one-by-one calls agree, and
-record every call so tests can check what was asked.
+The backends answer deterministically from the prompt text, so batching and one-by-one calls
+agree, and record every call so tests can check what was asked.
 """
 
 from __future__ import annotations
@@ -11,8 +11,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from capgate.core.backend import Generation, Prompt, SamplingParams, TokenLogprob, as_messages
+from capgate.core.types import Decision, Estimate
 
 Respond = Callable[[str, SamplingParams], list[Generation] | Exception]
+
+
+def decision(p: float, action: str = "answer", *, method: str = "probe", **fields: Any) -> Decision:
+    """A decision on an estimate ``p`` of ``method`` (reason ``"r"``); ``fields``: the rest."""
+    return Decision(action=action, estimate=Estimate(p=p, method=method), reason="r", **fields)
 
 
 def last_user(prompt: Prompt) -> str:

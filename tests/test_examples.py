@@ -29,6 +29,16 @@ def run(name: str, *args: str) -> str:
     return done.stdout
 
 
+def questions(out: str, n: int, decision: str) -> list[tuple[str, re.Match[str]]]:
+    """The ``n`` per-question blocks an example printed, each with its decision line matched by
+    ``decision`` (whose first group must be one of the policy's actions)."""
+    blocks = out.split("question: ")[1:]
+    assert len(blocks) == n, out
+    found = [(block, re.search(decision, block)) for block in blocks]
+    assert all(m is not None and m.group(1) in ACTIONS for _, m in found), out
+    return [(block, m) for block, m in found if m is not None]
+
+
 def test_policy_walkthrough() -> None:
     out = run("policy_walkthrough.py")
     assert (
@@ -90,12 +100,7 @@ def test_langgraph_escalation_resumes_in_a_new_process(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_langchain_middleware() -> None:
     out = run("langchain_middleware.py", "--model", "default")
-    blocks = out.split("question: ")[1:]
-    assert len(blocks) == 3
-    for block in blocks:
-        action = re.search(r"decision: (\w+)", block)
-        assert action is not None
-        assert action.group(1) in ACTIONS
+    for block, _ in questions(out, 3, r"decision: (\w+)"):
         reply = re.search(r"  reply: (.+)", block)
         assert reply is not None
         assert reply.group(1).strip()
@@ -175,12 +180,7 @@ def test_openai_agents_guardrail_against_the_vllm_server() -> None:
     assert url, "run under scripts/with-vllm-server.sh (CAPGATE_TEST_VLLM_URL is not set)"
     assert served, "run under scripts/with-vllm-server.sh (CAPGATE_TEST_VLLM_MODEL is not set)"
     out = run("openai_agents_guardrail.py", "--base-url", url, "--model", served)
-    blocks = out.split("question: ")[1:]
-    assert len(blocks) == 2
-    for block in blocks:
-        decision = re.search(r"decision: (\w+) \(p=\S+, target (\S+)\)", block)
-        assert decision is not None
-        assert decision.group(1) in ACTIONS
+    for block, decision in questions(out, 2, r"decision: (\w+) \(p=\S+, target (\S+)\)"):
         assert decision.group(2) == served  # the agent's model, read by the guardrail
         assert re.search(r"  (reply|tripped): \S", block)
     triage = re.search(r"triage: .+\n  decision: (\w+); (handed to: (helper|reviewer)|tripped: \S)", out)

@@ -88,16 +88,15 @@ def test_late_estimate_is_a_degraded_decision_logged_with_its_reason(mode: str, 
     log = DecisionLog(tmp_path / "d.sqlite3")
     gate = Gate(policy="balanced", estimator=Slow(2.0), estimate_timeout_s=0.1, log=log)
 
-    @capgate.guard(gate=gate)
     def ask(prompt: str) -> str:
         return "answered"
 
-    @capgate.guard(gate=gate)
     async def aask(prompt: str) -> str:
-        return "answered"
+        return ask(prompt)
 
+    guarded = capgate.guard(gate=gate)(ask if mode == "sync" else aask)
     start = time.monotonic()
-    result = ask("q") if mode == "sync" else asyncio.run(aask("q"))
+    result = guarded("q") if mode == "sync" else asyncio.run(guarded("q"))
     assert time.monotonic() - start < 1.0
     assert isinstance(result, capgate.Gated)
     decision = result.decision

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _agent_scaffolding import ForceFirstTool
+from _agent_scaffolding import ForceFirstTool, gated_tool_graph
 from _ci_server import ci_vllm_server
 from _estimators import KeywordEstimator
 from langchain.agents import create_agent
@@ -30,8 +30,7 @@ from langchain.agents.middleware import AgentMiddleware, ModelRequest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode
+from langgraph.graph import MessagesState
 from pydantic import BaseModel, Field
 
 from capgate import Estimate, SamplingParams
@@ -359,18 +358,9 @@ def test_a_tool_node_gates_the_chat_models_proposal_before_it_runs(server: Serve
     lookup, looked_up = _lookup()
     chat = server.chat().bind_tools([lookup], tool_choice="lookup")
 
-    def propose(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [chat.invoke(state["messages"])]}
-
     def app(estimator: KeywordEstimator) -> Any:
         gate = ToolCallGate(policy=POLICY, estimator=estimator, target=server.name)
-        graph = StateGraph(MessagesState)
-        graph.add_node("propose", propose)
-        graph.add_node("tools", ToolNode([lookup], wrap_tool_call=gate, awrap_tool_call=gate.acall))
-        graph.add_edge(START, "propose")
-        graph.add_edge("propose", "tools")
-        graph.add_edge("tools", END)
-        return graph.compile()
+        return gated_tool_graph(chat, lookup, gate, MessagesState).compile()
 
     out = app(KeywordEstimator(MARKERS)).invoke(_ask("RISKY: look up Rome in the encyclopedia."))
     assert looked_up == []  # p = 0.5 < the lookup's 0.6: refused before it ran

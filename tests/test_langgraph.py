@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _agent_scaffolding import gated_tool_graph
 from _estimators import KeywordEstimator
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
-from langgraph.prebuilt import ToolNode
 from langgraph.types import Command
 from pydantic import ValidationError
 
@@ -314,16 +314,7 @@ def _tool_app(model: CapgateChatModel) -> tuple[Any, list[str], KeywordEstimator
     estimator = KeywordEstimator(MARKERS)
     gate = ToolCallGate(gate=Gate(policy=TOOL_POLICY, estimator=estimator))
     bound = model.bind_tools([lookup], tool_choice="lookup")
-
-    def propose(state: CapabilityState) -> dict[str, Any]:
-        return {"messages": [bound.invoke(state["messages"])]}
-
-    graph = StateGraph(CapabilityState)
-    graph.add_node("model", propose)
-    graph.add_node("tools", ToolNode([lookup], wrap_tool_call=gate, awrap_tool_call=gate.acall))
-    graph.add_edge(START, "model")
-    graph.add_edge("model", "tools")
-    graph.add_edge("tools", END)
+    graph = gated_tool_graph(bound, lookup, gate, CapabilityState)
     return graph.compile(checkpointer=InMemorySaver()), looked_up, estimator
 
 

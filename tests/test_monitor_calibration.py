@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _fakes import decision
 from typer.testing import CliRunner
 
 from capgate import Estimate
@@ -37,17 +38,7 @@ def filled(log_location: str | Path) -> tuple[DecisionLog, np.ndarray, np.ndarra
     ids = _fill(log, p, y, target="m1", calibration="cal-b")  # calibrated
     _fill(log, p[:40], y[:40], target="m2")  # uncalibrated, another target
     for i in ids[:50]:  # a candidate's shadows beside cal-b's decisions: left to `capgate report`
-        log.record(
-            Decision(
-                action="abstain",
-                estimate=Estimate(p=0.01, method="probe"),
-                reason="t",
-                target="m1",
-                shadow=True,
-                calibration="cal-c",
-                beside=i,
-            )
-        )
+        log.record(decision(0.01, "abstain", target="m1", shadow=True, calibration="cal-c", beside=i))
     return log, p, y
 
 

@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from _fakes import decision
 from typer.testing import CliRunner
 
-from capgate import Estimate
 from capgate.cli import app
-from capgate.decision import Decision, DecisionLog
+from capgate.decision import DecisionLog
 from capgate.decision.analysis.report import gate_report, wilson
 from capgate.decision.analysis.simulate import replay_policy
 from capgate.policies import load_policy
@@ -29,35 +29,21 @@ SHADOW += [("abstain", 0.1, False)] * 2 + [("abstain", 0.1, True), ("escalate", 
 def _fill(log: DecisionLog) -> list[str]:
     ids = []
     for i, (action, p, correct) in enumerate(SHADOW):
-        d = Decision(
-            action=action,
-            estimate=Estimate(p=p, method="m"),
-            reason="r",
-            policy="balanced",
-            shadow=True,
-            target="m1",
-            created_at=T0 + timedelta(minutes=i),
-        )
+        at = T0 + timedelta(minutes=i)
+        d = decision(p, action, method="m", policy="balanced", shadow=True, target="m1", created_at=at)
         log.record(d, latency_s=0.01 * (i + 1), samples_used=1 if action == "answer" else 0)
         log.record_outcome(d.id, correct=correct, source="grader")
         ids.append(d.id)
     # the enforce group: two abstains, one outcome: too few for any rate
     for i in range(2):
-        d = Decision(
-            action="abstain",
-            estimate=Estimate(p=0.2, method="m"),
-            reason="r",
-            policy="strict",
-            step="draft",
-            created_at=T0 + timedelta(minutes=i),
+        d = decision(
+            0.2, "abstain", method="m", policy="strict", step="draft", created_at=T0 + timedelta(minutes=i)
         )
         log.record(d, latency_s=0.5)
         if i == 0:
             log.record_outcome(d.id, correct=True, source="user")
     # outside the window below
-    old = Decision(
-        action="answer", estimate=Estimate(p=0.5, method="m"), reason="r", created_at=T0 - timedelta(days=2)
-    )
+    old = decision(0.5, method="m", created_at=T0 - timedelta(days=2))
     log.record(old)
     return ids
 

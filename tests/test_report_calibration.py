@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _fakes import decision
 from typer.testing import CliRunner
 
-from capgate import Estimate
 from capgate.cli import app
-from capgate.decision import Decision, DecisionLog
+from capgate.decision import DecisionLog
 from capgate.decision.analysis.report import gate_report, wilson
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -33,21 +33,14 @@ def _fill(log: DecisionLog, *, stopped_unscored: bool = False) -> tuple[np.ndarr
     q, y, flat = _traffic()
     for i in range(N):
         at = T0 + timedelta(seconds=i)
-        enforced = Decision(
-            action="answer",
-            estimate=Estimate(p=float(flat[i]), method="probe"),
-            reason="r",
-            policy="balanced",
-            target="m1",
-            calibration="cal-a",
-            created_at=at,
+        enforced = decision(
+            float(flat[i]), policy="balanced", target="m1", calibration="cal-a", created_at=at
         )
         if stopped_unscored and i % 3 == 0:
             enforced = enforced.model_copy(update={"action": "abstain"})
-        candidate = Decision(
-            action="answer" if q[i] >= 0.5 else "abstain",
-            estimate=Estimate(p=float(q[i]), method="probe"),
-            reason="r",
+        candidate = decision(
+            float(q[i]),
+            "answer" if q[i] >= 0.5 else "abstain",
             policy="balanced",
             target="m1",
             calibration="cal-b",
@@ -60,16 +53,7 @@ def _fill(log: DecisionLog, *, stopped_unscored: bool = False) -> tuple[np.ndarr
         if not (stopped_unscored and enforced.action == "abstain"):
             log.record_outcome(enforced.id, correct=bool(y[i]), source="grader")
     for i in range(5):  # uncalibrated decisions of the same policy and target: a group of their own
-        log.record(
-            Decision(
-                action="answer",
-                estimate=Estimate(p=0.5, method="probe"),
-                reason="r",
-                policy="balanced",
-                target="m1",
-                created_at=T0 + timedelta(seconds=i),
-            )
-        )
+        log.record(decision(0.5, policy="balanced", target="m1", created_at=T0 + timedelta(seconds=i)))
     return q, y, flat
 
 
