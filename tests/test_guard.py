@@ -25,29 +25,11 @@ from capgate.gate import (
     ResampleFailed,
     set_default_estimator,
 )
-from capgate.policies import Policy
+from capgate.policies import load_policy
 
 MARKERS = {"ABSTAIN": 0.1, "CLARIFY": 0.3, "ESCALATE": 0.5, "RESAMPLE": 0.7, "NOEST": None}
 
-POLICY = Policy.from_yaml_text(
-    """
-    name: all-actions
-    bands:
-    - {below: 0.2, action: abstain, message: 'No (p={p:.2f}).'}
-    - {below: 0.4, action: clarify, question: 'Which one do you mean?'}
-    - {below: 0.6, action: escalate, to: tier-2}
-    - below: 0.8
-      action: resample
-      max_samples: 6
-      batch_size: 2
-      stop: {consensus: 0.9, min_samples: 2, confidence_gap: null}
-    - {action: answer}
-    on_degraded: {action: escalate, to: on-call}
-    steps:
-      draft: {bands: 0.95}
-    tools: {refund: 0.95}
-"""
-)
+POLICY = load_policy(Path(__file__).parent / "data" / "policies" / "all-actions.yaml")
 
 
 @pytest.fixture

@@ -122,18 +122,8 @@ def test_harvest_batches_grades_and_writes_labels(tmp_path: Path) -> None:
     items = make_items(10)
     backend = ScriptedBackend()
     out = tmp_path / "labels.jsonl"
-    report = harvest(
-        backend,
-        items,
-        out,
-        k=5,
-        temperature=0.7,
-        top_p=0.9,
-        max_tokens=64,
-        seed=3,
-        batch_size=4,
-        progress=False,
-    )
+    sampling = {"k": 5, "temperature": 0.7, "top_p": 0.9, "max_tokens": 64}
+    report = harvest(backend, items, out, **sampling, seed=3, batch_size=4, progress=False)  # type: ignore[arg-type]
     # three generate calls of 4, 4 and 2 queries, each asking for n=k samples
     assert [len(prompts) for prompts, _ in backend.calls] == [4, 4, 2]
     for _, params in backend.calls:

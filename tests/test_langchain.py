@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,30 +21,12 @@ from langgraph.types import Command
 
 from capgate import Gate, SamplingParams
 from capgate.adapters.agents.langchain import CapabilityGate, CapgateChatModel
-from capgate.policies import Policy
+from capgate.policies import load_policy
 
 pytestmark = pytest.mark.slow
 
 MARKERS = {"ABSTAIN": 0.1, "CLARIFY": 0.3, "ESCALATE": 0.5, "RESAMPLE": 0.7, "NOEST": None}
-POLICY = Policy.from_yaml_text(
-    """
-    name: agent-test
-    bands:
-    - {below: 0.2, action: abstain, message: 'Not answering that (p={p:.2f}).'}
-    - {below: 0.4, action: clarify, question: 'Which country do you mean?'}
-    - {below: 0.6, action: escalate, to: tier-2}
-    - {below: 0.8, action: resample, max_samples: 4, batch_size: 2}
-    - {action: answer}
-    on_degraded: {action: abstain, message: 'No estimate, no answer.'}
-    tools:
-      lookup:
-        bands:
-        - {below: 0.2, action: abstain}
-        - {below: 0.6, action: escalate, to: approvals}
-        - {below: 0.8, action: resample, max_samples: 4, batch_size: 2}
-        - {action: answer}
-"""
-)
+POLICY = load_policy(Path(__file__).parent / "data" / "policies" / "agent-test.yaml")
 
 
 @pytest.fixture

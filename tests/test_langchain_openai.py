@@ -40,27 +40,12 @@ from capgate.adapters.backends.openai import OpenAIBackend
 from capgate.core.backend import Prompt
 from capgate.decision import DecisionLog
 from capgate.estimators import CapabilityEstimator, VerbalizedConfidence
-from capgate.policies import Policy
+from capgate.policies import Policy, load_policy
 
 pytestmark = pytest.mark.slow
 
 MARKERS = {"ABSTAIN": 0.1, "RESAMPLE": 0.3, "RISKY": 0.5}
-POLICY = Policy.from_yaml_text(
-    """
-    name: hosted-langchain-test
-    bands:
-    - {below: 0.2, action: abstain, message: 'Not answering that (p={p:.2f}).'}
-    - {below: 0.4, action: resample, max_samples: 4, batch_size: 2}
-    - {action: answer}
-    on_degraded: {action: abstain, message: 'No estimate, no answer.'}
-    # A lookup is riskier than a reply: it runs only from p >= 0.6.
-    tools:
-      lookup:
-        bands:
-        - {below: 0.6, action: abstain, message: 'Not running lookup (p={p:.2f}).'}
-        - {action: answer}
-"""
-)
+POLICY = load_policy(Path(__file__).parent / "data" / "policies" / "hosted-langchain-test.yaml")
 
 
 def first_word(text: str) -> str | None:

@@ -43,23 +43,13 @@ from capgate.core.backend import Prompt
 from capgate.decision import DecisionLog
 from capgate.errors import SettingsError
 from capgate.estimators import CapabilityEstimator
-from capgate.policies import Policy
+from capgate.policies import load_policy
 from tests._ci_server import ci_vllm_server
 from tests._estimators import KeywordEstimator
 
 WAIT_S = 10.0
 MARKERS = {"LOW": 0.1, "MID": 0.5, "HIGH": 0.75, "NONE": None}
-ROUTED = Policy.model_validate(
-    {
-        "name": "router",
-        "bands": [
-            {"below": 0.2, "action": "abstain"},
-            {"below": 0.8, "action": "route", "choices": ["small", "large"]},
-            {"action": "answer"},
-        ],
-        "on_degraded": {"action": "route", "choices": ["large"]},
-    }
-)
+ROUTED = load_policy(Path(__file__).parent / "data" / "policies" / "router.yaml")
 
 
 class CountingModel(Model):

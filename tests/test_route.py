@@ -5,6 +5,7 @@ small deterministic ones that pick the branch)."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,22 +16,9 @@ import capgate
 from capgate import Decision, Estimate, Gate, RoutePlan, SettingsError
 from capgate.adapters.agents.langgraph import capability_subgraph, read_decision
 from capgate.decision.analysis.simulate import replay_policy
-from capgate.policies import Policy, PolicyError, RouteAction, choose_route
+from capgate.policies import Policy, PolicyError, RouteAction, choose_route, load_policy
 
-ROUTED = Policy.from_yaml_text(
-    """
-    name: router
-    bands:
-    - {below: 0.2, action: abstain}
-    - below: 0.8
-      action: route
-      choices: [small, large]
-    - {action: answer}
-    on_degraded:
-      action: route
-      choices: [large]
-"""
-)
+ROUTED = load_policy(Path(__file__).parent / "data" / "policies" / "router.yaml")
 
 
 def _routes() -> dict[str, KeywordEstimator]:
