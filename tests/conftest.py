@@ -7,11 +7,17 @@ tests never read or write the user's cache. Model fixtures are session-scoped an
   cache (the real conversion, once per session).
 - ``tiny_model_dir`` / ``tiny_model``: a 2-layer, 32-wide random-weight Llama with SmolLM2's real
   tokenizer and chat template, for fast unit tests of loading, sampling and features.
+- ``demo_run``: ``capgate demo`` run once, as a user runs it, for the tests that read what it
+  printed, the JSON figures it wrote and its plots (the live, verbalized and replay parts).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +59,28 @@ def tiny_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFac
     from capgate.local.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), tokenizer_from=default_model_dir)
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """What one ``capgate demo --questions 4 --plot DIR --json-out FILE`` printed and wrote."""
+
+    text: str
+    figures: dict[str, Any]
+    plots: Path
+
+
+@pytest.fixture(scope="session")
+def demo_run(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """``capgate demo`` in a fresh process, every part on (the model runs it needs are minutes)."""
+    folder = tmp_path_factory.mktemp("demo")
+    command = [sys.executable, "-m", "capgate.cli", "demo", "--questions", "4"]
+    command += ["--plot", str(folder / "plots")]
+    command += ["--json-out", str(folder / "demo.json")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads((folder / "demo.json").read_text(encoding="utf-8"))
+    return DemoRun(done.stdout, figures, folder / "plots")
 
 
 @pytest.fixture(scope="module")

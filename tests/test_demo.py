@@ -5,10 +5,7 @@ embedded model (slow, no mocks)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import DemoRun
 from typer.testing import CliRunner
 
 from capgate.cli import app
@@ -345,18 +343,9 @@ def test_json_schema_of_the_replay_part_and_bad_options(tmp_path: Path) -> None:
         assert message in result.output
 
 
-def _demo(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "capgate.cli", "demo", *args],
-        capture_output=True, text=True, env=dict(os.environ), timeout=900, check=False,
-    )  # fmt: skip
-
-
 @pytest.mark.slow
-def test_capgate_demo_json_figures_match_a_hand_count_of_its_rows(default_model_dir: Path) -> None:
-    result = _demo("--questions", "4", "--json", "--no-replay", "--no-verbalized")
-    assert result.returncode == 0, result.stderr[-2000:]
-    shown = json.loads(result.stdout)["live"]
+def test_capgate_demo_json_figures_match_a_hand_count_of_its_rows(demo_run: DemoRun) -> None:
+    shown = demo_run.figures["live"]
     rows = [
         Row(
             r["ungated_correct"],
@@ -390,12 +379,10 @@ def test_capgate_demo_json_figures_match_a_hand_count_of_its_rows(default_model_
 
 
 @pytest.mark.slow
-def test_capgate_demo_runs_end_to_end(default_model_dir: Path, tmp_path: Path) -> None:
-    result = _demo("--questions", "3", "--plot", str(tmp_path))
-    assert result.returncode == 0, result.stderr[-2000:]
-    out = result.stdout
-    assert out.count("without gate:") == 3
-    assert out.count("with gate: p=") == 3
+def test_capgate_demo_runs_end_to_end(demo_run: DemoRun) -> None:
+    out = demo_run.text
+    assert out.count("without gate:") == 4
+    assert out.count("with gate: p=") == 4
     assert live.describe_policy(load_policy(live.DEMO_POLICY)) in " ".join(out.split())
     assert "LIVE:" in out
     assert "REPLAY (recorded data; no model runs)" in out
@@ -417,7 +404,8 @@ def test_capgate_demo_runs_end_to_end(default_model_dir: Path, tmp_path: Path) -
         "replay_reliability.png",
         "replay_risk_coverage.png",
     ]
-    assert sorted(p.name for p in tmp_path.iterdir()) == names
+    assert sorted(p.name for p in demo_run.plots.iterdir()) == names
+    assert demo_run.figures["plots"] == [str(demo_run.plots / name) for name in names]
 
 
 def test_the_time_row_says_saved_when_the_gate_saves_time() -> None:

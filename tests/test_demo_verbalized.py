@@ -5,11 +5,10 @@ confidence that follows the kind of question (what bench/c3rl.py measured), show
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import DemoRun
 from safetensors import safe_open
 
 from capgate.assets import C3RL_SMOLLM2_ADAPTER
@@ -67,13 +66,8 @@ def test_default_c3rl_is_the_embedded_model_with_the_adapter_merged_in(default_m
 
 
 @pytest.mark.slow
-def test_the_verbalized_part_shows_the_trained_models_own_confidence(default_model_dir: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "capgate.cli", "demo", "--no-live", "--no-replay", "--json"],
-        capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    part = json.loads(done.stdout)["verbalized"]
+def test_the_verbalized_part_shows_the_trained_models_own_confidence(demo_run: DemoRun) -> None:
+    part = demo_run.figures["verbalized"]
     rows = part["rows"]
     assert [r["family"] for r in rows] == [f for f in FAMILIES for _ in range(2)]
     assert "+c3rl-" in part["model_id"]

@@ -5,7 +5,6 @@ recorded answers through a calibrated policy (:mod:`capgate.demo.live`,
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from capgate._util.jsonl import json_ready
-from capgate.cli._common import JsonFlag, console, fail
+from capgate.cli._common import JsonFlag, JsonOut, console, fail, show_figures
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -269,6 +268,7 @@ def demo_command(
         int, typer.Option(help="Seed of the question draw, of sampling and of the replay's split.")
     ] = 0,
     as_json: JsonFlag = False,
+    json_out: JsonOut = None,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Write reliability diagrams and risk–coverage curves here.")
     ] = None,
@@ -323,27 +323,28 @@ def demo_command(
         except (CapgateError, ValueError) as exc:
             fail(str(exc))
     written = _plot(plot, live_report, replay_report) if plot is not None else []
-    if as_json:
-        document = {
-            "schema": SCHEMA,
-            "live": live_json(live_report) if live_report is not None else None,
-            "verbalized": verbalized_report.to_dict() if verbalized_report is not None else None,
-            "replay": replay_report.to_dict() if replay_report is not None else None,
-            "replay_skipped": replay_note,
-            "plots": [str(p) for p in written],
-        }
-        typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
-        return
-    if live_report is not None:
-        _print_live(out, live_report)
-    if verbalized_report is not None:
-        _print_verbalized(out, verbalized_report)
-    if replay_report is not None:
-        _print_replay(out, replay_report)
-    if replay_note is not None:
-        out.print(replay_note)
-    for path in written:
-        out.print(f"wrote {path}")
+    document = {
+        "schema": SCHEMA,
+        "live": live_json(live_report) if live_report is not None else None,
+        "verbalized": verbalized_report.to_dict() if verbalized_report is not None else None,
+        "replay": replay_report.to_dict() if replay_report is not None else None,
+        "replay_skipped": replay_note,
+        "plots": [str(p) for p in written],
+    }
+
+    def show() -> None:
+        if live_report is not None:
+            _print_live(out, live_report)
+        if verbalized_report is not None:
+            _print_verbalized(out, verbalized_report)
+        if replay_report is not None:
+            _print_replay(out, replay_report)
+        if replay_note is not None:
+            out.print(replay_note)
+        for path in written:
+            out.print(f"wrote {path}")
+
+    show_figures(document, show, as_json=as_json, json_out=json_out)
 
 
 def _run_live(out: Console, questions: int, seed: int, *, quiet: bool) -> DemoReport:
