@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -46,6 +47,9 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path | str]:
     release = tmp_path_factory.mktemp("release")
     direct = tmp_path_factory.mktemp("direct")
     printed = _build(release)
+    # setuptools' scratch folder keeps the modules of earlier builds of this tree: a module removed
+    # since would ship in the direct wheel (the sdist's build starts from its own clean copy).
+    shutil.rmtree(ROOT / "build", ignore_errors=True)
     _build(direct, "--wheel")
     return {
         "sdist": next(release.glob("capgate-*.tar.gz")),
