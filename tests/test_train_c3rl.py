@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import trl  # noqa: F401  - the train extra (trl, peft), installed by scripts/setup.sh: a missing one fails, never skips
+from safetensors.torch import load_file
 
 from capgate.core.types import LabelledQuery, Sample
 from capgate.errors import DataError
@@ -21,6 +22,7 @@ from capgate.labels import meta_path
 from capgate.local.models import weights_fingerprint
 from capgate.train.config import C3RLTrainConfig
 from capgate.train.synthetic import arithmetic_items, arithmetic_prompt
+from capgate.train.trainer import trained_model_id
 
 FAST = {
     "warm_start_steps": 3, "warm_start_batch_size": 4, "steps": 2, "prompts_per_step": 2,
@@ -99,6 +101,10 @@ def test_the_outputs_load_back(trained: Any) -> None:
     backend = load_backend(trained.model, device="cpu")
     assert backend.model_id == trained.manifest["trained_model"]["model_id"]
     assert backend.loaded.weights_fingerprint == trained.manifest["trained_model"]["weights_fingerprint"]
+    # the id names the saved adapter's weights: base, labels digest, LoRA weights digest
+    saved = load_file(str(trained.adapter / "adapter_model.safetensors"))
+    base_id, data_sha = trained.manifest["base_model"]["model_id"], trained.manifest["data_sha256"]
+    assert backend.model_id == trained_model_id(base_id, data_sha, saved)
     [[answer]] = backend.generate(["What is 2 + 2?"], SamplingParams(max_tokens=4, seed=0))
     assert answer.n_tokens >= 1
 
@@ -210,7 +216,21 @@ train_c3rl(sys.argv[1], sys.argv[2], sys.argv[3], config=config, progress=False)
 """
 
 
-def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_the_trained_id_changes_with_any_adapter_weight() -> None:
+    import torch
+
+    state = {"a.lora_A.weight": torch.zeros(2, 3), "a.lora_B.weight": torch.ones(3, 2)}
+    same = trained_model_id("m", "ab" * 32, {k: v.clone() for k, v in reversed(state.items())})
+    assert same == trained_model_id("m", "ab" * 32, state) == f"m+c3rl-abababab-{same[-8:]}"
+    nudged = {**state, "a.lora_A.weight": torch.zeros(2, 3).index_fill_(1, torch.tensor([2]), 1e-7)}
+    assert trained_model_id("m", "ab" * 32, nudged) != same
+    assert trained_model_id("m", "ab" * 32, {k: v.half() for k, v in state.items()}) != same
+    assert trained_model_id("m", "cd" * 32, state) != same
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint(
+    tiny_model_dir: Path, tmp_path: Path, trained: Any
+) -> None:
     from capgate.train.trainer import train_c3rl
 
     labels = write_labels(tmp_path / "l.jsonl", tiny_model_dir)
@@ -248,6 +268,12 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir: Path, tmp
     assert run.manifest["grpo"]["steps"] == 16
     # one logged step each, the ones before the checkpoint restored from it, not run again
     assert [entry["step"] for entry in run.manifest["grpo"]["reward_history"]] == list(range(1, 17))
+    # the same labels with other settings: the ids agree exactly when the trained weights do (on a
+    # random tiny model GRPO's rewards do not vary, so no step moves the weights and both agree)
+    assert run.manifest["data_sha256"] == trained.manifest["data_sha256"]
+    ours, theirs = run.manifest["trained_model"], trained.manifest["trained_model"]
+    same_weights = ours["weights_fingerprint"] == theirs["weights_fingerprint"]
+    assert (ours["model_id"] == theirs["model_id"]) == same_weights
 
 
 def test_the_command_line_trains_and_refuses_with_a_one_line_error(

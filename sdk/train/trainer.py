@@ -76,6 +76,21 @@ class C3RLRun:
     manifest: dict[str, Any]
 
 
+def trained_model_id(base_id: str, data_sha256: str, adapter: dict[str, Any]) -> str:
+    """The trained model's id: the base's, then the labels' and the LoRA weights' digests (8 hex
+    each), so two runs on the same labels with other settings or another seed never share one."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name in sorted(adapter):
+        tensor = adapter[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())  # any dtype, bit for bit
+    return f"{base_id}+c3rl-{data_sha256[:8]}-{digest.hexdigest()[:8]}"
+
+
 def _model_id(name: str, folder: Path) -> str:
     """The id :func:`capgate.local.models.load_model` gives this model (what a harvest records)."""
     try:
@@ -416,7 +431,8 @@ def _run(
     manifest["grpo"] = {"steps": 0}
     if config.steps:
         model, manifest["grpo"] = _grpo(model, tokenizer, train, config, out, device, show)
-    trained_id = f"{manifest['base_model']['model_id']}+c3rl-{manifest['data_sha256'][:8]}"
+    adapter_state = peft.get_peft_model_state_dict(model)
+    trained_id = trained_model_id(manifest["base_model"]["model_id"], manifest["data_sha256"], adapter_state)
 
     def write_adapter(tmp: Path) -> None:
         model.save_pretrained(str(tmp))
