@@ -26,9 +26,11 @@ class ThrowawayPostgres:
         self.url = ""
 
     def start(self) -> str:
-        """Start the server; its URL, or :class:`RuntimeError` with the script's last words."""
+        """Start the server; its URL, or :class:`RuntimeError` with the script's last words (the
+        data folder removed)."""
         done = subprocess.run(["bash", str(SCRIPT), "start"], env=self.env, capture_output=True, text=True)
         if done.returncode != 0:
+            shutil.rmtree(self.state, ignore_errors=True)
             raise RuntimeError(f"could not start PostgreSQL: {done.stderr.strip()[-400:]}")
         self.url = done.stdout.strip()
         return self.url

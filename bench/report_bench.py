@@ -38,7 +38,6 @@ from capgate import Estimate
 from capgate.decision import Decision, DecisionLog, gate_report
 from capgate.decision.store.schema import INSERT, INSERT_OUTCOME, UPDATE_Y, writer_id
 
-REPO = Path(__file__).resolve().parents[1]
 ACTIONS = ("answer", "abstain", "clarify", "escalate", "resample", "route")
 _CHUNK = 50_000
 

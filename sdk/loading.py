@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, Unpack, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -169,31 +169,38 @@ def _feature_dtype(dtype: str, device: str, probe: LinearProbe) -> tuple[str, di
 
 
 class _ReaderOptions(TypedDict, total=False):
-    """The settings of :func:`load_estimator` that do not change what it returns."""
+    """The settings of :func:`load_estimator` that never change what it returns."""
 
-    probe: str | os.PathLike[str] | None
     device: Device
     dtype: FeatureDType
     batch_size: int
 
 
+_Path: TypeAlias = "str | os.PathLike[str]"
+
+
+# fmt: off
 @overload
 def load_estimator(
-    model: str | os.PathLike[str] = ..., *, guard: Literal[True], **options: Unpack[_ReaderOptions]
+    model: _Path = ..., *, probe: _Path | None = ..., guard: Literal[True], calibration: None = ...,
+    method: Literal["probe"] = ..., **options: Unpack[_ReaderOptions],
 ) -> InjectionGuard: ...
 @overload
 def load_estimator(
-    model: str | os.PathLike[str] = ..., *, guard: Literal[False] = ..., **options: Unpack[_ReaderOptions]
+    model: _Path = ..., *, probe: _Path | None = ..., guard: Literal[False] = ..., calibration: None = ...,
+    method: Literal["probe"] = ..., **options: Unpack[_ReaderOptions],
 ) -> ProbeEstimator: ...
 @overload
 def load_estimator(
-    model: str | os.PathLike[str] = ...,
-    *,
-    guard: bool = ...,
-    calibration: str | os.PathLike[str] | Calibration | None = ...,
-    method: str = ...,
-    **options: Unpack[_ReaderOptions],
+    model: _Path = ..., *, probe: _Path | None = ..., guard: bool = ..., calibration: _Path | Calibration,
+    method: Literal["probe"] = ..., **options: Unpack[_ReaderOptions],
 ) -> CapabilityEstimator: ...
+@overload
+def load_estimator(
+    model: _Path = ..., *, method: str, probe: None = ..., guard: bool = ...,
+    calibration: _Path | Calibration | None = ..., **options: Unpack[_ReaderOptions],
+) -> CapabilityEstimator: ...
+# fmt: on
 
 
 def load_estimator(

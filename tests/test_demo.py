@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -341,6 +343,16 @@ def test_json_schema_of_the_replay_part_and_bad_options(tmp_path: Path) -> None:
         result = runner.invoke(app, ["demo", *args])
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output
+
+
+@pytest.mark.slow
+def test_demo_json_on_stdout_is_only_json_with_the_model_loaded(default_model_dir: Path) -> None:
+    """``--json`` alone: loading the model and running a question print nothing beside the JSON."""
+    command = [sys.executable, "-m", "capgate.cli", "demo", "--questions", "1", "--json", "--no-replay"]
+    done = subprocess.run([*command, "--no-verbalized"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    document = json.loads(done.stdout)
+    assert (len(document["live"]["rows"]), document["verbalized"], document["replay"]) == (1, None, None)
 
 
 @pytest.mark.slow

@@ -228,9 +228,7 @@ def test_the_trained_id_changes_with_any_adapter_weight() -> None:
     assert trained_model_id("m", "cd" * 32, state) != same
 
 
-def test_a_killed_run_resumes_from_its_last_checkpoint(
-    tiny_model_dir: Path, tmp_path: Path, trained: Any
-) -> None:
+def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
     from capgate.train.trainer import train_c3rl
 
     labels = write_labels(tmp_path / "l.jsonl", tiny_model_dir)
@@ -268,12 +266,6 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(
     assert run.manifest["grpo"]["steps"] == 16
     # one logged step each, the ones before the checkpoint restored from it, not run again
     assert [entry["step"] for entry in run.manifest["grpo"]["reward_history"]] == list(range(1, 17))
-    # the same labels with other settings: the ids agree exactly when the trained weights do (on a
-    # random tiny model GRPO's rewards do not vary, so no step moves the weights and both agree)
-    assert run.manifest["data_sha256"] == trained.manifest["data_sha256"]
-    ours, theirs = run.manifest["trained_model"], trained.manifest["trained_model"]
-    same_weights = ours["weights_fingerprint"] == theirs["weights_fingerprint"]
-    assert (ours["model_id"] == theirs["model_id"]) == same_weights
 
 
 def test_the_command_line_trains_and_refuses_with_a_one_line_error(
