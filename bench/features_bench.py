@@ -28,9 +28,8 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 
-from _report import bench_parser
+from _report import bench_parser, best_time
 
 
 def make_queries(count: int, seed: int = 0) -> list[str]:
@@ -49,16 +48,6 @@ def make_queries(count: int, seed: int = 0) -> list[str]:
         text += f" How many {item} does {name} have now? Answer with a number."
         queries.append(text)
     return queries
-
-
-def best_of(repeats: int, fn: Callable[[], object]) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:
@@ -114,7 +103,8 @@ def main() -> None:
     print(f"{'batch_size':>10} {'seconds':>9} {'queries/s':>10}")
     for batch_size in (1, 8, 32):
         featurizer = HiddenStateFeaturizer(loaded, batch_size=batch_size)
-        seconds = best_of(args.repeats, lambda f=featurizer: f.transform(queries))
+        featurizer.transform(queries)  # warm-up
+        seconds = best_time(lambda f=featurizer: f.transform(queries), args.repeats)
         print(f"{batch_size:>10} {seconds:>9.2f} {len(queries) / seconds:>10.1f}")
 
     prompts = make_queries(args.prompts, seed=1)
@@ -131,7 +121,8 @@ def main() -> None:
         def run(b: TransformersBackend = backend, out: list[list[list[Generation]]] = results) -> None:
             out.extend([b.generate(prompts, params)])
 
-        seconds = best_of(args.repeats, run)
+        run()  # warm-up
+        seconds = best_time(run, args.repeats)
         last = results[-1]
         samples = sum(len(group) for group in last)
         tokens = sum(g.n_tokens for group in last for g in group)

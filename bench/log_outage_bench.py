@@ -73,7 +73,6 @@ class Server:
 
     def __init__(self) -> None:
         self.server = ThrowawayPostgres("capgate-pg-outage-")
-        self.state = self.server.state
         try:
             self.url = self.server.start()
         except RuntimeError as exc:
@@ -81,7 +80,7 @@ class Server:
 
     def pids(self) -> list[int]:
         """The postmaster and its children (the backends and background workers)."""
-        postmaster = int((self.state / "data" / "postmaster.pid").read_text().split()[0])
+        postmaster = int((self.server.state / "data" / "postmaster.pid").read_text().split()[0])
         children = subprocess.run(
             ["ps", "-o", "pid=", "--ppid", str(postmaster)], capture_output=True, text=True, check=False
         ).stdout.split()

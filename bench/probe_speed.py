@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _report import bench_parser
+from _report import bench_parser, best_time
 
 from capgate.demo.live import demo_questions
 from capgate.estimators.probe import LinearProbe, ProbeEstimator
@@ -76,11 +76,6 @@ class TodaysFeaturizer(HiddenStateFeaturizer):
             if "today" not in self.__dict__:
                 self.__dict__["today"] = Reader(self.loaded.model, n, range(n + 1), torch.float32)
             return self.__dict__["today"]
-
-
-def best_of(call: Callable[[], Any], repeats: int = 3) -> float:
-    """The fastest of ``repeats`` timed runs (each part of the profile is timed alike)."""
-    return min(timed(call) for _ in range(repeats))
 
 
 def padded(loaded: Any, encoded: list[list[int]]) -> tuple[Any, Any, Any]:
@@ -133,11 +128,11 @@ def profile(loaded: Any, probe: LinearProbe, prompts: list[str]) -> None:
     ):
         estimator = ProbeEstimator(featurizer, probe)
         estimator.estimate(prompts[:4])  # warm-up
-        encode = best_of(lambda featurizer=featurizer: featurizer._encode(prompts))
+        encode = best_time(lambda featurizer=featurizer: featurizer._encode(prompts))
         encoded = featurizer._encode(prompts)
         # the featurizer's own passes (by length, bounded padding; today's path at most 8 a pass)
         chunks = [[encoded[i] for i in chunk] for chunk in featurizer._chunks(encoded)]
-        pad = best_of(lambda chunks=chunks: [padded(loaded, c) for c in chunks])
+        pad = best_time(lambda chunks=chunks: [padded(loaded, c) for c in chunks])
         reader = featurizer._reader()
 
         def passes(chunks: list[list[list[int]]] = chunks, reader: Any = reader) -> None:
@@ -145,10 +140,10 @@ def profile(loaded: Any, probe: LinearProbe, prompts: list[str]) -> None:
                 for c in chunks:
                     reader.states(*padded(loaded, c), last_only=True)
 
-        forward = best_of(passes) - pad
+        forward = best_time(passes) - pad
         features = featurizer.transform(prompts)
-        head = best_of(lambda features=features: [probe.predict(row[None, :]) for row in features])
-        total = best_of(lambda estimator=estimator: estimator.estimate(prompts))
+        head = best_time(lambda features=features: [probe.predict(row[None, :]) for row in features])
+        total = best_time(lambda estimator=estimator: estimator.estimate(prompts))
         rest = total - encode - pad - forward - head
         overrun = "" if rest >= 0 else " (the parts, timed apart, exceed the total)"
         rest_text = f"{rest * 1e3:.0f} ms{overrun}"
