@@ -1,10 +1,4 @@
-"""What the estimators that query a model through a backend share, beyond the sampling plumbing.
-
-:class:`BackendEstimator` gives them :meth:`~BackendEstimator.estimate` and its async twin, both
-driving the subclass's plan (see :mod:`capgate.estimators._sampling`); :func:`one_round_plan` is the
-plan of an estimator that asks once per query; :func:`check_template` checks a prompt
-template with the same message everywhere.
-"""
+"""The base of the estimators that query a model through a backend, and the helpers they share."""
 
 from __future__ import annotations
 
@@ -29,11 +23,8 @@ from capgate.estimators.base import CapabilityEstimator
 def one_round_plan(
     method: str, round_: Round, read: Callable[[list[Generation], QueryState], Estimate]
 ) -> Steps:
-    """A plan of one round: a failed prompt gets :func:`failed_call_estimate`, a sampled one ``read``.
-
-    ``read`` receives the prompt's samples and its :class:`QueryState` (their cost already added).
-    No round is sent when there are no prompts.
-    """
+    """A plan of one round (none without prompts): a failed prompt gets :func:`failed_call_estimate`,
+    a sampled one ``read(samples, state)`` (their cost already in ``state``)."""
     if not round_.prompts:
         return []
     result = yield round_
@@ -56,12 +47,8 @@ def check_template(template: str) -> str:
 
 
 class BackendEstimator(CapabilityEstimator):
-    """Base of the estimators that query a model: :meth:`estimate` and :meth:`aestimate` drive the
-    subclass's plan (:meth:`_steps`) with blocking or non-blocking calls.
-
-    Args:
-        backend: A :class:`~capgate.Backend` and/or :class:`~capgate.AsyncBackend`.
-    """
+    """Base of the estimators that query a ``backend``: :meth:`estimate` and :meth:`aestimate` drive
+    the subclass's plan (:meth:`_steps`) with blocking or non-blocking calls."""
 
     def __init__(self, backend: AnyBackend) -> None:
         check_backend(backend)

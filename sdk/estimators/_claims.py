@@ -1,13 +1,11 @@
 """A learned detector of capability and confidence claims in a piece of text.
 
-:class:`ClaimDetector` scores a segment of a query (a sentence, an aside, a quoted block, a tool
-message) by how much it reads like a claim that the task is easy, that the model knows the
-answer, that the answer was already checked, or an order to answer with confidence: text that
-tells an estimator what to think instead of showing it the task. It is a logistic regression on
-hashed word 1-2-grams and character 3-5-grams (within words, so it carries across inflections
-and related languages), fitted with L2 by full-batch Adam: deterministic, numpy only, a few
-seconds on a CPU. The shipped detector (``capgate.assets/claim_detector.npz``) is trained by
-``bench/train_claim_detector.py``; its threshold was set on clean held-out text.
+:class:`ClaimDetector` scores a segment of a query by how much it reads like a claim that the task
+is easy, that the model knows or already checked the answer, or an order to answer with
+confidence. It is a logistic regression on hashed word 1-2-grams and in-word character 3-5-grams
+(which carry across inflections and related languages), fitted with L2 by full-batch Adam:
+deterministic, numpy only, seconds on a CPU. The shipped detector (``capgate.assets``) is trained
+by ``bench/train_claim_detector.py``; its threshold was set on clean held-out text.
 """
 
 from __future__ import annotations
@@ -28,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capgate._util.saved import read_saved
 from capgate._util.validate import check_unit_interval
-from capgate.errors import DataError, NotFittedError
+from capgate.errors import DataError
+from capgate.estimators._common import check_fitted
 from capgate.estimators.base import Params
 
 DEFAULT_CLAIM_DETECTOR = "claim_detector.npz"
@@ -161,8 +160,7 @@ class ClaimDetector(Params):
 
     def score(self, texts: Sequence[str]) -> npt.NDArray[np.float64]:
         """Claim scores in [0, 1], one per text."""
-        if getattr(self, "coef_", None) is None:
-            raise NotFittedError(self)
+        check_fitted(self, "coef_")
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings; wrap a single text in a list")
         if not texts:
@@ -176,17 +174,8 @@ class ClaimDetector(Params):
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the detector to one ``.npz`` file (arrays plus a JSON header; no pickle)."""
-        if getattr(self, "coef_", None) is None:
-            raise NotFittedError(self)
-        header = {
-            "format": _FORMAT,
-            "n_features": self.n_features,
-            "l2": self.l2,
-            "max_iter": self.max_iter,
-            "learning_rate": self.learning_rate,
-            "threshold": self.threshold,
-            "intercept": self.intercept_,
-        }
+        check_fitted(self, "coef_")
+        header = {"format": _FORMAT, **self.get_params(deep=False), "intercept": self.intercept_}
         with open(path, "wb") as handle:
             np.savez_compressed(
                 handle,
@@ -214,13 +203,7 @@ class ClaimDetector(Params):
         except (OSError, KeyError, ValueError) as error:
             raise DataError(f"not a readable claim detector: {error}", path=where) from None
         header = read_saved(_Header, payload, where)
-        detector = cls(
-            n_features=header.n_features,
-            l2=header.l2,
-            max_iter=header.max_iter,
-            learning_rate=header.learning_rate,
-            threshold=header.threshold,
-        )
+        detector = cls(**header.model_dump(exclude={"format", "intercept"}))
         detector.columns_ = columns.astype(np.int64)
         detector.coef_ = coef.astype(np.float32)
         detector.intercept_ = header.intercept

@@ -1,8 +1,4 @@
-"""Checks and file helpers shared by the fitted estimators (probe, baselines, calibrators).
-
-Private: the public names live in :mod:`capgate.estimators.probe`, ``.baselines`` and
-``.recalibration``.
-"""
+"""Checks and file helpers shared by the fitted estimators (probe, baselines, calibrators)."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ def check_fitted(estimator: object, *attributes: str) -> None:
 
 def as_matrix(X: object, *, name: str = "X", layered: bool = False) -> FloatArray:
     """``X`` as a finite float64 2-D array (one row per query); with ``layered``, per-layer features
-    ``(n_queries, n_layers, n_features)`` are accepted too, and float32 stays float32 (half the memory).
-    """
+    ``(n_queries, n_layers, n_features)`` too, and float32 stays float32 (half the memory)."""
     try:
         array = np.asarray(X)
         if not (layered and array.dtype.kind == "f"):
@@ -159,12 +154,9 @@ def sigmoid(z: FloatArray) -> FloatArray:
 def fit_logistic_link(
     z: FloatArray, y: FloatArray, w: FloatArray, *, l2: float = 0.0, max_iter: int = 100, tol: float = 1e-10
 ) -> tuple[FloatArray, int, bool]:
-    """``(a, b)`` minimizing the weighted soft-target cross-entropy of ``sigmoid(a z + b)`` against
-    ``y`` (plus ``(l2/2) a²``), by damped Newton from ``(1, 0)``: Platt scaling on a score ``z``.
-
-    Returns:
-        ``(theta, n_iter, converged)`` with ``theta = [a, b]``.
-    """
+    """``(theta = [a, b], n_iter, converged)``: ``(a, b)`` minimizing the weighted soft-target
+    cross-entropy of ``sigmoid(a z + b)`` against ``y`` plus ``(l2/2) a²``, by damped Newton from
+    ``(1, 0)`` (Platt scaling on a score ``z``)."""
     design = np.stack([z, np.ones_like(z)], axis=1)
     penalty = np.array([l2, 0.0])
 

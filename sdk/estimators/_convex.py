@@ -1,13 +1,6 @@
-"""Convex probe fits and the pieces of their cross-validation (numpy; logistic needs torch).
-
-Private helpers of :class:`capgate.estimators.ProbeSearch`:
-
-- :func:`ridge_path`: ridge regression of µ̂ on standardized features, for many strengths from one SVD;
-- :func:`fit_logistic`: L2-regularized logistic regression on the soft targets µ̂ (L-BFGS, float64, CPU);
-- :func:`fit_link`: a two-parameter logistic link ``sigmoid(a * score + c)`` (Newton), which turns a
-  linear score (ridge's µ̂ prediction, or a logit) into a probability; composed with a linear score
-  it is still one linear probe;
-- :func:`kfold`, :func:`layer_candidates`, :func:`pool_layers`: folds, layer sets, layer means.
+"""Convex probe fits and the pieces of their cross-validation, for :class:`~capgate.estimators.ProbeSearch`
+(numpy; logistic regression needs torch). :func:`fit_link` turns a linear score into a probability
+and, composed with it, is still one linear probe.
 """
 
 from __future__ import annotations
@@ -20,8 +13,6 @@ import numpy as np
 
 from capgate._util.validate import FloatArray
 from capgate.estimators._common import fit_logistic_link
-
-_EPS = 1e-12
 
 
 def kfold(n: int, n_splits: int, random_state: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -40,9 +31,8 @@ def kfold(n: int, n_splits: int, random_state: int) -> list[tuple[np.ndarray, np
 
 
 def layer_candidates(n_layers: int, *, widths: Sequence[int] = (2, 4, 8, 16)) -> list[tuple[int, ...]]:
-    """Layer sets to choose from: each single layer, contiguous ranges, and all layers.
-
-    A range of width ``w`` starts every ``max(1, w // 2)`` layers (windows that overlap by half).
+    """Layer sets to choose from: each single layer, contiguous ranges of each width ``w`` starting
+    every ``max(1, w // 2)`` layers (overlapping by half), and all layers.
 
     Examples:
         >>> layer_candidates(4, widths=(2,))
@@ -91,8 +81,8 @@ def ridge_path(z: FloatArray, y: FloatArray, alphas: Sequence[float]) -> tuple[F
     zc = z - z_mean
     yc = y - y_mean
     t = n * np.asarray(alphas, dtype=np.float64)[:, None]
-    # w = Zcᵀ (zc Zcᵀ + t)⁻¹ yc = (Qᵀ zc)ᵀ diag(1/(lam + t)) Qᵀ yc  with zc Zcᵀ = q lam Qᵀ  (n <= d)
-    # w = (ZcᵀZc + t)⁻¹ Zcᵀ yc = v diag(1/(lam + t)) Vᵀ Zcᵀ yc    with ZcᵀZc = v lam Vᵀ   (n > d)
+    # n <= d: w = Zcᵀ (zc Zcᵀ + t)⁻¹ yc = (Qᵀ zc)ᵀ diag(1/(lam + t)) Qᵀ yc  with zc Zcᵀ = q lam Qᵀ
+    # n > d:  w = (ZcᵀZc + t)⁻¹ Zcᵀ yc = v diag(1/(lam + t)) Vᵀ Zcᵀ yc    with ZcᵀZc = v lam Vᵀ
     if n <= z.shape[1]:
         lam, q = np.linalg.eigh(zc @ zc.T)
         w_all: FloatArray = ((q.T @ yc)[None, :] / (np.clip(lam, 0.0, None)[None, :] + t)) @ (q.T @ zc)
@@ -104,11 +94,9 @@ def ridge_path(z: FloatArray, y: FloatArray, alphas: Sequence[float]) -> tuple[F
 
 
 def ridge_loo(z: FloatArray, y: FloatArray, alphas: Sequence[float]) -> FloatArray:
-    """Exact leave-one-out predictions of :func:`ridge_path`, ``(len(alphas), n)``, from one fit.
-
-    The hat matrix of ridge with an unpenalized intercept is ``H = 11ᵀ/n + zc (ZcᵀZc + nα)⁻¹ Zcᵀ``;
-    the left-out prediction of row ``i`` is ``y_i - (y_i - ŷ_i) / (1 - H_ii)``. (The columns of
-    ``z`` are taken as given: a z-scoring computed on all rows is not redone per left-out row.)
+    """Exact leave-one-out predictions of :func:`ridge_path`, ``(len(alphas), n)``, from one fit:
+    ``y_i - (y_i - ŷ_i) / (1 - H_ii)`` with the hat matrix ``H = 11ᵀ/n + zc (ZcᵀZc + nα)⁻¹ Zcᵀ``.
+    (``z`` is taken as given: a z-scoring computed on all rows is not redone per left-out row.)
     """
     n = z.shape[0]
     y_mean = float(y.mean())
@@ -151,11 +139,9 @@ def fit_logistic(
     init: tuple[FloatArray, float] | None = None,
     max_iter: int = 500,
 ) -> tuple[FloatArray, float]:
-    """Logistic regression on soft targets: ``min mean BCE(sigmoid(Zw + b), y) + (α/2)||w||²``.
-
-    Convex; solved by L-BFGS (torch, float64, one CPU thread, strong-Wolfe line search), so the
-    result is deterministic. ``init`` warm-starts from ``(w, b)``; the default start is
-    ``w = 0, b = logit(mean y)`` (the constant prior).
+    """Logistic regression on soft targets: ``min mean BCE(sigmoid(Zw + b), y) + (α/2)||w||²``, by
+    deterministic L-BFGS (torch, float64, one CPU thread, strong Wolfe), from ``init = (w, b)`` or
+    else ``w = 0, b = logit(mean y)`` (the constant prior).
     """
     torch = require_torch()
     threads = torch.get_num_threads()
@@ -194,9 +180,8 @@ def fit_logistic(
 
 
 def fit_link(score: FloatArray, y: FloatArray, *, l2: float = 1e-6) -> tuple[float, float]:
-    """``(a, c)`` minimizing mean BCE(sigmoid(a * score + c), y) (+ a tiny L2 on ``a``), by Newton.
-
-    Platt scaling of a linear score (the same fit as :class:`~capgate.estimators.PlattCalibrator`).
+    """``(a, c)`` minimizing mean BCE(sigmoid(a * score + c), y) (+ a tiny L2 on ``a``), by Newton:
+    Platt scaling of a linear score (the fit of :class:`~capgate.estimators.PlattCalibrator`).
 
     Examples:
         >>> s = np.linspace(-3, 3, 200)

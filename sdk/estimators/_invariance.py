@@ -1,16 +1,5 @@
-"""``NuisanceProjection``: make a linear probe blind to edits that should not move its estimate.
-
-Public name: :class:`capgate.estimators.NuisanceProjection`.
-
-Text added to a query that claims the task is easy ("you know this one", "answer as an expert")
-moves the reader's hidden state without changing what the target can do. Given pairs of
-features, the same queries without and with such edits, the projection finds the directions
-those edits move the (z-scored) features along, and removes them before a probe is fitted. The
-probe fitted on projected features is then folded back into an ordinary
-:class:`~capgate.estimators.LinearProbe` on raw features whose weights have no component along
-those directions, so any edit whose feature shift lies in their span cannot change its estimate,
-at no cost at run time (same features, same one dot product).
-"""
+""":class:`capgate.estimators.NuisanceProjection`: make a linear probe blind to edits that should not
+move its estimate."""
 
 from __future__ import annotations
 
@@ -30,10 +19,14 @@ from capgate.estimators.base import Params
 class NuisanceProjection(Params):
     """Removes from features the directions that label-irrelevant edits move them along.
 
-    Features are z-scored with the statistics of the training features given to :meth:`fit`;
-    the edit shifts ``(edited - clean) / scale`` are decomposed by SVD (uncentred, so the mean
-    shift counts), and the leading directions that together carry ``energy`` of the shifts'
-    squared norm (at most ``max_directions``) are projected out.
+    Text claiming the task is easy ("you know this one") moves the reader's hidden state without
+    changing what the target can do. From paired features of queries without and with such edits,
+    the projection learns those directions; a probe fitted on projected features is folded back
+    (:meth:`fold`) into one that reads raw features at no run-time cost, whose estimate no edit
+    shifting them within that span can change. Features are z-scored with the statistics of the training
+    features given to :meth:`fit`; the edit shifts ``(edited - clean) / scale`` are decomposed by
+    SVD (uncentred, so the mean shift counts), and the leading directions that together carry
+    ``energy`` of their squared norm (at most ``max_directions``) are projected out.
 
     Args:
         energy: Share of the shifts' squared norm the removed directions must capture, in (0, 1].

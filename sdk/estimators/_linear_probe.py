@@ -1,9 +1,5 @@
-"""The linear capability probe: logistic regression on hidden states, trained on soft targets µ̂.
-
-Public name: :class:`capgate.estimators.probe.LinearProbe`, the fitted artefact of every probe
-trainer. Training needs torch (extra ``local``) and lives in :mod:`capgate.estimators._probe_training`;
-prediction, saving and loading are numpy + safetensors only.
-"""
+""":class:`capgate.estimators.LinearProbe`, the fitted artefact of every probe trainer. Training needs
+torch (:mod:`._probe_training`); prediction, saving and loading are numpy + safetensors only."""
 
 from __future__ import annotations
 
@@ -67,22 +63,19 @@ def spec_fingerprint(spec: Mapping[str, Any] | None) -> str | None:
 class LinearProbe(Params):
     """A linear probe predicting capability µ(x) from a feature vector (a hidden state).
 
-    The model is ``p = sigmoid(w · z + b)`` with ``z`` the z-scored features, fitted with
-    binary cross-entropy against the *soft* target µ̂ = correct / k. Training follows the paper
-    (arXiv 2602.13540): SGD with momentum 0.9, weight decay 1e-2 (on ``w``), batches of 32,
-    early stopping on a validation split, keeping the checkpoint with the lowest validation loss.
-    Training starts from ``w = 0`` and ``b = logit(mean µ̂)`` (the constant prior) and the
-    validation loss is measured before the first step too, so the kept probe is never worse on
-    validation than predicting the training mean.
+    ``p = sigmoid(w · z + b)`` with ``z`` the z-scored features, fitted with binary cross-entropy
+    against the *soft* target µ̂ = correct / k as in the paper (arXiv 2602.13540): SGD with momentum
+    0.9, weight decay 1e-2 (on ``w``), batches of 32, early stopping on a validation split keeping
+    the checkpoint with the lowest validation loss. Training starts from ``w = 0``, ``b = logit(mean
+    µ̂)`` (the constant prior), whose validation loss is measured too, so the kept probe is never
+    worse on validation than predicting the training mean.
 
     Args:
         standardize: Z-score features with the training mean and standard deviation.
         lr: SGD learning rate; a sequence of rates to sweep; or ``"sweep"`` (the default) for
-            :data:`LR_GRID`, the paper's 1e-5 to 5e-4. A sweep trains one probe per rate and
-            keeps the one with the lowest validation loss (so it needs validation data). The
-            rate used is ``lr_``. Measured on hidden-state-like data
-            (``bench/probe_lr.py``), the best rate moves with the dimension and correlation of the
-            features, which is why the default sweeps rather than fixing one.
+            :data:`LR_GRID`, the paper's 1e-5 to 5e-4. A sweep keeps the probe with the lowest
+            validation loss (so it needs validation data); the rate used is ``lr_``. The best rate
+            moves with the features' dimension and correlation (``bench/probe_lr.py``), hence the sweep.
         momentum: SGD momentum.
         weight_decay: L2 weight decay on the weights (not the bias).
         batch_size: Minibatch size.
@@ -174,11 +167,11 @@ class LinearProbe(Params):
             X_val: Validation features for early stopping; if omitted, ``validation_fraction``
                 of ``X`` is held out (seeded by ``random_state``).
             y_val: Validation targets (required with ``X_val``).
-            feature_spec: How the features were made (a pydantic ``FeatureSpec`` or a mapping);
-                recorded so that a saved probe refuses a featurizer that does not match.
+            feature_spec: How the features were made (a pydantic ``FeatureSpec`` or a mapping),
+                so that a saved probe refuses a featurizer that does not match.
             source: Where the labels came from (a file name), for the saved training summary.
-            target: The model whose capability the labels measure (:class:`ProbeTarget`; read a
-                harvest's with ``ProbeTarget.from_harvest(labels)``), recorded as ``target_``.
+            target: The model the labels measure (:class:`ProbeTarget`, e.g.
+                ``ProbeTarget.from_harvest(labels)``), recorded as ``target_``.
 
         Returns:
             The fitted probe (``self``).
@@ -237,7 +230,7 @@ class LinearProbe(Params):
         training: dict[str, Any],
         validation: dict[str, Any] | None = None,
     ) -> None:
-        """Set the learned state (every trainer's, and a loaded probe's, through this one place)."""
+        """Set the learned state (of every trainer and of a loaded probe)."""
         self.coef_, self.intercept_ = weight, float(bias)
         self.mean_, self.scale_ = mean, scale
         self.n_features_in_ = int(weight.shape[0])
@@ -247,8 +240,6 @@ class LinearProbe(Params):
         self.target_ = as_target(target)
         self.training_ = training
         self.validation_ = validation or {}
-
-    # --------------------------------------------------------------- prediction
 
     def _features(self, X: npt.ArrayLike) -> FloatArray:
         check_fitted(self, "coef_")
@@ -266,8 +257,7 @@ class LinearProbe(Params):
         z = self._features(X)
         assert self.coef_ is not None
         assert self.intercept_ is not None
-        # A row-wise sum, not a BLAS matrix-vector product: each row's value does not depend on
-        # which other rows share the batch, so batched and one-by-one predictions are bitwise equal.
+        # A row-wise sum, not BLAS: batched and one-by-one predictions are bitwise equal.
         logits: FloatArray = np.sum(z * self.coef_.astype(np.float64), axis=1) + self.intercept_
         return logits
 
@@ -280,10 +270,9 @@ class LinearProbe(Params):
         """
         return sigmoid(self.decision_function(X))
 
-    # ------------------------------------------------------------ persistence
-
     def metadata(self) -> dict[str, Any]:
-        """The JSON metadata saved beside the weights (spec, training summary, validation...)."""
+        """The JSON saved beside the weights: feature spec, model id, weights fingerprint, dim,
+        settings, training summary, validation metrics, target."""
         check_fitted(self, "coef_")
         spec = self.feature_spec_
         return {
@@ -306,13 +295,8 @@ class LinearProbe(Params):
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Save to the folder ``path``: ``probe.safetensors`` (weights, z-score stats) + ``probe.json``.
-
-        The JSON records the feature spec, model id, weights fingerprint, dimension, training
-        summary, validation metrics and the SHA-256 of the weights file. No pickle is involved.
-
-        Returns:
-            The folder written.
+        """Save to the folder ``path`` (returned): ``probe.safetensors`` (weights, z-score stats) and
+        ``probe.json`` (:meth:`metadata` and the SHA-256 of the weights file). No pickle is involved.
         """
         check_fitted(self, "coef_")
         assert self.coef_ is not None
@@ -386,7 +370,6 @@ class LinearProbe(Params):
         except (TypeError, ValueError, OverflowError):
             msg = f"expected a list of [learning rate, validation loss] pairs; got {sweep!r:.200}"
             raise DataError(msg, path=meta_path, field="lr_sweep") from None
-        spec = meta.feature_spec
         try:
             target = as_target(meta.target)
         except (TypeError, ValueError) as exc:
@@ -400,7 +383,7 @@ class LinearProbe(Params):
             lr_sweep=lr_sweep,
             best_epoch=meta.best_epoch,
             n_epochs=meta.n_epochs,
-            feature_spec=spec,
+            feature_spec=meta.feature_spec,
             target=target,
             training=dict(meta.training),
             validation=dict(meta.validation),
@@ -409,7 +392,7 @@ class LinearProbe(Params):
 
 
 class _Versioned(BaseModel):
-    """The first field a saved probe is read by: a newer format is refused before anything else."""
+    """Read first, so that a newer format is refused before anything else."""
 
     model_config = ConfigDict(strict=True)
 

@@ -1,7 +1,4 @@
-"""Nested cross-validation: out-of-fold predictions of an estimator that tunes itself.
-
-Public name: :func:`capgate.estimators.nested_cross_val_predict`.
-"""
+"""Nested cross-validation (:func:`capgate.estimators.nested_cross_val_predict`)."""
 
 from __future__ import annotations
 
@@ -33,19 +30,14 @@ class NestedCV:
     estimators: list[Any]
 
 
-def _clone(estimator: Any) -> Any:
-    return type(estimator)(**estimator.get_params(deep=False))
-
-
 def nested_cross_val_predict(
     estimator: Any, X: Any, y: npt.ArrayLike, *, n_splits: int = 5, random_state: int = 0
 ) -> NestedCV:
     """Outer K-fold predictions of ``estimator``, each fold fitted on the other folds only.
 
-    For each outer fold a fresh copy of ``estimator`` (``type(e)(**e.get_params(deep=False))``) is fitted on
-    the training rows alone: whatever it selects inside ``fit`` (a :class:`ProbeSearch` chooses
-    layers, solver and strength by its own inner CV) is chosen without the fold's rows, which
-    are only predicted. So the predictions are honest held-out estimates of the whole recipe.
+    For each outer fold a fresh copy (``type(e)(**e.get_params(deep=False))``) is fitted on the
+    training rows alone, so whatever it selects inside ``fit`` (a :class:`ProbeSearch`'s inner CV)
+    never sees the rows it predicts: honest held-out estimates of the whole recipe.
 
     Args:
         estimator: Unfitted; has ``get_params``, ``fit(X, y)`` and ``predict(X)``.
@@ -70,7 +62,7 @@ def nested_cross_val_predict(
     prior = np.full(n, np.nan)
     fitted: list[Any] = []
     for k, (train, test) in enumerate(kfold(n, n_splits, random_state)):
-        model = _clone(estimator).fit(_take(X, train), mu[train])
+        model = type(estimator)(**estimator.get_params(deep=False)).fit(_take(X, train), mu[train])
         predictions[test] = np.asarray(model.predict(_take(X, test)), dtype=np.float64)
         fold[test] = k
         prior[test] = float(mu[train].mean())

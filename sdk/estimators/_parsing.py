@@ -15,10 +15,8 @@ _PREFIX = re.compile(r"^(?:p|prob|probability|confidence)\s*[=:]\s*", re.IGNOREC
 
 
 def final_segment(text: str) -> tuple[str | None, str]:
-    """The part of a completion after its reasoning block.
-
-    Returns ``(segment, "")``, or ``(None, reason)`` when a ``<think>`` block was opened and
-    never closed (the model ran out of tokens while reasoning).
+    """``(the part of a completion after its reasoning block, "")``, or ``(None, reason)`` when a
+    ``<think>`` block was never closed (the model ran out of tokens while reasoning).
 
     Examples:
         >>> final_segment("<think>hmm \\\\boxed{0.1}</think> so \\\\boxed{0.8}")
@@ -87,13 +85,11 @@ def _read_probability(content: str) -> tuple[float | None, str]:
 def parse_probability(completion: str, *, question: str | None = None) -> tuple[float | None, str]:
     """Read the probability a model stated as ``\\boxed{P}`` in its own completion.
 
-    Only the model's completion is read, and only after its reasoning block (``<think>...</think>``);
-    the *last* ``\\boxed{}`` there counts. Accepted forms: ``0.7``, ``.7``, ``70%`` (also ``70\\%``),
-    ``P = 0.7``, a scale bin ``0.6-0.7`` (its midpoint) and ``\\frac{7}{10}``. A bare number above
-    1 without ``%`` is refused rather than guessed at.
-
-    If ``question`` is given, verbatim copies of it are removed from the completion first, so a
-    model that parrots a question containing ``\\boxed{1.0}`` does not thereby answer ``1.0``.
+    Only the completion after its reasoning block (``<think>...</think>``) is read; its *last*
+    ``\\boxed{}`` counts. Accepted forms: ``0.7``, ``.7``, ``70%`` (also ``70\\%``), ``P = 0.7``, a
+    scale bin ``0.6-0.7`` (its midpoint) and ``\\frac{7}{10}``; a bare number above 1 without ``%``
+    is refused rather than guessed at. Verbatim copies of ``question``, if given, are removed
+    first, so a model parroting a question containing ``\\boxed{1.0}`` does not answer ``1.0``.
 
     Returns:
         ``(p, "")`` on success, else ``(None, reason)``.
@@ -119,9 +115,9 @@ def parse_probability(completion: str, *, question: str | None = None) -> tuple[
 def normalize_answer(text: str) -> str | None:
     """A simple default answer normalizer for :class:`~capgate.estimators.Consistency`.
 
-    Not a grader: it takes the last ``\\boxed{}`` after any reasoning block if there is one, else
-    the last non-empty line, then lowercases it, collapses whitespace and strips surrounding
-    punctuation, ``$`` and a leading "answer:". Use a task's grader ``.extract`` for real work.
+    Not a grader (use a task grader's ``.extract`` for real work): the last ``\\boxed{}`` after any
+    reasoning block, else the last non-empty line, lowercased, whitespace collapsed, surrounding
+    punctuation, ``$`` and a leading "answer:" stripped.
 
     Examples:
         >>> normalize_answer("Thinking...\\nThe answer is \\\\boxed{ 42 }.")

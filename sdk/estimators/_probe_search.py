@@ -1,9 +1,5 @@
-"""``ProbeSearch``: a probe trainer that chooses layers, solver and regularization by inner CV.
-
-Public name: :class:`capgate.estimators.ProbeSearch`. The result is an ordinary
-:class:`~capgate.estimators.LinearProbe` (``best_estimator_``), so saving, loading,
-:class:`~capgate.estimators.ProbeEstimator` and :func:`capgate.load_estimator` work unchanged.
-"""
+""":class:`capgate.estimators.ProbeSearch`: a probe trainer that chooses layers, solver and
+regularization by inner CV."""
 
 from __future__ import annotations
 
@@ -51,8 +47,8 @@ Config: TypeAlias = tuple[tuple[int, ...] | None, str, float | None, bool]
 class ProbeSearch(Params):
     """Fit a linear capability probe, choosing its recipe by K-fold CV inside the training data.
 
-    Every candidate recipe is scored on out-of-fold predictions of ``n_splits`` inner folds of
-    the data given to :meth:`fit` (nothing else), and the best is refit on all of it:
+    Each recipe is scored on out-of-fold predictions of ``n_splits`` inner folds of the data
+    given to :meth:`fit` (nothing else); the best is refit on all of it:
 
     - **layers** (per-layer features ``(n, n_layers, dim)`` only): each single layer, contiguous
       ranges and the mean of all layers (:func:`layer_candidates`), or the sets you give; a set's
@@ -64,9 +60,10 @@ class ProbeSearch(Params):
     - **regularization** ``alpha`` and **standardization**.
 
     Layer sets are screened first by ridge's exact leave-one-out error (one eigendecomposition per
-    set for all strengths); every solver is then scored by K-fold CV on the ``screen`` best sets,
-    and the best of those (stage 2) is chosen. The result, ``best_estimator_``, is an
-    ordinary :class:`LinearProbe` whose feature spec names the chosen layers.
+    set for all strengths); every solver is then scored by K-fold CV on the ``screen`` best sets
+    (stage 2). The result, ``best_estimator_``, is an ordinary :class:`LinearProbe` (saving,
+    loading, :class:`ProbeEstimator` and :func:`capgate.load_estimator` work unchanged) whose
+    feature spec names the chosen layers.
 
     Args:
         solvers: Solvers to try (see :data:`Solver`).
@@ -127,8 +124,6 @@ class ProbeSearch(Params):
         self.random_state = random_state
         self.best_estimator_ = None
 
-    # ------------------------------------------------------------------ checks
-
     def _check_settings(self) -> None:
         if isinstance(self.solvers, str) or not self.solvers or any(s not in _SOLVERS for s in self.solvers):
             raise ValueError(f"`solvers` must be a non-empty list of {list(_SOLVERS)}; got {self.solvers!r}")
@@ -165,8 +160,6 @@ class ProbeSearch(Params):
         if not sets:
             raise ValueError("`layers` must hold at least one layer set")
         return sets
-
-    # ------------------------------------------------------------------ fitting
 
     def fit(
         self,
@@ -224,7 +217,7 @@ class ProbeSearch(Params):
         for layers in kept:
             for solver in self.solvers:
                 for std in self.standardize:
-                    self._score_group(features, mu, folds, layers, solver, bool(std), 2, rows, links)
+                    self._score_group(features, mu, folds, layers, solver, bool(std), rows, links)
         final = [i for i, row in enumerate(rows) if row["stage"] == 2]
         best = min(final, key=lambda i: (rows[i][self.scoring], i))
         chosen = rows[best]
@@ -289,17 +282,7 @@ class ProbeSearch(Params):
             mean, scale = zscore(pooled)
             pooled = (pooled - mean) / scale
         for alpha, loo in zip(self.alphas, ridge_loo(pooled, mu, self.alphas), strict=True):
-            a, c = fit_link(loo, mu)
-            rows.append(
-                {
-                    "layers": None if layers is None else list(layers),
-                    "solver": "ridge",
-                    "alpha": float(alpha),
-                    "standardize": std,
-                    **_common.brier_and_bce(_common.sigmoid(a * loo + c), mu),
-                    "stage": 1,
-                }
-            )
+            _add_row(rows, (layers, "ridge", float(alpha), std), loo, mu, 1)
 
     def _score_group(
         self,
@@ -309,7 +292,6 @@ class ProbeSearch(Params):
         layers: tuple[int, ...] | None,
         solver: str,
         std: bool,
-        stage: int,
         rows: list[dict[str, Any]],
         links: dict[Config, tuple[float, float]],
     ) -> None:
@@ -321,19 +303,8 @@ class ProbeSearch(Params):
             for i, (w, b) in enumerate(self._fit(z_tr, mu[train], solver)):
                 oof[i, test] = z_te @ w + b
         for i, alpha in enumerate(alphas):
-            a, c = fit_link(oof[i], mu)
             config: Config = (layers, solver, alpha, std)
-            links[config] = (a, c)
-            rows.append(
-                {
-                    "layers": None if layers is None else list(layers),
-                    "solver": solver,
-                    "alpha": alpha,
-                    "standardize": std,
-                    **_common.brier_and_bce(_common.sigmoid(a * oof[i] + c), mu),
-                    "stage": stage,
-                }
-            )
+            links[config] = _add_row(rows, config, oof[i], mu, 2)
 
     def _final_probe(
         self,
@@ -360,12 +331,10 @@ class ProbeSearch(Params):
             z_tr, _, m, s = self._split(pooled, train, train[:1], std)
             w, b = self._fit(z_tr, mu[train], solver)[alpha_index]
             w, b0 = a * w, a * float(b) + c
-            if m is not None and s is not None:
-                raw_w += w / s
-                raw_b += b0 - float(np.sum(w * m / s))
-            else:
-                raw_w += w
-                raw_b += b0
+            if m is not None and s is not None:  # fold this part's z-scoring into its weights
+                w, b0 = w / s, b0 - float(np.sum(w * m / s))
+            raw_w += w
+            raw_b += b0
         raw_w /= len(parts)
         raw_b /= len(parts)
         probe = LinearProbe(standardize=std, random_state=self.random_state)
@@ -406,8 +375,6 @@ class ProbeSearch(Params):
         layers: Any = "all" if everything and spec.get("layers", "all") == "all" else list(self.layers_)
         return _common.spec_as_dict({**spec, "layers": layers})
 
-    # --------------------------------------------------------------- prediction
-
     def _pooled(self, X: npt.ArrayLike) -> FloatArray:
         _common.check_fitted(self, "best_estimator_")
         features = _common.as_matrix(X, layered=True)
@@ -431,8 +398,6 @@ class ProbeSearch(Params):
         pooled = self._pooled(X)
         assert self.best_estimator_ is not None
         return self.best_estimator_.predict(pooled)
-
-    # ------------------------------------------------------------ persistence
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Save the chosen probe (loadable by :meth:`LinearProbe.load`) and ``search.json`` beside it."""
@@ -473,6 +438,22 @@ class ProbeSearch(Params):
         search.cv_results_, search.layers_ = dict(meta.cv_results), meta.layers
         search.n_layers_in_, search.n_features_in_ = meta.n_layers_in, meta.n_features_in
         return search
+
+
+def _add_row(
+    rows: list[dict[str, Any]], config: Config, score: FloatArray, mu: FloatArray, stage: int
+) -> tuple[float, float]:
+    """Append the ``cv_results_`` row of ``config``'s out-of-sample scores; returns their link ``(a, c)``."""
+    layers, solver, alpha, std = config
+    a, c = fit_link(score, mu)
+    recipe = {
+        "layers": None if layers is None else list(layers),
+        "solver": solver,
+        "alpha": alpha,
+        "standardize": std,
+    }
+    rows.append({**recipe, **_common.brier_and_bce(_common.sigmoid(a * score + c), mu), "stage": stage})
+    return a, c
 
 
 class _SavedSearch(BaseModel):

@@ -1,10 +1,6 @@
-"""The one linear-probe trainer: every probe's weights are fitted here.
-
-:class:`~capgate.estimators.probe.LinearProbe` keeps its settings and the fitted artefact; its
-``fit`` is :func:`fit_sgd` (the paper's recipe: minibatch SGD with early stopping, over a sweep of
-learning rates). :class:`~capgate.estimators.ProbeSearch` searches solvers and strengths over
-:func:`fit_weights`, whose ``"sgd"`` solver is the same :func:`fit_sgd`. Torch (extra ``local``)
-is needed for SGD and logistic regression only.
+"""The one linear-probe trainer: :meth:`LinearProbe.fit <capgate.estimators.LinearProbe.fit>` is
+:func:`fit_sgd`; :class:`~capgate.estimators.ProbeSearch` searches over :func:`fit_weights`, whose
+``"sgd"`` solver is the same :func:`fit_sgd`. Torch (extra ``local``) is needed for SGD and logistic only.
 """
 
 from __future__ import annotations
@@ -34,10 +30,9 @@ if TYPE_CHECKING:
 LearningRate: TypeAlias = float | Sequence[float] | Literal["sweep"]
 
 LR_GRID: tuple[float, ...] = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
-"""The learning rates ``lr="sweep"`` tries: the paper's grid (arXiv 2602.13540, for raw and z-scored
-hidden states alike). ``bench/probe_lr.py`` finds the best rate inside it for z-scored features
-too (1e-4 to 5e-4 at 1024 to 2880 dimensions, lower when the features are more correlated);
-larger rates (1e-3 to 1e-2) give a worse probe, not a better one."""
+"""The learning rates ``lr="sweep"`` tries: the paper's grid (arXiv 2602.13540). ``bench/probe_lr.py``
+finds the best rate inside it for z-scored features too (1e-4 to 5e-4 at 1024 to 2880 dimensions,
+lower for more correlated features); larger rates (1e-3 to 1e-2) give a worse probe."""
 
 _PRIOR_EPS = 1e-6
 
@@ -118,10 +113,7 @@ def check_settings(settings: ProbeSettings) -> tuple[float, ...]:
 
 
 def _split(
-    settings: ProbeSettings,
-    X: FloatArray,
-    y: FloatArray,
-    validation: tuple[FloatArray, FloatArray] | None,
+    settings: ProbeSettings, X: FloatArray, y: FloatArray, validation: tuple[FloatArray, FloatArray] | None
 ) -> TrainingSplit:
     if validation is not None:
         (X_tr, y_tr), (X_va, y_va) = (X, y), validation
@@ -148,11 +140,8 @@ def fit_sgd(
     y: FloatArray,
     validation: tuple[FloatArray, FloatArray] | None = None,
 ) -> SgdFit:
-    """Train at each learning rate of ``settings``; keep the run with the lowest validation loss.
-
-    The validation rows are ``validation`` when given, else ``validation_fraction`` of ``X``
-    (seeded by ``random_state``), else none (``max_epochs`` are trained and the last kept).
-    """
+    """Train at each learning rate of ``settings``; keep the run with the lowest loss on
+    ``validation``, else on ``validation_fraction`` of ``X``, else (none) the last of ``max_epochs``."""
     rates = check_settings(settings)
     split = _split(settings, X, y, validation)
     if split.X_va is None and len(rates) > 1:
@@ -184,11 +173,8 @@ def fit_sgd(
 def fit_weights(
     solver: str, z: FloatArray, y: FloatArray, alphas: Sequence[float], sgd: ProbeSettings
 ) -> list[tuple[FloatArray, float]]:
-    """``(w, b)`` fitted on features ``z`` as given, per alpha (one pair for ``"sgd"``, by ``sgd``).
-
-    ``"ridge"``: ridge regression of µ̂ for every alpha from one decomposition; ``"logistic"``: L2
-    logistic regression on the soft targets, strong to weak alpha, each warm-started from the last.
-    """
+    """``(w, b)`` fitted on features ``z`` as given, per alpha (one pair for ``"sgd"``, by ``sgd``);
+    ``"logistic"`` goes from strong to weak alpha, each fit warm-started from the last."""
     if solver == "ridge":
         w_all, b = ridge_path(z, y, alphas)
         return [(w_all[i], float(b[i])) for i in range(len(alphas))]
@@ -209,8 +195,7 @@ def _train(settings: ProbeSettings, split: TrainingSplit, lr: float) -> Training
     device = torch.device(settings.device)
     if device.type != "cpu":
         return _train_loop(torch, device, settings, split, lr)
-    # Minibatches of 32 rows are far too small to gain from threads, and on a loaded machine
-    # the thread pool's contention slows training many-fold; use one thread, then restore.
+    # Minibatches are too small to gain from threads, whose contention slows training many-fold.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,5 +1,4 @@
-"""The files the recalibration estimators save, declared once (read with
-:func:`capgate._util.saved.read_saved`)."""
+"""The files the recalibration estimators save (read with :func:`capgate._util.saved.read_saved`)."""
 
 from __future__ import annotations
 

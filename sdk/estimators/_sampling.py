@@ -1,14 +1,10 @@
-"""Shared plumbing for estimators that query a model through a backend.
+"""Plumbing for estimators that query a model through a backend.
 
-An estimator describes its work as a *plan*: a generator that yields :class:`Round` s (prompts to
-sample, with sampling parameters) and receives :class:`RoundResult` s back, then returns the
-estimates. :func:`run_steps` drives a plan with a sync backend and :func:`arun_steps` with an async
-one, so each estimator's logic (prompting, parsing, retrying unparsable answers) is written once
-and its sync and async paths cannot drift apart (httpx keeps its twins in step the same way).
-
-A failing request never sinks the other queries of a batch: if a batched call raises, the sync
-driver retries the prompts one by one to find which failed; the async driver sends them
-concurrently one per call from the start. A failure reaches the plan as the exception itself.
+An estimator's *plan* is a generator that yields :class:`Round` s and receives :class:`RoundResult` s,
+then returns the estimates; :func:`run_steps` drives it with a sync backend and :func:`arun_steps`
+with an async one, so the sync and async paths cannot drift apart. A failing request never sinks
+the rest of a batch: the sync driver retries a failed batch one prompt at a time, the async driver
+sends one call per prompt; the plan receives the exception itself.
 """
 
 from __future__ import annotations
@@ -84,11 +80,8 @@ def cost_of(samples: Sequence[Generation], latency_s: float = 0.0) -> Cost:
 
 
 def wrap_last_user_turn(query: Prompt, render: Any) -> list[ChatMessage]:
-    """The query's transcript up to its last user turn, with that turn's text passed through ``render``.
-
-    Earlier turns stay as context; anything after the last user turn is dropped, because the
-    estimator asks its own question in that place.
-    """
+    """The query's transcript up to its last user turn, that turn's text passed through ``render``
+    (anything after it is dropped: the estimator asks its own question there)."""
     messages = as_messages(query)
     last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
     if last is None:
@@ -111,8 +104,7 @@ def _sync_generate(
     generate = getattr(backend, "generate", None)
     if callable(generate):
         return generate(prompts, params)
-    # An async-only backend: run it on a private event loop in a worker thread, so this works
-    # whether or not the caller is itself inside a running loop.
+    # An async-only backend: on a private loop in a worker thread (the caller may be in a loop).
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, backend.agenerate(prompts, params)).result()  # type: ignore[union-attr]
 

@@ -1,11 +1,9 @@
 """Split a query into segments (sentences, asides, quoted blocks, messages) and remove some.
 
-The injection guard (:mod:`capgate.estimators.guarded`) reads a query as a list of
-:class:`Segment`: each chat message is cut into structural blocks (fenced code, ``<tag>`` blocks,
-``>`` quotes, bracketed or parenthesized asides, whole tool and system messages) and the rest
-into sentences. A segment records where it lies, so :func:`remove_segments` rebuilds the query
-without it and leaves every other character as it was: removing an appended sentence gives
-back the query it was appended to.
+For the injection guard (:mod:`capgate.estimators.guarded`): each chat message is cut into
+structural blocks (fenced code, ``<tag>`` blocks, ``>`` quotes, bracketed or parenthesized asides,
+whole tool and system messages) and the rest into sentences. :func:`remove_segments` leaves every
+other character as it was: removing an appended sentence gives back the query it was appended to.
 """
 
 from __future__ import annotations
@@ -89,11 +87,8 @@ def split_segments(prompt: Prompt) -> list[Segment]:
 
 
 def _cut(content: str, spans: list[tuple[int, int]]) -> str:
-    """``content`` without ``spans``, each taken with the whitespace that joined it to the rest.
-
-    A span followed by more text goes with the whitespace after it; a span at the end goes with
-    the whitespace before it, so ``"Q\\n\\nNOTE"`` and ``"NOTE\\nQ"`` both give back ``"Q"``.
-    """
+    """``content`` without ``spans``, each with the whitespace after it (before it, at the end), so
+    ``"Q\\n\\nNOTE"`` and ``"NOTE\\nQ"`` both give back ``"Q"``."""
     keep = [True] * len(content)
     for start, end in spans:
         after = end

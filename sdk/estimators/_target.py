@@ -1,11 +1,9 @@
 """The target of a probe: the model whose capability it predicts, and how its labels were made.
 
-A probe has a *reader* (the local model whose hidden states are its features, recorded in its
-feature spec) and a *target* (the model whose capability µ it predicts: a hosted model behind an
-OpenAI-compatible endpoint, a vLLM server, a local model, possibly the reader itself). The labels
-µ̂ = correct / k come from sampling the target (``capgate harvest``, whose ``<labels>.meta.json``
-records the settings); :meth:`ProbeTarget.from_harvest` reads that record, the fit stores it
-beside the probe, and the gate refuses to gate calls to another model with it.
+A probe has a *reader* (the local model whose hidden states are its features, in its feature
+spec) and a *target* (the model whose capability µ it predicts, possibly the reader itself), whose
+sampled labels µ̂ = correct / k (``capgate harvest``, settings in ``<labels>.meta.json``)
+:meth:`ProbeTarget.from_harvest` reads; the fit stores it, and the gate refuses other models.
 """
 
 from __future__ import annotations
@@ -71,17 +69,11 @@ class ProbeTarget(BaseModel):
         if not isinstance(model, str) or not model:
             raise DataError("the harvest settings name no model (field 'model_id')", field="model_id")
         endpoint = settings.get("endpoint", "other")
+        recorded = ("base_url", "temperature", "top_p", "max_tokens", "prompt", "grader", "k", "dataset")
         return cls(
             model=model,
             endpoint=endpoint if endpoint in ("local", "openai", "vllm", "function") else "other",
-            base_url=settings.get("base_url"),
-            temperature=settings.get("temperature"),
-            top_p=settings.get("top_p"),
-            max_tokens=settings.get("max_tokens"),
-            prompt=settings.get("prompt"),
-            grader=settings.get("grader"),
-            k=settings.get("k"),
-            dataset=settings.get("dataset"),
+            **{name: settings.get(name) for name in recorded},
         )
 
     @classmethod
@@ -116,10 +108,8 @@ class ProbeTarget(BaseModel):
 def check_target_match(
     expected: ProbeTarget | None, got: ProbeTarget | None, *, what: str = "labels"
 ) -> None:
-    """Refuse ``got`` (the target of some labels) when it is another target than ``expected``.
-
-    Unknown on either side (``None``: labels not harvested by capgate, a probe saved without a
-    target) is not a mismatch.
+    """Refuse ``got`` (the target of some labels) when it is another target than ``expected``;
+    unknown on either side (``None``) is not a mismatch.
 
     Raises:
         ProbeMismatchError: The two differ; the message names each differing field.

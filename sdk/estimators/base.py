@@ -24,9 +24,8 @@ def query_text(query: Prompt) -> str:
 
 
 class Params:
-    """``get_params``, ``set_params`` and ``repr`` derived from the constructor (scikit-learn's way).
-
-    A setting is a constructor argument stored under its own name, so that
+    """``get_params``, ``set_params`` and ``repr`` derived from the constructor (scikit-learn's way):
+    a setting is a constructor argument stored under its own name, so that
     ``type(e)(**e.get_params(deep=False))`` builds an unfitted copy of ``e``; the repr shows the
     arguments that differ from their defaults.
 
@@ -76,7 +75,7 @@ class Params:
                 nested.setdefault(name, {})[sub] = value
             else:
                 own[name] = value
-        if own:  # the constructor checks the new settings and derives what follows from them
+        if own:
             checked = type(self)(**{**self.get_params(deep=False), **own})
             for name, value in vars(checked).items():  # learned state it leaves unset (None) is kept
                 if name in own or value is not None:
@@ -136,12 +135,10 @@ class CapabilityEstimator(Params, ABC):
 
     @property
     def thread_safe_estimate(self) -> bool:
-        """Whether :meth:`estimate` may stand in for :meth:`aestimate` in worker threads while
-        the caller's event loop runs (an async shadow decision then runs off that loop).
-
-        True when :meth:`aestimate` is the default (it runs :meth:`estimate` in a thread
-        anyway). An estimator with a native async path says so itself; ``False`` unless it
-        does, since its client may be bound to the caller's loop.
+        """Whether :meth:`estimate` may stand in for :meth:`aestimate` in worker threads while the
+        caller's event loop runs (an async shadow decision then runs off that loop): True when
+        :meth:`aestimate` is the default; else ``False`` unless the estimator says so itself, since
+        its client may be bound to the caller's loop.
         """
         return type(self).aestimate is CapabilityEstimator.aestimate
 

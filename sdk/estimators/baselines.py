@@ -21,14 +21,7 @@ from capgate._util.saved import read_saved
 from capgate._util.validate import FloatArray, check_positive_int
 from capgate.core.backend import Prompt, as_messages
 from capgate.core.types import Estimate
-from capgate.estimators._common import (
-    as_vector,
-    check_fitted,
-    check_weights,
-    n_rows,
-    read_json,
-    write_json,
-)
+from capgate.estimators._common import as_vector, check_fitted, check_weights, n_rows, read_json, write_json
 from capgate.estimators.base import CapabilityEstimator
 
 __all__ = ["ConstantPrior", "UniformRandom"]
@@ -54,9 +47,8 @@ def _entry_bytes(entry: object) -> bytes:
 class UniformRandom(CapabilityEstimator):
     """The paper's "Uniform" baseline: a capability drawn from U(0, 1), ignoring the query.
 
-    Each query's draw is a keyed hash of the query and ``random_state``, so it is reproducible,
-    independent of batching and order, and uniform across distinct queries. It learns nothing:
-    :meth:`fit` only checks its arguments, and prediction works without it.
+    Each query's draw is a keyed hash of the query and ``random_state``: reproducible, independent
+    of batching and order, uniform across distinct queries. :meth:`fit` only checks its arguments.
 
     Args:
         random_state: Seed of the draws.

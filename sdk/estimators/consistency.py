@@ -1,8 +1,8 @@
 """Self-consistency: sample k_c answers and report the share of the most frequent one.
 
-The estimate is ``count(most frequent normalized answer) / samples``; samples from which no
-answer could be extracted count against agreement. It is the most expensive of the black-box
-estimators -- k_c full answers per query -- and reports that cost (tokens, calls, latency).
+The estimate is ``count(most frequent normalized answer) / samples``; samples without an
+extractable answer count against agreement. The most expensive black-box estimator (k_c full
+answers per query), it reports that cost (tokens, calls, latency).
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """A chain of estimators: the first usable estimate wins.
 
-Each query goes to the first estimator; the queries it could not estimate go to the next, and so
-on. The returned estimate is the answering estimator's, with its ``method``, plus
-``details["answered_by"]`` and ``details["attempts"]`` (method and reason of every estimator that
-failed before it) and the cost of all attempts. An estimate from a later link is marked
-``degraded`` with a reason (a usable but weakened estimate), so a policy can tell it from a
-first-choice one. If every link fails the result is unavailable, listing every reason, and the
-policy's fail-safe acts on it.
+Each query goes to the first estimator, those it could not estimate to the next, and so on. The
+answering estimator's estimate is returned, with its ``method``, plus ``details["answered_by"]``,
+``details["attempts"]`` (method and reason of each estimator that failed before it) and the cost
+of all attempts. An estimate from a later link is marked ``degraded`` with a reason, so a policy
+can tell it from a first-choice one. If every link fails the result is unavailable, listing every
+reason, and the policy's fail-safe acts on it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from capgate._util.drive import Steps, adrive, drive
@@ -64,10 +62,6 @@ class FallbackChain(CapabilityEstimator):
             return [Estimate.unavailable(est.method, reason) for _ in range(n)]
         return got
 
-    @staticmethod
-    def _crashed(est: CapabilityEstimator, exc: Exception, n: int) -> list[Estimate]:
-        return [Estimate.unavailable(est.method, f"raised {describe_error(exc)}") for _ in range(n)]
-
     def _merge(self, pos: int, winner: Estimate, attempts: list[dict[str, str]], cost: Cost) -> Estimate:
         details = {**winner.details, "answered_by": winner.method, "attempts": attempts}
         if pos == 0:
@@ -116,10 +110,7 @@ class FallbackChain(CapabilityEstimator):
             if not pending:
                 break
             answer = yield est, [queries[i] for i in pending]
-            if isinstance(answer, _Raised):
-                got = self._crashed(est, answer.error, len(pending))
-            else:
-                got = self._checked(est, answer, len(pending))
+            got = self._checked(est, answer, len(pending))
             pending = self._step(pos, pending, got, results, attempts, costs)
         return [
             r if r is not None else self._all_failed(attempts[i], costs[i]) for i, r in enumerate(results)
@@ -139,11 +130,8 @@ class FallbackChain(CapabilityEstimator):
         return all(est.thread_safe_estimate for est in self.estimators)
 
 
-@dataclass(frozen=True)
-class _Raised:
-    """A link's call raised (told apart from whatever a link might return)."""
-
-    error: Exception
+def _crashed(est: CapabilityEstimator, exc: Exception, n: int) -> list[Estimate]:
+    return [Estimate.unavailable(est.method, f"raised {describe_error(exc)}") for _ in range(n)]
 
 
 def _ask(request: tuple[CapabilityEstimator, list[Prompt]]) -> Any:
@@ -151,7 +139,7 @@ def _ask(request: tuple[CapabilityEstimator, list[Prompt]]) -> Any:
     try:
         return est.estimate(queries)
     except Exception as exc:
-        return _Raised(exc)
+        return _crashed(est, exc, len(queries))
 
 
 async def _aask(request: tuple[CapabilityEstimator, list[Prompt]]) -> Any:
@@ -159,4 +147,4 @@ async def _aask(request: tuple[CapabilityEstimator, list[Prompt]]) -> Any:
     try:
         return await est.aestimate(queries)
     except Exception as exc:
-        return _Raised(exc)
+        return _crashed(est, exc, len(queries))

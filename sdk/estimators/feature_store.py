@@ -2,12 +2,8 @@
 
 A feature file ``NAME.npz`` holds two arrays, ``ids`` (query ids, unicode) and ``features``
 (float32, one row per id: a vector, or one vector per layer); its sidecar ``NAME.spec.json``
-holds the feature spec (model id, weights fingerprint, layers, pooling, chat template,
-dim). Both load without pickle.
-
-:func:`featurize_to` computes such a file with a featurizer, resumably: each finished batch is
-written atomically under ``NAME.npz.parts/``, a rerun after a crash or kill featurizes only what
-is missing, and the parts are merged into ``NAME.npz`` at the end.
+holds the feature spec (model id, weights fingerprint, layers, pooling, chat template, dim).
+Both load without pickle. :func:`featurize_to` computes such a file resumably.
 """
 
 from __future__ import annotations
@@ -54,8 +50,7 @@ class StoredFeatures:
         path: The ``.npz`` file.
         ids: Query ids, one per row.
         features: Float32 array, shape ``(len(ids), dim)``, or ``(len(ids), n_layers, dim)`` for
-            per-layer features (a featurizer whose ``transform`` returns
-            :meth:`~capgate.local.hidden_states.HiddenStateFeaturizer.transform_layers`).
+            per-layer features (:meth:`~capgate.local.hidden_states.HiddenStateFeaturizer.transform_layers`).
         spec: The feature spec from the sidecar (JSON-able dict).
     """
 
@@ -86,10 +81,7 @@ class StoredFeatures:
 
 
 def save_features(
-    path: str | os.PathLike[str],
-    ids: Sequence[str],
-    features: npt.ArrayLike,
-    spec: object,
+    path: str | os.PathLike[str], ids: Sequence[str], features: npt.ArrayLike, spec: object
 ) -> Path:
     """Write ``features`` keyed by ``ids`` to ``path`` (``.npz``) and the spec to its sidecar.
 
@@ -194,11 +186,10 @@ def featurize_to(
 ) -> StoredFeatures:
     """Featurize ``queries`` (keyed by ``ids``) into ``path``, resuming an interrupted run.
 
-    Finished batches live under ``<path>.parts/`` (each written atomically) until all are done;
-    then they are merged into ``path`` and its sidecar, and the parts folder is removed. A rerun
-    skips every id already featurized; if ``path`` is already complete for ``ids`` with the same
-    spec, nothing is recomputed; rows it already has for some of ``ids`` are reused (the rewritten
-    file then holds exactly ``ids``).
+    Finished batches are written atomically under ``<path>.parts/``, merged into ``path`` and its
+    sidecar when all are done (the folder is then removed). A rerun after a crash or kill skips
+    every id already featurized; rows ``path`` already has for ``ids`` with the same spec are
+    reused (nothing is recomputed if it has them all; else the rewritten file holds exactly ``ids``).
 
     Args:
         path: The ``.npz`` to write.

@@ -1,18 +1,15 @@
 """Fingerprints of capability estimators: which estimator made a stored estimate.
 
-A cache of estimates (a bench's, a feature store's, your own) is only valid for the estimator
-that wrote it: install a new probe and yesterday's cached ``p`` describe an estimator that no
-longer ships. Record :func:`estimator_fingerprint` (or :func:`probe_fingerprint` of a saved probe
-folder) beside the cached estimates and compare it with the installed estimator's before reading
-them back.
+A cache of estimates is only valid for the estimator that wrote it: record
+:func:`estimator_fingerprint` (or :func:`probe_fingerprint` of a saved probe folder) beside it and
+compare with the installed estimator's before reading it back.
 
-* A probe's fingerprint hashes its weights file, its metadata JSON (settings, training summary,
-  feature spec; not the record of a later bfloat16 check) and the reader's feature spec (model
-  id, weights fingerprint, layers, pooling, chat template...). A saved folder and the
+* A probe's fingerprint hashes its weights file, its metadata JSON (not the record of a later
+  bfloat16 check) and the reader's feature spec. A saved folder and the
   :class:`~capgate.estimators.ProbeEstimator` loaded from it (``capgate.load_estimator``) have
   the same fingerprint, so a cache can be checked without loading the reader model.
-* Any other estimator's fingerprint hashes its class and constructor settings (nested estimators
-  by their own fingerprint; a backend by its class and model name).
+* Any other estimator's hashes its class and constructor settings (nested estimators by their
+  own fingerprint; a backend by its class and model name).
 """
 
 from __future__ import annotations
@@ -58,8 +55,7 @@ def _probe_digest(folder: Path, reader_spec: object | None) -> str:
     spec = meta.get("feature_spec") if reader_spec is None else spec_as_dict(reader_spec)
     validation = meta.get("validation")
     if isinstance(validation, dict) and "fast_path" in validation:
-        # A fast-path check run after fitting records whether bfloat16 may be used; it changes
-        # nothing the probe estimates in the dtype its spec names (a reader's dtype is in ``spec``).
+        # A later bfloat16 check changes nothing the probe estimates (the reader's dtype is in spec).
         meta = {**meta, "validation": {k: v for k, v in validation.items() if k != "fast_path"}}
     weights_sha = sha256_file(weights)
     return "probe-sha256:" + _digest(_VERSION, "probe", weights_sha, _canonical(meta), _canonical(spec))
@@ -95,11 +91,8 @@ def _setting(value: Any) -> Any:
 
 
 def estimator_fingerprint(estimator: object) -> str:
-    """Fingerprint of a capability estimator (see the module docstring).
-
-    A :class:`~capgate.estimators.ProbeEstimator`: its probe (saved to a temporary folder, so
-    the same bytes as on disk) and its featurizer's spec. Any other estimator: its class and the
-    settings its constructor takes (read back from the attributes of the same names).
+    """Fingerprint of a capability estimator (see the module docstring): a probe's from its files saved
+    to a temporary folder; any other's settings read back from the attributes of the same names.
 
     Examples:
         >>> from capgate.estimators import VerbalizedConfidence

@@ -1,21 +1,18 @@
 """Estimates that text in the query cannot lift: :class:`InjectionGuard` wraps any estimator.
 
-A query can carry text that claims the task is easy or the model certain, typed by a user or
-injected by a document or tool output. The guard reads the query as segments
-(:func:`capgate.estimators._segments.split_segments`) and uses two signals:
-
-* a learned claim detector (:class:`~capgate.estimators._claims.ClaimDetector`) scores every
-  segment; segments at or above its threshold are claims;
-* a structural test that needs no wording: each context segment (an aside in brackets or
-  parentheses, a quoted or tagged block, a JSON object, a whole system or tool message) is
-  removed in turn, and if the inner estimate drops by more than ``lift_tolerance`` without it,
-  that segment was lifting the estimate.
+A query can carry text, typed by a user or injected by a document or tool output, that claims the
+task is easy or the model certain. The guard reads the query as segments
+(:func:`capgate.estimators._segments.split_segments`) and uses two signals: a learned
+:class:`~capgate.estimators._claims.ClaimDetector` (segments scoring at or above its threshold are
+claims), and a structural test that needs no wording: each context segment (a bracketed or
+parenthesized aside, a quoted or tagged block, a JSON object, a whole system or tool message) is
+removed in turn, and if the inner estimate drops by more than ``lift_tolerance`` without it, that
+segment was lifting the estimate.
 
 Either signal marks the estimate ``degraded=True`` with a reason naming the segment, so the
-policy's ``on_degraded`` fail-safe acts; its ``p`` is the *lowest* of the estimates on the
-query as given and without the offending segments, so even a policy that reads ``p`` is not
-lifted. Clean queries without context segments cost nothing extra; each context segment costs
-one more inner estimate (one forward pass for a probe), batched with the rest.
+policy's ``on_degraded`` fail-safe acts; its ``p`` is the *lowest* of the estimates on the query
+as given and without the offending segments. Each context segment costs one more inner estimate
+(batched with the rest); clean queries without any cost nothing extra.
 """
 
 from __future__ import annotations
@@ -62,9 +59,8 @@ class InjectionGuard(CapabilityEstimator):
         ablate_context: Run the structural removal test on context segments.
         lift_tolerance: How much removing one context segment may lower the estimate before
             that segment counts as lifting it.
-        on_claim: ``"degrade"`` (the default: ``degraded=True`` with a reason, ``p`` the lowest
-            estimate) or ``"strip"`` (``p`` the lowest estimate, not degraded; the reason goes to
-            ``details["injection"]``).
+        on_claim: ``p`` is the lowest estimate either way; ``"degrade"`` (the default) also sets
+            ``degraded=True`` with a reason, ``"strip"`` only puts the reason in ``details["injection"]``.
 
     Examples:
         >>> from capgate.estimators import CapabilityEstimator
@@ -105,7 +101,7 @@ class InjectionGuard(CapabilityEstimator):
         return self.estimator.target_model
 
     def _detector(self) -> ClaimDetector:
-        """``detector``, or the shipped one (loaded once into ``detector_``; the setting stays ``None``)."""
+        """``detector``, or the shipped one (loaded once into ``detector_``)."""
         if self.detector is not None:
             return self.detector
         if getattr(self, "detector_", None) is None:
@@ -165,20 +161,16 @@ class InjectionGuard(CapabilityEstimator):
             if base_p is not None and without is not None and base_p - without > self.lift_tolerance:
                 reasons.append(LIFT_REASON.format(lift=base_p - without, what=_show(segment)))
                 p = min(p, without)
-        details = dict(full.details)
-        if not reasons:
-            made = Estimate(p=full.p, method=self.method, degraded=full.degraded, reason=full.reason,
-                            cost=cost, details=details)  # fmt: skip
-            return _with_features_of(full, made)
-        details["injection"] = {"reasons": reasons, "p_as_given": full.p}
-        degraded = self.on_claim == "degrade" or full.degraded
-        reason = "; ".join([*([full.reason] if full.reason else []), *reasons]) if degraded else None
+        details, degraded, reason = dict(full.details), full.degraded, full.reason
+        if reasons:  # else p is full.p
+            details["injection"] = {"reasons": reasons, "p_as_given": full.p}
+            degraded = self.on_claim == "degrade" or full.degraded
+            reason = "; ".join([*([full.reason] if full.reason else []), *reasons]) if degraded else None
         made = Estimate(p=p, method=self.method, degraded=degraded, reason=reason, cost=cost, details=details)
         return _with_features_of(full, made)
 
 
 def _with_features_of(full: Estimate, made: Estimate) -> Estimate:
-    """``made``, carrying the reader features of the query as given (``full``'s), if it has them:
-    a gate that logs features then needs no second pass under the guard."""
+    """``made``, carrying ``full``'s reader features, if any (logging them needs no second pass)."""
     kept = full.features()
     return made if kept is None else made.with_features(kept.vector, kept.spec)

@@ -24,10 +24,9 @@ def estimate_jsonl(
 ) -> Iterator[tuple[LabelledQuery, Estimate]]:
     """Estimate every query of a labelled JSONL file, batch by batch, yielding ``(row, estimate)``.
 
-    The whole file is read first (:func:`capgate.labels.labelled.iter_labelled`), so a bad row, or one
-    without a question, fails before any model call. Blank lines are skipped. Pair the
-    results with a metric, e.g. ``capability_brier([e.p for _, e in pairs], [r.mu_hat for r, _ in pairs])``
-    over the usable ones.
+    The whole file is read first (:func:`capgate.labels.labelled.iter_labelled`; blank lines
+    skipped), so a bad row fails before any model call. Pair the usable results with a metric, e.g.
+    ``capability_brier([e.p for _, e in pairs], [r.mu_hat for r, _ in pairs])``.
 
     Examples:
         >>> import json, tempfile

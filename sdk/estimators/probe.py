@@ -27,13 +27,7 @@ from capgate.estimators._linear_probe import LinearProbe, spec_fingerprint
 from capgate.estimators._probe_training import LR_GRID
 from capgate.estimators.base import CapabilityEstimator
 
-__all__ = [
-    "LR_GRID",
-    "Featurizer",
-    "LinearProbe",
-    "ProbeEstimator",
-    "check_spec_match",
-]
+__all__ = ["LR_GRID", "Featurizer", "LinearProbe", "ProbeEstimator", "check_spec_match"]
 
 
 @runtime_checkable
@@ -54,6 +48,10 @@ class Featurizer(Protocol):
         ...
 
 
+def _failed(error: Exception) -> str:
+    return f"featurizer failed: {type(error).__name__}: {error}"
+
+
 def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
@@ -63,10 +61,10 @@ def check_spec_match(
 ) -> None:
     """Raise :class:`ProbeMismatchError` unless a probe's feature spec matches a featurizer's.
 
-    Every field is compared (model id, weights fingerprint, layers, pooling, chat template, dim,
-    source...) except those named in ``ignore``; the message names each differing field with the
-    probe's and the featurizer's value. Ignore a field only when you have checked that it does not
-    change the features (say, ``source`` after comparing transformers and vLLM hidden states).
+    Every field (model id, weights fingerprint, layers, pooling, chat template, dim, source...) but
+    those in ``ignore`` is compared; the message names each differing field and both values. Ignore
+    a field only once checked that it does not change the features (say, ``source`` after
+    comparing transformers and vLLM hidden states).
 
     Examples:
         >>> spec = {"model_id": "m", "weights_fingerprint": "abc", "dim": 4, "source": "vllm"}
@@ -105,23 +103,20 @@ def check_spec_match(
 class ProbeEstimator(CapabilityEstimator):
     """A capability estimator: a featurizer's hidden states fed to a linear probe.
 
-    Cost per estimate: one forward pass (the prefill of the query); ``latency_s`` is the batch's
-    wall time shared evenly among its queries (the whole batch time is in ``details``).
-
-    Fail-closed: if the featurizer raises for a batch, each query is retried alone and those that
-    still fail, or that yield non-finite features, come back as
-    :meth:`Estimate.unavailable <capgate.Estimate.unavailable>` naming the error. Misuse (an
-    unfitted probe, a featurizer whose spec or output width does not match the probe) raises.
+    Cost per estimate: one forward pass (the query's prefill); ``latency_s`` is the batch's wall
+    time shared evenly among its queries (the whole batch time is in ``details``). Fail-closed: if
+    the featurizer raises for a batch, each query is retried alone; those that still fail, or yield
+    non-finite features, come back :meth:`unavailable <capgate.Estimate.unavailable>` naming the
+    error. Misuse (an unfitted probe, a featurizer whose spec or width does not match) raises.
 
     Args:
         featurizer: Makes the features (see :class:`Featurizer`).
         probe: The probe; fitted, or fitted later through :meth:`fit`.
         ignore_spec_fields: Feature-spec fields not compared with the probe's (see
             :func:`check_spec_match`); none by default.
-        fast_path: How the reader pass's dtype was chosen (:func:`capgate.load_estimator` fills
-            it: the dtype, ``chosen_by`` ``"setting"`` or ``"auto"``, and for ``"auto"`` on a CPU
-            the measured bfloat16 speed-up and its threshold); copied into every estimate's
-            ``details["fast_path"]``, so the decision log and the telemetry span keep it.
+        fast_path: How the reader pass's dtype was chosen, filled by :func:`capgate.load_estimator`
+            (the dtype, ``chosen_by`` ``"setting"`` or ``"auto"``, and for ``"auto"`` on a CPU the
+            measured bfloat16 speed-up and its threshold); copied into ``details["fast_path"]``.
 
     Examples:
         >>> import numpy as np
@@ -184,8 +179,7 @@ class ProbeEstimator(CapabilityEstimator):
     def _transform_with_details(
         self, queries: Sequence[Prompt]
     ) -> tuple[npt.NDArray[np.float32], dict[str, Any]]:
-        """Features and how the featurizer made them (its ``transform_with_details``, if it has one:
-        for :class:`~capgate.local.hidden_states.HiddenStateFeaturizer`, the pass's ``dtype``)."""
+        """Features and how the featurizer made them (its ``transform_with_details``, if any)."""
         detailed = getattr(self.featurizer, "transform_with_details", None)
         if not callable(detailed):
             return self._transform(queries), {}
@@ -213,11 +207,9 @@ class ProbeEstimator(CapabilityEstimator):
         return self.probe.predict(self._transform(queries))
 
     def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
-        """One :class:`~capgate.Estimate` per query, ``method="probe"`` (fail-closed per query).
-
-        Each usable estimate carries the query's features and the featurizer's spec
-        (:meth:`Estimate.features <capgate.Estimate.features>`: in memory only), so a gate that
-        logs features for learning needs no second pass.
+        """One :class:`~capgate.Estimate` per query, ``method="probe"`` (fail-closed per query), each
+        usable one carrying the query's features and the featurizer's spec in memory
+        (:meth:`Estimate.features <capgate.Estimate.features>`), so logging features needs no second pass.
         """
         self._check_ready()
         queries = list(queries)
@@ -229,10 +221,8 @@ class ProbeEstimator(CapabilityEstimator):
             features, made = self._transform_with_details(queries)
             rows: list[npt.NDArray[np.float32] | str] = list(features)
         except Exception as batch_error:
-            if len(queries) == 1:
-                rows = [f"featurizer failed: {type(batch_error).__name__}: {batch_error}"]
-            else:
-                rows = [self._featurize_alone(q) for q in queries]
+            alone = len(queries) > 1  # retry each query alone; a single query has failed already
+            rows = [self._featurize_alone(q) for q in queries] if alone else [_failed(batch_error)]
         elapsed = time.perf_counter() - start
         dim = self.probe.n_features_in_
         spec = spec_as_dict(self.featurizer.spec)  # carried with each estimate's features
@@ -242,19 +232,14 @@ class ProbeEstimator(CapabilityEstimator):
             details["fast_path"] = dict(self.fast_path)
         estimates: list[Estimate] = []
         for row in rows:
-            if isinstance(row, str):
-                estimates.append(Estimate.unavailable(self.method, row, cost=cost, **details))
-                continue
-            if row.shape != (dim,):
+            if not isinstance(row, str) and row.shape != (dim,):
                 raise ProbeMismatchError(
                     f"featurizer returned {row.shape[-1]} features; the probe expects {dim}"
                 )
-            if not np.all(np.isfinite(row)):
-                estimates.append(
-                    Estimate.unavailable(
-                        self.method, "featurizer returned non-finite features", cost=cost, **details
-                    )
-                )
+            if not isinstance(row, str) and not np.all(np.isfinite(row)):
+                row = "featurizer returned non-finite features"
+            if isinstance(row, str):
+                estimates.append(Estimate.unavailable(self.method, row, cost=cost, **details))
                 continue
             p = float(self.probe.predict(row[None, :])[0])
             estimate = Estimate(p=p, method=self.method, cost=cost, details=details)
@@ -265,7 +250,7 @@ class ProbeEstimator(CapabilityEstimator):
         try:
             row: npt.NDArray[np.float32] = self._transform([query])[0]
         except Exception as error:
-            return f"featurizer failed: {type(error).__name__}: {error}"
+            return _failed(error)
         return row
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -279,10 +264,8 @@ class ProbeEstimator(CapabilityEstimator):
         """Load a saved probe for ``featurizer``, refusing one trained on other features.
 
         Raises:
-            ProbeMismatchError: The probe's feature spec (model, weights fingerprint, layers,
-                pooling, chat template, dim, source...) differs from ``featurizer.spec`` in a field
-                not in ``ignore_spec_fields``, or the probe records none. The message names each
-                differing field and both values.
+            ProbeMismatchError: The probe's feature spec differs from ``featurizer.spec`` in a
+                field not in ``ignore_spec_fields`` (see :func:`check_spec_match`), or it has none.
             DataError: The saved files are missing or corrupt.
         """
         probe = LinearProbe.load(path)

@@ -1,10 +1,8 @@
 """P(True): the probability mass the model puts on "Yes" when asked whether it can answer.
 
-The model is asked "Are you able to answer the question correctly? Answer with only a single
-word: Yes or No." and the estimate is read from the log-probabilities of the alternatives at its
-first answer token (after any ``<think>`` block and leading whitespace): the probability of every
-"Yes" variant (any case, with or without a leading space or trailing punctuation) over that of
-Yes plus No. It needs a backend that returns ``top_logprobs``.
+The estimate is read from the log-probabilities of the alternatives (``top_logprobs``) at the
+model's first answer token (after any ``<think>`` block and whitespace): the probability of every
+"Yes" variant (any case, spacing or trailing punctuation) over that of Yes plus No.
 """
 
 from __future__ import annotations
@@ -19,19 +17,15 @@ from capgate.core.types import Estimate
 from capgate.estimators._backed import BackendEstimator, check_template, one_round_plan
 from capgate.estimators._parsing import THINK_CLOSE, THINK_OPEN
 from capgate.estimators._sampling import AnyBackend, QueryState, Round, Steps, wrap_last_user_turn
-from capgate.estimators.verbalized import delimit_question
+from capgate.estimators.verbalized import QUESTION_BLOCK, delimit_question
 
 __all__ = ["PTRUE_TEMPLATE", "PTrue", "read_p_true"]
 
 #: The prompt; ``{question}`` is the delimited question.
-PTRUE_TEMPLATE = """\
-Here is a question, between the markers <question> and </question>. Do not answer it.
-
-<question>
-{question}
-</question>
-
-Are you able to answer the question correctly? Answer with only a single word: Yes or No."""
+PTRUE_TEMPLATE = (
+    QUESTION_BLOCK
+    + "Are you able to answer the question correctly? Answer with only a single word: Yes or No."
+)
 
 _YES = "yes"
 _NO = "no"
@@ -59,9 +53,8 @@ def _answer_position(tokens: Sequence[TokenLogprob]) -> tuple[int | None, str]:
 def read_p_true(tokens: Sequence[TokenLogprob] | None) -> tuple[float | None, str, dict[str, Any]]:
     """P(Yes) / (P(Yes) + P(No)) at the first answer token of a completion's logprobs.
 
-    If only one of the two words is among the returned alternatives, the other's probability is
-    bounded by the least likely alternative returned (it is below the top-k floor); the result
-    says so in ``details["bounded"]``.
+    If only one of the two words is among the alternatives, the other's probability is bounded by
+    the least likely alternative returned (the top-k floor), as ``details["bounded"]`` says.
 
     Returns:
         ``(p, "", details)``, or ``(None, reason, details)`` when there are no logprobs or neither

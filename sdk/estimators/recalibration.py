@@ -234,12 +234,11 @@ def _logit(c: FloatArray, eps: float) -> FloatArray:
 class PlattCalibrator(Params):
     """Platt scaling: ``p = sigmoid(a · logit(c) + b)``, fitted by Newton's method on soft targets.
 
-    The fit minimizes the (weighted) cross-entropy between ``p`` and µ̂ plus ``l2 / 2 · a²``, starting
-    from the identity map (a = 1, b = 0) with backtracking line search. Confidences are clipped to
-    ``[eps, 1 - eps]`` before the logit.
+    The fit minimizes the (weighted) cross-entropy between ``p`` and µ̂ plus ``l2 / 2 · a²``, from
+    the identity map (a = 1, b = 0) with backtracking line search.
 
     Args:
-        eps: Clipping of confidences before the logit.
+        eps: Confidences are clipped to ``[eps, 1 - eps]`` before the logit.
         l2: Ridge penalty on the slope ``a`` (0 = plain maximum likelihood; raise it when the
             data are separable, where the unpenalized slope grows without bound).
         max_iter: Most Newton steps.
@@ -370,9 +369,8 @@ class Recalibrated(CapabilityEstimator):
     """Any capability estimator followed by a calibrator (method name ``"<base>+<calibrator>"``).
 
     Usable, non-degraded estimates have their ``p`` mapped through the calibrator (cost and
-    details kept, the raw value recorded as ``details["raw_p"]``). Degraded estimates, with or
-    without a value, pass through untouched: still degraded, under the base method's name, and no
-    value is invented for them.
+    details kept, the raw value in ``details["raw_p"]``). Degraded estimates pass through
+    untouched: still degraded, under the base method's name, no value invented.
 
     Args:
         estimator: The base estimator (already fitted, if it needs fitting).
