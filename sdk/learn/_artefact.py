@@ -1,13 +1,12 @@
 """The calibration artefact: a folder with a content-derived version, written atomically.
 
-``DIR/calibration.json`` names the kind (identity, isotonic, Platt, probe), the target and the
-estimator method it applies to, a SHA-256 for every other file, and the summary (window, counts,
-held-out table, thresholds). The version is ``"cal-"`` and the first 12 hex digits of the SHA-256
-of that content (everything but the version itself and the time of writing), so the same
-calibration has the same version wherever it is written. Beside it: ``calibrator.json`` (a map,
-in :class:`~capgate.estimators.Recalibrated`'s format) or ``probe.safetensors`` +
-``probe.json`` (a :class:`~capgate.estimators.LinearProbe`), and ``policy.yaml`` when thresholds
-were certified. No pickle anywhere.
+``DIR/calibration.json`` names the kind (identity, isotonic, Platt, probe), the target and
+estimator method, a SHA-256 for every other file, and the summary (window, counts, held-out table,
+thresholds). The version is ``"cal-"`` + 12 hex digits of the SHA-256 of that content (all but the
+version and the time of writing): the same wherever it is written. Beside it: ``calibrator.json``
+(:class:`~capgate.estimators.Recalibrated`'s format) or ``probe.safetensors`` + ``probe.json`` (a
+:class:`~capgate.estimators.LinearProbe`), and ``policy.yaml`` when thresholds were certified. No
+pickle anywhere.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -72,11 +72,9 @@ def write_calibration(
     summary: Mapping[str, Any],
     write_files: Callable[[Path], None],
 ) -> str:
-    """Write a calibration folder at ``out`` atomically; returns its version.
-
-    Everything is written into a hidden temporary folder beside ``out``, fsynced, and renamed to
-    ``out`` in one step; if anything fails or the run is interrupted first, the temporary folder
-    is removed (a killed process leaves at most a hidden ``.NAME.tmp-*`` folder, never ``out``).
+    """Write a calibration folder at ``out`` atomically (a hidden temporary folder beside it,
+    fsynced, renamed in one step; removed on failure: a killed process leaves at most a hidden
+    ``.NAME.tmp-*`` folder, never ``out``); returns its version.
 
     Args:
         out: The folder to create (it must not exist, or hold this very calibration already).
@@ -125,6 +123,7 @@ def write_calibration(
     return version
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class Calibration:
     """A calibration written by :func:`~capgate.learn.calibrate` (``capgate calibrate``).
 
@@ -141,22 +140,12 @@ class Calibration:
     Use :meth:`load`; the constructor only stores what it is given.
     """
 
-    def __init__(
-        self,
-        *,
-        path: Path,
-        version: str,
-        target: str | None,
-        method: str,
-        kind: Kind,
-        summary: dict[str, Any],
-    ) -> None:
-        self.path = path
-        self.version = version
-        self.target = target
-        self.method = method
-        self.kind = kind
-        self.summary = summary
+    path: Path
+    version: str
+    target: str | None
+    method: str
+    kind: Kind
+    summary: dict[str, Any]
 
     def __repr__(self) -> str:
         return (
@@ -166,8 +155,8 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Calibration:
-        """Load and check a calibration folder (every file against its SHA-256, the version
-        against the content).
+        """Load a calibration folder, every file checked against its SHA-256 and the version
+        against the content.
 
         Raises:
             DataError: Missing, corrupt or altered files, or a format this capgate cannot read.
@@ -235,11 +224,10 @@ class Calibration:
     ) -> CapabilityEstimator:
         """The estimator to gate with under this calibration.
 
-        ``identity``: ``estimator`` itself; ``isotonic``/``platt``: ``estimator`` followed by the
-        map (:class:`~capgate.estimators.Recalibrated`); ``probe``: a
+        ``identity``: ``estimator``; ``isotonic``/``platt``: ``estimator`` then the map
+        (:class:`~capgate.estimators.Recalibrated`); ``probe``: a
         :class:`~capgate.estimators.ProbeEstimator` of the learnt probe over ``featurizer``, else
-        ``estimator``'s own featurizer when its spec matches the probe's, else the embedded
-        default model's when that matches.
+        over the first whose spec matches: ``estimator``'s own, the embedded default model's.
 
         Raises:
             DataError: ``estimator`` is of another method than the calibration maps.
@@ -258,12 +246,10 @@ class Calibration:
             from capgate.estimators import Recalibrated
 
             return Recalibrated.load(self.path / CALIBRATOR_FILE, estimator)
-        from capgate.estimators.probe import LinearProbe, ProbeEstimator
+        from capgate.estimators.probe import LinearProbe, ProbeEstimator, check_spec_match
 
         probe = LinearProbe.load(self.path)
         chosen = featurizer if featurizer is not None else _matching_featurizer(probe, estimator)
-        from capgate.estimators.probe import check_spec_match
-
         check_spec_match(probe.feature_spec_, chosen.spec, ignore=_IGNORE_SPEC)
         return ProbeEstimator(chosen, probe, ignore_spec_fields=_IGNORE_SPEC)
 

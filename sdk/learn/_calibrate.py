@@ -2,31 +2,26 @@
 
 From the logged decisions with outcomes of one target and one estimator method, in time order:
 
-1. the latest ``holdout`` share is held out (what the next days look like), the rest is the
-   older part;
-2. candidates are fitted on the older part only: an isotonic and a Platt map of the estimates the
-   gate made, and, where reader features were logged, a probe on them (the shipped probe's
-   ridge trainer, one row per query); the *previous* estimator (the estimates as logged) is a
-   candidate too;
-3. each is scored on the held-out outcomes (capability Brier with a 95% interval, and its paired
-   difference from the previous estimator; cluster-robust by query when queries recur), and one
-   is kept by :func:`capgate.learn.select`'s rule: the previous one unless a candidate beats it
-   beyond the noise of the comparison;
-4. with ``risk``, an answer threshold is certified by Learn-then-Test on cross-fitted
-   confidences of the kept estimator (every row scored by a fit that never saw its outcome) and
-   written into a policy. The older rows' confidences come from fits on the other older blocks,
-   not from the shipped map itself, and the held-out rows also chose the candidate: two small
-   departures from the test's assumptions, measured by ``bench/learn_from_traffic.py`` (the
-   answered share's error on the next traffic, over seeded replays);
+1. the latest ``holdout`` share is held out (what the next days look like);
+2. candidates are fitted on the older part only: isotonic and Platt maps of the logged estimates
+   and, where reader features were logged, a probe on them (the shipped probe's ridge trainer, one
+   row per query); the *previous* estimator (the estimates as logged) is a candidate too;
+3. each is scored on the held-out outcomes (capability Brier with a 95% interval and its paired
+   difference from the previous estimator, cluster-robust by query when queries recur), and one
+   is kept by :func:`capgate.learn.select`: the previous one unless a candidate beats it beyond
+   the noise;
+4. with ``risk``, an answer threshold is certified by Learn-then-Test on cross-fitted confidences
+   of the kept estimator (no row scored by a fit that saw its outcome) and written into a policy.
+   The older rows' confidences come from fits on the other older blocks, and the held-out rows
+   also chose the candidate: two small departures from the test's assumptions, measured by
+   ``bench/learn_from_traffic.py``;
 5. everything is written atomically to a versioned folder (:class:`~capgate.learn.Calibration`).
 
-Selection (enforced traffic). An enforcing gate gets outcomes only for what it let through, so
-nothing is known about the queries it blocked. ``calibrate`` counts the decisions with and
-without outcomes per action, and when enforced decisions were blocked without outcomes it never
-moves the answer threshold below the kept estimator's confidence at the lowest logged estimate
-that has an outcome (a monotone map keeps every blocked query below it); a probe orders queries
-in its own way, so on such traffic it gets no threshold at all (log shadow traffic instead: a
-shadow gate's calls all proceed, so all get outcomes).
+Enforced traffic has outcomes only for what the gate let through. When enforced decisions were
+blocked without outcomes, the answer threshold never goes below the kept estimator's confidence at
+the lowest logged estimate with an outcome (a monotone map keeps every blocked query below it); a
+probe orders queries its own way, so it then gets no threshold (log shadow traffic instead: all
+its calls proceed and get outcomes).
 """
 
 from __future__ import annotations
@@ -170,192 +165,176 @@ def calibrate(
     """
     from capgate.decision.store.log import DecisionLog
 
-    own = not isinstance(log, DecisionLog)
-    opened = log if isinstance(log, DecisionLog) else DecisionLog(os.fspath(log))
-    try:
-        if not 0.0 < selection_level < 1.0:
-            raise ValueError(f"`selection_level` must be in (0, 1); got {selection_level!r}")
-        settings = (target, method, risk, delta, policy, holdout, min_outcomes, allow_mixed_versions)
-        return _calibrate(opened, Path(out), *settings, since, until, probe, n_splits, seed, selection_level)
-    finally:
-        if own:
-            opened.close()
-
-
-def _calibrate(
-    log: DecisionLog,
-    out: Path,
-    target: str | None,
-    method: str | None,
-    risk: float | None,
-    delta: float,
-    policy: str | Path | Policy | None,
-    holdout: float,
-    min_outcomes: int,
-    allow_mixed_versions: bool,
-    since: datetime | None,
-    until: datetime | None,
-    probe: bool,
-    n_splits: int,
-    seed: int,
-    selection_level: float,
-) -> CalibrationResult:
+    if not 0.0 < selection_level < 1.0:
+        raise ValueError(f"`selection_level` must be in (0, 1); got {selection_level!r}")
     if policy is not None and risk is None:
         raise ValueError("`policy` is the policy whose answer threshold `risk` sets: give risk (--risk) too")
     if min_outcomes < 2 * MIN_SIDE:
         raise ValueError(f"`min_outcomes` must be at least {2 * MIN_SIDE}; got {min_outcomes}")
-    traffic = read_traffic(
-        log,
-        target=target,
-        method=method,
-        since=since,
-        until=until,
-        allow_mixed_versions=allow_mixed_versions,
-        min_outcomes=min_outcomes,
-    )
-    custom = traffic.policy is not None and traffic.policy not in PRESETS
-    if risk is not None and policy is None and custom:
-        raise CalibrationRefusedError(
-            f"the decisions were made under the policy {traffic.policy!r}, which is not a preset: "
-            "pass it with --policy FILE (policy=), so the learned version keeps its bands and sets "
-            "only its answer threshold; without it a two-band policy would be written",
-            path=log.location,
+    opened = log if isinstance(log, DecisionLog) else DecisionLog(os.fspath(log))
+    try:
+        traffic = read_traffic(
+            opened,
+            target=target,
+            method=method,
+            since=since,
+            until=until,
+            allow_mixed_versions=allow_mixed_versions,
+            min_outcomes=min_outcomes,
         )
-    groups = traffic.groups  # a recurring query's outcomes stay on one side of every split
-    split = time_split(len(traffic), holdout, groups)
-    if min(len(split.train), len(split.holdout)) < MIN_SIDE:
-        raise CalibrationRefusedError(
-            f"too few outcomes on one side of the time split ({len(split.train)} older, "
-            f"{len(split.holdout)} held out); each side needs at least {MIN_SIDE}: "
-            "more outcomes or another holdout share",
-            path=log.location,
-        )
-    tr, ho = split.train, split.holdout
-    est = traffic.estimated
-    if min(int(est[tr].sum()), int(est[ho].sum())) < MIN_SIDE:
-        raise CalibrationRefusedError(
-            f"too few usable estimates on one side of the time split ({int(est[tr].sum())} older, "
-            f"{int(est[ho].sum())} held out); each side needs at least {MIN_SIDE} to compare "
-            "candidates with the previous estimator: more outcomes or another holdout share",
-            path=log.location,
-        )
-    previous_cal, previous_version = _previous_kind(log, traffic)
-    notes: list[str] = []
-    if not est.all():
-        notes.append(
-            f"{int((~est).sum())} of {len(traffic)} decisions with outcomes had no usable estimate "
-            "(degraded): the previous estimator and its maps are fitted and compared on the others; "
-            "a probe on logged features learns from them too"
-        )
-    y = traffic.y
-    candidates = [_Candidate(PREVIOUS, traffic.p[ho], 0, None, traffic.p[tr], _brier(traffic.p[tr], y[tr]))]
-    base_known = traffic.has_base or (previous_cal is not None and previous_cal.kind == "identity")
-    if base_known:
-        bp = traffic.base_p
-        fit_rows = tr[est[tr]]
-        for name in ("isotonic", "platt"):
-            fitted = fit_map(name, bp[fit_rows], y[fit_rows])
-            within = None if groups is None else groups[fit_rows]
-            fitter = map_fitter(name, bp[fit_rows], y[fit_rows])
-            oof = np.full(len(tr), np.nan)
-            oof[est[tr]] = cross_fit(fitter, len(fit_rows), n_splits=n_splits, groups=within).predictions
-            held = np.full(len(ho), np.nan)
-            held[est[ho]] = fitted.predict(bp[ho[est[ho]]])
-            candidates.append(_Candidate(name, held, len(fit_rows), fitted, oof, _brier(oof, y[tr])))
-    else:
-        notes.append(
-            "no isotonic or Platt candidate: the window's estimates came from a probe calibration "
-            "and do not record the base estimator's confidence"
-        )
-    features: LoggedFeatureSet | None = None
-    if probe:
-        features = logged_features(log, traffic)
-        if features is not None:
-            probe_candidate = _probe_candidate(features, traffic, tr, ho, seed, log.location, notes)
-            if probe_candidate is not None:
-                candidates.append(probe_candidate)
-    compared = est[ho]  # every candidate is judged where the previous estimator had an estimate
-    held_groups = None if groups is None else groups[ho][compared]
-    rows = _table(candidates, y[ho], compared, held_groups, selection_level)
-    best = best_challenger(rows)
-    if best is not None and best.candidate == "probe" and best.diff_high < 0:  # its veto check
-        assert features is not None
-        found = candidates[-1]
-        found.train_oof = _probe_oof(features, traffic, tr, n_splits, seed, log.location)
-        found.crossfit_brier = _brier(found.train_oof[est[tr]], y[tr][est[tr]])
-        rows = _table(candidates, y[ho], compared, held_groups, selection_level)
-    winner_name, rows = select(rows)
-    winner = next(c for c in candidates if c.name == winner_name)
-    kind: Kind = "identity" if winner_name == PREVIOUS else cast(Kind, winner_name)
-    kept_files: Calibration | None = None
-    if winner_name == PREVIOUS and previous_version is not None:
-        if previous_cal is None:
+        custom = traffic.policy is not None and traffic.policy not in PRESETS
+        if risk is not None and policy is None and custom:
             raise CalibrationRefusedError(
-                f"the previous estimator (calibration {previous_version}) stays best on the held-out "
-                "outcomes, but the log records no folder for it to carry forward: nothing written",
-                path=log.location,
+                f"the decisions were made under the policy {traffic.policy!r}, which is not a preset: "
+                "pass it with --policy FILE (policy=), so the learned version keeps its bands and sets "
+                "only its answer threshold; without it a two-band policy would be written",
+                path=opened.location,
             )
-        kept_files, kind = previous_cal, previous_cal.kind
-        notes.append(f"the previous calibration {previous_version} stays: no candidate beat it")
+        groups = traffic.groups  # a recurring query's outcomes stay on one side of every split
+        split = time_split(len(traffic), holdout, groups)
+        if min(len(split.train), len(split.holdout)) < MIN_SIDE:
+            raise CalibrationRefusedError(
+                f"too few outcomes on one side of the time split ({len(split.train)} older, "
+                f"{len(split.holdout)} held out); each side needs at least {MIN_SIDE}: "
+                "more outcomes or another holdout share",
+                path=opened.location,
+            )
+        tr, ho = split.train, split.holdout
+        est = traffic.estimated
+        if min(int(est[tr].sum()), int(est[ho].sum())) < MIN_SIDE:
+            raise CalibrationRefusedError(
+                f"too few usable estimates on one side of the time split ({int(est[tr].sum())} older, "
+                f"{int(est[ho].sum())} held out); each side needs at least {MIN_SIDE} to compare "
+                "candidates with the previous estimator: more outcomes or another holdout share",
+                path=opened.location,
+            )
+        previous_cal, previous_version = _previous_kind(opened, traffic)
+        notes: list[str] = []
+        if not est.all():
+            notes.append(
+                f"{int((~est).sum())} of {len(traffic)} decisions with outcomes had no usable estimate "
+                "(degraded): the previous estimator and its maps are fitted and compared on the others; "
+                "a probe on logged features learns from them too"
+            )
+        y = traffic.y
+        candidates = [
+            _Candidate(PREVIOUS, traffic.p[ho], 0, None, traffic.p[tr], _brier(traffic.p[tr], y[tr]))
+        ]
+        base_known = traffic.has_base or (previous_cal is not None and previous_cal.kind == "identity")
+        if base_known:
+            bp = traffic.base_p
+            fit_rows = tr[est[tr]]
+            for name in ("isotonic", "platt"):
+                fitted = fit_map(name, bp[fit_rows], y[fit_rows])
+                within = None if groups is None else groups[fit_rows]
+                fitter = map_fitter(name, bp[fit_rows], y[fit_rows])
+                oof = np.full(len(tr), np.nan)
+                oof[est[tr]] = cross_fit(fitter, len(fit_rows), n_splits=n_splits, groups=within).predictions
+                held = np.full(len(ho), np.nan)
+                held[est[ho]] = fitted.predict(bp[ho[est[ho]]])
+                candidates.append(_Candidate(name, held, len(fit_rows), fitted, oof, _brier(oof, y[tr])))
+        else:
+            notes.append(
+                "no isotonic or Platt candidate: the window's estimates came from a probe calibration "
+                "and do not record the base estimator's confidence"
+            )
+        features: LoggedFeatureSet | None = None
+        if probe:
+            features = logged_features(opened, traffic)
+            if features is not None:
+                probe_candidate = _probe_candidate(features, traffic, tr, ho, seed, opened.location, notes)
+                if probe_candidate is not None:
+                    candidates.append(probe_candidate)
+        compared = est[ho]  # every candidate is judged where the previous estimator had an estimate
+        held_groups = None if groups is None else groups[ho][compared]
+        rows = _table(candidates, y[ho], compared, held_groups, selection_level)
+        best = best_challenger(rows)
+        if best is not None and best.candidate == "probe" and best.diff_high < 0:  # its veto check
+            assert features is not None
+            found = candidates[-1]
+            found.train_oof = _probe_oof(features, traffic, tr, n_splits, seed, opened.location)
+            found.crossfit_brier = _brier(found.train_oof[est[tr]], y[tr][est[tr]])
+            rows = _table(candidates, y[ho], compared, held_groups, selection_level)
+        winner_name, rows = select(rows)
+        winner = next(c for c in candidates if c.name == winner_name)
+        kind: Kind = "identity" if winner_name == PREVIOUS else cast(Kind, winner_name)
+        kept_files: Calibration | None = None
+        if winner_name == PREVIOUS and previous_version is not None:
+            if previous_cal is None:
+                raise CalibrationRefusedError(
+                    f"the previous estimator (calibration {previous_version}) stays best on the held-out "
+                    "outcomes, but the log records no folder for it to carry forward: nothing written",
+                    path=opened.location,
+                )
+            kept_files, kind = previous_cal, previous_cal.kind
+            notes.append(f"the previous calibration {previous_version} stays: no candidate beat it")
 
-    threshold, policy_yaml, thresholds = None, None, None
-    if risk is not None:
-        from capgate.learn._ltt import certify
+        threshold, policy_yaml, thresholds = None, None, None
+        if risk is not None:
+            from capgate.learn._ltt import certify
 
-        honest = np.full(len(traffic), np.nan)
-        honest[ho] = winner.holdout
-        if winner.train_oof is not None:
-            honest[tr] = winner.train_oof
-        threshold, policy_yaml, thresholds = certify(
-            honest,
-            traffic,
-            fitted=winner.fitted if winner.name in ("isotonic", "platt") else None,
+            honest = np.full(len(traffic), np.nan)
+            honest[ho] = winner.holdout
+            if winner.train_oof is not None:
+                honest[tr] = winner.train_oof
+            threshold, policy_yaml, thresholds = certify(
+                honest,
+                traffic,
+                fitted=winner.fitted if winner.name in ("isotonic", "platt") else None,
+                kind=kind,
+                risk=risk,
+                delta=delta,
+                policy=policy,
+                seed=seed,
+                notes=notes,
+            )
+
+        summary = {
+            "window": traffic.window,
+            "n": len(traffic),
+            "n_train": len(tr),
+            "n_holdout": len(ho),
+            "holdout": holdout,
+            "counts": traffic.counts,
+            "excluded": traffic.excluded,
+            "selection_gap": traffic.blocked_without_outcome,
+            "previous_version": previous_version,
+            "versions": list(traffic.versions),
+            "features": _features_summary(features),
+            "table": [r.to_dict() for r in rows],
+            "chosen": winner_name,
+            "thresholds": thresholds,
+            "seed": seed,
+            "selection_level": selection_level,
+            "notes": notes,
+        }
+
+        def write_files(folder: Path) -> None:
+            if kept_files is not None:
+                for name in _estimator_files(kept_files):
+                    shutil.copy2(kept_files.path / name, folder / name)
+            elif kind in ("isotonic", "platt"):
+                from capgate.estimators import Recalibrated
+
+                Recalibrated.save_map(folder / CALIBRATOR_FILE, winner.fitted, base_method=traffic.method)
+            elif kind == "probe":
+                winner.fitted.save(folder)
+            if policy_yaml is not None:
+                (folder / POLICY_FILE).write_text(policy_yaml, encoding="utf-8")
+
+        write_calibration(
+            out,
             kind=kind,
-            risk=risk,
-            delta=delta,
-            policy=policy,
-            seed=seed,
-            notes=notes,
+            target=traffic.target,
+            method=traffic.method,
+            summary=summary,
+            write_files=write_files,
         )
-
-    summary = {
-        "window": traffic.window,
-        "n": len(traffic),
-        "n_train": len(tr),
-        "n_holdout": len(ho),
-        "holdout": holdout,
-        "counts": traffic.counts,
-        "excluded": traffic.excluded,
-        "selection_gap": traffic.blocked_without_outcome,
-        "previous_version": previous_version,
-        "versions": list(traffic.versions),
-        "features": _features_summary(features),
-        "table": [r.to_dict() for r in rows],
-        "chosen": winner_name,
-        "thresholds": thresholds,
-        "seed": seed,
-        "selection_level": selection_level,
-        "notes": notes,
-    }
-
-    def write_files(folder: Path) -> None:
-        if kept_files is not None:
-            for name in _estimator_files(kept_files):
-                shutil.copy2(kept_files.path / name, folder / name)
-        elif kind in ("isotonic", "platt"):
-            from capgate.estimators import Recalibrated
-
-            Recalibrated.save_map(folder / CALIBRATOR_FILE, winner.fitted, base_method=traffic.method)
-        elif kind == "probe":
-            winner.fitted.save(folder)
-        if policy_yaml is not None:
-            (folder / POLICY_FILE).write_text(policy_yaml, encoding="utf-8")
-
-    write_calibration(
-        out, kind=kind, target=traffic.target, method=traffic.method, summary=summary, write_files=write_files
-    )
-    challengers = {c.name: c.fitted for c in candidates if c.fitted is not None}
-    return CalibrationResult(Calibration.load(out), kind, rows, threshold, notes, summary, challengers)
+        challengers = {c.name: c.fitted for c in candidates if c.fitted is not None}
+        return CalibrationResult(Calibration.load(out), kind, rows, threshold, notes, summary, challengers)
+    finally:
+        if opened is not log:
+            opened.close()
 
 
 def _features_summary(features: LoggedFeatureSet | None) -> dict[str, Any] | None:

@@ -1,16 +1,12 @@
 """Time-ordered splits and cross-fitting: every prediction scored on an outcome comes from a
-map that was fitted without that outcome.
+map fitted without that outcome.
 
-The held-out part is the latest share of the traffic (what the next days look like), never a
-random draw. Inside the older part, :func:`cross_fit` predicts each contiguous block of time
-with a map fitted on the other blocks only, so that threshold tests can use the whole window
-without scoring a map on the outcomes it learnt.
-
-Traffic repeats queries. Given ``groups`` (each decision's query), both keep every outcome of one
-query on one side: the held-out part is the most recently seen queries, whole, and a fold is the
-queries first seen in its block of time. Otherwise a fit that memorizes queries (a probe on their
-features) would be scored on outcomes of queries it was fitted on, and look better on the next
-traffic's new queries than it is.
+The held-out part is the latest share of the traffic, never a random draw. In the older part,
+:func:`cross_fit` predicts each contiguous block of time with a map fitted on the other blocks,
+so threshold tests can use the whole window. Given ``groups`` (each decision's query), every
+outcome of a query stays on one side (held out: the most recently seen queries, whole; a fold:
+the queries first seen in its block); otherwise a fit that memorizes queries (a probe) would be
+scored on queries it was fitted on, and look better than it is on new ones.
 """
 
 from __future__ import annotations
@@ -42,10 +38,8 @@ class Split:
 
 
 def time_split(n: int, holdout: float, groups: npt.ArrayLike | None = None) -> Split:
-    """Hold out the latest ``holdout`` share of ``n`` time-ordered rows (at least one each side).
-
-    With ``groups`` (one label per row: its query), whole groups are held out, those seen most
-    recently first, until the share is reached; every row of a group is on one side.
+    """Hold out the latest ``holdout`` share of ``n`` time-ordered rows (at least one each side);
+    with ``groups`` (one label per row: its query), whole groups, most recently seen first.
 
     Examples:
         >>> s = time_split(10, 0.3)
@@ -81,10 +75,8 @@ def time_split(n: int, holdout: float, groups: npt.ArrayLike | None = None) -> S
 def fold_blocks(
     n: int, n_splits: int, groups: npt.ArrayLike | None = None
 ) -> list[tuple[IntArray, IntArray]]:
-    """``n_splits`` contiguous blocks of ``range(n)``: for each, (the other rows, the block).
-
-    With ``groups``, a row goes to the block where its group was first seen, so no group is on
-    both sides of a fold.
+    """``n_splits`` contiguous blocks of ``range(n)``: for each, (the other rows, the block); with
+    ``groups``, a row goes to the block where its group was first seen.
 
     Examples:
         >>> [(a.tolist(), b.tolist()) for a, b in fold_blocks(5, 2)]

@@ -3,16 +3,14 @@ logged beside the decisions (``log_features``), with the outcomes as its targets
 
 The trainer is the shipped default probe's: :class:`~capgate.estimators.ProbeSearch` with the
 ridge solver, its L2 strength chosen by exact leave-one-out error *inside* the data it is given
-(nested: the held-out outcomes never choose it) and a logistic link fitted on its out-of-fold
-scores, saved as the same safetensors + JSON artefact with the reader's spec and the target
-recorded. On a few hundred queries it beats ``capgate probe fit``'s SGD recipe, whose early
-stopping rests on a 10% share (a dozen queries), on the next traffic's Brier and AUROC, in a
-fraction of the time (``bench/RESULTS.md``, "Learning from traffic", run 4).
+(the held-out outcomes never choose it), a logistic link on its out-of-fold scores, saved as the
+same safetensors + JSON artefact with the reader's spec and target. On a few hundred queries it
+beats ``capgate probe fit``'s SGD recipe (early stopping on a dozen queries) on the next traffic's
+Brier and AUROC, in a fraction of the time (``bench/RESULTS.md``, "Learning from traffic", run 4).
 
-When queries recur, the probe is fitted on one row per query (its mean outcome: its µ̂ on this
-traffic), as probes are on harvested µ̂. Fitted on the raw outcomes instead, its inner
-validation would hold outcomes of queries it trains on, and it would choose too weak a penalty,
-fitted to the recurring queries rather than to what generalizes to new ones.
+When queries recur, it is fitted on one row per query (its mean outcome), as probes are on
+harvested µ̂: on raw outcomes its inner validation would hold outcomes of queries it trains on,
+and choose too weak a penalty.
 """
 
 from __future__ import annotations
@@ -101,12 +99,9 @@ def fit_probe(
     seed: int,
     groups: npt.ArrayLike | None = None,
 ) -> LinearProbe:
-    """A ridge probe on logged features and outcomes, its penalty chosen by leave-one-out error
-    inside what it is given (:class:`~capgate.estimators.ProbeSearch`), recording the reader
-    spec and the target.
-
-    With ``groups`` (one label per outcome: its query), it is fitted on one row per query: the
-    query's mean outcome and its features (their mean, should a query's rows differ)."""
+    """A ridge probe on logged features and outcomes (:class:`~capgate.estimators.ProbeSearch`),
+    recording the reader spec and target; with ``groups`` (one label per outcome: its query),
+    fitted on one row per query (its mean outcome and mean features)."""
     from capgate.estimators import ProbeSearch, ProbeTarget
 
     if groups is not None:

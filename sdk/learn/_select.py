@@ -1,9 +1,7 @@
-"""Choosing a calibration on held-out outcomes: the table of candidates and the rule that keeps
-the previous estimator unless a candidate beats it beyond the noise of the comparison.
-
-Each candidate is scored by its capability Brier score on the held-out (latest) outcomes, with a
-95% interval, and by its paired difference from the previous estimator on the same decisions.
-The candidate with the lowest held-out Brier replaces the previous estimator only when
+"""Choosing a calibration on held-out outcomes: the previous estimator stays unless a candidate
+beats it beyond the noise. Each candidate is scored by its capability Brier on the held-out
+(latest) outcomes, with a 95% interval, and by its paired difference from the previous estimator.
+The one with the lowest held-out Brier replaces the previous estimator only when
 
 * the upper end of the one-sided ``1 - level / m`` interval of that paired difference is below
   zero, ``m`` the number of challengers (it is better on the held-out outcomes beyond their
@@ -11,13 +9,10 @@ The candidate with the lowest held-out Brier replaces the previous estimator onl
 * on the older part, its cross-fitted predictions (each from a fit that never saw the row) are
   better than the previous estimator's too: a veto, never a reason to switch on its own.
 
-Ties, and anything short of both, go to the previous estimator, so a map that merely fits its
-window's noise rarely ships: how rarely, and how often a miscalibrated estimator is replaced, is
-measured by ``bench/learn_selection.py`` (recorded in ``bench/RESULTS.md``).
-
-When queries recur, the intervals are cluster-robust by query: the outcomes of one query are not
-independent evidence (they share its features and its capability), and counting them as such
-made a probe that fits a few recurring queries look better than it is.
+Anything short of both goes to the previous estimator, so a map fitting its window's noise
+rarely ships (measured by ``bench/learn_selection.py``, in ``bench/RESULTS.md``). When queries
+recur, the intervals are cluster-robust by query: one query's outcomes are not independent
+evidence, and counting them so made a probe fitting a few recurring queries look better.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -72,8 +67,7 @@ class HeldOutRow:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (NaN as ``None``)."""
-        data: dict[str, Any] = json_ready(self)
-        return data
+        return cast(dict[str, Any], json_ready(self))
 
 
 def _mean_interval(

@@ -39,13 +39,11 @@ def base_method(method: str) -> str:
     return method
 
 
-def _raw_p(row: LoggedDecision) -> float:
-    """The base estimator's confidence behind a logged estimate (``raw_p`` of a recalibrated one)."""
+def _logged_raw_p(row: LoggedDecision) -> float | None:
+    """The ``raw_p`` a recalibrated estimate logged (the base estimator's confidence behind it)."""
     estimate = row.decision.estimate
     raw = estimate.details.get("raw_p") if estimate.method != base_method(estimate.method) else None
-    value = raw if isinstance(raw, int | float) else estimate.p
-    assert value is not None
-    return float(value)
+    return float(raw) if isinstance(raw, int | float) else None
 
 
 @dataclass(frozen=True)
@@ -146,12 +144,9 @@ def read_traffic(
 ) -> Traffic:
     """Read the window's decisions with outcomes of one target and method from ``log``.
 
-    Enforced decisions and shadow decisions made as the gate's stand-in are read; a candidate's
-    shadow decision (one made *beside* an enforced decision) is left out: its outcome is the
-    enforced decision's and it speaks for the candidate, not for the estimator being calibrated.
-    A decision whose estimate could not be had (degraded) is read with ``p`` NaN: its outcome
-    still teaches a probe on logged features (``min_outcomes`` counts it; ``calibrate`` then
-    needs enough usable estimates to compare its candidates with the previous estimator).
+    A candidate's shadow decision (made *beside* an enforced one) is left out: it speaks for the
+    candidate, not the estimator being calibrated. A degraded decision is read with ``p`` NaN: its
+    outcome still teaches a probe on logged features (``min_outcomes`` counts it).
 
     Raises:
         CalibrationRefusedError: No decisions, several targets or methods without one chosen, a
@@ -162,13 +157,8 @@ def read_traffic(
     where = log.location
     since, until = _aware(since), _aware(until)
     rows = [r for r in log.decisions() if _in_window(r, since, until)]
-    excluded: Counter[str] = Counter()
-    kept: list[LoggedDecision] = []
-    for row in rows:
-        if row.decision.beside is not None:
-            excluded["candidate shadow"] += 1
-        else:
-            kept.append(row)
+    kept = [r for r in rows if r.decision.beside is None]
+    excluded = Counter({"candidate shadow": len(rows) - len(kept)})
     targets = Counter(r.decision.target for r in kept if r.value is not None)
     if target is None:
         target = _the_only(
@@ -182,9 +172,7 @@ def read_traffic(
             path=where,
             field="target",
         )
-    other = [r for r in kept if r.decision.target != target]
-    if other:
-        excluded["other target"] += len(other)
+    excluded["other target"] = sum(r.decision.target != target for r in kept)
     kept = [r for r in kept if r.decision.target == target]
     methods = Counter(base_method(r.method) for r in kept if r.value is not None and r.p is not None)
     if method is None:
@@ -228,7 +216,7 @@ def read_traffic(
         ids=tuple(r.id for r in learnable),
         at=tuple(r.decision.created_at for r in learnable),
         p=np.array([r.p if _usable(r) else nan for r in learnable], dtype=np.float64),
-        base_p=np.array([_raw_p(r) if _usable(r) else nan for r in learnable], dtype=np.float64),
+        base_p=np.array([_base_p(r) if _usable(r) else nan for r in learnable], dtype=np.float64),
         y=np.array([r.value for r in learnable], dtype=np.float64),
         shadow=np.array([r.decision.shadow for r in learnable], dtype=bool),
         target=target,
@@ -242,17 +230,18 @@ def read_traffic(
     )
 
 
+def _base_p(row: LoggedDecision) -> float | None:
+    """The base estimator's confidence behind a logged estimate (``raw_p`` of a recalibrated one)."""
+    raw = _logged_raw_p(row)
+    return row.p if raw is None else raw
+
+
 def _usable(row: LoggedDecision) -> bool:
     return row.p is not None and not _degraded(row)
 
 
 def _has_base(row: LoggedDecision) -> bool:
-    estimate = row.decision.estimate
-    if row.decision.calibration is None:
-        return True
-    return estimate.method != base_method(estimate.method) and isinstance(
-        estimate.details.get("raw_p"), int | float
-    )
+    return row.decision.calibration is None or _logged_raw_p(row) is not None
 
 
 def _degraded(row: LoggedDecision) -> bool:

@@ -37,18 +37,11 @@ def base_policy(policy: str | Path | Policy | None, *, name: str, below: str = "
         ((0.0, 0.5), (0.5, 1.0))
     """
     if isinstance(policy, Policy):
-        base = policy
-    elif policy is not None:
-        base = load_policy(policy)
-    else:
-        base = Policy.model_validate(
-            {
-                "name": name,
-                "bands": [{"below": 0.5, "action": below}, {"action": "answer"}],
-                "on_degraded": below,
-            }
-        )
-    return base
+        return policy
+    if policy is not None:
+        return load_policy(policy)
+    bands = [{"below": 0.5, "action": below}, {"action": "answer"}]
+    return Policy.model_validate({"name": name, "bands": bands, "on_degraded": below})
 
 
 def risk_summary(result: RiskControl) -> dict[str, Any]:

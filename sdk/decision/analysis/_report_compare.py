@@ -1,16 +1,11 @@
 """A candidate calibration against the enforced one, on the same decisions (``capgate report``).
 
-A gate with ``shadow_calibration`` decides every call twice: under the enforced version (decision
-d, acted on) and under the candidate (decision c, logged as a shadow decision with
-``c.beside == d.id``). Both are scored against **d's outcome**, so the two versions are compared
-on the same queries and the same outcomes: capability Brier of each and their paired difference
-(candidate − enforced, with the normal 95% interval of the mean per-pair difference), AUROC of
-each, the share each lets through, the accuracy of what each lets through (Wilson), and how often
-their actions agree.
-
-In enforce mode the outcomes exist only for the calls d let through (a stopped call was never
-answered): the comparison then rests on those, and says how many pairs d stopped without an
-outcome.
+A gate with ``shadow_calibration`` decides every call under the enforced version (decision d,
+acted on) and the candidate (decision c, a shadow decision with ``c.beside == d.id``). Both are
+scored against **d's outcome**: capability Brier of each and their paired difference (candidate −
+enforced, normal 95% interval), AUROC of each, the share each lets through, the accuracy of what
+each lets through (Wilson), and how often their actions agree. In enforce mode only the calls d
+let through have outcomes: the comparison rests on those, and counts the pairs d stopped.
 """
 
 from __future__ import annotations
@@ -23,14 +18,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from capgate._util.jsonl import json_ready
-from capgate.decision.analysis._report_stats import Rate, wilson
+from capgate.decision.analysis._report_stats import Z95, Rate, soft_auroc, wilson
 from capgate.decision.analysis.simulate import ACTIONS
 from capgate.decision.store.schema import OUTCOME_VALUE
 
 if TYPE_CHECKING:
     from capgate.decision.store.log import DecisionLog
 
-_Z = 1.959963984540054
 _THROUGH = (ACTIONS.index("answer"), ACTIONS.index("resample"))
 
 
@@ -93,15 +87,13 @@ def _mean_rate(values: NDArray[np.float64], low: float = 0.0, high: float = 1.0)
     """The mean of ``values`` with its normal 95% interval, clipped to [low, high]."""
     n = values.size
     mean = float(values.mean())
-    half = _Z * float(values.std(ddof=1)) / math.sqrt(n) if n > 1 else math.inf
+    half = Z95 * float(values.std(ddof=1)) / math.sqrt(n) if n > 1 else math.inf
     return Rate(mean, max(low, mean - half), min(high, mean + half), n, "normal")
 
 
 def _auroc(p: NDArray[np.float64], y: NDArray[np.float64]) -> float | None:
-    from capgate.metrics import auroc
-
-    value = auroc(p, np.rint(y * 1000).astype(np.int64), k=1000)  # y as a soft label
-    return float(value) if math.isfinite(value) else None
+    value = soft_auroc(p, y)
+    return value if math.isfinite(value) else None
 
 
 def _compare(key: tuple[Any, ...], rows: NDArray[np.float64], min_outcomes: int) -> VersionComparison:
@@ -159,6 +151,11 @@ def _compare(key: tuple[Any, ...], rows: NDArray[np.float64], min_outcomes: int)
     )
 
 
+def action_code(alias: str) -> str:
+    """SQL for the index in :data:`ACTIONS` of the action of decision row ``alias``."""
+    return f"CASE {alias}.action " + " ".join(f"WHEN '{a}' THEN {i}" for i, a in enumerate(ACTIONS)) + " END"
+
+
 def compare_versions(
     log: DecisionLog, window: tuple[str, list[Any]], source: str | None, min_outcomes: int
 ) -> list[VersionComparison]:
@@ -174,11 +171,9 @@ def compare_versions(
         params.append(source)
     where, window_params = window  # d: the candidate's decision; e: the enforced one beside it
     where = " WHERE d.beside IS NOT NULL" + (where.replace(" WHERE ", " AND ", 1) if where else "")
-    codes = " ".join(f"WHEN '{a}' THEN {i}" for i, a in enumerate(ACTIONS))
     sql = (
-        f"SELECT e.target, e.calibration, d.calibration, CASE d.action {codes} END,"
-        f" CASE e.action {codes} END, d.p, e.p, {y}"
-        f" FROM decisions d JOIN decisions e ON e.id = d.beside{where}"
+        f"SELECT e.target, e.calibration, d.calibration, {action_code('d')}, {action_code('e')}, d.p, e.p,"
+        f" {y} FROM decisions d JOIN decisions e ON e.id = d.beside{where}"
     )
     groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
     for row in log.store.read(sql, params + window_params):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-_Z = 1.959963984540054  # the 95% normal quantile
+Z95 = 1.959963984540054  # the 95% normal quantile
 _BOOT = 200  # bootstrap resamples
 _BOOT_MAX = 2_000  # decisions per resample, at most (m-out-of-n beyond, widths rescaled)
 
@@ -37,7 +37,7 @@ class Rate:
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
 
 
-def wilson(successes: float, n: float, *, z: float = _Z) -> Rate | None:
+def wilson(successes: float, n: float, *, z: float = Z95) -> Rate | None:
     """The rate ``successes / n`` with its Wilson score interval (``None`` when ``n`` is 0).
 
     Examples:
@@ -71,17 +71,20 @@ class Calibration:
     auroc: Rate | None
 
 
+def soft_auroc(p: NDArray[np.float64], y: NDArray[np.float64]) -> float:
+    """AUROC of ``p`` against outcomes ``y`` in [0, 1], each y a soft label (NaN if all y agree)."""
+    from capgate.metrics import auroc
+
+    return float(auroc(p, np.rint(y * 1000).astype(np.int64), k=1000))
+
+
 def bootstrap_calibration(
     p: NDArray[np.float64], y: NDArray[np.float64], rng: np.random.Generator
 ) -> Calibration:
-    from capgate.metrics import auroc, capability_brier, expected_calibration_error
+    from capgate.metrics import capability_brier, expected_calibration_error
 
     def metrics(pp: NDArray[np.float64], yy: NDArray[np.float64]) -> tuple[float, float, float]:
-        return (
-            capability_brier(pp, yy),
-            expected_calibration_error(pp, yy),
-            auroc(pp, np.rint(yy * 1000).astype(np.int64), k=1000),  # y as a soft label
-        )
+        return capability_brier(pp, yy), expected_calibration_error(pp, yy), soft_auroc(pp, yy)
 
     n = p.size
     point = metrics(p, y)

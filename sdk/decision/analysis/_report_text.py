@@ -48,10 +48,9 @@ def _group_lines(g: GroupReport, candidate: str | None) -> list[str]:
             f"{_rate(g.right_stopped_share)}",
         ]
     if g.escalations:
-        acc = _rate(g.escalation_accuracy) if g.escalation_accuracy is not None else "-"
         lines.append(
             f"  escalations              {g.escalations} ({g.escalation_outcomes} with an outcome; "
-            f"their accuracy {acc})"
+            f"their accuracy {_rate(g.escalation_accuracy)})"
         )
     if g.routed:
         lines.append(f"  routed                   {g.routed} (another model answered: not in the accuracies)")

@@ -1,30 +1,25 @@
 """Live calibration of logged decisions, and drift flags.
 
-For each estimator method, target and calibration version (``capgate calibrate``) in a
-:class:`~capgate.decision.store.log.DecisionLog`, the decisions that have both a predicted capability p
-and an outcome are taken in time order (a candidate calibration's shadow decisions, made beside
-the enforced ones, are left to ``capgate report``'s paired comparison). The outcome's target is
-``mu_hat`` when it was measured (correct / k), else ``correct`` as 0/1. The **window** is the
-latest ``window`` of them, the **reference** the ``window`` before it.
-
-Reported per method: capability Brier and ECE (``capgate.metrics``) on both windows, mean p
+For each estimator method, target and calibration version in a
+:class:`~capgate.decision.store.log.DecisionLog`, the decisions with both a predicted capability p
+and an outcome are taken in time order (a candidate calibration's shadow decisions are left to
+``capgate report``'s paired comparison). The outcome µ is ``mu_hat`` when measured, else
+``correct`` as 0/1. The **window** is the latest ``window`` of them, the **reference** the
+``window`` before it. Reported: capability Brier and ECE (:mod:`capgate.metrics`) of both, mean p
 against mean outcome, and how many decisions had no usable estimate (degraded).
 
-Drift is flagged, once the window holds at least ``min_count`` decisions, when either
+Once the window holds ``min_count`` decisions, drift is flagged on either rule:
 
-1. **Brier rise**: window Brier − reference Brier > ``brier_tolerance`` (default 0.05; needs a
-   reference of at least ``min_count`` too). A rise in squared error against the method's own
-   recent past is the plainest sign that the estimator no longer fits the traffic.
-2. **Calibration in the large**: z = Σ(µ − p) / √Σ p(1 − p) over the window, with
-   |z| > ``z_threshold`` (default 3). Under calibration each binary outcome has mean p and
-   variance p(1 − p), so z is about standard normal and |z| > 3 happens by chance about 0.3% of
-   the time. For ``mu_hat`` outcomes (means of k samples) the true variance is smaller, so the
-   test is conservative there. It needs no reference window, so it also catches an estimator that
-   was miscalibrated from the start.
+1. **Brier rise**: window Brier − reference Brier > ``brier_tolerance`` (default 0.05; the
+   reference needs ``min_count`` too): the estimator no longer fits the traffic of its own past.
+2. **Calibration in the large**: z = Σ(µ − p) / √Σ p(1 − p) over the window, |z| >
+   ``z_threshold`` (default 3). Under calibration z is about standard normal (|z| > 3 by chance
+   about 0.3% of the time); for ``mu_hat`` outcomes the variance is smaller, so the test is
+   conservative. It needs no reference, so it also catches an estimator miscalibrated from the
+   start.
 
-ECE is reported but not used to flag drift: on windows of a few hundred it is noisy and biased
-upward by binning. A flagged report carries its ``advice``: the ``capgate calibrate`` command that
-refits the estimator for that method and target on the recent outcomes.
+ECE is reported but flags nothing (noisy and biased upward on a few hundred decisions). A flagged
+report carries ``advice``: the ``capgate calibrate`` command that refits that method and target.
 """
 
 from __future__ import annotations
@@ -36,6 +31,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from capgate._util.validate import check_positive_int
 from capgate.decision.store.calibrations import NO_CALIBRATION
 from capgate.decision.store.log import DecisionLog, LoggedDecision, is_database_url
 from capgate.errors import DataError
@@ -117,7 +113,9 @@ def _target(row: LoggedDecision) -> float | None:
     return None if outcome.correct is None else float(outcome.correct)
 
 
-def _stats(p: np.ndarray, mu: np.ndarray, n_bins: int) -> WindowStats:
+def _stats(pairs: np.ndarray, n_bins: int) -> WindowStats:
+    """One window's stats from its rows of (p, outcome)."""
+    p, mu = pairs[:, 0], pairs[:, 1]
     var = float(np.sum(p * (1.0 - p)))
     resid = float(np.sum(mu - p))
     if var > 0:
@@ -181,26 +179,12 @@ def _report(
     scored = [(r.p, t) for r in rows if r.p is not None and (t := _target(r)) is not None]
     current = scored[-window:]
     previous = scored[-2 * window : -window] if len(scored) > window else []
-    win = (
-        _stats(np.array([a for a, _ in current]), np.array([b for _, b in current]), n_bins)
-        if current
-        else None
-    )
-    ref = (
-        _stats(np.array([a for a, _ in previous]), np.array([b for _, b in previous]), n_bins)
-        if previous
-        else None
-    )
+    win, ref = (_stats(np.array(pairs), n_bins) if pairs else None for pairs in (current, previous))
     brier_delta = None if win is None or ref is None else win.brier - ref.brier
     ece_delta = None if win is None or ref is None else win.ece - ref.ece
     reasons: list[str] = []
     if win is not None and win.n >= min_count:
-        if (
-            ref is not None
-            and ref.n >= min_count
-            and brier_delta is not None
-            and brier_delta > brier_tolerance
-        ):
+        if ref is not None and ref.n >= min_count and win.brier - ref.brier > brier_tolerance:
             reasons.append(
                 f"Brier rose by {brier_delta:.3f} (> {brier_tolerance:g}) "
                 f"from {ref.brier:.3f} to {win.brier:.3f}"
@@ -273,20 +257,14 @@ def calibration_report(
         ('probe', 40, 0.09, False)
     """
     for name, value in (("window", window), ("min_count", min_count), ("n_bins", n_bins)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
+        check_positive_int(name, value)
     if not (isinstance(brier_tolerance, int | float) and brier_tolerance >= 0):
         raise ValueError(f"`brier_tolerance` must be >= 0; got {brier_tolerance!r}")
     if not (isinstance(z_threshold, int | float) and z_threshold > 0):
         raise ValueError(f"`z_threshold` must be > 0; got {z_threshold!r}")
-    if isinstance(log, DecisionLog):
-        store, owned = log, False
-    elif is_database_url(log):
-        store, owned = DecisionLog(log), True
-    else:
-        if not Path(log).is_file():
-            raise DataError("no decision log at this path", path=log)
-        store, owned = DecisionLog(log), True
+    if not isinstance(log, DecisionLog) and not is_database_url(log) and not Path(log).is_file():
+        raise DataError("no decision log at this path", path=log)
+    store = log if isinstance(log, DecisionLog) else DecisionLog(log)
     try:
         return [
             _report(
@@ -301,5 +279,5 @@ def calibration_report(
             for group in _groups(store, method, calibration)
         ]
     finally:
-        if owned:
+        if store is not log:
             store.close()

@@ -1,38 +1,29 @@
 """What the gate buys, from the decision log: ``capgate report`` and :func:`gate_report`.
 
-For a time window, the logged decisions are grouped by policy, step, tool, target, mode
-(``shadow``, ``enforce``, or ``candidate``: a candidate calibration's shadow decisions, each
-scored on the outcome of the enforced decision it was made beside) and calibration version.
-Each group gives its decisions by action (for shadow decisions, the actions the gate *would* have
-taken) and, where outcomes exist:
+For a time window, decisions are grouped by policy, step, tool, target, mode (``shadow``,
+``enforce``, or ``candidate``: a candidate calibration's shadow decisions, scored on the outcome of
+the enforced decision each was made beside) and calibration version. Each group gives its
+decisions by action (for shadow decisions, the actions the gate *would* have taken) and, where
+outcomes exist: the accuracy of everything (the ungated agent) against that of what the gate let
+through (``answer``, ``resample``) and the coverage (in shadow mode, "had we enforced this
+policy"); the wrong and right answers stopped (``abstain``, ``clarify``, ``escalate``) as outcome
+mass and as shares; escalations and their outcomes; ``route`` decisions apart (another model
+answered); samples spent; the gate's latency (p50/p95; in shadow mode what it would have added);
+and the calibration of the estimates (capability Brier, ECE, AUROC: :mod:`capgate.metrics`).
 
-* **accuracy of everything** (the ungated agent: every decision with an outcome) against the
-  **accuracy of what the gate let through** (``answer`` and ``resample``) and the coverage (the
-  share let through). For shadow decisions that is "had we enforced this policy": every call
-  proceeded, so the outcomes of the ones it would have stopped are known.
-* **wrong answers stopped** and **right answers stopped** (``abstain``, ``clarify``, ``escalate``),
-  as outcome mass and as shares of all wrong / right answers; escalations and their outcomes;
-  ``route`` decisions are counted apart (another model answered).
-* samples spent, the gate's latency (p50/p95 of the recorded decision latencies: in shadow mode
-  what the gate would have added), and the calibration of the estimates: capability Brier, ECE
-  and AUROC (:mod:`capgate.metrics`).
+A decision's outcome y in [0, 1] is the mean over its sources (or only ``source``) of each
+outcome's :attr:`~capgate.Outcome.value`. Decisions without one are counted, never guessed. Every
+rate has a 95% interval: Wilson's for proportions (for a fractional y, the Wilson interval of its
+mean: conservative), a bootstrap for the calibration metrics (resamples of at most 2,000
+decisions, widths rescaled by sqrt(m / n)). A group with fewer than ``min_outcomes`` outcomes says
+how many it has and gives no outcome-based rate; a rate whose denominator is 0 is ``None``.
 
-A decision's outcome is one number y in [0, 1]: the mean over its sources (or only ``source``)
-of each outcome's :attr:`~capgate.Outcome.value` (``correct`` as 1/0, else ``mu_hat``, else
-``score``). Decisions without an outcome are counted, never guessed. Every rate comes with a 95%
-interval: Wilson's for proportions (for a fractional y the Wilson interval of its mean, which is
-conservative: a variable in [0, 1] varies at most as a 0/1 one with the same mean), a bootstrap
-for the calibration metrics (resamples of at most 2,000 decisions, widths rescaled by
-sqrt(m / n) beyond that). A group with fewer than ``min_outcomes`` outcomes says how many it has
-and gives no outcome-based rate; a rate whose denominator is 0 is ``None``.
-
-Only the columns needed are read, off a covering index (the groups and their samples are summed
-in SQL; each decision's y is kept in its row, ``outcome_y``, by the transaction that writes an
-outcome), so a million decisions are read in seconds (``bench/report_bench.py``); with ``source``
-y is averaged from that source's outcomes instead (slower: one index lookup per decision). A
-candidate policy (``policy=``) is replayed on the logged estimates and outcomes by
-:func:`capgate.decision.analysis.simulate.replay_policy`, the replay ``capgate simulate`` uses. A candidate
-calibration that ran beside the enforced one is compared with it on the same decisions
+Only the needed columns are read, off a covering index (groups and samples summed in SQL; each
+decision's y kept in its row, ``outcome_y``, by the transaction that writes an outcome), so a
+million decisions take seconds (``bench/report_bench.py``); with ``source``, y is averaged from
+that source's outcomes (one index lookup per decision). A candidate policy (``policy=``) is
+replayed by :func:`capgate.decision.analysis.simulate.replay_policy`, as in ``capgate simulate``.
+A candidate calibration is compared with the enforced one on the same decisions
 (:mod:`capgate.decision.analysis._report_compare`: :attr:`GateReport.comparisons`).
 
 Examples:
@@ -65,7 +56,7 @@ from numpy.typing import NDArray
 from capgate._util.jsonl import json_ready
 from capgate._util.validate import check_int_at_least
 from capgate.core.types import Action
-from capgate.decision.analysis._report_compare import VersionComparison, compare_versions
+from capgate.decision.analysis._report_compare import VersionComparison, action_code, compare_versions
 from capgate.decision.analysis._report_stats import Calibration, Rate, bootstrap_calibration, wilson
 from capgate.decision.analysis.simulate import ACTIONS, ReplaySummary, replay_policy
 from capgate.decision.store.schema import OUTCOME_VALUE
@@ -85,12 +76,11 @@ STOPPED: tuple[Action, ...] = ("abstain", "clarify", "escalate")
 @dataclass(frozen=True)
 class GroupReport:
     """One policy / step / tool / target / mode / calibration version's figures (see the module
-    docstring); ``calibration_version`` is the version the decisions were made under.
+    docstring); ``calibration_version``: the version the decisions were made under.
 
-    Counts of outcomes (``wrong_stopped``, ``right_stopped``) are outcome mass: the sum of
-    1 - y and of y over the stopped decisions with an outcome (whole counts for binary outcomes).
-    ``p`` and ``y`` hold the estimates (NaN when unavailable) and outcomes of the decisions with
-    an outcome (for the plots).
+    ``wrong_stopped`` and ``right_stopped`` are outcome mass: the sums of 1 - y and of y over the
+    stopped decisions with an outcome. ``p`` and ``y``: the estimates (NaN when unavailable) and
+    outcomes of the decisions with an outcome (for the plots).
     """
 
     policy: str | None
@@ -214,12 +204,10 @@ def _window_sql(since: datetime | None, until: datetime | None, time: str) -> tu
 
 _KEY = ("d.policy", "d.step", "d.tool", "d.target", "d.shadow", "d.calibration")
 _CANDIDATE = "CASE WHEN d.beside IS NULL THEN 0 ELSE 1 END"  # a candidate calibration's shadow decision
-_ACTION_CODE = "CASE d.action " + " ".join(f"WHEN '{a}' THEN {i}" for i, a in enumerate(ACTIONS)) + " END"
 
 
 def _groups_in(log: DecisionLog, window: tuple[str, list[Any]]) -> list[tuple[Any, ...]]:
-    """The window's groups (policy, step, tool, target, shadow, calibration, candidate) with their
-    samples, from SQL."""
+    """The window's groups (policy, step, tool, target, shadow, calibration, candidate, samples)."""
     where, params = window
     columns = ", ".join((*_KEY, _CANDIDATE))
     sql = f"SELECT {columns}, SUM(d.samples_used) FROM decisions d{where} GROUP BY {columns}"
@@ -229,12 +217,9 @@ def _groups_in(log: DecisionLog, window: tuple[str, list[Any]]) -> list[tuple[An
 def _rows_of(
     log: DecisionLog, key: Sequence[Any], window: tuple[str, list[Any]], source: str | None
 ) -> NDArray[np.float64]:
-    """One group's decisions as rows of (action code, p, degraded, latency, y): NaN where unknown.
-
-    They are read off the covering index ``decisions_for_report``, which holds each decision's
-    ``outcome_y`` (the mean over its sources, kept up to date in the transaction that writes an
-    outcome); for one ``source``, y is averaged from the outcomes' index ``outcomes_values``. A
-    candidate's shadow decision takes the y of the decision it was made beside."""
+    """One group's decisions as rows of (action code, p, degraded, latency, y), NaN where unknown,
+    off the covering index ``decisions_for_report`` (for one ``source``, y from ``outcomes_values``).
+    A candidate's shadow decision takes the y of the decision it was made beside."""
     dialect = log.store.dialect
     y = (
         "CASE WHEN d.beside IS NULL THEN d.outcome_y"
@@ -249,25 +234,24 @@ def _rows_of(
     where, params = window
     match = " AND ".join(f"{c} {dialect.same} ?" for c in (*_KEY, _CANDIDATE))
     where = f" WHERE {match}" + (where.replace(" WHERE ", " AND ", 1) if where else "")
-    sql = f"SELECT {_ACTION_CODE}, d.p, d.degraded, d.latency_s, {y} FROM decisions d{where}"
+    sql = f"SELECT {action_code('d')}, d.p, d.degraded, d.latency_s, {y} FROM decisions d{where}"
     rows = log.store.read(sql, ([source] if source is not None else []) + list(key) + params)
     return np.array(rows, dtype=np.float64).reshape(len(rows), 5)  # None becomes NaN
 
 
 def _group(
-    key: tuple[Any, ...],
-    actions: NDArray[np.int64],
-    p: NDArray[np.float64],
-    degraded: NDArray[np.bool_],
+    key: Sequence[Any],
+    rows: NDArray[np.float64],
     samples: int,
-    latency: NDArray[np.float64],
-    y: NDArray[np.float64],
     *,
     min_outcomes: int,
     candidate: Policy | None,
     rng: np.random.Generator,
 ) -> GroupReport:
+    """One group's figures from its rows (see :func:`_rows_of`)."""
     policy, step, tool, target, shadow, version, candidate_of = key
+    actions, p, degraded = rows[:, 0].astype(np.int64), rows[:, 1], rows[:, 2] == 1.0
+    latency, y = rows[:, 3], rows[:, 4]
     n = int(actions.size)
     counts: dict[str, int] = {
         str(a): int(c) for a, c in zip(ACTIONS, np.bincount(actions, minlength=len(ACTIONS)), strict=True)
@@ -394,20 +378,8 @@ def gate_report(
     groups: list[GroupReport] = []
     for *key, samples in _groups_in(log, window):
         rows = _rows_of(log, key, window, source)
-        policy_name, step, tool, target, shadow, version, candidate_of = key
         groups.append(
-            _group(
-                (policy_name, step, tool, target, bool(shadow), version, bool(candidate_of)),
-                rows[:, 0].astype(np.int64),
-                rows[:, 1],
-                rows[:, 2] == 1.0,
-                int(samples or 0),
-                rows[:, 3],
-                rows[:, 4],
-                min_outcomes=min_outcomes,
-                candidate=candidate,
-                rng=rng,
-            )
+            _group(key, rows, int(samples or 0), min_outcomes=min_outcomes, candidate=candidate, rng=rng)
         )
     groups.sort(key=lambda g: (-g.decisions, g.label))
     comparisons = compare_versions(log, window, source, min_outcomes)

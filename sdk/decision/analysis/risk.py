@@ -1,59 +1,51 @@
 """Risk-controlled answer thresholds by Learn-then-Test (LTT).
 
-Given labelled calibration queries (a confidence p_i and an empirical capability µ̂_i = c_i / k_i
-from k_i graded responses), pick the lowest threshold λ̂ such that answering exactly the queries
-with p >= λ̂ keeps the *selective risk*
+Given calibration queries (a confidence p_i and an empirical capability µ̂_i = c_i / k_i from k_i
+graded responses), pick the lowest threshold λ̂ such that answering the queries with p >= λ̂
+keeps the *selective risk*
 
     R(λ) = P(a response sampled for an answered query is wrong | p >= λ) = E[1 - µ(X) | p(X) >= λ]
 
 at or below ``alpha`` with probability at least ``1 - delta`` over the calibration draw.
 
-Procedure (Angelopoulos, Bates, Candès, Jordan & Lei, "Learn then Test", 2021): for each λ of a
-fixed grid, test H_λ: R(λ) > alpha with a p-value computed from the n_λ calibration queries that
-λ answers, walking the grid from high to low λ, and return the lowest λ rejected. Any procedure
-that controls the family-wise error rate at delta gives P(R(λ̂) > alpha) <= delta. Two are offered:
+Procedure (Angelopoulos, Bates, Candès, Jordan & Lei, "Learn then Test", 2021): walking a fixed
+grid of λ from high to low, test H_λ: R(λ) > alpha with a p-value from the n_λ queries λ answers,
+and return the lowest λ rejected. Controlling the family-wise error rate at delta gives
+P(R(λ̂) > alpha) <= delta. Two procedures:
 
-* ``procedure="fixed-sequence"``: reject while p_λ <= delta, stop at the first failure. No
-  multiplicity correction at all, but one chance error among the few most confident queries at the
-  start stops everything.
-* ``procedure="fallback"`` (default): fixed-sequence testing with fallback (Wiens, 2003; Wiens &
-  Dmitrienko, 2005). delta is split equally over J checkpoints down the sequence; a hypothesis is
-  tested at its own share plus the whole level of the previous hypothesis if that one was rejected,
-  so after a failure the walk resumes at the next checkpoint instead of stopping, and while it
-  rejects, its level grows back towards delta. The fallback procedure controls the family-wise
-  error at delta under any dependence between the p-values.
+* ``"fixed-sequence"``: reject while p_λ <= delta, stop at the first failure (no multiplicity
+  correction, but one chance error among the most confident queries stops everything).
+* ``"fallback"`` (default; Wiens, 2003; Wiens & Dmitrienko, 2005): delta is split over J
+  checkpoints; a hypothesis is tested at its share plus the previous one's whole level if that was
+  rejected, so after a failure the walk resumes at the next checkpoint, and while it rejects its
+  level grows back towards delta. Valid under any dependence between the p-values.
 
 The loss of an answered query, and how µ̂ enters
 ------------------------------------------------
-Deployed, the system answers a query with one sampled response, which is wrong with probability
-1 - µ(x); so the loss of answering is the Bernoulli "this sampled response is wrong", with
-expected value 1 - µ(x), and R(λ) is its mean over answered queries. Two valid tests follow:
+Deployed, a query is answered with one sampled response, wrong with probability 1 - µ(x): the loss
+is the Bernoulli "this sampled response is wrong", and R(λ) its mean over answered queries. Two
+valid tests follow:
 
-* ``loss="sampled"`` (default with the binomial p-value): for each query draw ONE of its k graded
-  responses uniformly at random (seeded). Marginally that is exactly one response sampled from the
-  model, so given n_λ the answered losses are i.i.d. Bernoulli(R(λ)) and the exact binomial tail
-  P(Binomial(n_λ, alpha) <= errors) is a valid p-value. Pooling all k responses of every query into
-  one binomial count would NOT be valid: responses to the same query share µ(x) and are
-  over-dispersed relative to a binomial, which makes that test anti-conservative.
-* ``loss="expected"``: use 1 - µ̂_i in [0, 1], an unbiased estimate of 1 - µ(x_i) that uses all k
-  responses (less noise, no randomness). Its losses are bounded but not Bernoulli, so it needs a
-  p-value valid for bounded losses: the Hoeffding–Bentkus p-value (``pvalue="hoeffding-bentkus"``,
-  which also accepts sampled losses). The binomial p-value refuses expected losses.
+* ``loss="sampled"`` (default with the binomial p-value): draw ONE of each query's k graded
+  responses at random (seeded): given n_λ, the answered losses are i.i.d. Bernoulli(R(λ)) and the
+  exact binomial tail P(Binomial(n_λ, alpha) <= errors) is a valid p-value. Pooling all k
+  responses into one binomial count would NOT be valid: responses to one query share µ(x) and are
+  over-dispersed, which makes that test anti-conservative.
+* ``loss="expected"``: 1 - µ̂_i, an unbiased estimate of 1 - µ(x_i) from all k responses (less
+  noise, no randomness). Bounded but not Bernoulli, it needs the Hoeffding–Bentkus p-value
+  (``pvalue="hoeffding-bentkus"``, which also accepts sampled losses); the binomial refuses it.
 
 Where the tests start
 ---------------------
-With fewer than n_min answered queries, where (1 - alpha)^n_min <= level, no p-value can reach the
-level even with zero errors. The fixed sequence (``start="auto"``) therefore begins at the highest
-grid threshold answering at least n_min calibration queries; the fallback checkpoints sit where the
-answered count first reaches n_min, 2 n_min, 4 n_min, ... (with n_min computed for the share
-delta / J). These positions depend on the calibration confidences (never on their labels), so
-they are not fixed in advance as the textbook procedures assume. For the fixed sequence this errs
-on the safe side whenever the queries above the start are no riskier than those just below it (an
-informative confidence: fewer confident queries above the start leaves more of the riskier ones in
-the tested set); in general, and for the fallback checkpoints, the departure is small, and it is
-checked empirically in the tests (including a case whose most confident queries are its worst) and
-in ``bench/risk_control_bench.py``. ``procedure="fixed-sequence", start=<λ0>`` begins at a fixed
-threshold instead, which keeps the guarantee with no condition at all.
+With fewer answered queries than n_min, the smallest n with (1 - alpha)^n <= level, no p-value
+can reach the level even with zero errors. So the fixed sequence (``start="auto"``) begins at the
+highest grid threshold answering n_min queries, and the fallback checkpoints sit where the
+answered count first reaches n_min, 2 n_min, 4 n_min, ... (n_min for the share delta / J). These
+positions depend on the confidences (never the labels), unlike the textbook procedures': for the
+fixed sequence this errs on the safe side when the queries above the start are no riskier than
+those just below it; in general the departure is small (checked in the tests, including a case
+whose most confident queries are its worst, and in ``bench/risk_control_bench.py``).
+``procedure="fixed-sequence", start=<λ0>`` keeps the guarantee unconditionally.
 """
 
 from __future__ import annotations
@@ -118,8 +110,7 @@ def binomial_cdf(k: int, n: int, p: float) -> float:
 
 
 def binomial_tail_pvalue(errors: int, n: int, alpha: float) -> float:
-    """Exact p-value of H: risk > alpha from ``errors`` wrong out of ``n`` i.i.d. Bernoulli losses.
-
+    """Exact p-value of H: risk > alpha from ``errors`` wrong out of ``n`` i.i.d. Bernoulli losses:
     ``P(Binomial(n, alpha) <= errors)``; 1 when ``n`` is 0.
 
     Examples:
@@ -155,9 +146,8 @@ def hoeffding_bentkus_pvalue(risk: float, n: int, alpha: float) -> float:
 
 
 def min_answered_to_reject(alpha: float, delta: float) -> int:
-    """The fewest answered queries with which a zero-error sample can reject R > alpha at delta.
-
-    The smallest n with (1 - alpha)^n <= delta (both p-values equal (1 - alpha)^n at zero errors).
+    """The fewest answered queries with which a zero-error sample can reject R > alpha at delta:
+    the smallest n with (1 - alpha)^n <= delta (both p-values' value at zero errors).
 
     Examples:
         >>> min_answered_to_reject(0.1, 0.05)
@@ -233,6 +223,15 @@ class RiskControl:
         return self.n_answered / self.n if self.n else 0.0
 
 
+def check_p_mu(conf: NDArray[np.float64], mu: NDArray[np.float64]) -> None:
+    """A ``ValueError`` unless every confidence is in [0, 1] or NaN and every µ̂ in [0, 1]."""
+    usable = ~np.isnan(conf)
+    if np.any((conf[usable] < 0.0) | (conf[usable] > 1.0)):
+        raise ValueError("`p` must be in [0, 1] (NaN for a missing estimate)")
+    if np.any(np.isnan(mu)) or np.any((mu < 0.0) | (mu > 1.0)):
+        raise ValueError("`mu_hat` must be in [0, 1] with no NaN")
+
+
 def _as_array(name: str, values: ArrayLike) -> NDArray[np.float64]:
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1:
@@ -295,11 +294,8 @@ def calibrate_threshold(
     mu = _as_array("mu_hat", mu_hat)
     if conf.shape != mu.shape:
         raise ValueError(f"`p` and `mu_hat` must have the same length; got {conf.size} and {mu.size}")
+    check_p_mu(conf, mu)
     usable = ~np.isnan(conf)
-    if np.any((conf[usable] < 0.0) | (conf[usable] > 1.0)):
-        raise ValueError("`p` must be in [0, 1] (NaN for a missing estimate)")
-    if np.any(np.isnan(mu)) or np.any((mu < 0.0) | (mu > 1.0)):
-        raise ValueError("`mu_hat` must be in [0, 1] with no NaN")
     check_choice("pvalue", pvalue, ("binomial", "hoeffding-bentkus"))
     check_choice("loss", loss, ("auto", "sampled", "expected"))
     resolved: Literal["sampled", "expected"] = (
@@ -404,11 +400,10 @@ def calibrate_threshold(
 
 
 def _checkpoints(n: int, alpha: float, delta: float, first: int | None) -> list[int]:
-    """Answered counts m0, 2 m0, 4 m0, ... (up to n) that each receive an equal share of delta.
+    """Answered counts m0, 2 m0, 4 m0, ... (up to n), each given an equal share of delta.
 
-    m0 is ``first`` or the fewest queries that can be certified at the share delta / J, and J, the
-    number of checkpoints, is the number of doublings of m0 that fit in n: a fixed point, found by
-    raising J until it no longer grows (m0 grows with J, so this ends within log2(n) steps).
+    m0 is ``first`` or the fewest queries certifiable at the share delta / J, J the number of
+    doublings of m0 that fit in n: a fixed point, found by raising J until it no longer grows.
     """
     parts = 1
     while True:

@@ -1,27 +1,25 @@
 """Replay a policy on labelled data: what it would have done, and what that would have bought.
 
-Pure functions on arrays. For each query the policy's action is taken exactly as
-:meth:`~capgate.policies.Policy.decide` would take it; the outcome is then read off the labels:
+Pure functions on arrays. Each query's action is taken exactly as
+:meth:`~capgate.policies.Policy.decide` would take it; the outcome is read off the labels:
 
-* ``answer``: one response is drawn; it is correct with probability µ̂ (the query's accuracy).
-* ``abstain`` / ``clarify`` / ``escalate``: nothing is answered and no response is drawn.
-* ``resample``: the query is answered after drawing ``budget`` responses, where the budget is the
-  smallest k whose predicted pass@k, 1 - (1 - p)^k, reaches the action's ``target_pass_at_k`` (a
-  verifier picks a correct response if any), else ``max_samples``. With a verifier the accuracy is
-  the query's pass@k, estimated without bias from its n graded responses when k <= n (otherwise the
-  plug-in 1 - (1 - µ̂)^k). Without a verifier the answer is a vote: given the query's pool of
-  graded samples (``pools``, e.g. a harvest's per-sample answers), the vote is **replayed**: CAS
-  runs over the pool in ``orders`` seeded random orders with the decision's own sampling plan
-  (stop settings, batch size, budget), and the query is credited with the share of orders whose
-  vote winner is correct, the samples those runs spent, and the rule that stopped each
-  (``stopped_by``). A pool shorter than the budget ends a run early (``pool of N``). A query
-  without a pool is credited with µ̂ (a single response's accuracy) and ``max_samples`` samples,
-  and counted in ``resample_from_mu``, so a summary says how much of it is replayed.
-* ``route``: another model answers; the labels are this model's, so a routed query is counted in
-  the ``route`` rate only (neither answered nor drawn here).
+* ``answer``: one response is drawn, correct with probability µ̂ (the query's accuracy).
+* ``abstain`` / ``clarify`` / ``escalate``: nothing is answered or drawn.
+* ``resample``: answered after drawing ``budget`` responses: the smallest k whose predicted
+  pass@k, 1 - (1 - p)^k, reaches ``target_pass_at_k`` (a verifier picks a correct response if
+  any), else ``max_samples``. With a verifier the accuracy is the query's pass@k, unbiased from its
+  n graded responses when k <= n, else the plug-in 1 - (1 - µ̂)^k. Without one the answer is a
+  vote: given the query's graded samples (``pools``, e.g. a harvest's), CAS is **replayed** over
+  the pool in ``orders`` seeded random orders with the decision's own sampling plan, and the query
+  is credited with the share of orders whose winner is correct, the samples spent and the rule
+  that stopped each run (``stopped_by``; a pool shorter than the budget ends a run early:
+  ``pool of N``). A query without a pool is credited with µ̂ and ``max_samples`` samples, and
+  counted in ``resample_from_mu``.
+* ``route``: another model answers; the labels are this model's, so it counts in the ``route``
+  rate only.
 
 Coverage is the fraction of queries answered (``answer`` or ``resample``); accuracy is the mean
-accuracy over those (the mean µ̂ of answered queries when nothing is resampled).
+accuracy over those.
 """
 
 from __future__ import annotations
@@ -29,13 +27,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from capgate._util.jsonl import json_ready
+from capgate._util.validate import check_positive_int
 from capgate.core.types import Action, Sample, SamplingPlan
+from capgate.decision.analysis.risk import check_p_mu
 
 if TYPE_CHECKING:
     from capgate.policies import Policy
@@ -93,8 +93,7 @@ class ReplaySummary:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (NaN becomes ``None``)."""
-        data: dict[str, Any] = json_ready(self)
-        return data
+        return cast(dict[str, Any], json_ready(self))
 
 
 def _arrays(
@@ -108,11 +107,7 @@ def _arrays(
         )
     if conf.size == 0:
         raise ValueError("nothing to replay: `p` is empty")
-    ok = ~np.isnan(conf)
-    if np.any((conf[ok] < 0.0) | (conf[ok] > 1.0)):
-        raise ValueError("`p` must be in [0, 1] (NaN for a missing estimate)")
-    if np.any(np.isnan(mu)) or np.any((mu < 0.0) | (mu > 1.0)):
-        raise ValueError("`mu_hat` must be in [0, 1] with no NaN")
+    check_p_mu(conf, mu)
     ks: NDArray[np.int64] | None = None
     if n_samples is not None:
         ks = np.asarray(n_samples, dtype=np.int64)
@@ -121,7 +116,7 @@ def _arrays(
     flag = np.zeros(conf.shape, dtype=bool) if degraded is None else np.asarray(degraded, dtype=bool)
     if flag.shape != conf.shape:
         raise ValueError(f"`degraded` must have one flag per query; got shape {flag.shape}")
-    return conf, mu, ks, flag | ~ok
+    return conf, mu, ks, flag | np.isnan(conf)
 
 
 def replay_policy(
@@ -169,8 +164,7 @@ def replay_policy(
     conf, mu, ks, is_degraded = _arrays(p, mu_hat, n_samples, degraded)
     if pools is not None and len(pools) != conf.size:
         raise ValueError(f"`pools` must have one entry per query ({conf.size}); got {len(pools)}")
-    if isinstance(orders, bool) or not isinstance(orders, int) or orders < 1:
-        raise ValueError(f"`orders` must be a positive integer; got {orders!r}")
+    check_positive_int("orders", orders)
     rng = np.random.default_rng(seed)
     replayed = from_mu = 0
     stops: dict[str, int] = {}
@@ -245,11 +239,9 @@ def replay_vote(
     rng: np.random.Generator,
     stops: dict[str, int] | None = None,
 ) -> tuple[float, float]:
-    """Replay a resample plan's CAS vote on ``pool`` in ``orders`` random orders.
-
-    Returns the share of orders whose winner is correct (no winner counts as wrong) and the mean
-    samples spent; ``stops`` (if given) counts the rule that ended each run.
-    """
+    """Replay a resample plan's CAS vote on ``pool`` in ``orders`` random orders: the share of
+    orders whose winner is correct (no winner: wrong) and the mean samples spent; ``stops`` (if
+    given) counts the rule that ended each run."""
     from capgate.cas import replay, stop_rule
 
     items = pool_items(pool)
@@ -285,10 +277,9 @@ def threshold_frontier(
     orders: int = 20,
     seed: int = 0,
 ) -> list[ReplaySummary]:
-    """Replay the policy with its answer band moved to each threshold: the coverage/accuracy frontier.
-
-    Each threshold t rewrites the policy with :meth:`~capgate.policies.Policy.with_answer_threshold`
-    (answer when p >= t; lower bands clipped at t) and replays it.
+    """Replay the policy with its answer band moved to each threshold t (answer when p >= t, lower
+    bands clipped at t: :meth:`~capgate.policies.Policy.with_answer_threshold`): the
+    coverage/accuracy frontier.
 
     Args:
         policy: The policy; the top band of the rule replayed must answer.
@@ -320,22 +311,19 @@ def threshold_frontier(
         values = [round(float(t), 12) for t in np.linspace(0.0, 1.0, thresholds)]
     else:
         values = [float(t) for t in thresholds]
-    out: list[ReplaySummary] = []
-    for t in values:
-        moved, _ = policy.with_answer_threshold(t, step=step, tool=tool)
-        out.append(
-            replay_policy(
-                moved,
-                p,
-                mu_hat,
-                n_samples=n_samples,
-                degraded=degraded,
-                step=step,
-                tool=tool,
-                threshold=t,
-                pools=pools,
-                orders=orders,
-                seed=seed,
-            )
+    return [
+        replay_policy(
+            policy.with_answer_threshold(t, step=step, tool=tool)[0],
+            p,
+            mu_hat,
+            n_samples=n_samples,
+            degraded=degraded,
+            step=step,
+            tool=tool,
+            threshold=t,
+            pools=pools,
+            orders=orders,
+            seed=seed,
         )
-    return out
+        for t in values
+    ]

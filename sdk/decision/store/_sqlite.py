@@ -1,10 +1,10 @@
 """The decision log's embedded store: one SQLite file, safe for concurrent writers on one host.
 
-WAL mode, so readers never block the writer; a busy timeout, so concurrent writers (threads or
-processes) wait their turn instead of failing. Every write is one ``BEGIN IMMEDIATE`` transaction,
-so a process killed mid-write leaves either the whole row or none of it; committed rows survive
-the kill (``synchronous=NORMAL`` in WAL mode loses nothing on a process crash, only, possibly, the
-last transactions on a power cut). The file is created user-only (:func:`ensure_private_file`).
+WAL mode (readers never block the writer) and a busy timeout (concurrent writers wait their
+turn). Every write is one ``BEGIN IMMEDIATE`` transaction: a process killed mid-write leaves the
+whole row or none; committed rows survive (``synchronous=NORMAL`` in WAL mode loses nothing on a
+process crash, at most the last transactions on a power cut). The file is user-only
+(:func:`ensure_private_file`).
 """
 
 from __future__ import annotations
@@ -67,14 +67,19 @@ class SQLiteStore:
             raise
         return conn
 
-    def write(self, sql: str, params: Sequence[Any] = ()) -> int:
-        """Run one statement in one ``BEGIN IMMEDIATE`` transaction; the rows it wrote."""
+    @contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection; an operational error while it is used is LogUnavailableError."""
         conn = self._connections.get(self._open)
         try:
-            with _transaction(conn):
-                return conn.execute(sql, params).rowcount
+            yield conn
         except sqlite3.OperationalError as exc:
             raise LogUnavailableError(str(exc), location=self.location) from exc
+
+    def write(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement in one ``BEGIN IMMEDIATE`` transaction; the rows it wrote."""
+        with self._connection() as conn, _transaction(conn):
+            return conn.execute(sql, params).rowcount
 
     def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """Run one statement per row of parameters in one ``BEGIN IMMEDIATE`` transaction."""
@@ -82,20 +87,13 @@ class SQLiteStore:
 
     def write_all(self, batches: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> list[int]:
         """Run each batch (a statement per row of parameters) in one ``BEGIN IMMEDIATE`` transaction."""
-        conn = self._connections.get(self._open)
-        try:
-            with _transaction(conn):
-                return [conn.executemany(sql, rows).rowcount for sql, rows in batches]
-        except sqlite3.OperationalError as exc:
-            raise LogUnavailableError(str(exc), location=self.location) from exc
+        with self._connection() as conn, _transaction(conn):
+            return [conn.executemany(sql, rows).rowcount for sql, rows in batches]
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """The rows of one query."""
-        conn = self._connections.get(self._open)
-        try:
+        with self._connection() as conn:
             return list(conn.execute(sql, params).fetchall())
-        except sqlite3.OperationalError as exc:
-            raise LogUnavailableError(str(exc), location=self.location) from exc
 
     def close(self) -> None:
         """Close this thread's connection."""
@@ -135,13 +133,10 @@ PRIVATE_DIR_MODE = 0o700
 
 
 def ensure_private_file(path: Path) -> None:
-    """Create ``path`` (and its folder) readable and writable by its owner only: the log holds what
-    an agent was asked and decided.
-
-    The folder is created user-only (0700); a folder every user may write to is refused unless it
-    has the sticky bit (as ``/tmp`` has: there, others cannot replace a file they do not own); a
-    file owned by another user is refused; the file is created, or tightened to, 0600. SQLite
-    creates its ``-wal`` and ``-shm`` files with the database file's permissions.
+    """Create ``path`` (and its folder) for its owner only: the log holds what an agent was asked
+    and decided. The folder is created 0700; one every user may write to is refused unless it has
+    the sticky bit (as ``/tmp``); the file is created, or tightened to, 0600 (SQLite's ``-wal`` and
+    ``-shm`` files take its permissions).
 
     Raises:
         DataError: The folder is writable by every user without the sticky bit, or the file

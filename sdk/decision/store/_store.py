@@ -5,24 +5,22 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from capgate.decision.store.schema import Dialect
 
 C = TypeVar("C")
+_CHUNK = 500  # ids per read (well under SQLite's bound on query parameters)
 
 
 @runtime_checkable
 class Store(Protocol):
     """Where a decision log keeps its rows: a SQLite file (``_sqlite.SQLiteStore``) or a PostgreSQL
-    database (``postgres.PostgresStore``).
-
-    Statements use ``?`` placeholders and the SQL of :mod:`capgate.decision.store.schema`, rendered for
-    :attr:`dialect`. Each thread and process opens its own connection on first use, which brings
-    the schema to the current version. A store that cannot be reached or written in its time
-    raises :class:`~capgate.LogUnavailableError`; one that is not a usable log, a
-    :class:`~capgate.DataError`.
+    database (``postgres.PostgresStore``). Statements use ``?`` placeholders and the SQL of
+    :mod:`capgate.decision.store.schema`, rendered for :attr:`dialect`. Each thread and process
+    connects on first use, migrating the schema. A store not reached or written in its time raises
+    :class:`~capgate.LogUnavailableError`; one that is not a usable log, a :class:`~capgate.DataError`.
     """
 
     dialect: Dialect
@@ -48,11 +46,18 @@ class Store(Protocol):
         """Close this thread's connection (others close when their threads end)."""
 
 
-class Connections(Generic[C]):
-    """One connection per thread and per process, opened on first use.
+def read_in(store: Store, sql: str, ids: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``sql`` for each distinct id of ``ids``, read in chunks (``{ids}`` in ``sql``: the
+    chunk's placeholders)."""
+    unique = list(dict.fromkeys(ids))
+    for start in range(0, len(unique), _CHUNK):
+        chunk = unique[start : start + _CHUNK]
+        yield from store.read(sql.format(ids=", ".join("?" * len(chunk))), chunk)
 
-    A connection inherited across ``fork()`` is neither used nor closed in the child; a reference
-    is kept so that garbage collection does not close it under the parent.
+
+class Connections(Generic[C]):
+    """One connection per thread and process, opened on first use. One inherited across ``fork()``
+    is neither used nor closed in the child (a reference keeps GC from closing it under the parent).
     """
 
     def __init__(self, close: Callable[[C], None]) -> None:

@@ -1,19 +1,15 @@
-"""Calibration events in the decision log: which calibration version shadows, is promoted, is
-rolled back, per target.
-
-``capgate calibrate`` writes a versioned artefact; putting it to use is recorded here, one row per
-event (table ``calibration_events``, in insertion order):
+"""Calibration events in the decision log, per target, one row each (table
+``calibration_events``, in insertion order), as ``capgate calibrate``'s versions are put to use:
 
 * ``shadow``: the version runs as a candidate beside the enforced one (its decisions are logged as
   shadow decisions ``beside`` the enforced ones).
 * ``promote``: the version is enforced from now on (``previous``: the version it replaced).
-* ``rollback``: enforcement returns to an earlier version (``version``: the one returned to, or
-  ``""`` for no calibration; ``previous``: the one rolled back).
+* ``rollback``: enforcement returns to an earlier version (``version``: the one returned to, ``""``
+  for none; ``previous``: the one rolled back).
 
 The version in force (:meth:`CalibrationLog.active_calibration`) is the latest promote or
-rollback; the candidate (:meth:`CalibrationLog.candidate_calibration`) is the latest shadow newer
-than it. :meth:`CalibrationLog.rollback_calibration` works out where a rollback returns to (the
-version promoted before the one in force) and records it.
+rollback; the candidate (:meth:`CalibrationLog.candidate_calibration`), the latest shadow newer
+than it. :meth:`CalibrationLog.rollback_calibration` returns to the version promoted before.
 
 Examples:
     >>> import os, tempfile
@@ -92,8 +88,7 @@ def _event(row: tuple[object, ...]) -> CalibrationEvent:
 
 
 def _in_force(events: list[CalibrationEvent]) -> tuple[int, list[CalibrationEvent]]:
-    """Replay promotes and rollbacks: (index of the latest of them, or -1; the stack of versions
-    in force, the current one last)."""
+    """(index of the latest promote or rollback, or -1; the stack of versions in force, current last)."""
     last, stack = -1, []
     for i, e in enumerate(events):
         if e.event == "promote":
@@ -111,8 +106,7 @@ def _in_force(events: list[CalibrationEvent]) -> tuple[int, list[CalibrationEven
 
 
 class CalibrationLog:
-    """The calibration-events part of :class:`~capgate.decision.DecisionLog` (a mixin over its
-    ``store``)."""
+    """The calibration-events part of :class:`~capgate.decision.DecisionLog` (a mixin)."""
 
     store: Store
 
@@ -172,9 +166,8 @@ class CalibrationLog:
         return [_event(r) for r in self.store.read(sql, (target,))]
 
     def active_calibration(self, target: str | None) -> CalibrationEvent | None:
-        """The promote or rollback in force for ``target`` (``None``: events without a target):
-        the latest of them, whose ``version`` is the one enforced; ``None`` if nothing was ever
-        promoted, or the latest rollback returned to no calibration."""
+        """The latest promote or rollback for ``target`` (``None``: events without a target), whose
+        ``version`` is enforced; ``None`` if none, or it returned to no calibration."""
         events = self._events_of(target)
         last, _ = _in_force(events)
         if last < 0 or events[last].version == NO_CALIBRATION:

@@ -1,17 +1,15 @@
 """Reader features kept beside logged decisions, for learning from outcomes (opt-in).
 
-A gate with ``log_features=True`` writes, beside each decision, the feature vector its probe's
-reader computed for the query (:meth:`DecisionLog.record_features`), so that ``capgate calibrate``
-can later fit a probe for the user's own target on the user's own traffic. A vector is stored
-compactly as little-endian float16 (``encoding = "float16"``: two bytes per dimension), keyed by
-decision id, and tagged with the SHA-256 of its reader's feature spec (canonical JSON), the spec
-itself stored once (table ``feature_specs``).
+A gate with ``log_features=True`` writes beside each decision the feature vector its probe's
+reader computed (:meth:`DecisionLog.record_features`), so that ``capgate calibrate`` can fit a
+probe on the user's own traffic. A vector is stored as little-endian float16 (``encoding =
+"float16"``, two bytes per dimension), keyed by decision id and tagged with the SHA-256 of its
+reader's feature spec (canonical JSON; the spec stored once, table ``feature_specs``).
 
-**Features are as sensitive as the query text**: hidden states can be inverted to recover much
-of a prompt. They get the same protections: nothing is written unless the user turns it on, the
-SQLite file is user-only (0600 in a 0700 folder), and no error message quotes a feature value
-(only decision ids, shapes and counts). In PostgreSQL, grant the ``features`` table as you would
-``decisions.query_text`` (see the README's decision-log section).
+**Features are as sensitive as the query text** (hidden states can be inverted to recover much of
+a prompt), and protected alike: written only when turned on, a user-only SQLite file (0600 in a
+0700 folder), no error message quoting a value (only ids, shapes and counts). In PostgreSQL, grant
+the ``features`` table as ``decisions.query_text`` (see the README's decision-log section).
 
 Examples:
     >>> import os, tempfile
@@ -39,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from capgate.decision.store._store import read_in
 from capgate.errors import DataError
 
 if TYPE_CHECKING:
@@ -49,7 +48,6 @@ __all__ = ["ENCODING", "FeatureLog", "LoggedFeatures", "spec_json", "spec_sha256
 ENCODING = "float16"
 """How vectors are stored: little-endian IEEE half precision, ``dim`` of them."""
 _DTYPE = np.dtype("<f2")
-_CHUNK = 500  # ids per read (well under SQLite's bound on query parameters)
 
 _INSERT_SPEC = (
     "INSERT INTO feature_specs (spec_sha256, spec_json) VALUES (?, ?) ON CONFLICT (spec_sha256) DO NOTHING"
@@ -159,14 +157,12 @@ class FeatureLog:
         """Store reader features beside logged decisions; returns how many rows were written.
 
         Args:
-            rows: ``(decision_id, vector)`` pairs; each vector 1-D, finite, within float16's
-                range. Stored as float16.
+            rows: ``(decision_id, vector)`` pairs; each vector 1-D, finite, within float16's range.
             spec: The reader's feature spec (a mapping, or a
-                :class:`~capgate.local.hidden_states.FeatureSpec`),
-                stored once under its SHA-256.
+                :class:`~capgate.local.hidden_states.FeatureSpec`), stored once under its SHA-256.
 
-        Rows whose decision is not in the log are skipped, and so are decisions that already
-        have features (the first record is kept). One transaction for all rows.
+        Rows whose decision is not in the log, or already has features (the first is kept), are
+        skipped. One transaction for all rows.
 
         Raises:
             ValueError: A vector that is not 1-D, not finite, or beyond float16's range (the
@@ -196,17 +192,15 @@ class FeatureLog:
             DataError: A stored vector is malformed (the message names the decision).
             LogUnavailableError: The store could not be read.
         """
-        wanted = list(dict.fromkeys(str(i) for i in ids))
         specs: dict[str, dict[str, Any]] = {}
         found: dict[str, LoggedFeatures] = {}
-        for start in range(0, len(wanted), _CHUNK):
-            chunk = wanted[start : start + _CHUNK]
-            sql = _SELECT.format(ids=", ".join("?" * len(chunk)))
-            for decision_id, sha, encoding, dim, data, text in self.store.read(sql, chunk):
-                if sha not in specs:
-                    specs[sha] = json.loads(text)
-                vector = decode(decision_id, encoding, int(dim), data, self.store.location)
-                found[decision_id] = LoggedFeatures(spec=dict(specs[sha]), spec_sha256=sha, vector=vector)
+        for decision_id, sha, encoding, dim, data, text in read_in(
+            self.store, _SELECT, [str(i) for i in ids]
+        ):
+            if sha not in specs:
+                specs[sha] = json.loads(text)
+            vector = decode(decision_id, encoding, int(dim), data, self.store.location)
+            found[decision_id] = LoggedFeatures(spec=dict(specs[sha]), spec_sha256=sha, vector=vector)
         return found
 
     def features_count(self, *, spec_sha256: str | None = None) -> int:

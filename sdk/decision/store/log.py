@@ -1,17 +1,14 @@
 """The decision log: every :class:`~capgate.decision.Decision` in an embedded SQLite file, or in a
 shared PostgreSQL database (``DecisionLog("postgresql://user@host/db")``), with one API.
 
-The log (records, outcomes, reads, the schema and its migrations) is written once, on a small store
-protocol (:mod:`capgate.decision.store._store`) with two implementations: a SQLite file for concurrent
-writers on one host (:mod:`capgate.decision.store._sqlite`), PostgreSQL for many writers on many hosts
-(:mod:`capgate.decision.store.postgres`). Both carry a schema version (``capgate_meta``) and the history
-of its migrations (``capgate_migrations``): opening an older log migrates it forward in one
-transaction; a log written by a newer capgate is refused.
-
-Queries are stored as a SHA-256 hash (:func:`~capgate.core.messages.query_hash`); the text only with
-``store_text=True``. Outcomes attach later by decision id, one per source
-(:meth:`DecisionLog.record_outcome`, ``capgate log outcome DECISION_ID --correct yes``, or in bulk:
-:meth:`DecisionLog.import_outcomes`, ``capgate log outcome --file OUTCOMES.jsonl``; see
+The log is written once, on a small store protocol (:mod:`capgate.decision.store._store`): a SQLite
+file for concurrent writers on one host (:mod:`capgate.decision.store._sqlite`), PostgreSQL for many
+hosts (:mod:`capgate.decision.store.postgres`). Both keep a schema version (``capgate_meta``) and its
+migration history (``capgate_migrations``): an older log is migrated forward in one transaction on
+opening; one written by a newer capgate is refused. Queries are stored as a SHA-256
+(:func:`~capgate.core.messages.query_hash`), the text only with ``store_text=True``. Outcomes attach
+later by decision id, one per source (:meth:`DecisionLog.record_outcome`, ``capgate log outcome
+DECISION_ID --correct yes``; in bulk :meth:`DecisionLog.import_outcomes`, ``--file OUTCOMES.jsonl``:
 :mod:`capgate.decision.store.outcomes`).
 
 Examples:
@@ -29,7 +26,6 @@ Examples:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,7 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from capgate._util.validate import check_positive_int
-from capgate.core.backend import Prompt, as_messages
+from capgate.core.backend import Prompt
 from capgate.core.messages import query_hash
 from capgate.core.types import Decision, Outcome
 from capgate.decision.store import outcomes as _outcomes
@@ -60,7 +56,7 @@ from capgate.decision.store.schema import (
     parse_version,
     writer_id,
 )
-from capgate.decision.store.spill import SpilledDecision, SpillFile, default_spill_path
+from capgate.decision.store.spill import SpilledDecision, SpillFile, default_spill_path, query_fields
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -147,8 +143,8 @@ _HAS_OUTCOME = "EXISTS (SELECT 1 FROM outcomes o WHERE o.decision_id = d.id)"
 
 
 class DecisionLog(FeatureLog, CalibrationLog):
-    """A store of decisions and their outcomes, safe for concurrent writers: an embedded SQLite
-    file, or a PostgreSQL database when given a ``postgresql://`` URL, with the same API.
+    """Decisions and their outcomes, safe for concurrent writers: a SQLite file, or a PostgreSQL
+    database for a ``postgresql://`` URL, with one API.
 
     Args:
         path: The database file (created, with its folder, on first use), or a database URL
@@ -158,21 +154,18 @@ class DecisionLog(FeatureLog, CalibrationLog):
         busy_timeout_s: How long a write waits for another writer's lock before giving up.
         timeout_s: PostgreSQL only (default 10 s): the most any one call, connecting included,
             may take.
-        fail_closed: When a :class:`~capgate.Gate` cannot write a decision here, make the gated
-            call raise :class:`~capgate.LogUnavailableError` instead of returning the decision (the
-            default counts the failure in ``gate.stats.log_failures``, logs a warning and keeps
-            the decision in the spill file).
-        spill: Where a gate keeps the decisions this log cannot take yet (it is down, or its
-            write queue is full), to write them here once it takes writes again
-            (:mod:`capgate.decision.store.spill`): ``"auto"`` (default) beside a SQLite file, or in
-            the user's state folder for a database URL; a path; or ``None`` to drop them (counted
-            and warned, as before).
+        fail_closed: When a :class:`~capgate.Gate` cannot write a decision here, the gated call
+            raises :class:`~capgate.LogUnavailableError` (default: the failure is counted in
+            ``gate.stats.log_failures``, warned, and the decision kept in the spill file).
+        spill: Where a gate keeps the decisions this log cannot take yet (down, or its write
+            queue full) until it takes writes again (:mod:`capgate.decision.store.spill`):
+            ``"auto"`` (default) beside a SQLite file, or in the user's state folder for a URL; a
+            path; or ``None`` to drop them (counted and warned).
 
-    The constructor only stores settings; each thread and process opens its own connection on
-    first use. Use it as a context manager, or call :meth:`close`, to close this thread's
-    connection. A call that fails for want of the store (locked beyond ``busy_timeout_s``, a
-    database down or past ``timeout_s``, disk or I/O errors) raises
-    :class:`~capgate.LogUnavailableError`.
+    The constructor only stores settings; each thread and process connects on first use (a
+    context manager, or :meth:`close`, closes this thread's connection). A call that fails for
+    want of the store (locked beyond ``busy_timeout_s``, a database down or past ``timeout_s``,
+    disk or I/O errors) raises :class:`~capgate.LogUnavailableError`.
 
     Raises:
         TypeError: ``timeout_s`` given for a SQLite file.
@@ -244,10 +237,9 @@ class DecisionLog(FeatureLog, CalibrationLog):
             samples_used: Responses drawn to reach it (e.g. a CAS run's ``samples_used``).
             latency_s: Seconds it took; defaults to the estimate's ``cost.latency_s``.
 
-        Recording the same decision id again keeps the first record (a resumed run may re-log
-        what it had already logged without duplicating it), except that a sampled ``resample``
-        decision (``stopped_by`` set) updates the record's ``samples_used`` and stored decision:
-        a graph that logs the decision before sampling still ends with the sampling's account.
+        Recording a decision id again keeps the first record (a resumed run may re-log), except
+        that a sampled ``resample`` decision (``stopped_by`` set) updates its ``samples_used`` and
+        stored decision (a graph that logs before sampling ends with the sampling's account).
 
         Raises:
             LogUnavailableError: The store could not be written.
@@ -258,11 +250,7 @@ class DecisionLog(FeatureLog, CalibrationLog):
             raise ValueError(f"`samples_used` must be >= 0; got {samples_used}")
         if latency_s is not None and latency_s < 0:
             raise ValueError(f"`latency_s` must be >= 0; got {latency_s}")
-        text: str | None = None
-        if query is not None and self.store_text:
-            text = query if isinstance(query, str) else json.dumps(as_messages(query), ensure_ascii=False)
-        digest = None if query is None else query_hash(query)
-        return self._insert(decision, digest, text, samples_used, latency_s)
+        return self._insert(decision, *query_fields(query, self.store_text), samples_used, latency_s)
 
     def record_spilled(self, spilled: SpilledDecision) -> str:
         """Record a decision kept in a spill file (:mod:`capgate.decision.store.spill`); returns its id.
@@ -325,13 +313,11 @@ class DecisionLog(FeatureLog, CalibrationLog):
     ) -> Outcome:
         """Attach what happened to a logged decision; returns the stored :class:`Outcome`.
 
-        Pass an :class:`Outcome`, or a decision id with the outcome's fields: ``correct``
-        (binary), ``mu_hat`` (a measured rate, with the ``k`` responses it was measured on), or
-        ``score`` (graded, in [0, 1]), at least one of them; ``source`` says who judged it
-        (``"user"``, ``"grader"``, ``"test"``, ``"tool"`` or a label of your own) and ``note``
-        adds free text. A decision keeps one outcome per source. Recording the same judgement
-        again from the same source is a no-op that returns the first record; a different one is
-        an error unless ``replace=True`` (a correction).
+        Pass an :class:`Outcome`, or a decision id with its fields: at least one of ``correct``
+        (binary), ``mu_hat`` (a rate measured on ``k`` responses) or ``score`` (in [0, 1]);
+        ``source``: who judged it (``"user"``, ``"grader"``, ``"test"``, ``"tool"`` or your own
+        label); ``note``: free text. One outcome per source: the same judgement again is a no-op
+        returning the first record; a different one is an error unless ``replace=True``.
 
         Raises:
             DataError: No decision with that id is in the log (the message names it), or the

@@ -1,17 +1,13 @@
 """Outcomes attached to logged decisions: one at a time (:meth:`DecisionLog.record_outcome`) or in
 bulk from a JSONL file (:func:`import_outcomes`, ``capgate log outcome --file FILE``).
 
-An outcome is keyed by its decision and its ``source`` (who judged the answer: ``"user"``,
-``"grader"``, ``"test"``, ``"tool"``, or a label of your own), so a decision can carry a user's
-thumbs and a grader's verdict side by side. Attaching the same judgement again is a no-op (the
-first record, with its time and note, is kept); a different judgement from the same source is a
-:class:`OutcomeConflictError` unless ``replace=True``; an id the log does not hold is a
-:class:`~capgate.DataError` naming it.
-
-A bulk file has one JSON object a line: ``decision_id`` and the :class:`~capgate.Outcome` fields
-(``correct``, ``mu_hat`` with ``k``, ``score``, ``source``, ``note``, ``samples_used``,
-``latency_s``, ``recorded_at``). Every bad line is reported as ``file:line: field 'x': what`` and,
-unless told to skip them, nothing of a file with a bad line is imported.
+An outcome is keyed by its decision and ``source`` (who judged: ``"user"``, ``"grader"``,
+``"test"``, ``"tool"``, or your own label), so a user's thumbs and a grader's verdict sit side by
+side. The same judgement again is a no-op (the first record is kept); a different one from the
+same source is an :class:`OutcomeConflictError` unless ``replace=True``; an unknown id is a
+:class:`~capgate.DataError` naming it. A bulk file has one JSON object a line: ``decision_id`` and
+the :class:`~capgate.Outcome` fields. Every bad line is reported (``file:line: field 'x': what``)
+and, unless told to skip them, nothing of a file with a bad line is imported.
 
 Examples:
     >>> import json, os, tempfile
@@ -34,7 +30,7 @@ Examples:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -43,13 +39,11 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from capgate.core.types import Outcome
-from capgate.decision.store._store import Store
+from capgate.decision.store._store import Store, read_in
 from capgate.decision.store.schema import INSERT_OUTCOME, OUTCOME_COLUMNS, REPLACE_OUTCOME, UPDATE_Y
 from capgate.errors import DataError
 
 __all__ = ["ImportSummary", "OutcomeConflictError", "OutcomeImportError", "import_outcomes"]
-
-_CHUNK = 500  # ids per IN (...) lookup
 
 
 class DecisionLog(Protocol):
@@ -165,13 +159,20 @@ def check_says_something(outcome: Outcome, location: str, line: int | None = Non
         )
 
 
+def _write(store: Store, outcomes: Sequence[Outcome], *, replace: bool) -> int:
+    """Write outcomes and refresh their decisions' ``outcome_y``, in one transaction; the outcomes
+    written."""
+    sql = store.dialect.render(REPLACE_OUTCOME if replace else INSERT_OUTCOME)
+    touched = [(decision_id,) for decision_id in dict.fromkeys(o.decision_id for o in outcomes)]
+    return store.write_all([(sql, [params(o) for o in outcomes]), (store.dialect.render(UPDATE_Y), touched)])[
+        0
+    ]
+
+
 def attach(log: DecisionLog, outcome: Outcome, *, replace: bool) -> Outcome:
     """Write one outcome (see :meth:`DecisionLog.record_outcome`); returns the stored one."""
     check_says_something(outcome, log.location)
-    store = log.store
-    sql = store.dialect.render(REPLACE_OUTCOME if replace else INSERT_OUTCOME)
-    refresh = store.dialect.render(UPDATE_Y)
-    if store.write_all([(sql, [params(outcome)]), (refresh, [(outcome.decision_id,)])])[0]:
+    if _write(log.store, [outcome], replace=replace):
         return outcome
     existing = stored(log, [outcome.decision_id]).get((outcome.decision_id, outcome.source))
     if existing is None:  # nothing written and nothing there: the decision is not in the log
@@ -181,30 +182,11 @@ def attach(log: DecisionLog, outcome: Outcome, *, replace: bool) -> Outcome:
     raise conflict(existing, outcome, log.location)
 
 
-def _chunks(ids: Sequence[str]) -> Iterable[list[str]]:
-    unique = list(dict.fromkeys(ids))
-    for start in range(0, len(unique), _CHUNK):
-        yield unique[start : start + _CHUNK]
-
-
 def stored(log: DecisionLog, ids: Sequence[str]) -> dict[tuple[str, str], Outcome]:
     """The outcomes the log holds for these decisions, by (decision id, source)."""
-    found: dict[tuple[str, str], Outcome] = {}
-    for chunk in _chunks(ids):
-        marks = ", ".join("?" * len(chunk))
-        sql = f"SELECT {OUTCOME_COLUMNS} FROM outcomes o WHERE o.decision_id IN ({marks})"
-        for row in log.store.read(sql, chunk):
-            o = outcome_of_row(row)
-            found[(o.decision_id, o.source)] = o
-    return found
-
-
-def _known(log: DecisionLog, ids: Sequence[str]) -> set[str]:
-    known: set[str] = set()
-    for chunk in _chunks(ids):
-        marks = ", ".join("?" * len(chunk))
-        known.update(r[0] for r in log.store.read(f"SELECT id FROM decisions WHERE id IN ({marks})", chunk))
-    return known
+    sql = f"SELECT {OUTCOME_COLUMNS} FROM outcomes o WHERE o.decision_id IN ({{ids}})"
+    found = [outcome_of_row(row) for row in read_in(log.store, sql, ids)]
+    return {(o.decision_id, o.source): o for o in found}
 
 
 def _parse(path: Path, errors: list[DataError]) -> list[tuple[int, Outcome]]:
@@ -245,12 +227,10 @@ def _parse(path: Path, errors: list[DataError]) -> list[tuple[int, Outcome]]:
 def import_outcomes(
     log: DecisionLog, path: str | Path, *, skip_bad: bool = False, replace: bool = False
 ) -> ImportSummary:
-    """Attach the outcomes of a JSONL file (one object a line; see the module docstring).
-
-    Every line is checked before anything is written: JSON, the outcome's fields, that its
-    decision is in the log, and that it does not contradict an outcome from the same source (in
-    the log or earlier in the file) unless ``replace``. The good lines are then written in one
-    transaction.
+    """Attach the outcomes of a JSONL file (see the module docstring). Every line is checked
+    first (JSON, fields, its decision in the log, no contradiction of an outcome from the same
+    source, in the log or earlier in the file, unless ``replace``); the good lines are then
+    written in one transaction.
 
     Args:
         log: The decision log.
@@ -269,7 +249,7 @@ def import_outcomes(
     errors: list[DataError] = []
     parsed = _parse(path, errors)
     ids = [o.decision_id for _, o in parsed]
-    known = _known(log, ids)
+    known = {r[0] for r in read_in(log.store, "SELECT id FROM decisions WHERE id IN ({ids})", ids)}
     existing = stored(log, ids)
     writes: dict[tuple[str, str], Outcome] = {}
     unchanged = 0
@@ -297,9 +277,6 @@ def import_outcomes(
     if errors and not skip_bad:
         raise OutcomeImportError(path, errors)
     if writes:
-        sql = log.store.dialect.render(REPLACE_OUTCOME if replace else INSERT_OUTCOME)
-        refresh = log.store.dialect.render(UPDATE_Y)
-        touched = [(decision_id,) for decision_id in dict.fromkeys(o.decision_id for o in writes.values())]
-        log.store.write_all([(sql, [params(o) for o in writes.values()]), (refresh, touched)])
+        _write(log.store, list(writes.values()), replace=replace)
     bad_lines = len({e.line for e in errors})
     return ImportSummary(imported=len(writes), unchanged=unchanged, skipped=bad_lines, errors=errors)

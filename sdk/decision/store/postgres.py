@@ -1,22 +1,20 @@
 """The decision log in a shared PostgreSQL database: many writers on many hosts, one API.
 
 ``DecisionLog("postgresql://user@host/db")`` keeps its rows in a :class:`PostgresStore` (psycopg 3,
-extra ``postgres``): the same ``record``, ``record_outcome``, reads, ``monitor`` and CLI
-(``--db URL``) as the embedded SQLite log.
+extra ``postgres``), with the SQLite log's API and CLI (``--db URL``).
 
-- **No loss, no duplicates**: every write is one statement in its own transaction; a decision is
-  keyed by its id, so a writer that retries, or a resumed run that logs again, never writes a row
-  twice, and a writer killed mid-write leaves nothing (the server rolls back a transaction whose
-  client is gone).
-- **Bounded failure**: connecting is bounded by ``timeout_s`` (libpq ``connect_timeout``), and so
-  is every call: a watchdog thread cuts the connection of a call that has not been answered in
-  time (a server that hangs, a network that drops packets), and the server cancels statements
-  running longer (``statement_timeout``). A call on a connection that broke since its last use
-  reconnects and retries once within the time left (a server restart); otherwise the call
-  raises :class:`~capgate.LogUnavailableError`. A :class:`~capgate.Gate` counts that failure and
-  returns its decision, or fails the call (``fail_closed=True``).
-- **Schema**: the first connection of a process migrates the database forward under an advisory
-  lock, so writers starting at once on several hosts migrate it once.
+- **No loss, no duplicates**: every write is one statement in its own transaction, a decision
+  keyed by its id: a retry or a resumed run never writes a row twice, and a writer killed
+  mid-write leaves nothing (the server rolls back a transaction whose client is gone).
+- **Bounded failure**: connecting (libpq ``connect_timeout``) and every call are bounded by
+  ``timeout_s``: a watchdog thread cuts the connection of a call not answered in time (a server
+  that hangs, a network dropping packets), and the server cancels longer statements
+  (``statement_timeout``). A connection that broke since its last use reconnects and retries once
+  within the time left (a server restart); else the call raises
+  :class:`~capgate.LogUnavailableError`, which a :class:`~capgate.Gate` counts (or fails the call
+  with ``fail_closed=True``).
+- **Schema**: a process's first connection migrates the database under an advisory lock, so
+  writers starting at once on several hosts migrate it once.
 
 Example (needs a server):
     >>> log = DecisionLog("postgresql://capgate@db.example/capgate", timeout_s=5)  # doctest: +SKIP
@@ -76,11 +74,8 @@ class _Watch:
 
 
 class _Watchdog:
-    """One daemon thread per process that cuts the connection of a call past its deadline.
-
-    Cutting is ``shutdown()`` of the connection's socket: the call blocked on it returns at once
-    with a connection error, whatever the server does.
-    """
+    """One daemon thread per process that cuts (``shutdown()`` of its socket: the blocked call
+    returns at once with a connection error) the connection of a call past its deadline."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -148,8 +143,6 @@ class PostgresStore:
         busy_timeout_s: How long a write waits for a row or migration lock (``lock_timeout``).
         timeout_s: The most any one call (connecting included) may take before it raises
             :class:`~capgate.LogUnavailableError`.
-
-    psycopg is imported when the first connection opens.
     """
 
     dialect = POSTGRES

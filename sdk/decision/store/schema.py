@@ -128,10 +128,11 @@ _V1 = (
 
 OUTCOME_VALUE = "COALESCE(CAST(o.correct AS {real}), o.mu_hat, o.score)"
 """An outcome row's value in [0, 1] (template): correct as 1/0, else mu_hat, else score."""
-UPDATE_Y = (
+_SET_Y = (
     f"UPDATE decisions SET outcome_y = (SELECT AVG({OUTCOME_VALUE}) FROM outcomes o"
-    " WHERE o.decision_id = decisions.id) WHERE id = ?"
+    " WHERE o.decision_id = decisions.id)"
 )
+UPDATE_Y = _SET_Y + " WHERE id = ?"
 """Refresh a decision's ``outcome_y`` (template; parameter: its id), in the transaction that
 writes its outcomes: the mean value over its sources, which the report reads off its index."""
 
@@ -157,8 +158,7 @@ _V3 = (
     "DROP TABLE outcomes",
     "ALTER TABLE outcomes_v3 RENAME TO outcomes",
     "ALTER TABLE decisions ADD COLUMN {if_not_exists}outcome_y {real}",
-    f"UPDATE decisions SET outcome_y = (SELECT AVG({OUTCOME_VALUE}) FROM outcomes o"
-    " WHERE o.decision_id = decisions.id)",
+    _SET_Y,
     # covering indexes of the report (capgate.decision.analysis.report): it reads only these columns
     "CREATE INDEX IF NOT EXISTS decisions_for_report ON decisions (policy, step, tool, target, shadow,"
     " created_at, action, p, degraded, latency_s, outcome_y, samples_used, id)",
@@ -229,7 +229,7 @@ _DECISION = (
     f" shadow, target, calibration, beside) VALUES ({', '.join('?' * 22)}) ON CONFLICT (id) DO "
 )
 INSERT = _DECISION + "NOTHING"
-"""A decision row (:meth:`DecisionLog._decision_row`); logging it again keeps the first."""
+"""A decision row (:meth:`DecisionLog._insert`); logging it again keeps the first."""
 INSERT_SAMPLED = _DECISION + (
     "UPDATE SET samples_used = excluded.samples_used, decision_json = excluded.decision_json"
 )

@@ -1,12 +1,11 @@
 """Decisions a gate could not write to its log yet, kept on local disk and written later.
 
-When the log cannot take a decision (a PostgreSQL down or paused past its ``timeout_s``, a SQLite
-file locked beyond its ``busy_timeout_s``) or its write queue is full, the gate appends the
-decision to the log's spill file (one JSON line each, the query as its SHA-256 unless the log
-stores text) instead of dropping it, and writes the file back into the log once the log takes
-writes again (:meth:`SpillFile.replay`, run by the gate after its next successful write, or
-``capgate log replay-spill``). Replaying is safe to repeat: the log keeps the first record of a
-decision id, so a replay cut short by a crash is rerun from its start without duplicates.
+When the log cannot take a decision (PostgreSQL down or past ``timeout_s``, SQLite locked beyond
+``busy_timeout_s``) or its write queue is full, the gate appends it to the log's spill file (a JSON
+line each, the query as its SHA-256 unless the log stores text), and writes the file back once
+the log takes writes again (:meth:`SpillFile.replay`, after the gate's next successful write, or
+``capgate log replay-spill``). The log keeps the first record of a decision id, so a replay cut
+short by a crash reruns without duplicates.
 """
 
 from __future__ import annotations
@@ -37,6 +36,14 @@ class SpilledDecision:
     query_text: str | None
     samples_used: int | None
     why: str
+
+
+def query_fields(query: Prompt | None, store_text: bool) -> tuple[str | None, str | None]:
+    """A query as a log keeps it: (its SHA-256, its text only if ``store_text``)."""
+    text = None
+    if query is not None and store_text:
+        text = query if isinstance(query, str) else json.dumps(as_messages(query), ensure_ascii=False)
+    return (None if query is None else query_hash(query)), text
 
 
 class SpillTarget(Protocol):
@@ -74,11 +81,7 @@ class SpillFile:
         why: str,
     ) -> None:
         """Keep ``decision`` until its log takes it (``why``: what kept it out, in words)."""
-        text = None
-        if query is not None and store_text:
-            text = query if isinstance(query, str) else json.dumps(as_messages(query), ensure_ascii=False)
-        digest = None if query is None else query_hash(query)
-        line = _line(SpilledDecision(decision, digest, text, samples_used, why))
+        line = _line(SpilledDecision(decision, *query_fields(query, store_text), samples_used, why))
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as out:
@@ -89,10 +92,8 @@ class SpillFile:
         return any(p.is_file() and p.stat().st_size > 0 for p in (self.path, self.replaying_path))
 
     def read(self, path: Path | None = None) -> list[SpilledDecision]:
-        """The decisions kept in ``path`` (default :attr:`path`), in order.
-
-        A last line cut short by a crash mid-append is skipped with a warning (its decision never
-        reached the file whole); any other bad line raises.
+        """The decisions kept in ``path`` (default :attr:`path`), in order; a last line cut short
+        by a crash mid-append is skipped with a warning.
 
         Raises:
             DataError: A line that is not a spilled decision (the message names file and line).
@@ -124,12 +125,9 @@ class SpillFile:
         return kept
 
     def replay(self, log: SpillTarget, *, limit: int | None = None) -> int:
-        """Write the kept decisions into ``log`` (at most ``limit`` of them), and keep only the
-        rest; returns how many were written.
-
-        The file is first moved aside (:attr:`replaying_path`), so decisions spilled meanwhile
-        wait for the next replay. Safe to rerun after a crash or a failed write: the log keeps the
-        first record of each decision id.
+        """Write the kept decisions (at most ``limit``) into ``log`` and keep the rest; returns how
+        many were written. The file is first moved aside (:attr:`replaying_path`): decisions
+        spilled meanwhile wait for the next replay. Safe to rerun after a crash or failed write.
 
         Raises:
             LogUnavailableError: The log failed again; the decisions not written stay kept.
@@ -154,16 +152,8 @@ class SpillFile:
 
 
 def _line(item: SpilledDecision) -> str:
-    return json.dumps(
-        {
-            "decision": json.loads(item.decision.model_dump_json()),
-            "query_sha256": item.query_sha256,
-            "query_text": item.query_text,
-            "samples_used": item.samples_used,
-            "why": item.why,
-        },
-        ensure_ascii=False,
-    )
+    fields = {name: getattr(item, name) for name in ("query_sha256", "query_text", "samples_used", "why")}
+    return json.dumps({"decision": json.loads(item.decision.model_dump_json()), **fields}, ensure_ascii=False)
 
 
 def default_spill_path(location: str | Path) -> Path:
