@@ -116,18 +116,15 @@ class ResampleAction(Strict):
 
     @model_validator(mode="after")
     def _check_budget(self) -> ResampleAction:
-        issues: list[tuple[Loc, str]] = []
-        if self.batch_size > self.max_samples:
-            issues.append(
-                (("batch_size",), f"must be <= max_samples ({self.max_samples}); got {self.batch_size}")
-            )
-        if self.stop.min_samples > self.max_samples:
-            issues.append(
-                (
-                    ("stop", "min_samples"),
-                    f"must be <= max_samples ({self.max_samples}); got {self.stop.min_samples}",
-                )
-            )
+        given: list[tuple[Loc, int]] = [
+            (("batch_size",), self.batch_size),
+            (("stop", "min_samples"), self.stop.min_samples),
+        ]
+        issues = [
+            (loc, f"must be <= max_samples ({self.max_samples}); got {value}")
+            for loc, value in given
+            if value > self.max_samples
+        ]
         if issues:
             raise PolicyIssueError(issues)
         return self
@@ -173,9 +170,8 @@ def _unique(choices: list[str]) -> list[str]:
 class RouteAction(Strict):
     """Send the query to the cheapest model choice predicted to clear ``edge``, else the strongest.
 
-    Each choice's capability is predicted by its own estimator (the gate's ``routes``); a choice
-    whose estimate cannot be had does not clear the edge, so when none does (or none can be
-    estimated) the query goes to the last, strongest choice.
+    Each choice's capability is predicted by its own estimator (the gate's ``routes``); one whose
+    estimate cannot be had does not clear the edge.
 
     Attributes:
         choices: Model choice names, cheapest first (the last is the strongest).
@@ -184,9 +180,7 @@ class RouteAction(Strict):
     """
 
     action: Literal["route"] = "route"
-    choices: Annotated[
-        list[Annotated[str, Field(min_length=1)]], Field(min_length=1), AfterValidator(_unique)
-    ]
+    choices: Annotated[list[ChoiceName], Field(min_length=1), AfterValidator(_unique)]
     edge: Probability | None = None
 
     def plan(self, edge: float) -> RoutePlan:

@@ -63,9 +63,8 @@ Band = Annotated[AnyBand, Field(discriminator="action")]
 def check_edges(edges: Sequence[tuple[float | None, float | None]]) -> list[tuple[Loc, str]]:
     """Problems with band edges given as ``(below, at_least)`` pairs, each at ``(index, key)``.
 
-    Bands must be listed in ascending order of p, each non-empty, without overlaps or gaps,
-    starting at 0 and reaching 1. Used on validated bands and, by the file loader, on the raw
-    edges of a band list whose items have other errors (so that every problem is reported).
+    Bands must be ascending in p, each non-empty, without overlaps or gaps, from 0 to 1. The file
+    loader also checks the raw edges of a band list whose items have other errors.
     """
     issues: list[tuple[Loc, str]] = []
     last = len(edges) - 1

@@ -12,11 +12,8 @@ Shorthand: TypeAlias = Literal["bands", "action", "override"]
 
 
 class PolicyIssueError(ValueError):
-    """Several problems found by one validator, each at a location below the validated value.
-
-    The YAML loader appends each ``loc`` to pydantic's location so that every problem gets its own
-    line and field; in plain Python the message lists them all.
-    """
+    """Several problems found by one validator, each at a ``loc`` below the validated value (the
+    YAML loader locates each by line and field; in plain Python the message lists them all)."""
 
     def __init__(self, issues: Sequence[tuple[Loc, str]]) -> None:
         self.issues = list(issues)
@@ -40,14 +37,7 @@ def expand_shorthand(kind: Shorthand, value: Any) -> Any:
     * ``on_degraded: abstain`` (a bare action name) means ``{action: abstain}`` with default texts.
     * an override given as a bare threshold (``tools: {send_email: 0.9}``) means ``{bands: 0.9}``.
 
-    Anything else is returned unchanged for validation to judge.
-
-    Args:
-        kind: Which field the value was given for.
-        value: The raw value.
-
-    Returns:
-        The value in full form.
+    ``kind`` names the field ``value`` was given for; anything else is returned unchanged.
 
     Raises:
         ValueError: A bare threshold outside (0, 1).

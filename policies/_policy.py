@@ -172,11 +172,10 @@ class Policy(Strict):
                 rule = self.rule(**{kind[:-1]: key})
                 scopes.append(((kind, key), rule, override.bands, override.on_degraded))
         for where, rule, bands, on_degraded in scopes:
-            specs: list[tuple[Loc, AnyAction]] = [
-                ((*where, "bands", i), b) for i, b in enumerate(bands or [])
+            specs: list[tuple[Loc, AnyAction | None]] = [
+                *(((*where, "bands", i), b) for i, b in enumerate(bands or [])),
+                ((*where, "on_degraded"), on_degraded),
             ]
-            if on_degraded is not None:
-                specs.append(((*where, "on_degraded"), on_degraded))
             for loc, spec in specs:
                 if isinstance(spec, RouteAction) and spec.edge is None and rule.answer_edge is None:
                     msg = f"a route action needs `edge` here: the top band of {rule.scope} does not answer"
@@ -208,19 +207,11 @@ class Policy(Strict):
         data: dict[str, Any] = {"version": self.version, "name": self.name}
         if self.description:
             data["description"] = self.description
-        data["bands"] = _bands_body(self.bands)
-        data["on_degraded"] = _action_body(self.on_degraded)
+        data |= _rule_body(self.bands, self.on_degraded)
         for table_name in ("steps", "tools"):
             table: dict[str, Override] = getattr(self, table_name)
             if table:
-                data[table_name] = {}
-                for key, override in table.items():
-                    entry: dict[str, Any] = {}
-                    if override.bands is not None:
-                        entry["bands"] = _bands_body(override.bands)
-                    if override.on_degraded is not None:
-                        entry["on_degraded"] = _action_body(override.on_degraded)
-                    data[table_name][key] = entry
+                data[table_name] = {key: _rule_body(o.bands, o.on_degraded) for key, o in table.items()}
         text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100, default_flow_style=False)
         if header:
             text = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines()) + text
@@ -242,11 +233,8 @@ class Policy(Strict):
         return Rule(tuple(bands), on_degraded, scope, tuple(band_edges(bands)))
 
     def match(self, estimate: Estimate, *, step: str | None = None, tool: str | None = None) -> Match:
-        """Pick the action spec for an estimate without building a Decision.
-
-        :meth:`decide` builds on it; integrations never need it: a :class:`~capgate.Decision`
-        carries every setting its action needs (the sampling plan, the hand-off target).
-        """
+        """Pick the action spec for an estimate without building a Decision (:meth:`decide` builds
+        on it; integrations never need it: a :class:`~capgate.Decision` carries all its action needs)."""
         rule = self.rule(step=step, tool=tool)
         if estimate.p is None or estimate.degraded:
             spec = rule.on_degraded
@@ -283,7 +271,6 @@ class Policy(Strict):
         """
         found = self.match(estimate, step=step, tool=tool)
         spec = found.spec
-        message: str | None = None
         texts = {
             "method": estimate.method,
             "reason": found.reason,
@@ -292,8 +279,7 @@ class Policy(Strict):
             "policy": self.name,
         }
         template = message_template(spec)
-        if template is not None:
-            message = render(template, estimate.p, **texts)
+        message = None if template is None else render(template, estimate.p, **texts)
         plan = spec.plan(estimate.p) if isinstance(spec, ResampleAction) else None
         route_plan = spec.plan(found.rule.route_edge(spec)) if isinstance(spec, RouteAction) else None
         return Decision(
@@ -319,10 +305,9 @@ class Policy(Strict):
     ) -> tuple[Policy, list[str]]:
         """A copy whose answer band starts at ``threshold`` (p >= threshold answers).
 
-        The rule edited is the one in force for ``tool`` / ``step`` (an override that has no bands
-        of its own gets a copy of the inherited bands). Its top band must answer. The band just below
-        it is stretched or clipped to end at the threshold; a band lying wholly at or above the
-        threshold is dropped. The notes say what changed.
+        Edits the rule in force for ``tool`` / ``step`` (an override without bands of its own gets a
+        copy of the inherited ones), whose top band must answer: the band below it is stretched or
+        clipped to end at the threshold, a band wholly at or above the threshold is dropped.
 
         Returns:
             The new policy and human-readable notes on what changed.
@@ -391,6 +376,16 @@ def _bands_body(bands: Sequence[AnyBand]) -> list[dict[str, Any]]:
         item.update(_action_body(band))
         out.append(item)
     return out
+
+
+def _rule_body(bands: Sequence[AnyBand] | None, on_degraded: AnyAction | None) -> dict[str, Any]:
+    """The ``bands`` and ``on_degraded`` given (of a policy or an override) as written in a file."""
+    body: dict[str, Any] = {}
+    if bands is not None:
+        body["bands"] = _bands_body(bands)
+    if on_degraded is not None:
+        body["on_degraded"] = _action_body(on_degraded)
+    return body
 
 
 def _band_body(band: AnyBand) -> dict[str, Any]:

@@ -48,11 +48,7 @@ class PolicyError(DataError):
 
 
 def load_policy_file(path: str | Path, *, model: type[Model]) -> Model:
-    """Read and validate a policy file as ``model`` (:class:`~capgate.policies.Policy`).
-
-    Raises:
-        PolicyError: The file is unreadable, not YAML, or not a valid policy (every problem listed).
-    """
+    """Read and validate a policy file as ``model``; a :class:`PolicyError` lists every problem."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -75,11 +71,7 @@ _SafeLoader.add_constructor("tag:yaml.org,2002:timestamp", _SafeLoader.construct
 
 
 def parse_policy(text: str, *, model: type[Model], source: str = "<string>") -> Model:
-    """Validate a policy given as YAML text as ``model``; ``source`` names it in error messages.
-
-    Raises:
-        PolicyError: Every problem, each with its line and field.
-    """
+    """Validate YAML ``text`` as ``model``, named ``source``; a :class:`PolicyError` lists all problems."""
     try:
         loader = _SafeLoader(text)
     except yaml.reader.ReaderError as exc:  # a control character: refused before parsing
@@ -174,34 +166,30 @@ def _located_errors(
 ) -> Iterator[DataError]:
     for err in exc.errors():
         loc: Loc = tuple(err["loc"])
-        cause = err.get("ctx", {}).get("error")
-        if isinstance(cause, PolicyIssueError):
-            for sub, msg in cause.issues:
+        ctx, kind = err.get("ctx", {}), err["type"]
+        if isinstance(ctx.get("error"), PolicyIssueError):
+            for sub, msg in ctx["error"].issues:
                 yield _at(root, loc + sub, msg, source)
-            continue
-        kind = err["type"]
-        if kind in ("union_tag_invalid", "union_tag_not_found"):
-            ctx = err.get("ctx", {})
+        elif kind in ("union_tag_invalid", "union_tag_not_found"):
             expected = str(ctx.get("expected_tags", "")).replace("'", "")
-            if kind == "union_tag_invalid":
-                msg = f"unknown action {ctx.get('tag')!r}; expected one of: {expected}"
-            else:
-                msg = f"missing key 'action'; expected one of: {expected}"
-            yield _at(root, (*loc, "action"), msg, source)
-            continue
-        if kind == "extra_forbidden":
+            what = (
+                f"unknown action {ctx.get('tag')!r}"
+                if kind == "union_tag_invalid"
+                else "missing key 'action'"
+            )
+            yield _at(root, (*loc, "action"), f"{what}; expected one of: {expected}", source)
+        elif kind == "extra_forbidden":
             allowed = _allowed_keys(loc[:-1], model)
             hint = f" (allowed here: {', '.join(allowed)})" if allowed else ""
             yield _at(root, loc, f"unknown key {loc[-1]!r}{hint}", source)
-            continue
-        if kind == "missing":
+        elif kind == "missing":
             yield _at(root, loc, f"missing required key {loc[-1]!r}", source)
-            continue
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        value = err.get("input")
-        if not isinstance(value, dict | list) and kind != "value_error":
-            msg = f"{msg}; got {value!r}"
-        yield _at(root, loc, msg, source)
+        else:
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            value = err.get("input")
+            if not isinstance(value, dict | list) and kind != "value_error":
+                msg = f"{msg}; got {value!r}"
+            yield _at(root, loc, msg, source)
 
 
 def _raw_band_errors(
@@ -231,18 +219,14 @@ def _raw_band_errors(
 
 def _raw_edges(raw: list[dict[str, Any]]) -> list[tuple[float | None, float | None]] | None:
     """``(below, at_least)`` of raw bands, or None when some edge is not a number in [0, 1]."""
-    edges: list[tuple[float | None, float | None]] = []
-    for band in raw:
-        pair: list[float | None] = []
-        for key in ("below", "at_least"):
-            value = band.get(key)
-            if value is not None and not (
-                isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
-            ):
-                return None
-            pair.append(None if value is None else float(value))
-        edges.append((pair[0], pair[1]))
-    return edges
+    values = [band.get(key) for band in raw for key in ("below", "at_least")]
+    for value in values:
+        if value is not None and not (
+            isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+        ):
+            return None
+    edges = [None if value is None else float(value) for value in values]
+    return list(zip(edges[::2], edges[1::2], strict=True))
 
 
 def _at(root: yaml.Node, loc: Loc, message: str, source: str) -> DataError:

@@ -1,8 +1,7 @@
 """The frozen state every stop rule receives, and the tally that builds it.
 
-The sampling loop keeps one mutable :class:`_Tally` per query and hands each stop rule an
-immutable :class:`SamplingState` snapshot of it, so that adding a rule never changes a signature
-and no rule can disturb the loop's bookkeeping.
+The loop keeps one mutable :class:`_Tally` per query and hands each stop rule an immutable
+:class:`SamplingState` snapshot, so no rule can disturb the loop's bookkeeping.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -23,11 +23,7 @@ counts, at half the weight of a certain one, and it is *excluded* from the answe
 (which averages known confidences only), so an unknown never masquerades as a measured 0.5."""
 
 
-def _empty_votes() -> Mapping[str, int]:
-    return MappingProxyType({})
-
-
-def _empty_confidences() -> Mapping[str, tuple[float | None, ...]]:
+def _empty() -> Mapping[Any, Any]:
     return MappingProxyType({})
 
 
@@ -58,8 +54,8 @@ class SamplingState:
     """
 
     n_samples: int = 0
-    votes: Mapping[str, int] = field(default_factory=_empty_votes)
-    confidences: Mapping[str, tuple[float | None, ...]] = field(default_factory=_empty_confidences)
+    votes: Mapping[str, int] = field(default_factory=_empty)
+    confidences: Mapping[str, tuple[float | None, ...]] = field(default_factory=_empty)
     tokens: int = 0
     elapsed_s: float = 0.0
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
@@ -167,10 +163,9 @@ class _Tally:
         self.confidences.setdefault(answer, []).append(confidence)
 
     def snapshot(self, elapsed_s: float) -> SamplingState:
-        return SamplingState(
-            n_samples=self.n_samples,
-            votes=MappingProxyType(dict(self.votes)),
-            confidences=MappingProxyType({a: tuple(c) for a, c in self.confidences.items()}),
+        return SamplingState.build(
+            votes=self.votes,
+            confidences={a: tuple(c) for a, c in self.confidences.items()},
             tokens=self.tokens,
             elapsed_s=elapsed_s,
             rng=self.rng,

@@ -38,6 +38,7 @@ from capgate._util.validate import check_int_at_least, check_positive_int
 from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT
 from capgate.cas.budget import _capabilities
 from capgate.cas.confidence import DEFAULT_CONFIDENCE, ConfidenceSource, strip_confidence_tag
+from capgate.cas.loop import _batch_params, _confidence_of
 from capgate.cas.stop import beta_prob_above_half
 from capgate.core.backend import Backend, Prompt, SamplingParams
 from capgate.core.types import Estimate, Extractor
@@ -107,14 +108,11 @@ class BatchAllocator:
         """Up to ``n`` query indices to sample next (one sample each), fewer when the budget or
         every query's cap runs out. Queries never sampled come first, in order; a query whose
         sample is still pending (not yet observed) waits for it."""
-        chosen: list[int] = []
         left = min(n, self.budget - self.spent)
         open_ = [
             i for i in range(len(self.priors)) if self.pending[i] == 0 and self.drawn[i] < self.max_per_query
         ]
-        fresh = [i for i in open_ if self.drawn[i] == 0]
-        for i in fresh[:left]:
-            chosen.append(i)
+        chosen = [i for i in open_ if self.drawn[i] == 0][:left]
         taken = set(chosen)
         ranked = sorted((i for i in open_ if i not in taken), key=lambda i: (-self.priority(i), i))
         chosen.extend(ranked[: max(0, left - len(chosen))])
@@ -164,26 +162,20 @@ def batch_adaptive_sample(
     if len(prompts) != len(estimates):
         raise ValueError(f"{len(prompts)} prompts but {len(estimates)} estimates; give one per prompt")
     alloc = BatchAllocator(estimates, budget, max_per_query=max_per_query, fill_unavailable=fill_unavailable)
-    base = (params or SamplingParams()).model_copy(update={"n": 1})
+    base = params or SamplingParams()
     rounds = 0
     while True:
         chosen = alloc.next_queries(per_round or max(1, math.ceil(len(prompts) / 2)))
         if not chosen:
             break
-        seeded = base if base.seed is None else base.model_copy(update={"seed": base.seed + alloc.spent})
-        rows = backend.generate([prompts[i] for i in chosen], seeded)
+        rows = backend.generate([prompts[i] for i in chosen], _batch_params(base, 1, alloc.spent))
         rounds += 1
         for i, row in zip(chosen, rows, strict=True):
             if not row:
                 raise RuntimeError(f"the backend returned no response for query {i}")
             raw = extract(strip_confidence_tag(row[0].text))
             answer = raw.strip() if isinstance(raw, str) and raw.strip() else None
-            conf = confidence(row[0]) if confidence is not None else None
-            if conf is not None and not (math.isfinite(conf) and 0.0 <= conf <= 1.0):
-                raise ValueError(
-                    f"confidence source {confidence!r} returned {conf!r}; expected a value in [0, 1] or None"
-                )
-            alloc.observe(i, answer, conf)
+            alloc.observe(i, answer, _confidence_of(confidence, row[0]))
     return BatchResult(
         answers=[alloc.answer(i) for i in range(len(prompts))], samples=list(alloc.drawn), rounds=rounds
     )

@@ -1,10 +1,9 @@
 """A query's sample budget from its capability estimate.
 
-With a verifier (tests, a checker, a proof assistant), one correct response among k suffices, so
-the budget is the smallest k with pass@k = 1 − (1 − p)^k >= target (:func:`samples_for_target`, what
-a policy's ``target_pass_at_k`` uses). A budget shared by a batch of queries is split by
-:class:`~capgate.cas.BatchAllocator` (adaptively) or :func:`capgate.metrics.greedy_allocation`
-(up front).
+With a verifier (tests, a checker, a proof assistant) one correct response among k suffices, so
+the budget is the smallest k with pass@k = 1 − (1 − p)^k >= target (:func:`samples_for_target`, as
+a policy's ``target_pass_at_k``). A batch's shared budget is split by
+:class:`~capgate.cas.BatchAllocator` or :func:`capgate.metrics.greedy_allocation`.
 """
 
 from __future__ import annotations
@@ -53,11 +52,9 @@ def samples_for_target(
 ) -> StartingBudget:
     """The smallest k with 1 − (1 − p)^k >= ``target`` (a verifier picks any correct one), capped.
 
-    Explicit edge cases: p = 1 needs one sample; p = 0 can never reach the target, so the budget
-    is the cap with ``reaches_target=False`` (whether to spend it is the policy's call); an
-    unavailable or degraded-without-value estimate gets the cap too, since without a prediction the
-    only safe budget is the most the caller allows. A p so small that the target needs more than
-    ``max_samples`` gets the cap and ``reaches_target=False``.
+    p = 1 needs one sample. p = 0, or a p needing more than ``max_samples``, gets the cap with
+    ``reaches_target=False`` (whether to spend it is the policy's call); so does an unavailable
+    estimate (without a prediction the only safe budget is the most the caller allows).
 
     Examples:
         >>> samples_for_target(0.5, target=0.95).k
@@ -110,9 +107,7 @@ def samples_for_target(
 def _capabilities(
     estimates: Sequence[float | Estimate | None], *, fill_unavailable: float | None = None
 ) -> list[float]:
-    """The capability of each estimate for :class:`~capgate.cas.BatchAllocator`: an unavailable one
-    is an error naming its index unless ``fill_unavailable`` gives an explicit stand-in (no silent
-    default)."""
+    """Each estimate's capability; an unavailable one is an error unless ``fill_unavailable``."""
     out: list[float] = []
     for i, estimate in enumerate(estimates):
         value, why = _as_p(estimate, f"estimates[{i}]")

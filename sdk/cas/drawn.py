@@ -1,9 +1,8 @@
 """The responses a resample draws from the caller's own code, kept so the winner can be handed back.
 
-CAS votes on answer *texts*; an agent wants back the *object* its function returned (a string, a
-chat message, a state update). :class:`DrawnValues` turns each drawn value into a
-:class:`~capgate.core.backend.Generation` (its text, tokens and mean log-probability) and remembers it,
-in draw order, so :meth:`DrawnValues.winner` returns the first value whose answer won.
+CAS votes on answer *texts*; an agent wants back the *object* its function returned.
+:class:`DrawnValues` reads each drawn value as a :class:`~capgate.core.backend.Generation` and
+keeps it, in draw order, so :meth:`DrawnValues.winner` returns the first value whose answer won.
 
 Examples:
     >>> drawn = DrawnValues()
@@ -50,10 +49,9 @@ def response_text(value: object) -> str:
 
 
 def response_mean_logprob(value: object) -> float | None:
-    """The mean token log-probability a drawn response carries, if any: ``mean_logprob`` in a
-    LangChain message's ``response_metadata`` (as
+    """The ``mean_logprob`` in a LangChain message's ``response_metadata`` (as
     :class:`~capgate.adapters.agents.chat_model.CapgateChatModel` sets it), also as the last message
-    of a ``{"messages": [...]}`` state update.
+    of a ``{"messages": [...]}`` state update; ``None`` if absent.
 
     Examples:
         >>> response_mean_logprob("4") is None
@@ -101,9 +99,8 @@ class DrawnValues(Generic[T]):
         return Generation(text=text, n_tokens=n_tokens, mean_logprob=response_mean_logprob(value))
 
     def winner(self, result: CASResult) -> T | None:
-        """The first drawn value whose answer won the vote (``None`` if no response had an answer).
-
-        ``result`` must come from a sampling run over these values (one prompt).
+        """The first drawn value whose answer won the vote (``None`` if no response had an answer),
+        from ``result``, a sampling run over these values (one prompt).
 
         Raises:
             ValueError: ``result`` counts other samples than were drawn here.

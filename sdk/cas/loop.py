@@ -1,15 +1,14 @@
 """The adaptive sampling loop: draw batches, vote, stop by a rule.
 
 :func:`adaptive_sample` (sync, over :class:`~capgate.Backend`) and :func:`aadaptive_sample`
-(async, over :class:`~capgate.AsyncBackend`) differ only in how a batch is drawn: both drive one
-I/O-free plan, :func:`sampling_plan`, which yields each batch to draw and receives what the backend
-returned. The bookkeeping (grouping answers, confidences, the stop decision, the result) lives once
-in ``_LoopCore``, which :func:`replay` also drives over a pre-drawn pool of graded samples.
+(async, over :class:`~capgate.AsyncBackend`) both drive one I/O-free plan, :func:`sampling_plan`,
+which yields each batch to draw and receives the backend's rows; the bookkeeping lives once in
+``_LoopCore``, which :func:`replay` also drives over a pre-drawn pool of graded samples.
 
-Each round draws ``b`` responses (the first round ``initial_batch`` if given, e.g. the budget a
-capability estimate suggests), extracts and groups their answers, and asks the stop rule; the
-loop never draws more than ``max_samples``. The returned answer is the confidence-weighted vote
-winner (ties: more raw votes, then the answer text).
+Each round draws ``b`` responses (the first ``initial_batch`` if given, e.g. the budget a
+capability estimate suggests), groups their answers and asks the stop rule, never past
+``max_samples``. The answer is the confidence-weighted vote winner (ties: more raw votes, then
+the answer text).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capgate._util.drive import Steps, adrive, drive, twin_of
 from capgate._util.validate import check_positive_int, check_unit_interval
-from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, SamplingState, _Tally
+from capgate.cas._state import UNKNOWN_CONFIDENCE_WEIGHT, _Tally
 from capgate.cas.confidence import (
     DEFAULT_CONFIDENCE,
     ConfidenceSource,
@@ -162,9 +161,6 @@ class _LoopCore:
             return "max_samples"
         return None
 
-    def state(self, elapsed_s: float) -> SamplingState:
-        return self.tally.snapshot(elapsed_s)
-
     def result(self, reason: StopReason, elapsed_s: float) -> CASResult:
         state = self.tally.snapshot(elapsed_s)
         winner = state.leader
@@ -197,6 +193,16 @@ class _LoopCore:
         )
 
 
+def _confidence_of(source: ConfidenceSource | None, generation: Generation) -> float | None:
+    """``source(generation)`` (``None`` without a source), checked to be in [0, 1] or ``None``."""
+    conf = source(generation) if source is not None else None
+    if conf is not None and not (math.isfinite(conf) and 0.0 <= conf <= 1.0):
+        raise ValueError(
+            f"confidence source {source!r} returned {conf!r}; expected a value in [0, 1] or None"
+        )
+    return conf
+
+
 def _drawn(
     generation: Generation, *, extract: Extractor, confidence: ConfidenceSource | None, keep_text: bool
 ) -> DrawnSample:
@@ -204,21 +210,16 @@ def _drawn(
     if raw is not None and not isinstance(raw, str):
         raise TypeError(f"`extract` must return a string or None; it returned {type(raw).__name__} {raw!r}")
     answer = raw.strip() if raw is not None and raw.strip() else None
-    conf = confidence(generation) if confidence is not None else None
-    if conf is not None and not (math.isfinite(conf) and 0.0 <= conf <= 1.0):
-        raise ValueError(
-            f"confidence source {confidence!r} returned {conf!r}; expected a value in [0, 1] or None"
-        )
     return DrawnSample(
         answer=answer,
-        confidence=conf,
+        confidence=_confidence_of(confidence, generation),
         n_tokens=generation.n_tokens,
         text=generation.text if keep_text else None,
     )
 
 
 def _batch_params(params: SamplingParams, n: int, drawn: int) -> SamplingParams:
-    # A fixed seed would make every batch repeat the first; offset it by the samples drawn so far.
+    """``params`` for a batch of ``n``; a fixed seed is offset by ``drawn`` (or every batch would repeat)."""
     update: dict[str, object] = {"n": n}
     if params.seed is not None:
         update["seed"] = params.seed + drawn
@@ -356,20 +357,15 @@ def replay(
 ) -> CASResult:
     """Run the sampling loop over pre-drawn, graded samples, taken in the given order.
 
-    The same batching, counting and stop decisions as :func:`adaptive_sample`, with no model: the
-    benchmark replays harvested pools (shuffle them first for a random draw order). ``result.correct``
-    is the ``correct`` flag of the winner's first drawn response (responses grouped under one
-    normalized answer are graded alike by construction).
+    The same batching, counting and stop decisions as :func:`adaptive_sample` (whose arguments
+    these are too), with no model: the benchmark replays harvested pools (shuffle them first for a
+    random draw order). ``result.correct`` is the ``correct`` flag of the winner's first drawn
+    response (responses grouped under one normalized answer are graded alike by construction).
 
     Args:
         pool: ``(answer, correct, confidence, n_tokens)`` tuples or :class:`~capgate.Sample` s.
-        stop: The stop rule.
-        batch_size: Samples per batch after the first.
         max_samples: Cap (defaults to the pool size); a pool that runs out first ends with
             ``stop_reason="pool_exhausted"``.
-        initial_batch: Size of the first batch.
-        seed: Seed (or generator) for stochastic rules.
-        unknown_weight: Vote weight of a sample whose confidence is ``None``.
 
     Examples:
         >>> pool = [("12", True, 0.9, 100), ("12", True, 0.8, 90), ("13", False, 0.3, 120)]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TypeAlias
+from typing import ClassVar, TypeAlias
 
 from capgate._util.validate import (
     check_number_in,
@@ -35,8 +35,6 @@ from capgate.core.plans import ConfidenceGap, PaperConfidenceGap
 from capgate.core.types import CASMode
 
 _GAP = ConfidenceGap.model_fields
-
-# The public names are listed once, in ``capgate.cas.__all__`` (this module's list had drifted from it).
 
 StopFn: TypeAlias = Callable[[SamplingState], bool]
 """Anything that decides from a state: a :class:`StopRule` or a plain function."""
@@ -94,18 +92,29 @@ def _check_callable(rules: tuple[StopFn, ...], who: str) -> None:
             raise TypeError(f"{who} takes stop rules or functions state -> bool; got {rule!r}")
 
 
-class stop_any(StopRule):  # noqa: N801 - tenacity-style phrase name
-    """Stop when any of the rules says stop (``a | b``)."""
+class _Composite(StopRule):
+    """``stop_any`` / ``stop_all`` (``_kind``): a nested composite of the same kind is flattened."""
+
+    _kind: ClassVar[str]
 
     def __init__(self, *rules: StopFn) -> None:
-        _check_callable(rules, "stop_any")
+        _check_callable(rules, self._kind)
         flat: list[StopFn] = []
         for rule in rules:
-            flat.extend(rule.rules if isinstance(rule, stop_any) else (rule,))
+            flat.extend(rule.rules if isinstance(rule, _Composite) and rule._kind == self._kind else (rule,))
         self.rules: tuple[StopFn, ...] = tuple(flat)
 
     def __call__(self, state: SamplingState) -> bool:
         return self.fired(state) is not None
+
+    def __repr__(self) -> str:
+        return f"{self._kind}({', '.join(rule_name(r) for r in self.rules)})"
+
+
+class stop_any(_Composite):  # noqa: N801 - tenacity-style phrase name
+    """Stop when any of the rules says stop (``a | b``)."""
+
+    _kind = "stop_any"
 
     def fired(self, state: SamplingState) -> StopFn | None:
         for rule in self.rules:
@@ -114,22 +123,11 @@ class stop_any(StopRule):  # noqa: N801 - tenacity-style phrase name
                 return which
         return None
 
-    def __repr__(self) -> str:
-        return f"stop_any({', '.join(rule_name(r) for r in self.rules)})"
 
-
-class stop_all(StopRule):  # noqa: N801
+class stop_all(_Composite):  # noqa: N801
     """Stop only when every rule says stop (``a & b``)."""
 
-    def __init__(self, *rules: StopFn) -> None:
-        _check_callable(rules, "stop_all")
-        flat: list[StopFn] = []
-        for rule in rules:
-            flat.extend(rule.rules if isinstance(rule, stop_all) else (rule,))
-        self.rules: tuple[StopFn, ...] = tuple(flat)
-
-    def __call__(self, state: SamplingState) -> bool:
-        return self.fired(state) is not None
+    _kind = "stop_all"
 
     def fired(self, state: SamplingState) -> StopFn | None:
         which: StopFn | None = None
@@ -138,9 +136,6 @@ class stop_all(StopRule):  # noqa: N801
             if which is None:
                 return None
         return which
-
-    def __repr__(self) -> str:
-        return f"stop_all({', '.join(rule_name(r) for r in self.rules)})"
 
 
 class stop_if(StopRule):  # noqa: N801
@@ -212,9 +207,8 @@ class stop_after_delay(StopRule):  # noqa: N801
 def beta_prob_above_half(a: int, b: int) -> float:
     """P(X > 1/2) for X ~ Beta(a, b) with positive integer ``a``, ``b``, computed exactly.
 
-    Uses the binomial-sum identity I_x(a, b) = P(Binomial(a+b-1, x) >= a): at x = 1/2,
-    P(X > 1/2) = sum_{j<a} C(n, j) / 2^n with n = a+b-1, summed in exact integers and divided
-    once (Python rounds the big-integer quotient correctly).
+    By I_x(a, b) = P(Binomial(a+b-1, x) >= a): P(X > 1/2) = sum_{j<a} C(n, j) / 2^n, n = a+b-1,
+    in exact integers divided once (Python rounds the big-integer quotient correctly).
 
     Examples:
         >>> beta_prob_above_half(1, 1), beta_prob_above_half(5, 1)
@@ -229,11 +223,10 @@ def beta_prob_above_half(a: int, b: int) -> float:
 class beta_consensus(StopRule):  # noqa: N801
     """Adaptive-Consistency's Beta rule: stop when P(X > 1/2) >= ``threshold``, X ~ Beta(v1+1, v2+1).
 
-    ``v1``, ``v2`` are the vote counts of the two most-voted answers (``v2 = 0`` while only one
-    distinct answer has been seen). X is the posterior share of the leader among the two under a
-    uniform prior; stopping when it is above one half with high probability means more samples are
-    unlikely to overturn the vote. With the default 0.95, four unanimous votes suffice
-    (P = 0.96875), three do not (0.9375).
+    ``v1``, ``v2``: the votes of the two most-voted answers (``v2 = 0`` while there is one). X is
+    the leader's posterior share of the two under a uniform prior: once it is above one half with
+    high probability, more samples are unlikely to overturn the vote. With the default 0.95, four
+    unanimous votes suffice (P = 0.96875), three do not (0.9375).
     """
 
     def __init__(self, threshold: float = 0.95) -> None:
@@ -257,12 +250,11 @@ class beta_consensus(StopRule):  # noqa: N801
 class beta_futility(StopRule):  # noqa: N801
     """Give up when no answer is likely to win a majority: P(S > 1/2) < ``threshold``.
 
-    S ~ Beta(v1 + 1, n − v1 + 1) is the posterior share of the leading answer among *all*
-    responses drawn so far (n of them, unanswered ones included), under a uniform prior. When even
-    the leader is unlikely to hold a majority, more samples rarely change the outcome: the loop
-    stops and returns the current (plurality) winner. It is the mirror image of
-    :class:`beta_consensus` (stop when a majority is near-certain), and the default 0.05 mirrors its
-    0.95. With every response different, it fires after 7 samples (P = 0.035).
+    S ~ Beta(v1 + 1, n − v1 + 1) is the leader's posterior share of *all* n responses so far
+    (unanswered ones included), under a uniform prior. When even the leader is unlikely to hold a
+    majority, more samples rarely change the outcome: the loop stops with the current (plurality)
+    winner. The mirror image of :class:`beta_consensus` (0.05 mirrors its 0.95); with every
+    response different it fires after 7 samples (P = 0.035).
 
     Examples:
         >>> from capgate.cas import SamplingState
@@ -294,8 +286,7 @@ class beta_futility(StopRule):  # noqa: N801
 
 
 def _leader_gap(state: SamplingState, ranked: list[str]) -> float | None:
-    """c1 − c2 of the first two answers of ``ranked`` (c2 = 0 for a lone answer), or ``None``
-    with no answer or an unknown mean confidence; the two CAS rules differ only in the ranking."""
+    """c1 − c2 of the first two of ``ranked`` (c2 = 0 for a lone answer); ``None``: none, or unknown."""
     if not ranked:
         return None
     c1 = state.mean_confidence(ranked[0])
@@ -310,27 +301,22 @@ def _leader_gap(state: SamplingState, ranked: list[str]) -> float | None:
 class cas_confidence_gap(StopRule):  # noqa: N801
     """The CAS stop rule: P_stop = σ(scale · (c1 − c2 − margin)).
 
-    ``c1`` and ``c2`` are the mean per-response confidences of the two leading answers, ranked by
-    **confidence-weighted vote** (the sum of their responses' confidences, an unknown confidence
-    weighing :data:`~capgate.cas.UNKNOWN_CONFIDENCE_WEIGHT`), i.e. ``c1`` belongs to the very answer
-    the loop returns. With a single distinct answer so far, ``c2 = 0``.
+    ``c1``, ``c2``: the mean per-response confidences of the two leading answers by
+    **confidence-weighted vote** (an unknown confidence weighing
+    :data:`~capgate.cas.UNKNOWN_CONFIDENCE_WEIGHT`), so ``c1`` is the answer the loop returns;
+    ``c2 = 0`` while there is one distinct answer. ``mode="threshold"`` stops when P_stop >=
+    ``level`` (c1 − c2 >= margin + logit(level)/scale); ``mode="stochastic"`` stops with
+    probability P_stop, drawn from the state's seeded generator. It never stops on confidence it
+    does not have (the leader's, or the runner-up's, all unknown: False), so pair it with a count
+    rule such as :class:`beta_consensus` or a cap.
 
-    ``mode="threshold"`` stops when P_stop >= ``level`` (equivalently c1 − c2 >= margin +
-    logit(level)/scale); ``mode="stochastic"`` stops with probability P_stop, drawn from the
-    state's seeded generator.
-
-    The rule never stops on confidence it does not have: if the leader's responses (or, when there
-    is one, the runner-up's) all lack a confidence, it answers False, so pair it with a count rule
-    such as :class:`beta_consensus` or a cap.
-
-    Source and defaults: CAS is "Confidence-based Adaptive Test Time Scaling" (arXiv 2607.01612,
-    "Scaling with Confidence", with C3RL verbalized confidence); the paper's own rule is
-    :class:`cas_frequency_gap`. This variant ranks by weighted vote, scales the gap, and stops
-    deterministically by default. Defaults: ``margin=0.5`` makes a lone answer stop exactly when its
-    mean confidence exceeds one half (more likely right than wrong), and two rival answers stop
-    only when the leader is more confident by half the unit interval; ``scale=10`` makes each 0.1
-    of gap one unit of log-odds (σ(±3) ≈ 0.95/0.05 at a gap of margin ± 0.3); ``level=0.5`` makes
-    the threshold mode read simply "gap >= margin".
+    Source: CAS, "Confidence-based Adaptive Test Time Scaling" (arXiv 2607.01612, "Scaling with
+    Confidence", with C3RL verbalized confidence), whose own rule is :class:`cas_frequency_gap`;
+    this variant ranks by weighted vote, scales the gap and stops deterministically by default.
+    Defaults: ``margin=0.5`` stops a lone answer exactly when its mean confidence exceeds one half
+    (more likely right than wrong), two rivals only when the leader is more confident by half the
+    unit interval; ``scale=10`` makes each 0.1 of gap one unit of log-odds (σ(±3) ≈ 0.95/0.05 at
+    margin ± 0.3); ``level=0.5`` makes threshold mode read "gap >= margin".
 
     Examples:
         >>> import numpy as np
@@ -389,17 +375,13 @@ def _sigmoid(z: float) -> float:
 class cas_frequency_gap(StopRule):  # noqa: N801
     """CAS's stop rule as the paper states it: stop with probability σ(c1 − c2 − ε).
 
-    After each batch, ``a1`` and ``a2`` are the most and second most **frequent** answers (ties:
-    the higher mean confidence, then the answer text), ``c1`` and ``c2`` their mean per-response
-    confidences (``c2 = 0`` while only one answer has been seen), and sampling stops with
-    probability P_stop = σ(c1 − c2 − ε), drawn from the state's seeded generator (so a seeded loop
-    reproduces its stops). The final answer is the loop's confidence-weighted vote, as in the paper.
-
-    It differs from :class:`cas_confidence_gap`, capgate's variant, in three ways: leaders by raw
-    frequency rather than weighted vote, no ``scale`` on the gap, and always stochastic. Because
-    c1 − c2 <= 1, one batch stops with probability at most σ(1 − ε): ε is what sets how eager it
-    is. Like the variant it never stops on confidence it does not have (``c1`` or, with a
-    runner-up, ``c2`` unknown).
+    ``c1``, ``c2``: the mean per-response confidences of the two most **frequent** answers (ties:
+    higher mean confidence, then the text; ``c2 = 0`` while there is one answer); the draw uses the
+    state's seeded generator, so a seeded loop reproduces its stops. The final answer is the loop's
+    confidence-weighted vote, as in the paper. Unlike :class:`cas_confidence_gap` (capgate's
+    variant) it ranks by raw frequency, has no ``scale`` and is always stochastic; since
+    c1 − c2 <= 1, a batch stops with probability at most σ(1 − ε), so ε sets how eager it is. It
+    never stops on confidence it does not have (``c1`` or, with a runner-up, ``c2`` unknown).
 
     Examples:
         >>> from capgate.cas import SamplingState

@@ -1,21 +1,19 @@
 """The capability gate: estimate a query's capability, let a policy decide, act on the decision.
 
-:class:`Gate` is the object every integration shares: the :func:`~capgate.guard` decorator, the
-LangGraph nodes (:mod:`capgate.adapters.agents.langgraph`) and the LangChain middleware
-(:mod:`capgate.adapters.agents.langchain`) differ only in how they read the query and carry out the
-action. The gate does the rest once: it estimates (sync :meth:`Gate.assess` or async
-:meth:`Gate.aassess`), decides through its :class:`~capgate.policies.Policy` (the
-:class:`~capgate.Decision` carries everything its action needs), counts what it did
-(:class:`GateStats`), writes decisions to an optional :class:`~capgate.decision.DecisionLog`,
+:class:`Gate` is the object every integration shares (:func:`~capgate.guard`, the LangGraph nodes
+of :mod:`capgate.adapters.agents.langgraph`, the LangChain middleware of
+:mod:`capgate.adapters.agents.langchain`): they differ only in how they read the query and carry
+out the action. The gate estimates (:meth:`Gate.assess` / :meth:`Gate.aassess`), decides through
+its :class:`~capgate.policies.Policy` (the :class:`~capgate.Decision` carries all its action
+needs), counts (:class:`GateStats`), logs to an optional :class:`~capgate.decision.DecisionLog`,
 runs ``resample`` through CAS over any function that draws one response per call
 (:meth:`Gate.sample` / :meth:`Gate.asample`), and turns ``abstain`` / ``clarify`` / ``escalate``
-into a typed :class:`Gated` result or a :class:`GateBlocked` exception (:meth:`Gate.block`).
-Per-call settings: :meth:`Gate.with_options`, which takes every setting the constructor takes.
+into a :class:`Gated` result or a :class:`GateBlocked` exception (:meth:`Gate.block`). Per-call
+settings: :meth:`Gate.with_options`.
 
-Learning from traffic (``capgate calibrate``): ``log_features`` keeps each decision's reader
-features in the log, ``calibration`` runs the gate under a learnt version (or the log's
-:data:`PROMOTED` one) and ``shadow_calibration`` logs a candidate's decision beside each of its own
-(or the log's :data:`CANDIDATE`); every decision records its ``calibration`` version.
+Learning from traffic (``capgate calibrate``): ``log_features``, ``calibration`` (or the log's
+:data:`PROMOTED` version) and ``shadow_calibration`` (or the log's :data:`CANDIDATE`), see
+:class:`GateSettings`; every decision records its ``calibration`` version.
 """
 
 from capgate.core.messages import as_query

@@ -1,16 +1,9 @@
 """The calibration a gate decides under, and a candidate it tries beside the call (issue 26).
 
-``calibration`` swaps the gate's estimator for the calibration's (:meth:`capgate.learn.Calibration.apply`)
-and, when the calibration carries thresholds, its policy for them; every decision records the
-version. ``shadow_calibration`` makes, beside every logged decision, the decision a candidate
-version would have made on the same query, and logs it as a shadow decision ``beside`` the
-enforced one, so ``capgate report`` compares them on the same outcomes before ``capgate calibrate
-promote``. The candidate decides through a gate of its own (same settings, the candidate's
-calibration, no log, enforce mode) run by the shadow machinery: its estimate never delays or fails
-the call, and an estimator that raises becomes a degraded candidate decision naming the error.
-
-The keywords ``"promoted"`` and ``"candidate"`` are read from the decision log's calibration events
-(``capgate calibrate promote / shadow / rollback``) when the gate first needs them.
+The settings' meaning is documented on :class:`~capgate.GateSettings` (``calibration``,
+``shadow_calibration``). A candidate decides through a gate of its own (same settings, the
+candidate's calibration, no log, enforce mode) in the gate's shadow threads, so it never delays or
+fails the call; an estimator that raises becomes a degraded candidate decision naming the error.
 """
 
 from __future__ import annotations
@@ -42,8 +35,8 @@ _logger = logging.getLogger("capgate")
 def load_calibration(
     setting: CalibrationSetting, keyword: str, log: DecisionLog | None, target: str | None
 ) -> CalibrationLike | None:
-    """The calibration a setting names: loaded as given, or (``keyword``) the version the log has
-    promoted / in shadow for ``target`` (``None`` when there is none).
+    """The calibration a setting names, or (``keyword``) the version the log has promoted / in
+    shadow for ``target`` (``None`` when there is none).
 
     Raises:
         SettingsError: The calibration is for another target, or the log's event names a folder
@@ -76,11 +69,7 @@ def load_calibration(
 
 
 def checked_target(calibration: CalibrationLike, target: str | None) -> CalibrationLike:
-    """``calibration``, unless it was learned for another target than ``target``.
-
-    Raises:
-        SettingsError: It records another target.
-    """
+    """``calibration``; a :class:`SettingsError` if it was learned for another target."""
     made_for = getattr(calibration, "target", None)
     if made_for is not None and target is not None and made_for != target:
         raise SettingsError(
@@ -91,8 +80,8 @@ def checked_target(calibration: CalibrationLike, target: str | None) -> Calibrat
 
 
 class Calibrations:
-    """The calibrations one gate (and its views) uses: each setting loaded once, each calibrated
-    estimator built once (so batching by estimator still groups), each candidate's gate made once."""
+    """A gate's calibrations, each loaded once, with each calibrated estimator (so batching by
+    estimator still groups) and each candidate's gate made once."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -104,11 +93,7 @@ class Calibrations:
     def resolve(
         self, setting: CalibrationSetting | None, keyword: str, log: DecisionLog | None, target: str | None
     ) -> CalibrationLike | None:
-        """The calibration ``setting`` names (loaded once; a failure is raised and retried next time).
-
-        Raises:
-            SettingsError, DataError: See :func:`load_calibration`.
-        """
+        """:func:`load_calibration`, once per setting (a failure is raised and retried next time)."""
         if setting is None:
             return None
         if isinstance(setting, CalibrationLike):
@@ -139,8 +124,7 @@ class Calibrations:
             return self._policies[calibration.version]
 
     def for_target(self, estimator: CapabilityEstimator) -> CapabilityEstimator:
-        """The estimator whose ``target_model`` a decision records: a calibrated estimator's own,
-        else (a recalibration that does not say) its base's."""
+        """The estimator whose ``target_model`` a decision records: ``estimator``'s, else its base's."""
         if estimator.target_model is not None:
             return estimator
         with self._lock:
@@ -152,8 +136,7 @@ class Calibrations:
     def candidate_gate(
         self, calibration: CalibrationLike, settings: GateSettings, make: Callable[[GateSettings], FlowGate]
     ) -> FlowGate:
-        """The gate a candidate decides through: the same settings under the candidate, without a
-        log (its decisions are logged beside the enforced ones), in enforce mode."""
+        """The gate a candidate decides through: the same settings under it, no log, enforce mode."""
         with self._lock:
             if calibration.version not in self._candidates:
                 candidate = settings.replace(
@@ -193,11 +176,8 @@ def decide_candidate(
     calibrations: Calibrations,
     make: Callable[[GateSettings], FlowGate],
 ) -> None:
-    """Beside a decision just logged, decide under the gate's ``shadow_calibration`` and log that.
-
-    Runs in one of the gate's shadow threads; a failure is counted (``stats.candidate_failures``)
-    and logged as a warning naming the decision, never raised.
-    """
+    """Beside a decision just logged, decide under the gate's ``shadow_calibration`` and log that,
+    in a shadow thread; a failure is counted (``stats.candidate_failures``) and warned, never raised."""
     settings = gate.settings
     if settings.shadow_calibration is None or verdict.decision.beside is not None:
         return

@@ -140,12 +140,9 @@ class EstimateCall(Effect):
 
 
 def estimates_of(estimator: CapabilityEstimator, queries: list[Prompt], limits: Limits) -> Flow[Estimates]:
-    """One estimate per query from one :class:`EstimateCall`, failing closed: an estimator that
-    raises, or returns anything but one :class:`~capgate.Estimate` per query, gives degraded
-    estimates naming what went wrong (the policy's ``on_degraded`` acts; a warning on the
-    ``capgate`` logger, the traceback at debug level), never the gated call's failure. A
-    misconfiguration (:class:`~capgate.errors.SettingsError`, a probe that does not fit its
-    reader or was never fitted) is raised: it is not a missing estimate."""
+    """One estimate per query from one :class:`EstimateCall`, failing closed (:func:`fail_closed`;
+    the traceback at debug level). A misconfiguration (:data:`MISCONFIGURED`: a bad setting, a
+    probe that does not fit its reader or was never fitted) is raised: it is not a missing estimate."""
     try:
         outcome: object = yield EstimateCall(estimator, queries, limits)
     except MISCONFIGURED:
@@ -170,9 +167,8 @@ class Record(Effect):
 
     async def arun(self) -> None:
         if self.verdict.pending is not None:
-            # A shadow decision: recording it only arranges its write for when it is made (no I/O),
-            # so no hop to the log's thread, whose queue (a log opening, other writes) the call
-            # would wait behind: 256 shadow calls at once were all held ~0.2-0.5 s there.
+            # A shadow decision: recording it only arranges its write (no I/O), so no hop to the
+            # log's thread, whose queue held 256 shadow calls at once ~0.2-0.5 s.
             self.run()
         elif self.gate.settings.log is not None:
             writer = log_writer(log_key(self.gate.settings.log))
@@ -188,11 +184,8 @@ async def _awaited(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Invoke(Effect):
-    """Call the user's code: ``call()`` on the sync path, ``acall()`` (awaited) on the async one.
-
-    Without ``acall``, the async path awaits what ``call()`` returns when it is awaitable (a
-    coroutine function's call).
-    """
+    """Call the user's code: ``call()`` on the sync path, ``acall()`` (awaited) on the async one;
+    without ``acall``, the async path awaits what ``call()`` returns when it is awaitable."""
 
     call: Callable[[], Any]
     acall: Callable[[], Awaitable[Any]] | None = None
@@ -247,10 +240,8 @@ class Shadow(Effect):
 
 @dataclass(frozen=True)
 class Assess(Compound):
-    """Estimate a query and decide (:meth:`capgate.Gate.assess`): a :class:`~capgate.gate.Verdict`.
-
-    ``where`` names where the query came from, for the error of a query that is not one.
-    """
+    """Estimate a query and decide (:meth:`capgate.Gate.assess`): a :class:`~capgate.gate.Verdict`;
+    ``where`` names where the query came from, for the error of a query that is not one."""
 
     gate: FlowGate
     query: object
@@ -275,11 +266,8 @@ class Decide(Compound):
 
 @dataclass(frozen=True)
 class AssessEach(Compound):
-    """Several assessments, each by its own gate (view): a list of verdicts, in order.
-
-    The queries that share an estimator are estimated in one call (one batched forward pass for a
-    probe), within the first asking gate's limits; then each gate decides on its own estimate.
-    """
+    """Several assessments, each by its own gate (view): a list of verdicts, in order. Queries that
+    share an estimator are estimated in one call, within the first asking gate's limits."""
 
     items: Sequence[tuple[FlowGate, object]]
 
@@ -317,8 +305,7 @@ class Route(Compound):
 
 
 def decision_seed(decision_id: str) -> int:
-    """The seed of a decision's stochastic stop rules: fixed by its id, so a replayed decision
-    stops where it stopped the first time."""
+    """The seed of a decision's stochastic stop rules, fixed by its id (a replay stops alike)."""
     return int.from_bytes(hashlib.sha256(decision_id.encode("utf-8")).digest()[:8], "big")
 
 

@@ -1,12 +1,9 @@
 """Features kept for learning (``log_features``): each logged decision's reader features, beside the call.
 
-A probe's estimate carries the features it was made from (:meth:`capgate.Estimate.features`), so
-they are written without a second pass. For another estimator (verbalized, P(True), consistency),
-or when ``feature_reader`` names another reader, the reader computes them in one of the gate's
-shadow threads (the embedded model's featurizer by default, loaded once per process). Either way
-the write happens beside the call, after the decision is in the log (the features row refers to
-it); a failure is counted in the gate's stats and logged as a warning naming the decision and the
-error's type, never the query or the features: the call is neither delayed nor failed.
+A probe's estimate carries its features (:meth:`capgate.Estimate.features`); otherwise the reader
+computes them in a shadow thread. The write follows the decision's (the features row refers to
+it); a failure is counted and warned, naming the decision and the error's type, never the query or
+the features.
 """
 
 from __future__ import annotations
@@ -42,11 +39,8 @@ class FeaturesNotLoggedError(Exception):
 
 
 def default_reader() -> Featurizer:
-    """The embedded model's featurizer, with the default probe's spec (loaded once per process).
-
-    Raises:
-        FeaturesNotLoggedError: It could not be loaded (the first failure is kept: not retried).
-    """
+    """The embedded model's featurizer, with the default probe's spec (loaded once per process; a
+    failure is kept, not retried, and raised as :class:`FeaturesNotLoggedError`)."""
     with _DEFAULT_LOCK:
         if not _DEFAULT:
             from capgate.loading import load_estimator
@@ -64,8 +58,8 @@ def default_reader() -> Featurizer:
 
 
 def own_featurizer(estimator: CapabilityEstimator) -> Featurizer | None:
-    """A probe's featurizer, looking through estimators that wrap one (``estimator`` attribute:
-    a recalibrated or guarded probe); ``None`` for an estimator that reads no features."""
+    """A probe's featurizer, also through wrapping estimators (a recalibrated or guarded probe's
+    ``estimator``); ``None`` for an estimator that reads no features."""
     for _ in range(_WRAPPED):
         if isinstance(estimator, ProbeEstimator):
             return estimator.featurizer
@@ -103,12 +97,9 @@ def _described(error: BaseException) -> str:
 
 
 def keep_features(gate: FlowGate, verdict: Verdict, log: DecisionLog, shadows: Shadows) -> None:
-    """Write the reader features of a decision just logged, beside the call (``log_features``).
-
-    The estimate's own features when it carries them (a probe's) and no other ``feature_reader``
-    was asked for; else the reader's, computed in a shadow thread. A candidate's decision (made
-    ``beside`` another) adds none: its query's features are its enforced decision's.
-    """
+    """Write the reader features of a decision just logged, beside the call (``log_features``):
+    the estimate's own unless another ``feature_reader`` was asked for. A candidate's decision
+    (made ``beside`` another) adds none: its query's features are its enforced decision's."""
     decision = verdict.decision
     if not gate.settings.log_features or decision.beside is not None:
         return

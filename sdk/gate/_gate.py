@@ -45,8 +45,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-_OVERRIDE_NOTE = "the estimator predicts {predicts!r}'s capability (allow_other_target)"
-
 
 class _Shared:
     """What a gate and its :meth:`Gate.with_options` views share: stats, loaded policies, logs."""
@@ -181,8 +179,8 @@ class Gate:
             return self._shared.logs[key]
 
     def resolve_policy(self) -> Policy:
-        """The policy in force: a calibration's thresholds (see ``GateSettings.calibrated_policy``),
-        else the ``policy`` setting (a preset or file is loaded once, then cached)."""
+        """The policy in force: a calibration's thresholds (``GateSettings.calibrated_policy``),
+        else the ``policy`` setting (a preset or file is loaded once)."""
         calibration = self.calibration()
         if calibration is not None and (
             chosen := self.settings.calibrated_policy(
@@ -214,9 +212,8 @@ class Gate:
         Raises:
             SettingsError: None was given and no default is set.
         """
-        chosen = self.settings.estimator
-        if chosen is None:
-            chosen = default_estimator()
+        own = self.settings.estimator
+        chosen = own if own is not None else default_estimator()
         if chosen is None:
             raise SettingsError(
                 "no capability estimator: pass estimator=... (any capgate CapabilityEstimator) or "
@@ -254,7 +251,7 @@ class Gate:
         shadow_of: str | None = None,
     ) -> Verdict:
         """The policy's verdict on ``estimator``'s one estimate of ``query`` (counted in :attr:`stats`);
-        ``shadow_of``: a shadow decision, with that id (its stand-in's).
+        ``shadow_of``: a shadow decision, with that id.
 
         Raises:
             TypeError: ``estimates`` is not a list of one :class:`~capgate.Estimate`.
@@ -273,7 +270,7 @@ class Gate:
         if target is not None:
             extra |= {"target": target, "target_override": override}
             if override and estimator is not None:
-                note = _OVERRIDE_NOTE.format(predicts=estimator.target_model)
+                note = f"the estimator predicts {estimator.target_model!r}'s capability (allow_other_target)"
                 extra["reason"] = f"{decision.reason}; {note}"
         decision = decision.model_copy(update=extra) if extra else decision
         self.stats.decided(decision)
@@ -284,9 +281,8 @@ class Gate:
         return (self.settings.mode or self.resolve_policy().mode) == "shadow"
 
     def assess_flow(self, query: object, *, where: str | None = None) -> Flow[Verdict]:
-        """Estimate (within :attr:`limits`), decide, and route when the policy says: the flow of
-        :meth:`assess`, for integrations that compose it (:class:`~capgate.gate.flow.Assess`).
-        In shadow mode: the stand-in ``answer`` verdict, the decision made beside the call."""
+        """The flow of :meth:`assess` (:class:`~capgate.gate.flow.Assess`), for integrations that
+        compose it; in shadow mode, the stand-in ``answer`` verdict (decided beside the call)."""
         q = as_query(query, where=where or "query")
         if self.in_shadow():
             shadowed: Verdict = yield Shadow(self, q)
@@ -295,16 +291,15 @@ class Gate:
 
     def decide_flow(self, query: Prompt, *, shadow_of: str | None = None) -> Flow[Verdict]:
         """Estimate, decide and route in enforce mode (:class:`~capgate.gate.flow.Decide`)."""
-        q = query
         estimator = self.resolve_estimator()
-        estimates = yield from self.estimates_flow(estimator, [q])
-        verdict = self.decide_on(q, estimates, estimator, shadow_of=shadow_of)
+        estimates = yield from self.estimates_flow(estimator, [query])
+        verdict = self.decide_on(query, estimates, estimator, shadow_of=shadow_of)
         plan = verdict.decision.route_plan
         if plan is not None:
-            route, filled, why = yield from self.route_flow(q, plan)
+            route, filled, why = yield from self.route_flow(query, plan)
             decision = verdict.decision
             update = {"route": route, "route_plan": filled, "reason": f"{decision.reason}; {why}"}
-            verdict = Verdict(decision=decision.model_copy(update=update), query=q)
+            verdict = Verdict(decision=decision.model_copy(update=update), query=query)
             self.stats.routed(verdict.decision)
         return verdict
 
@@ -333,17 +328,13 @@ class Gate:
         return start_shadow(self, query, self._shared.shadows)
 
     async def ashadow(self, query: Prompt) -> Verdict:
-        """Async twin of :meth:`shadow`: the decision is made in a worker thread too, off the
-        running loop (an estimator with only a native async path: by a task of that loop; see
-        :mod:`capgate.gate._shadow`)."""
+        """Async twin of :meth:`shadow` (an estimator with only a native async path: decided by a
+        task of the running loop; see :mod:`capgate.gate._shadow`)."""
         return astart_shadow(self, query, self._shared.shadows)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until the shadow decisions made in threads are made and logged (``False``: time-out).
-
-        Shadow decisions made by tasks of an event loop (an estimator with only a native async
-        path): ``await`` :meth:`aflush`.
-        """
+        """Wait until the shadow decisions made in threads are made and logged (``False``: time-out);
+        those made by tasks of an event loop: ``await`` :meth:`aflush`."""
         return self._shared.shadows.wait(timeout)
 
     async def aflush(self) -> None:
@@ -369,10 +360,9 @@ class Gate:
         return [(name, routes[name]) for name in plan.choices]
 
     def route_flow(self, query: Prompt, plan: RoutePlan) -> Flow[tuple[str, RoutePlan, str]]:
-        """Choose a model for a query: estimate the plan's choices cheapest first (within
-        :attr:`limits`) and stop at the first that clears the edge, else take the strongest
-        (:func:`capgate.policies.choose_route`). Returns the name, the plan with each estimated
-        choice's p, and the reason (:class:`~capgate.gate.flow.Route`)."""
+        """Choose a model for a query (:class:`~capgate.gate.flow.Route`): estimate the plan's
+        choices cheapest first (within :attr:`limits`) until one clears the edge, else take the
+        strongest (:func:`capgate.policies.choose_route`): the name, the plan with each p, the reason."""
         estimates: dict[str, Estimate] = {}
         for name, estimator in self.route_estimators(plan):
             (estimates[name],) = yield from self.estimates_flow(estimator, [query])
@@ -388,16 +378,14 @@ class Gate:
         """Write the decision to the gate's log (no-op without one).
 
         After a resample, pass its ``cas`` run: the logged decision then records the samples
-        drawn and ``stopped_by``, the stop rule (or cap) that ended sampling.
-
-        A log that cannot store the decision (its database down, or no answer within its
-        time limit) does not stop the call: the failure is counted (``stats.log_failures``,
-        a warning) and the decision waits in the log's spill file (``stats.log_spilled``,
-        :mod:`capgate.decision.store.spill`), unless the log is ``fail_closed=True``. So do async and
-        shadow decisions while the log's writer queue is full.
-
-        Once logged, the decision's features (``log_features``) and a candidate calibration's
-        decision beside it (``shadow_calibration``) follow in a shadow thread (:meth:`flush`).
+        drawn and ``stopped_by``, the stop rule (or cap) that ended sampling. A log that cannot
+        store the decision (database down, or no answer within its time limit) does not stop the
+        call unless it is ``fail_closed=True``: the failure is counted (``stats.log_failures``, a
+        warning) and the decision waits in the log's spill file (``stats.log_spilled``,
+        :mod:`capgate.decision.store.spill`), as do async and shadow decisions while the log's
+        writer queue is full. Once logged, the decision's features (``log_features``) and a
+        candidate's decision beside it (``shadow_calibration``) follow in a shadow thread
+        (:meth:`flush`).
 
         Raises:
             LogUnavailableError: The log could not store the decision and is ``fail_closed``.

@@ -1,19 +1,14 @@
 """The gate's bounds on its estimator calls: how many run at once, and how long one may take.
 
-``max_concurrency`` caps the estimate calls in flight from one gate (and its views) toward its
-estimator's backend: a burst of calls queues for a slot instead of opening a request each.
-``estimate_timeout_s`` is a deadline on one call's estimate, the wait for a slot included: an
-estimate not had in time becomes a degraded :class:`~capgate.Estimate` naming the deadline, which
-the policy routes to its ``on_degraded`` action. Neither set: the estimator is called directly.
+``max_concurrency`` caps the estimate calls in flight from one gate (and its views): a burst
+queues for a slot. ``estimate_timeout_s`` is a deadline on one call's estimate, the wait for a
+slot included: a late estimate becomes a degraded :class:`~capgate.Estimate` naming the deadline
+(the policy's ``on_degraded``). Either way the gate fails closed (:func:`fail_closed`): an
+estimator that raises or returns garbage gives degraded estimates, never the call's failure.
 
-Either way the gate fails closed (:func:`fail_closed`): an estimator that raises, or returns
-anything but one :class:`~capgate.Estimate` per query, gives degraded estimates naming what went
-wrong, never the gated call's failure and never a made-up value.
-
-A sync estimate that misses its deadline keeps running in its worker thread until the estimator
-returns (a thread cannot be cancelled; the backend's own time-outs end it), and keeps its slot
-until then, so the cap always bounds the work really in flight; the interpreter waits for it at
-exit rather than kill it mid-forward-pass. An async one is cancelled.
+A late sync estimate keeps running in its worker thread, and keeps its slot, until the estimator
+returns (a thread cannot be cancelled), so the cap bounds the work really in flight; the
+interpreter waits for it at exit rather than kill it mid-forward-pass. An async one is cancelled.
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ T = TypeVar("T")
 _ERROR_TEXT = 200  # characters of an error (or of a wrong return value) kept in a degraded reason
 
 RETRY_LOG_AFTER_S = 1.0
-"""After a log failed a write, how long the gates spill its decisions without trying it (one
-write then tries again): during an outage every write would otherwise wait out the log's own
-time limit, one after another on its writer thread."""
+"""After a log failed a write, how long the gates spill its decisions without trying it (during an
+outage every write would otherwise wait out the log's time limit, one after another)."""
 
 MAX_PENDING_WRITES = 10_000
 """Most writes one log's writer thread holds queued; beyond it, decisions go to the log's spill
@@ -122,15 +116,10 @@ def log_key(log: object) -> str:
 
 
 def log_writer(key: str) -> LogWriter:
-    """The thread the async path and shadow decisions write to the log ``key`` from: one per log,
-    so a slow or unreachable log (a paused PostgreSQL, a large features write) delays only the
-    gates that write to it. Its thread starts the first time a gate names the log (when the gate
-    is made, see ``Gate``), not inside a call. Its queue holds at most
-    :data:`MAX_PENDING_WRITES`; beyond, decisions go to the log's spill file.
-
-    Not the event loop's default executor: estimates that missed their deadline may still fill
-    that one (a thread cannot be cancelled), and a decision must be logged without waiting on them.
-    """
+    """The thread the async path and shadow decisions write to the log ``key`` from: one per log
+    (a slow log delays only its own gates), started when a gate naming it is made; beyond
+    :data:`MAX_PENDING_WRITES` queued, decisions go to the spill file. Not the event loop's
+    default executor, which late estimates may still fill."""
     with _LOG_WRITERS_LOCK:
         writer = _LOG_WRITERS.get(key)
         if writer is None:
@@ -195,10 +184,9 @@ def _clipped(text: str) -> str:
 
 
 def fail_closed(estimator: CapabilityEstimator, queries: Sequence[Prompt], outcome: object) -> list[Estimate]:
-    """One estimate per query from what an estimator call gave (``outcome``: its return value or
-    the error it raised): its own estimates when they are one :class:`~capgate.Estimate` per
-    query, else degraded ones naming the error or the wrong value (the policy's ``on_degraded``),
-    with one warning line on the ``capgate`` logger."""
+    """One estimate per query from an estimator call's ``outcome`` (its return value or error): its
+    own if one :class:`~capgate.Estimate` per query, else degraded ones naming what went wrong
+    (one warning on the ``capgate`` logger)."""
     if isinstance(outcome, list) and len(outcome) == len(queries):
         estimates = [e for e in outcome if isinstance(e, Estimate)]
         if len(estimates) == len(queries):
@@ -233,6 +221,7 @@ def limited_estimate(
             if semaphore is not None:
                 semaphore.release()
     box: list[list[Estimate] | BaseException] = []
+    finished = threading.Event()
 
     def work() -> None:
         try:
@@ -242,19 +231,9 @@ def limited_estimate(
         finally:
             if semaphore is not None:
                 semaphore.release()
-
-    # In a started worker thread (none starts inside the call); not a daemon: an estimate past
-    # its deadline may be inside native code (a torch forward pass), and a daemon thread killed
-    # there at interpreter exit aborts the process; exit waits for it to return instead.
-    finished = threading.Event()
-
-    def work_and_tell() -> None:
-        try:
-            work()
-        finally:
             finished.set()
 
-    WORKERS.start_now(work_and_tell, "capgate-estimate")
+    WORKERS.start_now(work, "capgate-estimate")  # a started thread, not a daemon (see start_now)
     finished.wait(max(0.0, deadline - time.monotonic()))
     if not box:
         return _timed_out(estimator, queries, timeout_s or 0.0, queued=False)

@@ -1,9 +1,5 @@
-"""Writing a decision to the gate's log, and the work a logged decision brings along beside the call.
-
-Once a decision is in the log, its reader features (``log_features``) and a candidate
-calibration's decision on the same query (``shadow_calibration``) follow in the gate's shadow
-threads: neither delays nor fails the call.
-"""
+"""Writing a decision to the gate's log (or its spill file), and the work it brings along beside
+the call: its features (``log_features``) and a candidate's decision (``shadow_calibration``)."""
 
 from __future__ import annotations
 
@@ -40,15 +36,13 @@ def _as_logged(
 def spill_full(
     gate: FlowGate, log: DecisionLog | None, verdict: Verdict, samples_used: int | None, cas: CASResult | None
 ) -> None:
-    """Keep a decision in the spill file because the log's write queue is full (counted in
-    ``stats.log_spilled``; lost, counted and warned, only when the log has no spill file)."""
+    """Keep a decision in the spill file: the log's write queue is full (lost, counted and warned,
+    only when the log has no spill file)."""
     if log is None:
         return
     decision, samples_used = _as_logged(verdict, samples_used, cas)
     why = "the log's write queue was full"
-    if spill(log, decision, verdict, samples_used, why):
-        gate.stats.log_spilled_one()
-    else:
+    if not spill(gate, log, decision, verdict, samples_used, why):
         gate.stats.log_failed(RuntimeError(why))
         _logger.warning("decision %s (%s) was not logged: %s", decision.id, decision.action, why)
 
@@ -60,9 +54,8 @@ def _logged(
     writer = log_writer(log_key(gate.settings.log))
     failure = None if log.fail_closed else writer.resting()
     why = f"the log failed just now: {failure}"
-    if failure is not None and spill(log, decision, verdict, samples_used, why):
+    if failure is not None and spill(gate, log, decision, verdict, samples_used, why):
         gate.stats.log_failed(LogUnavailableError(why, location=log.location))  # not stored, not tried
-        gate.stats.log_spilled_one()
         _logger.warning(
             "decision %s (%s) was not logged; kept in its spill file: %s", decision.id, decision.action, why
         )
@@ -73,9 +66,7 @@ def _logged(
         writer.failed(exc)
         gate.stats.log_failed(exc)
         closed = log.fail_closed
-        kept = not closed and spill(log, decision, verdict, samples_used, f"the log failed: {exc}")
-        if kept:
-            gate.stats.log_spilled_one()
+        kept = not closed and spill(gate, log, decision, verdict, samples_used, f"the log failed: {exc}")
         _logger.warning(
             "decision %s (%s) was not logged%s: %s",
             decision.id,
@@ -91,9 +82,11 @@ def _logged(
     return True
 
 
-def spill(log: DecisionLog, decision: Decision, verdict: Verdict, samples_used: int | None, why: str) -> bool:
-    """Keep ``decision`` in ``log``'s spill file (``False``: the log has none, or the file could
-    not be written either: the decision is lost, as the warning says)."""
+def spill(
+    gate: FlowGate, log: DecisionLog, decision: Decision, verdict: Verdict, samples_used: int | None, why: str
+) -> bool:
+    """Keep ``decision`` in ``log``'s spill file, counted in ``stats.log_spilled`` (``False``: no
+    file, or it could not be written)."""
     kept = log.spill
     if kept is None:
         return False
@@ -104,6 +97,7 @@ def spill(log: DecisionLog, decision: Decision, verdict: Verdict, samples_used: 
     except OSError as exc:
         _logger.warning("decision %s could not be kept in %s either: %s", decision.id, kept.path, exc)
         return False
+    gate.stats.log_spilled_one()
     return True
 
 
@@ -113,8 +107,7 @@ queued meanwhile go between two batches instead of waiting for the whole file.""
 
 
 def replay_later(gate: FlowGate, log: DecisionLog) -> None:
-    """Write the log's spilled decisions back, from the log's own writer thread (not the
-    caller's): the log took a write, so it takes writes again."""
+    """Write the log's spilled decisions back from its writer thread: the log takes writes again."""
     kept = log.spill
     writer = log_writer(log_key(gate.settings.log))
     if kept is None or not writer.claim_replay():
@@ -149,12 +142,7 @@ def write_decision(
     calibrations: Calibrations,
     make_gate: Callable[[GateSettings], FlowGate],
 ) -> None:
-    """Write ``verdict``'s decision to the gate's log (no-op without one), then start what it
-    brings along: its features and a candidate's decision beside it (see :meth:`capgate.Gate.record`).
-
-    Raises:
-        LogUnavailableError: The log could not store the decision and is ``fail_closed``.
-    """
+    """:meth:`capgate.Gate.record`: write the decision, then start what it brings along."""
     log = gate.log
     if log is None or not _logged(gate, log, verdict, samples_used, cas):
         return

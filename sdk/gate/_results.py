@@ -39,11 +39,8 @@ class _DecisionFacts:
 
 
 class ShadowDecision:
-    """A shadow decision being made: :meth:`then` runs a callback with its verdict once it exists.
-
-    ``unmade``: the verdict when the decision's task was cancelled before it was made (its event
-    loop closed: ``asyncio.run`` cancels the tasks left), so that one is logged too, degraded.
-    """
+    """A shadow decision being made: :meth:`then` runs a callback with its verdict once it exists;
+    ``unmade()``: the (degraded) verdict logged when its task was cancelled first (its loop closed)."""
 
     def __init__(
         self,
@@ -58,7 +55,7 @@ class ShadowDecision:
         future.add_done_callback(self._done)
 
     def _verdict(self) -> Verdict | None:
-        """The verdict of the finished future (``None``: it failed, or was cancelled with no ``unmade``)."""
+        """The finished future's verdict (``None``: it failed, or was cancelled with no ``unmade``)."""
         if self.future.cancelled():
             with self._lock:
                 if self._unmade_verdict is None and self._unmade is not None:
@@ -147,9 +144,8 @@ class Gated(_DecisionFacts):
 
 
 class GateBlocked(_DecisionFacts, Exception):  # noqa: N818 - reads as a state, like StopIteration
-    """Raised (with ``on_block="raise"``) when the policy does not let the query be answered.
-
-    Catch the subclass for one action, or this class for all of them.
+    """Raised (with ``on_block="raise"``) when the policy does not let the query be answered; catch
+    the subclass for one action, or this class for all of them.
 
     Attributes:
         gated: The blocked result, with the decision, the estimate and the message.

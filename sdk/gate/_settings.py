@@ -117,9 +117,8 @@ class SharedOptions(TypedDict, total=False):
 class GateOptions(SharedOptions, total=False):
     """The gate settings as keyword arguments: what every integration and ``with_options`` take.
 
-    Each key is a field of :class:`GateSettings` (see there); one not given keeps its default (or,
-    in ``with_options``, the gate's value). Integrations declare ``**settings: Unpack[GateOptions]``
-    so the same keywords are type-checked everywhere.
+    Each key is a field of :class:`GateSettings`; one not given keeps its default (in
+    ``with_options``, the gate's value). Integrations declare ``**settings: Unpack[GateOptions]``.
     """
 
     on_block: OnBlock
@@ -139,10 +138,10 @@ PositiveSeconds: TypeAlias = Annotated[float, Gt(0), Lt(1e9)]
 class GateSettings(BaseModel):
     """What a :class:`~capgate.Gate` is configured with; every integration takes the same keywords.
 
-    Each setting is declared once, here: its type, its default, what a bad value's error says and
-    its documentation. Checked on construction (and on :meth:`replace`), each error naming the
-    setting; the TypedDict integrations type their ``**settings`` with (:class:`GateOptions`) and
-    the :class:`~capgate.Gate` constructor's signature are checked against or derived from it.
+    Each setting is declared once, here (type, default, a bad value's error text, documentation),
+    and checked on construction and :meth:`replace`; the TypedDict integrations type their
+    ``**settings`` with (:class:`GateOptions`) and ``Gate``'s signature are checked against or
+    derived from it.
 
     Raises:
         SettingsError: A setting has a wrong value or type (the message names it), or the
@@ -219,11 +218,10 @@ class GateSettings(BaseModel):
 
     log_features: Annotated[bool, Expects("True or False")] = False
     """Write each logged decision's reader features to the log (keyed by its id, tagged with the
-    reader's feature spec), for ``capgate calibrate`` to fit a probe on the gate's own traffic. A
-    probe's are its own (no second pass); for another estimator (verbalized, P(True), consistency)
-    ``feature_reader`` computes them beside the call, which it never delays or fails (failures are
-    counted in ``stats.feature_failures``). Needs a ``log``. Features are as sensitive as the text:
-    hidden states can be inverted to recover much of a prompt."""
+    reader's spec), for ``capgate calibrate`` to fit a probe on the gate's traffic. A probe's are
+    its own; for another estimator ``feature_reader`` computes them beside the call, never delaying
+    or failing it (failures: ``stats.feature_failures``). Needs a ``log``. Features are as
+    sensitive as the text: hidden states can be inverted to recover much of a prompt."""
 
     feature_reader: Annotated[
         InstanceOf[Featurizer] | None,
@@ -238,22 +236,20 @@ class GateSettings(BaseModel):
         Expects(f"a calibration folder, a loaded capgate.learn.Calibration, {PROMOTED!r} or None"),
     ] = None
     """Run under a calibration (``capgate calibrate --out DIR``): a folder, a loaded
-    :class:`capgate.learn.Calibration`, or ``"promoted"`` (the version the log says is in force
-    for the gate's target, read when the gate first decides; nothing promoted: run uncalibrated).
-    The gate uses the calibration's estimator in place of ``estimator`` and its thresholds (when
-    it carries them) as its policy, unless ``policy`` names another policy than the one they were
-    learnt for (then the gate keeps its own, and says so once on the ``capgate`` logger; refused at
-    once for a loaded calibration); every decision records its ``calibration`` version."""
+    :class:`capgate.learn.Calibration`, or ``"promoted"`` (the version the log has in force for
+    the gate's target, read when the gate first decides; none: uncalibrated). Its estimator
+    replaces ``estimator`` and its thresholds (if any) the policy, unless ``policy`` names another
+    policy than theirs (the gate keeps its own and says so once on the ``capgate`` logger; refused
+    at once for a loaded calibration); every decision records its ``calibration`` version."""
 
     shadow_calibration: Annotated[
         NonEmptyStr | InstanceOf[Path] | InstanceOf[CalibrationLike] | None,
         Expects(f"a calibration folder, a loaded capgate.learn.Calibration, {CANDIDATE!r} or None"),
     ] = None
     """A candidate calibration (as ``calibration``, or ``"candidate"``: the version the log has in
-    shadow). Beside every logged decision the gate also decides under the candidate and logs that
-    decision (``shadow``, with the candidate's ``calibration`` and ``beside`` the enforced
-    decision's id), never delaying or failing the call; ``capgate report`` compares the two on the
-    same decisions. Needs a ``log``."""
+    shadow). Beside every logged decision the gate also decides under it and logs that (``shadow``,
+    ``beside`` the enforced decision's id), never delaying or failing the call, for ``capgate
+    report`` to compare. Needs a ``log``."""
 
     def __init__(self, **values: Any) -> None:
         try:
@@ -263,8 +259,7 @@ class GateSettings(BaseModel):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
-        """In JSON mode, the settings a JSON document can hold as they are, the others (an
-        estimator, a function, a loaded log) by their ``repr``; in Python mode, the objects."""
+        """In JSON mode, objects JSON cannot hold (an estimator, a function) by their ``repr``."""
         if not info.mode_is_json():
             dumped: dict[str, Any] = handler(self)
             return dumped
@@ -297,13 +292,11 @@ class GateSettings(BaseModel):
         self, version: str, policy: Policy | None, *, at_start: bool = False
     ) -> Policy | None:
         """The policy a gate under calibration ``version`` decides by: its thresholds (``policy``)
-        when the gate's ``policy`` was left at the default or names the policy they were learnt
-        for; ``None`` (keep the gate's own policy, and say so once on the ``capgate`` logger) when
-        the gate names another one. A promotion never makes a running gate raise.
+        when the gate's ``policy`` is the default or the one they were learnt for, else ``None``
+        (keep the gate's own, said once on the ``capgate`` logger; a promotion never raises).
 
         Raises:
-            SettingsError: ``at_start`` (a calibration given loaded, so known when the gate is
-                built) and the gate names another policy than the one its thresholds are for.
+            SettingsError: ``at_start`` (a calibration given loaded) and another policy is named.
         """
         if policy is None or (isinstance(self.policy, str) and self.policy == DEFAULT_POLICY):
             return policy
@@ -385,9 +378,7 @@ def _settings_error(exc: ValidationError, values: Mapping[str, object]) -> Setti
 
 
 def given_settings(**values: Any) -> dict[str, Any]:
-    """The settings among ``values`` that differ from :class:`GateSettings`' defaults.
-
-    Integrations call it with their keyword arguments to tell which were given alongside ``gate=``.
+    """The settings among ``values`` that differ from the defaults (given alongside ``gate=``).
 
     Raises:
         SettingsError: A name that is not a gate setting.

@@ -1,26 +1,22 @@
 """Shadow decisions: made beside the gated call, so the estimate never delays or fails it.
 
-In shadow mode the gate hands the integration a stand-in ``answer`` decision at once and makes the
-real one in a worker thread. The real decision keeps the stand-in's id and is logged when both it
-and the call are done; an estimator that raises becomes a degraded decision naming the error,
-never the call's failure.
+The gate hands the integration a stand-in ``answer`` decision at once and makes the real one (with
+the stand-in's id) in a worker thread, logged once it and the call are done; an estimator that
+raises becomes a degraded decision naming the error, never the call's failure.
 
-An async call's decision is made in the same worker threads, off the caller's event loop, so
-its work (parsing replies, a forward pass, a blocking call) never holds up the coroutines on that
-loop. The threads use the estimator's sync path, bounded by the gate's ``max_concurrency`` and
-``estimate_timeout_s`` as a sync call's are (an estimate past the deadline is a degraded decision
-at once, but keeps its thread and slot until the estimator returns). That needs a sync path that
-works from any thread (:attr:`~capgate.estimators.CapabilityEstimator.thread_safe_estimate`;
-capgate's own estimators over a backend with ``generate`` have one). An estimator with only a
-native async path is awaited by a task of the caller's loop instead: its client (a user's
-``AsyncOpenAI``, ``httpx.AsyncClient``) may be bound to that loop and cannot be awaited from
-another, so its work shares the loop, as it would in enforce mode; ``await gate.aflush()`` before
-the loop ends, or the decisions still being made are logged degraded (:data:`LOOP_CLOSED`), since
-``asyncio.run`` cancels the tasks it leaves.
+An async call's decision is made in the same threads, off the caller's loop, through the
+estimator's sync path bounded by ``max_concurrency`` and ``estimate_timeout_s`` (a late estimate
+is degraded at once but keeps its thread and slot until the estimator returns). That needs a sync
+path that works from any thread
+(:attr:`~capgate.estimators.CapabilityEstimator.thread_safe_estimate`). An estimator with only a
+native async path is awaited by a task of the caller's loop instead (its client, a user's
+``AsyncOpenAI``, may be bound to that loop): ``await gate.aflush()`` before the loop ends, or the
+decisions still being made are logged degraded (:data:`LOOP_CLOSED`), as ``asyncio.run`` cancels
+the tasks it leaves.
 
-The worker threads are not daemons and finish their queue at interpreter exit; a decision made
-then is logged from its own thread when the log's thread takes no more work, so a script that
-ends without :meth:`~capgate.Gate.flush` loses none.
+The worker threads are not daemons and finish their queue at interpreter exit (a decision made
+then is logged from its own thread), so a script that ends without :meth:`~capgate.Gate.flush`
+loses none.
 """
 
 from __future__ import annotations
@@ -71,8 +67,8 @@ class Shadows:
 
     @classmethod
     def for_gate(cls, settings: GateSettings) -> Shadows:
-        """A gate's shadows, their worker threads started now (``max_concurrency`` of them, or
-        :data:`WORKERS`) and the writer thread of the gate's log, so no call starts a thread."""
+        """A gate's shadows, with its worker threads (``max_concurrency``, or :data:`WORKERS`) and
+        its log's writer thread started now, so no call starts a thread."""
         shadows = cls()
         shadows.reserve(settings.max_concurrency or WORKERS)
         if settings.log is not None:
@@ -80,8 +76,7 @@ class Shadows:
         return shadows
 
     def reserve(self, workers: int) -> None:
-        """Take this gate's ``workers`` places in the process's started threads (when the gate is
-        made, so no call starts a thread); later calls share them, at most ``workers`` at once."""
+        """Take this gate's ``workers`` places in the process's started threads (once)."""
         with self._lock:
             if self._lane is None:
                 self._lane = Lane(workers)
@@ -102,16 +97,13 @@ class Shadows:
 
     def start(self, job: Callable[[], Verdict], workers: int) -> ShadowDecision:
         """Run ``job`` in a worker thread (at most ``workers`` at once; more wait their turn)."""
-        decision = ShadowDecision(self._threads(workers).submit(job))  # its callbacks (the log
-        self._track(decision.future)  # write) run before the future is forgotten: a flush waits
+        decision = ShadowDecision(self._threads(workers).submit(job))
+        self._track(decision.future)  # its callbacks (the log write) run first: a flush waits for them
         return decision
 
     def beside(self, job: Callable[[], None], workers: int) -> None:
-        """Run ``job`` in one of the same worker threads, beside the call (a flush waits for it).
-
-        The work a logged decision brings along (its features, a candidate's decision) runs here:
-        ``job`` must catch its own errors, since nobody waits on its result.
-        """
+        """Run ``job`` (a logged decision's features, a candidate's decision) in one of the same
+        threads, beside the call (a flush waits for it); it must catch its own errors."""
         self._track(self._threads(workers).submit(job))
 
     def write(self, job: Callable[[], None], spill: Callable[[], None], log: object) -> None:
@@ -157,10 +149,8 @@ class Shadows:
 
 
 def off_loop(gate: FlowGate) -> bool:
-    """Whether ``gate``'s async shadow decisions run in worker threads, off the caller's loop:
-    every estimator they may call (its own or the default, and its routes') has a sync path that
-    works from any thread (``thread_safe_estimate``). A gate without an estimator does too (the
-    thread logs the degraded decision naming it)."""
+    """Whether ``gate``'s async shadow decisions run in worker threads: every estimator they may
+    call (its own or the default, and its routes') has ``thread_safe_estimate`` (or there is none)."""
     settings = gate.settings
     own = settings.estimator if settings.estimator is not None else default_estimator()
     estimators = [own, *(settings.routes or {}).values()]
@@ -168,9 +158,8 @@ def off_loop(gate: FlowGate) -> bool:
 
 
 def failed_shadow(gate: FlowGate, query: Prompt, decision_id: str, error: Exception | str) -> Verdict:
-    """The degraded shadow decision when the decision itself failed (say, a misconfigured gate:
-    an estimator's own errors are already degraded estimates), by the policy's ``on_degraded``;
-    ``error``: what failed, or the reason in words."""
+    """The degraded shadow decision (the policy's ``on_degraded``) when the decision itself failed
+    (a misconfigured gate); ``error``: what failed, or the reason in words."""
     try:
         estimator: CapabilityEstimator | None = gate.resolve_estimator()
     except SettingsError:

@@ -17,26 +17,23 @@ class GateStats:
     Attributes:
         calls: Gated calls (in shadow mode, counted when the call proceeds).
         actions: Actions taken, per action (a shadow call's is ``answer``).
-        shadow_actions: What the gate would have done on its shadow calls, per action (counted
-            when each shadow decision is made, beside the call).
+        shadow_actions: What the gate would have done on its shadow calls, per action.
         degraded: Decisions made on a degraded estimate (the policy's fail-safe), shadow ones too.
         samples: Responses drawn by ``resample``.
         last_decision: The most recent decision.
         last_cas: The most recent resample run.
-        log_failures: Decisions the decision log could not store (each also logged as a warning
-            on the ``capgate`` logger); the decisions were still returned.
+        log_failures: Decisions the log could not store (each warned on the ``capgate`` logger;
+            the decisions were still returned).
         last_log_error: The most recent of those failures, in words.
-        log_spilled: Decisions kept in the log's spill file instead (the log failed, or its
-            write queue was full), to be written to it once it takes writes again
-            (:mod:`capgate.decision.store.spill`).
+        log_spilled: Decisions kept in the log's spill file instead (the log failed, or its queue
+            was full), written back once it takes writes (:mod:`capgate.decision.store.spill`).
         features_logged: Decisions whose reader features were written to the log (``log_features``).
-        feature_failures: Decisions whose features could not be had or written (the call was not
-            affected; each is logged as a warning naming the decision, never the features).
-        candidate_decisions: Decisions a ``shadow_calibration`` candidate made and logged beside
-            the gate's own.
+        feature_failures: Decisions whose features could not be had or written (each warned,
+            naming the decision, never the features; the call was not affected).
+        candidate_decisions: Decisions a ``shadow_calibration`` candidate made and logged.
         candidate_failures: Candidate decisions that could not be made or logged.
-        last_beside_error: The most recent feature or candidate failure (the error's type and
-            where it happened; no text or feature values).
+        last_beside_error: The latest feature or candidate failure (the error's type and where; no
+            text or feature values).
     """
 
     calls: int = 0

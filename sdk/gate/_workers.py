@@ -1,12 +1,9 @@
-"""The threads a gate's side work runs on, started once per process.
+"""The threads a gate's side work (shadow decisions, what a logged decision brings along) runs on.
 
-Shadow decisions (and the work a logged decision brings along) run beside the call in worker
-threads. Starting a thread inside a call's prologue makes the call wait for it (``Thread.start``
-blocks until the new thread runs), and under CPU contention every call in flight waits so: a
-0.31 s stall at 16 shadow calls in bench/RELIABILITY.md. So the threads are started when a gate
-is made (:meth:`Workers.reserve`, outside any call) and shared by every gate of the process; each
-gate takes its share through a :class:`Lane` that runs at most its ``limit`` of jobs at once and
-queues the rest, in order, without holding a thread.
+Starting a thread inside a call makes the call wait for it (``Thread.start`` blocks until it runs;
+a 0.31 s stall at 16 shadow calls in bench/RELIABILITY.md), so the threads are started when a gate
+is made (:meth:`Workers.reserve`) and shared by every gate of the process; each gate takes its
+share through a :class:`Lane`, which queues its jobs beyond ``limit`` without holding a thread.
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ MAX_THREADS = 256
 def submit_or_run(
     pool: concurrent.futures.ThreadPoolExecutor, job: Callable[[], Any]
 ) -> concurrent.futures.Future[Any]:
-    """``pool.submit(job)``; at interpreter exit, when the pool takes no new work, ``job`` run here
-    (the pools are never shut down otherwise: exit is when their threads stop)."""
+    """``pool.submit(job)``; at interpreter exit, when the pool takes no new work, ``job`` run here."""
     try:
         return pool.submit(job)
     except RuntimeError as exc:
@@ -41,8 +37,8 @@ def submit_or_run(
 
 
 class Workers:
-    """A process's worker threads: a thread pool whose threads are all started up front, so a
-    job never waits for one to start (an idle thread takes it, or it queues for the next free)."""
+    """A process's worker threads: a pool whose threads are all started up front, so a job never
+    waits for one to start."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -57,7 +53,7 @@ class Workers:
 
     def reserve(self, threads: int) -> None:
         """Add ``threads`` to what the process keeps started (up to :data:`MAX_THREADS`), starting
-        any missing now. Called when a gate is made, never inside a call."""
+        any missing now (when a gate is made, never inside a call)."""
         with self._lock:
             while self._released:
                 self._reserved = max(0, self._reserved - self._released.pop())
@@ -75,12 +71,10 @@ class Workers:
             old.shutdown(wait=False)
 
     def release(self, threads: int) -> None:
-        """Give back what :meth:`reserve` took (a gate that is gone): the threads stay started,
-        but later gates reuse them before the process starts more.
+        """Give back what :meth:`reserve` took (a gate that is gone): later gates reuse the threads.
 
         Takes no lock: it runs from a garbage collection's finalizer, which may fire inside
-        :meth:`reserve` on the same thread (a lock there deadlocked a bench); the count is folded
-        in by the next :meth:`reserve`.
+        :meth:`reserve` on the same thread (a lock there deadlocked a bench).
         """
         self._released.append(threads)  # atomic; read and cleared under the lock in reserve()
 
@@ -94,11 +88,10 @@ class Workers:
         return submit_or_run(pool, self._counted(job))
 
     def start_now(self, job: Callable[[], Any], name: str) -> None:
-        """Run ``job`` at once: in an idle started thread, or, when every one is busy (more work
-        in flight than the gates reserved), in a new thread named ``name`` (counted in
-        :attr:`overflow`), never queued behind other work. ``job`` must hand over its own result
-        and errors. Its thread is not a daemon, either way: it may be in native code (a forward
-        pass), where a daemon thread killed at interpreter exit aborts the process."""
+        """Run ``job`` at once, never queued: in an idle started thread, else in a new thread named
+        ``name`` (counted in :attr:`overflow`). ``job`` must hand over its own result and errors.
+        Its thread is not a daemon: it may be in native code (a forward pass), where a daemon
+        thread killed at interpreter exit aborts the process."""
         with self._lock:
             pool = self._pool if self._busy < self.size else None
             if pool is not None:
@@ -127,8 +120,7 @@ WORKERS = Workers()
 
 class Lane:
     """One gate's share of :data:`WORKERS`: at most ``limit`` of its jobs run at once; the others
-    wait here, in order, holding no thread, so one busy gate never takes another's threads
-    beyond what it reserved."""
+    wait here, in order, holding no thread."""
 
     def __init__(self, limit: int, workers: Workers = WORKERS) -> None:
         self.limit = limit

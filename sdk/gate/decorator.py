@@ -17,15 +17,11 @@ Before each call the gate estimates the capability for that prompt and its polic
 The wrapped function keeps its name, docstring, signature and type hints (``functools.wraps``)
 and exposes ``.gate`` (the :class:`~capgate.gate.Gate`) and ``.stats``. Per-call settings:
 ``fn.with_options(step="draft")(prompt)`` takes every setting :func:`guard` takes and shares the
-gate's statistics and log (the one spelling, as :meth:`capgate.Gate.with_options`).
+gate's statistics and log (as :meth:`capgate.Gate.with_options`). The call's logic is one
+I/O-free flow (:mod:`capgate.gate.flow`) driven by the sync or the async path.
 
-The call's logic (which action runs the function, what is logged, when to block) is one I/O-free
-flow (:mod:`capgate.gate.flow`) driven by the sync or the async path.
-
-The decision of the latest guarded call is :func:`last_decision` (a context variable: per thread
-and per asyncio task), so the code that learns the outcome later can attach it to the logged
-decision by its id without the function's return type changing:
-``answer = ask(q); decision_id = capgate.last_decision().id``.
+The latest call's decision is :func:`last_decision`, so an outcome learned later attaches to the
+logged decision without the return type changing: ``ask(q); capgate.last_decision().id``.
 
 Examples:
     >>> import capgate
@@ -79,15 +75,13 @@ _LAST_DECISION: contextvars.ContextVar[Decision | None] = contextvars.ContextVar
 def last_decision() -> Decision | None:
     """The decision of the latest guarded call made in this thread or asyncio task.
 
-    Set as soon as a call's gate has decided (so the guarded function itself can read it too) and
-    kept after the call returns; a call that fails before its decision leaves ``None``. Its
+    Set as soon as a call's gate has decided (the guarded function can read it too) and kept after
+    the call returns; ``None`` before any call, or after one that failed before its decision. Its
     ``id`` is the logged decision's, so an outcome learned later attaches to it:
-    ``log.record_outcome(capgate.last_decision().id, correct=True, source="user")``. In shadow
-    mode it is the stand-in ``answer`` decision, whose id the logged shadow decision takes.
-
-    It is a context variable: concurrent calls in other threads or tasks never overwrite it.
-    Calls run as separate tasks (``asyncio.gather(ask(a), ask(b))``) set it in their own tasks,
-    not in the caller's: read it inside the task that made the call. ``None`` before any call.
+    ``log.record_outcome(capgate.last_decision().id, correct=True, source="user")``; in shadow mode
+    it is the stand-in ``answer`` decision, whose id the logged shadow decision takes. A context
+    variable: calls in other threads or tasks never overwrite it, and calls run as separate tasks
+    (``asyncio.gather(ask(a), ask(b))``) set it in their own tasks: read it inside the task.
 
     Examples:
         >>> import capgate
@@ -158,9 +152,8 @@ class _Binder:
         self.fn_name = getattr(fn, "__qualname__", repr(fn))
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters.values())
-        self.takes_route = "route" in self.signature.parameters or any(
-            p.kind == p.VAR_KEYWORD for p in params
-        )
+        takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params)
+        self.takes_route = "route" in self.signature.parameters or takes_kwargs
         self.query_fn: Callable[..., object] | None = None
         self.name: str | None = None
         self.index: int | None = None
@@ -181,19 +174,14 @@ class _Binder:
                     )
                 chosen = positional[0]
             self.name = chosen
-        elif isinstance(query_arg, bool):
-            raise TypeError(
-                f"`query_arg` must be a parameter name, an index or a function; got {query_arg!r}"
-            )
         elif isinstance(query_arg, str):
-            takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params)
             if query_arg not in self.signature.parameters and not takes_kwargs:
                 raise ValueError(
                     f"`query_arg` {query_arg!r} is not a parameter of {self.fn_name}(); its parameters: "
                     f"{', '.join(self.signature.parameters) or 'none'}"
                 )
             self.name = query_arg
-        elif isinstance(query_arg, int):
+        elif isinstance(query_arg, int) and not isinstance(query_arg, bool):
             if query_arg < 0:
                 raise ValueError(f"`query_arg` must be a non-negative position; got {query_arg}")
             self.index = query_arg
@@ -246,18 +234,15 @@ def _call_flow(
     _LAST_DECISION.set(None)
     raw, where = binder.query(args, kwargs)
     call = Invoke(lambda: fn(*args, **kwargs))
-    if gate.settings.speculative and not gate.in_shadow():  # the call starts with its estimate
+    speculative = gate.settings.speculative and not gate.in_shadow()
+    if speculative:  # the call starts with its estimate
         verdict, value = yield Speculate(Assess(gate, raw, where), call)
-        _LAST_DECISION.set(verdict.decision)
-        if verdict.action == "answer":
-            yield Record(gate, verdict, samples_used=1)
-            return value
     else:
         verdict = yield Assess(gate, raw, where)
-        _LAST_DECISION.set(verdict.decision)
-        if verdict.action == "answer":
-            yield Record(gate, verdict, samples_used=1)
-            return (yield call)
+    _LAST_DECISION.set(verdict.decision)
+    if verdict.action == "answer":
+        yield Record(gate, verdict, samples_used=1)
+        return value if speculative else (yield call)
     if verdict.action == "route":
         route = verdict.decision.route
         yield Record(gate, verdict, samples_used=1)

@@ -1,10 +1,9 @@
 """The integration API: a gated call as an I/O-free flow of effects, run by a sync or an async driver.
 
-A *flow* is a generator that yields :class:`Effect` s and receives each one's result back, then
-returns its own result. An integration (the :func:`~capgate.guard` decorator, the LangGraph nodes,
-the LangChain middleware) writes its logic once as a flow: which action leads where, what is logged,
-when to block. :func:`drive` runs it with each effect's sync I/O and :func:`adrive` with its async
-I/O, so the two paths cannot drift apart; an effect that fails is thrown back into the flow.
+A *flow* is a generator that yields :class:`Effect` s, receives each one's result back, and
+returns its own. An integration (:func:`~capgate.guard`, the LangGraph nodes, the LangChain
+middleware) writes its logic once as a flow; :func:`drive` runs it with sync I/O and :func:`adrive`
+with async I/O, so the two paths cannot drift apart. A failed effect is thrown back into the flow.
 
 Effects an integration yields:
 
@@ -14,13 +13,11 @@ Effects an integration yields:
 * :class:`Sample`: carry out a ``resample`` verdict under CAS, each sample one call of the user's
   code; :class:`Record`: write a decision to the gate's log; :class:`Invoke`: run the user's code.
 
-:class:`Assess`, :class:`AssessEach`, :class:`Route` and :class:`Sample` are themselves flows of the
-gate (:class:`Compound` effects): the driver runs them down to their leaves, :class:`EstimateCall`
-(one estimator call) and :class:`Draw` (one resample round), with the same driver, so a call walks
-down from the integration to the estimator once, calling back up only to run the user's code.
-The gate's flows fail closed around :class:`EstimateCall` (an estimator that raises or returns
-garbage gives degraded estimates naming it); an integration that yields :class:`EstimateCall`
-itself gets the raw error thrown back instead, so prefer ``yield from gate.estimates_flow(...)``.
+:class:`Assess`, :class:`AssessEach`, :class:`Route` and :class:`Sample` are flows of the gate
+(:class:`Compound` effects) that the driver runs down to their leaves, :class:`EstimateCall` (one
+estimator call) and :class:`Draw` (one resample round). The gate's flows fail closed around
+:class:`EstimateCall` (degraded estimates naming the error); an integration that yields it itself
+gets the raw error thrown back, so prefer ``yield from gate.estimates_flow(...)``.
 
 The driver also traces (:mod:`capgate.gate.telemetry`, a no-op without OpenTelemetry): each decision
 is a ``capgate.gate`` span open until the flow ends, its estimator calls and resample rounds nest
@@ -196,10 +193,8 @@ class _Driver:
             raise
 
     def leaves(self, flow: Flow[R], *, outer: bool = True) -> Generator[Effect, Any, R]:
-        """``flow`` with its compound effects expanded: yields leaf effects only, I/O-free.
-
-        A span made current here stays current while the driver runs the leaf (the same context).
-        """
+        """``flow`` with its compound effects expanded: yields leaf effects only, I/O-free (a span
+        made current here stays current while the driver runs the leaf)."""
         with contextlib.closing(flow):
             try:
                 effect = next(flow)
@@ -225,12 +220,9 @@ class _Driver:
 
 @dataclass(frozen=True)
 class Speculate(Effect):
-    """Start the gated call together with its assessment (enforce mode's speculative gating): the
-    verdict (its decision records the :class:`~capgate.Speculation`) and the call's value, or
-    ``None`` when the verdict blocks and the value is discarded (an async call is cancelled).
-
-    On ``answer`` the call's own error, if it raised, is raised here.
-    """
+    """Start the gated call together with its assessment (``speculative``): the verdict (recording
+    the :class:`~capgate.Speculation`) and the call's value (its error raised here) on ``answer``,
+    else ``None`` (the value is discarded; an async call is cancelled)."""
 
     assess: Assess
     call: Invoke

@@ -1,12 +1,11 @@
 """OpenTelemetry traces of gate decisions (opt-in: ``pip install 'capgate[otel]'``).
 
-With ``opentelemetry-api`` installed, every gate decision is a ``capgate.gate`` span, nested
-under whatever span is current (a LangChain or LangGraph run's, a web request's), with a
-``capgate.estimate`` child for the capability estimate and a ``capgate.resample.round`` child for
-each batch a ``resample`` draws. capgate only uses the API: spans go wherever the application's
-tracer provider sends them (the SDK and its exporters are the application's choice); with no
-provider set they are non-recording and no attribute is computed. Without OpenTelemetry installed
-every function here is a no-op.
+With ``opentelemetry-api`` installed, every gate decision is a ``capgate.gate`` span, nested under
+the current span (a LangGraph run's, a web request's), with a ``capgate.estimate`` child for the
+estimate and a ``capgate.resample.round`` child for each batch a ``resample`` draws. capgate only
+uses the API: spans go wherever the application's tracer provider sends them; with no provider
+they are non-recording and no attribute is computed. Without OpenTelemetry every function here is
+a no-op.
 
 Attributes follow the OpenTelemetry GenAI semantic conventions where one applies
 (``gen_ai.request.model``, ``gen_ai.usage.input_tokens``, ``gen_ai.usage.output_tokens``) and are
@@ -193,16 +192,16 @@ def record_decision(span: Any, decision: Decision, query: Prompt | None = None) 
 
 def record_sampling(span: Any, cas: CASResult | None = None, *, samples_used: int | None = None) -> None:
     """Put what a decision drew (a resample's run, or the samples its log records) on its span."""
-    if cas is not None:
-        values = {
-            "capgate.samples": cas.samples_used,
-            "capgate.stop_rule": cas.stopped_by,
-            "capgate.batches": cas.batches,
-            "gen_ai.usage.output_tokens": cas.tokens,
-        }
-        _set(span, values)
-    else:
+    if cas is None:
         _set(span, {"capgate.samples": samples_used})
+        return
+    values = {
+        "capgate.samples": cas.samples_used,
+        "capgate.stop_rule": cas.stopped_by,
+        "capgate.batches": cas.batches,
+        "gen_ai.usage.output_tokens": cas.tokens,
+    }
+    _set(span, values)
 
 
 def record_estimates(span: Any, estimates: object, model: str | None) -> None:
