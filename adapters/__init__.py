@@ -5,10 +5,9 @@
 * :mod:`capgate.adapters.agents`: agent integrations that call *up* into :class:`capgate.Gate`
   (LangGraph, LangChain).
 
-Each adapter has one import path, under its layer (``capgate.adapters.backends.openai``,
-``capgate.adapters.agents.langgraph``, ...). Each imports its heavy dependency (transformers,
-openai, vllm, langgraph, langchain) only when imported, so importing :mod:`capgate.adapters`
-itself costs nothing.
+Each adapter has one import path, under its layer (``capgate.adapters.backends.openai``...), and
+imports its heavy dependency (transformers, openai, vllm, langgraph, langchain) only when itself
+imported, so importing :mod:`capgate.adapters` costs nothing.
 """
 
 __all__: list[str] = []

@@ -98,8 +98,6 @@ class CapgateChatModel(BaseChatModel):
         schemas = [convert_to_openai_tool(t) for t in tools]
         return self.bind(tools=schemas, tool_choice=tool_choice, **kwargs)
 
-    # ------------------------------------------------------------------ prompt building (no I/O)
-
     @staticmethod
     def _prompt(messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]] | None) -> list[ChatMessage]:
         chat: list[ChatMessage] = []
@@ -197,8 +195,6 @@ class CapgateChatModel(BaseChatModel):
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
-    # ------------------------------------------------------------------ I/O
-
     def _sample_sync(self, prompts: list[list[ChatMessage]], params: SamplingParams) -> list[Any]:
         if isinstance(self.backend, Backend):
             rows = self.backend.generate(prompts, params)
@@ -209,11 +205,9 @@ class CapgateChatModel(BaseChatModel):
         return [row[0] for row in rows]
 
     async def _sample_async(self, prompts: list[list[ChatMessage]], params: SamplingParams) -> list[Any]:
-        if isinstance(self.backend, AsyncBackend):
-            rows = await self.backend.agenerate(prompts, params)
-        else:
-            rows = await asyncio.to_thread(self._sample_sync, prompts, params)
-            return rows
+        if not isinstance(self.backend, AsyncBackend):
+            return await asyncio.to_thread(self._sample_sync, prompts, params)
+        rows = await self.backend.agenerate(prompts, params)
         return [row[0] for row in rows]
 
     def _finish(

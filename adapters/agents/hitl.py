@@ -1,26 +1,22 @@
 """Human in the loop, shared by the LangGraph and LangChain integrations: the interrupt schemas,
-the texts shown to a model or a human, acting on a decision, tool-call queries and the tool-call
-gate.
+the texts shown to a model or a human, acting on a decision, tool-call queries, the tool-call gate.
 
-Decisions and estimates travel through graph state as plain JSON dicts
-(``Decision.model_dump(mode="json")``); a decision is self-contained (its sampling plan, its
-hand-off target, its texts), so a graph resumed in a new process acts on it with
-:func:`read_decision` alone, without the policy file.
-
-Requires ``langchain-core`` (installed with either extra, ``capgate[langgraph]`` or
-``capgate[langchain]``).
+Decisions and estimates travel through graph state as JSON dicts (``Decision.model_dump(mode="json")``);
+a decision is self-contained (sampling plan, hand-off target, texts), so a graph resumed in a new
+process acts on it with :func:`read_decision` alone, without the policy file. Requires
+``langchain-core`` (installed with either extra, ``capgate[langgraph]`` or ``capgate[langchain]``).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal, Unpack
+from typing import Any, Literal, TypeVar, Unpack
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolCall, ToolMessage
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from capgate.core.backend import ChatMessage, Prompt
+from capgate.core.backend import ChatMessage
 from capgate.core.messages import chat_messages, content_text, tool_call_text
 from capgate.core.types import Decision
 from capgate.gate import Gate, GateOptions, Verdict
@@ -45,7 +41,8 @@ __all__ = [
     "tool_call_query",
 ]
 
-# --------------------------------------------------------------------------- texts
+_ResponseT = TypeVar("_ResponseT", bound=BaseModel)
+
 
 TOOL_ABSTAINED = "The tool call {tool} was not run: {message}"
 """Tool result the model sees when the policy abstains on a tool call."""
@@ -64,9 +61,6 @@ ESCALATION_REJECTED = "A human reviewer declined to have this answered.{reason}"
 
 def _reason(message: str | None) -> str:
     return f" Reason: {message}" if message else ""
-
-
-# --------------------------------------------------------------------------- human-in-the-loop
 
 
 class ClarifyRequest(BaseModel):
@@ -144,13 +138,7 @@ class EscalationResponse(BaseModel):
         return self
 
 
-def _interrupt_supports_schema() -> bool:
-    from langgraph.types import interrupt
-
-    return "response_schema" in inspect.signature(interrupt).parameters
-
-
-def ask_human(payload: BaseModel, schema: type[BaseModel]) -> Any:
+def ask_human(payload: BaseModel, schema: type[_ResponseT]) -> _ResponseT:
     """Pause the graph with ``payload`` (as JSON) until it resumes with a value valid for ``schema``.
 
     The schema is attached to the interrupt (LangGraph's ``response_schema``, where the installed
@@ -159,18 +147,11 @@ def ask_human(payload: BaseModel, schema: type[BaseModel]) -> Any:
     from langgraph.types import interrupt
 
     value = payload.model_dump(mode="json")
-    if _interrupt_supports_schema():
+    if "response_schema" in inspect.signature(interrupt).parameters:
         answer = interrupt(value, response_schema=schema)
     else:  # pragma: no cover - older langgraph
         answer = interrupt({**value, "response_schema": schema.model_json_schema()})
     return schema.model_validate(answer)
-
-
-# --------------------------------------------------------------------------- acting on decisions
-
-
-def _query_json(query: Prompt) -> list[dict[str, Any]] | str:
-    return query if isinstance(query, str) else [dict(m) for m in query]
 
 
 def ask_clarification(verdict: Verdict, *, tool_call: Mapping[str, Any] | None = None) -> ClarifyResponse:
@@ -181,8 +162,7 @@ def ask_clarification(verdict: Verdict, *, tool_call: Mapping[str, Any] | None =
         decision=decision.model_dump(mode="json"),
         tool_call=dict(tool_call) if tool_call is not None else None,
     )
-    reply: ClarifyResponse = ask_human(request, ClarifyResponse)
-    return reply
+    return ask_human(request, ClarifyResponse)
 
 
 def ask_review(verdict: Verdict, *, tool_call: Mapping[str, Any] | None = None) -> EscalationResponse:
@@ -193,11 +173,10 @@ def ask_review(verdict: Verdict, *, tool_call: Mapping[str, Any] | None = None) 
         summary=decision.text,
         to=decision.to,
         decision=decision.model_dump(mode="json"),
-        query=_query_json(verdict.query),
+        query=verdict.query if isinstance(verdict.query, str) else [dict(m) for m in verdict.query],
         tool_call=dict(tool_call) if tool_call is not None else None,
     )
-    review: EscalationResponse = ask_human(request, EscalationResponse)
-    return review
+    return ask_human(request, EscalationResponse)
 
 
 def review_reply(review: EscalationResponse) -> str:
@@ -242,8 +221,6 @@ def tool_call_query(messages: Sequence[BaseMessage], call: Mapping[str, Any]) ->
     return query
 
 
-# --------------------------------------------------------------------------- gating tool calls
-
 ToolResult = Any  # ToolMessage | Command
 Execute = Callable[[Any], ToolResult]
 AExecute = Callable[[Any], Awaitable[ToolResult]]
@@ -270,9 +247,6 @@ class ToolCallGate:
       by vote (recorded in state) runs; a resample decided here raises ``ValueError`` (gate tool
       calls where the model is called, with the middleware).
 
-    With the gate's ``on_block="raise"``, abstain / clarify / escalate raise the matching
-    :class:`~capgate.GateBlocked` instead.
-
     A decision made here is remade when the graph resumes after an interrupt (LangGraph re-runs
     the node), so use a deterministic estimator (a probe) or store decisions in state first.
 
@@ -282,8 +256,9 @@ class ToolCallGate:
         decisions_key: State key of the stored per-call decisions.
         messages_key: State key of the conversation.
         **settings: The gate settings (:class:`~capgate.gate.GateOptions`), as for
-            :func:`capgate.guard`; ``tool`` is replaced by each call's tool name, ``on_block``
-            ``"return"`` gives the model a tool result saying why the tool did not run.
+            :func:`capgate.guard`; ``tool`` is replaced by each call's tool name. ``on_block``
+            ``"return"`` gives the model a tool result saying why the tool did not run;
+            ``"raise"`` raises the matching :class:`~capgate.GateBlocked` instead.
 
     Raises:
         SettingsError: A bad setting, or ``gate=`` together with settings.
@@ -304,13 +279,9 @@ class ToolCallGate:
     def __repr__(self) -> str:
         return f"ToolCallGate(gate={self.gate!r})"
 
-    # ---------------------------------------------------------------- pure parts
-
     def _state(self, request: Any) -> Mapping[str, Any]:
         state = request.state
-        if isinstance(state, Mapping):
-            return state
-        return dict(getattr(state, "__dict__", {}))
+        return state if isinstance(state, Mapping) else dict(getattr(state, "__dict__", {}))
 
     def _stored(self, request: Any) -> tuple[Decision, bool] | None:
         table = self._state(request).get(self.decisions_key) or {}
@@ -371,8 +342,6 @@ class ToolCallGate:
             stored = (verdict.decision, False)
         result = self._act(request, *stored)
         return (yield execute) if result is None else result
-
-    # ---------------------------------------------------------------- I/O
 
     def __call__(self, request: Any, execute: Execute) -> ToolResult:
         """Sync wrapper (LangGraph's ``wrap_tool_call`` signature)."""

@@ -1,34 +1,30 @@
-"""LangChain 1.x integration: the :class:`CapabilityGate` middleware for ``create_agent``
-(:class:`~capgate.adapters.agents.chat_model.CapgateChatModel`, a chat model over any capgate
-backend, lives beside it, and so do capgate's pieces for LangChain's own hooks,
-:mod:`capgate.adapters.agents.langchain_hooks`: ``CapabilityApproval``, ``CapgateDecisionModel``,
-``choose_model_by_capability``).
+"""LangChain 1.x integration: the :class:`CapabilityGate` middleware for ``create_agent``, beside
+:class:`~capgate.adapters.agents.chat_model.CapgateChatModel` (a chat model over any capgate
+backend) and the pieces for LangChain's own hooks (:mod:`capgate.adapters.agents.langchain_hooks`:
+``CapabilityApproval``, ``CapgateDecisionModel``, ``choose_model_by_capability``).
 
 ``CapabilityGate`` gates every model step of an agent by the model's predicted capability:
 
 * ``before_model`` estimates the step (the conversation so far) and applies the policy:
-  ``abstain`` ends the run (``jump_to: "end"``) with an AI message carrying the abstain text;
+  ``abstain`` ends the run (``jump_to: "end"``) with the abstain text as an AI message;
   ``clarify`` and ``escalate`` pause with ``interrupt()`` (a ``ClarifyRequest`` /
-  ``EscalationRequest`` of :mod:`capgate.adapters.agents.hitl`; resume with
-  ``Command(resume=...)`` holding a ``ClarifyResponse`` / ``EscalationResponse``). A
-  clarification joins the conversation
-  and the step is estimated again (up to ``max_clarifications`` rounds); an escalation's
-  ``reply`` answers the user, ``approve`` lets the model answer, ``reject`` declines.
+  ``EscalationRequest`` of :mod:`capgate.adapters.agents.hitl`; resume with ``Command(resume=...)``
+  holding a ``ClarifyResponse`` / ``EscalationResponse``). A clarification joins the conversation
+  and the step is estimated again (up to ``max_clarifications`` rounds); an escalation's ``reply``
+  answers the user, ``approve`` lets the model answer, ``reject`` declines.
 * ``wrap_model_call`` carries out ``resample``: the model handler is called repeatedly under CAS
-  (each call one sample; text answers grouped by ``extract``, tool-call proposals by their exact
-  calls) and the winning response is kept. It then gates each proposed tool call (the
-  conversation plus the call is the query, ``tool=`` its name; a ``resample`` there redraws the
-  proposal the same way) and stores the per-call decisions in state.
+  (text answers grouped by ``extract``, tool-call proposals by their exact calls) and the winning
+  response is kept. It then gates each proposed tool call (the conversation plus the call, with
+  ``tool=`` its name; a ``resample`` there redraws the proposal the same way) and stores the
+  per-call decisions in state.
 * ``wrap_tool_call`` acts on those decisions before a tool runs
-  (:class:`~capgate.adapters.agents.hitl.ToolCallGate`): run it, ask the user, escalate for
-  approval, or abstain.
+  (:class:`~capgate.adapters.agents.hitl.ToolCallGate`).
 
-Every hook has an async twin (``abefore_model``, ``awrap_model_call``, ``awrap_tool_call``); each
-hook's logic is one I/O-free flow that both twins drive. With ``on_block="raise"`` a blocked step
-raises the matching :class:`~capgate.GateBlocked` instead.
-Decisions are stored in state as JSON (``capgate_decision``, ``capgate_estimate``,
-``capgate_tool_decisions``); ``middleware.gate.stats`` counts what the gate did.
-The agent's model (:func:`model_target`, read at its model calls; a step decided before the
+Every hook has an async twin (``abefore_model``, ``awrap_model_call``, ``awrap_tool_call``) driving
+the same I/O-free flow. With ``on_block="raise"`` a blocked step raises the matching
+:class:`~capgate.GateBlocked` instead. Decisions are stored in state as JSON (``capgate_decision``,
+``capgate_estimate``, ``capgate_tool_decisions``); ``middleware.gate.stats`` counts what the gate
+did. The agent's model (:func:`model_target`, read at its model calls; a step decided before the
 first one is logged at that call) is each logged decision's ``target``, and an estimator of
 another model is refused before the model is called, unless ``allow_other_target=True``.
 
@@ -62,6 +58,7 @@ from langchain.agents.middleware.types import ExtendedModelResponse, hook_config
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
 
+from capgate._util.validate import check_int_at_least
 from capgate.adapters.agents import hitl
 from capgate.adapters.agents.chat_model import CapgateChatModel
 from capgate.adapters.agents.langchain_hooks import (
@@ -178,14 +175,10 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         self.models = dict(models) if models is not None else {}
         if not isinstance(gate_tools, bool):
             raise SettingsError(f"`gate_tools` must be True or False; got {gate_tools!r}")
-        if (
-            isinstance(max_clarifications, bool)
-            or not isinstance(max_clarifications, int)
-            or max_clarifications < 0
-        ):
-            raise SettingsError(
-                f"`max_clarifications` must be a non-negative integer; got {max_clarifications!r}"
-            )
+        try:
+            check_int_at_least("max_clarifications", max_clarifications, 0, "a non-negative integer")
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
         self.gate_tools = gate_tools
         self.max_clarifications = max_clarifications
         self.tool_gate = hitl.ToolCallGate(gate=self.gate)
@@ -225,8 +218,6 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         """What the gate has done so far (model steps and tool calls)."""
         return self.gate.stats
 
-    # ------------------------------------------------------------------ shared logic (no I/O)
-
     @staticmethod
     def _thread() -> str | None:
         try:
@@ -249,30 +240,23 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         while len(self._memo) > 512:
             self._memo.popitem(last=False)
 
-    def _outcome(self, verdict: Verdict, added: list[BaseMessage]) -> dict[str, Any]:
-        """The state update for a model-step verdict that needs no human."""
+    def _outcome(
+        self, verdict: Verdict, added: list[BaseMessage], review: hitl.EscalationResponse | None = None
+    ) -> dict[str, Any]:
+        """The state update for a model-step verdict (and the reviewer's ``review`` of an escalation)."""
         update = hitl.decision_records(verdict)
-        if verdict.action in ("abstain", "clarify"):  # clarify: out of rounds, ask in the chat
-            update["messages"] = [*added, AIMessage(self.gate.block(verdict).message)]
+        reply = None
+        if review is not None:
+            update["capgate_human"] = review.model_dump(mode="json")
+            reply = None if review.decision == "approve" else hitl.review_reply(review)
+        elif verdict.action in ("abstain", "clarify"):  # clarify: out of rounds, ask in the chat
+            reply = self.gate.block(verdict).message
+        if reply is not None:
+            update["messages"] = [*added, AIMessage(reply)]
             update["jump_to"] = "end"
         elif added:
             update["messages"] = added
         return update
-
-    def _escalated(
-        self, verdict: Verdict, added: list[BaseMessage], review: hitl.EscalationResponse
-    ) -> dict[str, Any]:
-        update = hitl.decision_records(verdict)
-        update["capgate_human"] = review.model_dump(mode="json")
-        if review.decision == "approve":
-            if added:
-                update["messages"] = added
-            return update
-        update["messages"] = [*added, AIMessage(hitl.review_reply(review))]
-        update["jump_to"] = "end"
-        return update
-
-    # ------------------------------------------------------------------ before_model
 
     def _before_model_flow(self, state: CapabilityGateState) -> Flow[dict[str, Any] | None]:
         added: list[BaseMessage] = []
@@ -295,7 +279,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
                 continue
             if verdict.action == "escalate":
                 self.gate.block(verdict)
-                return self._escalated(verdict, added, hitl.ask_review(verdict))
+                return self._outcome(verdict, added, hitl.ask_review(verdict))
             return self._outcome(verdict, added)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -309,10 +293,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         """Async twin of :meth:`before_model` (uses the estimator's ``aestimate``)."""
         return await adrive(self._before_model_flow(state))
 
-    # ------------------------------------------------------------------ wrap_model_call
-
-    def _step_verdict(self, request: ModelRequest[Any]) -> Verdict | None:
-        decision = hitl.read_decision(cast("Mapping[str, Any] | None", request.state.get("capgate_decision")))
+    def _step_verdict(self, request: ModelRequest[Any], decision: Decision | None) -> Verdict | None:
         if decision is None or decision.action != "resample":
             return None
         return self._stamped(Verdict(decision=decision, query=as_query(request.messages, where="messages")))
@@ -351,8 +332,8 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
 
     def _model_call_flow(self, request: ModelRequest[Any], draw: Invoke) -> Flow[ModelResult]:
         voted = False
-        step = self._step_verdict(request)
         stored = hitl.read_decision(cast("Mapping[str, Any] | None", request.state.get("capgate_decision")))
+        step = self._step_verdict(request, stored)
         unlogged = self._unlogged.pop(stored.id, None) if stored is not None else None
         stamped = None if step is None else self._restamped(stored, step)
         if unlogged is not None and step is None:  # a resample is logged with its samples below
@@ -368,10 +349,8 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
             voted = True
         else:
             response = yield draw
-        if not self.gate_tools:
-            return self._finish(response, {}, voted, stamped)
-        message = _response_message(response)
-        if not message.tool_calls:
+        message = _response_message(response) if self.gate_tools else None
+        if message is None or not message.tool_calls:
             return self._finish(response, {}, voted, stamped)
         ids = [c["id"] or "" for c in message.tool_calls]
         verdicts = dict(zip(ids, (yield self._tool_assessments(request, message)), strict=True))
@@ -390,8 +369,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
 
     def _routed(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
         """The request with the chosen model, when the step's decision routed it."""
-        stored = cast("Mapping[str, Any] | None", request.state.get("capgate_decision"))
-        decision = hitl.read_decision(stored)
+        decision = hitl.read_decision(cast("Mapping[str, Any] | None", request.state.get("capgate_decision")))
         if decision is None or decision.route is None:
             return request
         if decision.route not in self.models:
@@ -420,8 +398,6 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         self._see(request)
         request = self._routed(request)
         return await adrive(self._model_call_flow(request, Invoke(lambda: handler(request))))
-
-    # ------------------------------------------------------------------ wrap_tool_call
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], ToolMessage | Command[Any]]) -> Any:
         """Act on the tool call's decision before it runs (see ``hitl.ToolCallGate``)."""

@@ -1,16 +1,12 @@
 """capgate in LangChain's own hooks: approval on low capability, a decision model, model routing.
 
-* :class:`CapabilityApproval` is a ``when`` predicate for ``HumanInTheLoopMiddleware``'s
-  ``InterruptOnConfig``: a tool call asks for a human's approval only when the predicted
-  capability of that step (the conversation plus the proposed call, gated with ``tool=`` its name)
-  is below the policy's edge, and also when no estimate can be had (fail closed).
-* :class:`CapgateDecisionModel` is a ``langchain_core.decisions.BaseDecisionModel``: it answers a
-  ``Noul`` ("will the model answer this correctly?") with the capability estimate as the
-  probability, a ``Score`` with the same estimate on the rubric, and a ``Choice`` among model
-  choices by routing (below), so capgate stands wherever LangChain takes a decision model.
-* :func:`choose_model_by_capability` is LangChain's ``ModelRouterMiddleware`` with a capgate decision
-  model as its classifier: with one estimator per model choice (``routes``), each run goes to the
-  cheapest choice whose predicted capability clears the edge, else to the strongest.
+* :class:`CapabilityApproval`: a ``when`` predicate for ``HumanInTheLoopMiddleware``'s
+  ``InterruptOnConfig`` that asks a human only when capability is low, or unknown (fail closed).
+* :class:`CapgateDecisionModel`: a ``langchain_core.decisions.BaseDecisionModel`` answering with
+  capability estimates, so capgate stands wherever LangChain takes a decision model.
+* :func:`choose_model_by_capability`: LangChain's ``ModelRouterMiddleware`` with that decision
+  model as its classifier: each run goes to the cheapest model choice predicted capable (one
+  estimator per choice, ``routes``), else to the strongest.
 
 The *edge* is the lower edge of the policy's answer band for the step or tool (``edge=`` sets it
 instead). Install with ``pip install 'capgate[langchain]'``.
@@ -95,9 +91,6 @@ def _assess_flow(gate: Gate, query: Prompt) -> Flow[Verdict]:
     return verdict
 
 
-# --------------------------------------------------------------------------- approval
-
-
 class CapabilityApproval:
     """A ``when`` predicate for ``InterruptOnConfig``: ask a human only when capability is low.
 
@@ -173,9 +166,6 @@ class CapabilityApproval:
         while len(self._memo) > 512:
             self._memo.popitem(last=False)
         return ask
-
-
-# --------------------------------------------------------------------------- decision model
 
 
 def _state_query(state: State) -> Prompt:
@@ -280,9 +270,8 @@ class CapgateDecisionModel(BaseDecisionModel):
         for key, question in questions.items():
             if isinstance(question, Choice):
                 name, plan, _ = routes[key]
-                p = plan.p.get(name)
                 probabilities = {label: float(label == name) for label in question.criteria}
-                confidence = p if p is not None else 0.0
+                confidence = plan.p.get(name) or 0.0
                 answers[key] = ChoiceAnswer(
                     type="choice", choice=name, probabilities=probabilities, confidence=confidence
                 )
@@ -300,12 +289,13 @@ class CapgateDecisionModel(BaseDecisionModel):
                 score = _score(estimate.p, len(question.criteria))
                 legend = dict(enumerate(question.criteria))
                 answers[key] = score.model_copy(update={"legend": legend})
-        usage = None
+        usage, request_id = None, None
         if verdict is not None:
             cost = verdict.estimate.cost
             usage = {"input_tokens": cost.prompt_tokens, "output_tokens": cost.completion_tokens}
+            request_id = verdict.decision.id
         return ClassifierResponse.model_validate(
-            {"model": self.model, "answers": answers, "usage": usage, "request_id": _request_id(verdict)}
+            {"model": self.model, "answers": answers, "usage": usage, "request_id": request_id}
         )
 
     @staticmethod
@@ -336,13 +326,6 @@ class CapgateDecisionModel(BaseDecisionModel):
 
     async def _aclassify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
         return await adrive(self._classify_flow(state, questions))
-
-
-def _request_id(verdict: Verdict | None) -> str | None:
-    return verdict.decision.id if verdict is not None else None
-
-
-# --------------------------------------------------------------------------- routing
 
 
 def choose_model_by_capability(

@@ -5,12 +5,10 @@ escalation, and a tool-call gate for ``ToolNode``.
   and writes the estimate and the policy's decision into state (as JSON dicts).
 * :func:`branch_on_decision` (or :func:`decision_branch` for another key) branches on the
   decided action in ``add_conditional_edges``.
-* :func:`capability_subgraph` returns an **uncompiled** ``StateGraph``
-  (estimate → answer | abstain | clarify | escalate | resample) that the caller compiles with its
-  own checkpointer. ``clarify`` and ``escalate`` pause with ``interrupt()``; resume with
-  ``Command(resume=...)`` carrying a :class:`ClarifyResponse` / :class:`EscalationResponse`. With a
-  durable checkpointer (``SqliteSaver``) a pending escalation survives the process: a new process
-  resumes it from the same ``thread_id``.
+* :func:`capability_subgraph` returns an **uncompiled** ``StateGraph`` (estimate → answer | abstain
+  | clarify | escalate | resample) to compile with your checkpointer. With a durable one
+  (``SqliteSaver``) a pending escalation survives the process: a new process resumes it from the
+  same ``thread_id``.
 * :class:`ToolCallGate` gates tool calls in ``ToolNode(..., wrap_tool_call=...)``.
 
 Install with ``pip install 'capgate[langgraph]'``.
@@ -126,11 +124,7 @@ def _reader(query: QuerySource | None) -> Callable[[Mapping[str, Any]], Prompt]:
         return read
     if callable(source):
         fn = source
-
-        def read_with(state: Mapping[str, Any]) -> Prompt:
-            return as_query(fn(state), where="the query function's value")
-
-        return read_with
+        return lambda state: as_query(fn(state), where="the query function's value")
     raise TypeError(f"`query` must be a state key or a function of the state; got {query!r}")
 
 
@@ -202,8 +196,6 @@ branch_on_decision = decision_branch()
 ``"escalate"``, ``"resample"`` or ``"route"``."""
 
 
-# --------------------------------------------------------------------------- the subgraph
-
 AnswerNode: TypeAlias = Callable[..., Any] | Runnable[Any, Any]
 
 
@@ -267,9 +259,7 @@ def capability_subgraph(
     Args:
         answer: The node that calls the model and returns a state update (``{"messages": [...]}``).
         gate: A ready gate (or give the settings instead).
-        **settings: The gate settings (:class:`~capgate.gate.GateOptions`: ``policy``,
-            ``estimator``, ``step``, ``tool``, ``on_block``, ``log``, ``extract``), as for
-            :func:`capgate.guard`.
+        **settings: The gate settings, as for :func:`capability_node`.
         query: Where the query is (default: ``state["messages"]``).
         to_text: Reads the text of an update for voting (default: its last message's content).
         state_schema: The graph's state type (must have the keys of :class:`CapabilityState`).
@@ -358,9 +348,8 @@ def capability_subgraph(
     graph.add_node("clarify", clarify, destinations=("estimate",))
     graph.add_node("escalate", escalate, destinations=("answer", END))
     graph.add_edge(START, "estimate")
-    targets: dict[Hashable, str] = {
-        a: "answer" if a == "route" else a for a in ACTIONS
-    }  # a routed query is answered
+    # A routed query is answered.
+    targets: dict[Hashable, str] = {a: "answer" if a == "route" else a for a in ACTIONS}
     graph.add_conditional_edges("estimate", branch_on_decision, targets)
     for node in ("answer", "resample", "abstain"):
         graph.add_edge(node, END)

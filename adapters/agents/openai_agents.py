@@ -1,43 +1,38 @@
 """OpenAI Agents SDK integration: a capability input guardrail, and a triage agent that hands off.
 
-* :func:`capability_guardrail` builds an ``InputGuardrail``: it estimates the capability of the
-  agent's model on the run's input and applies the policy. ``answer`` (and ``resample``,
-  ``route``: a guardrail cannot redraw or switch models; see the triage agent) passes;
-  ``abstain``, ``clarify`` and ``escalate`` trip the wire (the SDK raises
-  ``InputGuardrailTripwireTriggered``) with a :class:`CapabilityCheck` (the
-  :class:`~capgate.Decision` and its message) in ``output_info``.
-* :func:`capability_triage` builds a triage ``Agent`` in front of yours, whose model is capgate's
-  decision (no LLM call): the run is handed off (a real SDK handoff) to your agent on ``answer``,
-  to the named agent on ``escalate`` (the policy's ``to:``, e.g. a human-review agent or a
-  stronger model), or to the agent of the model choice a ``route`` picks by predicted capability
-  (the gate's ``routes``, as the LangChain router does; a choice of *model* is
-  ``agent.clone(model=...)``). ``abstain``, ``clarify`` and an ``escalate`` with no agent wired
-  trip its blocking guardrail as above. It serves ``run``, ``run_sync`` and ``run_streamed``.
+* :func:`capability_guardrail` builds an ``InputGuardrail`` that estimates the capability of the
+  agent's model on the run's input and applies the policy. ``answer`` passes (so do ``resample``
+  and ``route``: a guardrail cannot redraw or switch models; see the triage agent); ``abstain``,
+  ``clarify`` and ``escalate`` trip the wire (``InputGuardrailTripwireTriggered``) with a
+  :class:`CapabilityCheck` (the :class:`~capgate.Decision` and its message) in ``output_info``.
+* :func:`capability_triage` builds a triage ``Agent`` in front of yours whose model is capgate's
+  decision (no LLM call): a real SDK handoff to your agent on ``answer``, to the named agent on
+  ``escalate`` (the policy's ``to:``, e.g. a human-review agent or a stronger model), or to the
+  agent of the model choice a ``route`` picks (the gate's ``routes``, as the LangChain router
+  does; a choice of *model* is ``agent.clone(model=...)``). ``abstain``, ``clarify`` and an
+  ``escalate`` with no agent wired trip its guardrail as above. It serves ``run``, ``run_sync``
+  and ``run_streamed``.
 
-Execution modes (the SDK's ``run_in_parallel``), and their cost:
+Execution modes (the SDK's ``run_in_parallel``):
 
-* ``run_in_parallel=True`` (the SDK default): the model call starts while capgate estimates, so
-  gating adds no latency to an answered run; a tripped run has spent the model's tokens (the SDK
-  cancels the call when the wire trips, but a hosted model bills what it generated). This is
-  capgate's speculative gating (``speculative=True`` elsewhere) in the SDK's own terms, and the
+* ``True`` (the SDK default): the model call starts while capgate estimates, so gating adds no
+  latency to an answered run, but a tripped run has spent the model's tokens (the SDK cancels the
+  call; a hosted model bills what it generated). This is capgate's speculative gating, and the
   decision records it (``speculation``, ``discarded`` when the wire trips).
-* ``run_in_parallel=False``: the estimate runs first; a tripped run spends nothing on the model,
-  every run waits for the estimate. The triage agent always decides first.
+* ``False``: the estimate runs first; a tripped run spends nothing on the model, every run waits.
+  The triage agent always decides first.
 
-An estimator that raises, hangs past ``estimate_timeout_s`` (default here
+An estimator that raises, hangs past ``estimate_timeout_s`` (default
 :data:`DEFAULT_ESTIMATE_TIMEOUT_S`; ``None`` waits forever) or returns an unavailable estimate
-gives a degraded decision that the policy's ``on_degraded`` acts on: never a crash of the run; a
-wrong setting raises :class:`~capgate.errors.SettingsError`. In shadow mode nothing trips: the
-decision is made in a worker thread beside the run and logged (``gate.flush()`` waits for it).
-The decision records the agent's model (:func:`target_of`) as its target, and an estimator of
-another model is refused as for :func:`capgate.guard` unless ``allow_other_target=True``.
-Decisions are logged and traced as elsewhere (OpenTelemetry), and each is a ``capgate.decision``
-custom span under the guardrail's span in the SDK's own trace.
+gives a degraded decision for the policy's ``on_degraded``, never a crashed run; a wrong setting
+raises :class:`~capgate.errors.SettingsError`. In shadow mode nothing trips: the decision is made
+in a worker thread beside the run and logged (``gate.flush()`` waits for it). The agent's model
+(:func:`target_of`) is the decision's target; an estimator of another model is refused as for
+:func:`capgate.guard` unless ``allow_other_target=True``. Each decision is logged, traced
+(OpenTelemetry) and a ``capgate.decision`` custom span under the guardrail's in the SDK's trace.
 
-No output guardrail is offered: capgate's estimators predict capability from the *query* (a probe
-on the prompt, verbalized confidence, P(True) to "are you able to answer?"); none scores a given
-response, and the SDK draws one response per run, so there are no samples to vote over. An output
-guardrail would re-estimate the input after the answer is paid for.
+No output guardrail is offered: capgate's estimators predict capability from the *query*, none
+scores a given response, and the SDK draws one response per run (no samples to vote over).
 
 Install with ``pip install 'capgate[openai-agents]'``.
 
@@ -125,9 +120,8 @@ def capability_guardrail(
 
     Args:
         gate: A ready :class:`~capgate.Gate` (or give the settings instead).
-        run_in_parallel: ``True`` (the SDK default): estimate while the model runs (no added
-            latency; a tripped run has spent the model's tokens). ``False``: estimate first (a
-            tripped run spends nothing on the model).
+        run_in_parallel: Estimate while the model runs (``True``, the SDK default) or first
+            (``False``): see the module's execution modes.
         name: The guardrail's name in the SDK's traces.
         **settings: The gate settings (:class:`~capgate.gate.GateOptions`): ``policy``,
             ``estimator``, ``log``, ``mode``, ``allow_other_target``, ``estimate_timeout_s``...
@@ -152,24 +146,6 @@ def capability_guardrail(
     )
 
 
-# --------------------------------------------------------------------------- triage
-
-
-def _handoff_call(tool: str) -> ResponseFunctionToolCall:
-    call_id = f"call_capgate_{uuid.uuid4().hex[:16]}"
-    return ResponseFunctionToolCall(
-        id=call_id, call_id=call_id, type="function_call", name=tool, arguments="{}"
-    )
-
-
-def _text(message: str) -> ResponseOutputMessage:
-    part = ResponseOutputText(text=message, type="output_text", annotations=[], logprobs=[])
-    return ResponseOutputMessage(
-        id=f"msg_capgate_{uuid.uuid4().hex[:16]}", type="message", role="assistant", status="completed",
-        content=[part],
-    )  # fmt: skip
-
-
 class _DecisionModel(Model):
     """The triage agent's model: no LLM call, a handoff to the agent the decision names."""
 
@@ -191,13 +167,20 @@ class _DecisionModel(Model):
         prompt: ResponsePromptParam | None,
     ) -> ModelResponse:
         name, message = await self.triage.choose(system_instructions, input)
+        uid = uuid.uuid4().hex[:16]
         if name is None:
-            item: Any = _text(message or "")
+            part = ResponseOutputText(text=message or "", type="output_text", annotations=[], logprobs=[])
+            item: Any = ResponseOutputMessage(
+                id=f"msg_capgate_{uid}", type="message", role="assistant", status="completed", content=[part]
+            )
         else:
             by_agent = {h.agent_name: h.tool_name for h in handoffs}
             if name not in by_agent:
                 raise SettingsError(f"the triage agent has no handoff to {name!r}; it has {sorted(by_agent)}")
-            item = _handoff_call(by_agent[name])
+            call_id = f"call_capgate_{uid}"
+            item = ResponseFunctionToolCall(
+                id=call_id, call_id=call_id, type="function_call", name=by_agent[name], arguments="{}"
+            )
         return ModelResponse(output=[item], usage=Usage(), response_id=None)
 
     async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:

@@ -1,13 +1,10 @@
 """A circuit breaker: stop calling a server that keeps failing, and say so.
 
-After ``failures`` attempts in a row fail with an outage (the server unreachable, timing out or
-answering 5xx), the circuit *opens*: every attempt fails at once with a :class:`BackendError`
-whose message says the circuit is open, why, and for how long, so estimators turn it into a
-degraded estimate with that reason instead of waiting on a dead server. After ``cooldown_s`` one
-trial attempt is let through (*half-open*); its success closes the circuit, its failure opens it
-for another cooldown. Attempts refused while the trial is in flight are worth a retry
-(:class:`CircuitOpenError` ``trial_in_flight``); those refused during the cooldown are not.
-Answers that show the server alive (2xx, 4xx, 429) reset the count.
+After ``failures`` outage attempts in a row (unreachable, time-out, 5xx) the circuit *opens*:
+every attempt fails at once with a :class:`BackendError` saying why and for how long, which
+estimators turn into a degraded estimate. After ``cooldown_s`` one trial attempt goes through
+(*half-open*): its success closes the circuit, its failure opens it again. Answers that show the
+server alive (2xx, 4xx, 429) reset the count.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from capgate._util.validate import check_positive_int
 from capgate.errors import BackendError
 
 
@@ -47,11 +45,9 @@ class CircuitBreaker:
     """
 
     def __init__(self, *, failures: int = 5, cooldown_s: float = 10.0) -> None:
-        if isinstance(failures, bool) or not isinstance(failures, int) or failures < 1:
-            raise ValueError(f"`failures` must be a positive integer; got {failures!r}")
+        self.failures = check_positive_int("failures", failures)
         if not cooldown_s > 0:
             raise ValueError(f"`cooldown_s` must be positive; got {cooldown_s!r}")
-        self.failures = failures
         self.cooldown_s = cooldown_s
         self._lock = threading.Lock()
         self._count = 0

@@ -1,10 +1,5 @@
-"""The OpenAI backend's failure policy without I/O: what to retry, how long to wait, what to say.
-
-429, 408 and 5xx responses, time-outs and connection errors are retried (tenacity) with
-exponential back-off and jitter, honouring ``Retry-After`` up to the longest back-off; other 4xx
-responses are not. A failure becomes a :class:`capgate.BackendError` naming the server, the
-status and the message.
-"""
+"""The OpenAI backend's failure policy without I/O: what to retry, how long to wait, what to say
+(the policy itself is described in :mod:`capgate.adapters.backends.openai`)."""
 
 from __future__ import annotations
 
@@ -47,11 +42,8 @@ def worth_retrying(exc: BaseException) -> bool:
 
 def retry_after_s(exc: BaseException | None) -> float | None:
     """Seconds asked for by a ``Retry-After`` header on an HTTP error, if any."""
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None)
-    if headers is None:
-        return None
-    value = headers.get("retry-after")
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    value = headers.get("retry-after") if headers is not None else None
     if not value:
         return None
     try:

@@ -1,9 +1,5 @@
-"""The OpenAI wire format without I/O: request arguments out, :class:`~capgate.Generation` s in.
-
-:class:`~capgate.adapters.backends.openai.OpenAIBackend` builds every request and reads every
-response here, once for its sync and async paths (which differ only in how they send). The chat
-completions API returns ``n`` samples per request; the Responses API one, so a prompt becomes
-``n`` jobs there.
+"""The OpenAI wire format without I/O: request arguments out, :class:`~capgate.Generation` s in,
+written once for :class:`~capgate.adapters.backends.openai.OpenAIBackend`'s sync and async paths.
 """
 
 from __future__ import annotations
@@ -29,12 +25,6 @@ class Job:
     kwargs: dict[str, Any]
     n: int
     max_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class _Usage:
-    prompt_tokens: int | None
-    completion_tokens: int | None
 
 
 def make_request(
@@ -129,8 +119,6 @@ def read_response(
             gens = _parse_chat(response, max_tokens, where)
         else:
             gens = _parse_responses(response, max_tokens)
-    except BackendError:
-        raise
     except (AttributeError, TypeError, ValueError, KeyError) as exc:
         raise BackendError(f"malformed response from {where}: {type(exc).__name__}: {exc}") from exc
     if len(gens) != n:
@@ -138,12 +126,11 @@ def read_response(
     return gens
 
 
-def _usage(usage: Any, prompt_field: str, completion_field: str) -> _Usage:
-    if usage is None:
-        return _Usage(None, None)
+def _usage(usage: Any, prompt_field: str, completion_field: str) -> tuple[int | None, int | None]:
+    """The (prompt, completion) token counts a response reports, ``None`` where missing."""
     p = getattr(usage, prompt_field, None)
     c = getattr(usage, completion_field, None)
-    return _Usage(p if isinstance(p, int) else None, c if isinstance(c, int) else None)
+    return (p if isinstance(p, int) else None, c if isinstance(c, int) else None)
 
 
 def _tokens(items: Any) -> list[TokenLogprob] | None:
@@ -171,22 +158,23 @@ def _generations(
     texts: list[str],
     tokens: list[list[TokenLogprob] | None],
     finish: list[str | None],
-    usage: _Usage,
+    usage: tuple[int | None, int | None],
     max_tokens: int | None,
 ) -> list[Generation]:
+    prompt_tokens, completion_tokens = usage
     counts: list[int]
     if all(t is not None for t in tokens):
         counts = [len(t or []) for t in tokens]
-    elif usage.completion_tokens is not None:
+    elif completion_tokens is not None:
         # Without logprobs the server reports only the total over all samples.
-        counts = _split_tokens(usage.completion_tokens, texts, finish, max_tokens)
+        counts = _split_tokens(completion_tokens, texts, finish, max_tokens)
     else:
         counts = [0] * len(texts)
     return [
         Generation(
             text=text,
             n_tokens=count,
-            prompt_tokens=usage.prompt_tokens or 0,
+            prompt_tokens=prompt_tokens or 0,
             mean_logprob=_mean_logprob(toks),
             tokens=toks,
             finish_reason=fin,

@@ -1,16 +1,14 @@
 """Generation that continues from a shared prefill (see :mod:`capgate.local.prefill`).
 
-``model.generate`` starts with one forward pass over the whole (left-padded) prompt batch into an
-empty KV cache. When every row's prompt has a live :class:`~capgate.local.prefill.PrefillEntry`, that
-pass is served from the entries instead: the rows' keys and values are left-padded with zeros
-(padding is masked, so its values never count) and written into generate's own cache, and the
-last position's logits are returned as the pass's logits. Everything after it (logits
-processors, sampling and its RNG draws, stopping) is generate's own code, so the tokens are the
-ones the normal path draws.
+``model.generate`` starts with one forward pass over the (left-padded) prompt batch into an empty
+KV cache. When every row's prompt has a live :class:`~capgate.local.prefill.PrefillEntry`, that pass
+is served from the entries: their keys and values, left-padded with zeros (padding is masked), go
+into generate's own cache and their last logits are returned. Everything after it (processors,
+sampling and its RNG draws, stopping) is generate's own code, so the tokens are the same.
 
-The interception is a thin wrapper around the model's ``forward``, installed once per model; it
-serves only a call staged by the same thread for exactly these input ids into an empty cache, and
-delegates every other call unchanged.
+A thin wrapper around the model's ``forward``, installed once per model, serves only a call
+staged by the same thread for exactly these input ids into an empty cache, and delegates every
+other call unchanged.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """A request's saved hidden states: reading the files, and turning them into probe features.
 
-The ground shared by the server featurizer (:mod:`capgate.adapters.backends.vllm_hidden_states`,
-which re-exports these names as its public ones) and the offline one
-(:mod:`capgate.adapters.backends.vllm`). Nothing here needs vllm: numpy, safetensors, and
-torch only for bfloat16 files.
+Shared by the server and offline featurizers; re-exported by
+:mod:`capgate.adapters.backends.vllm_hidden_states`. Needs no vllm (torch only for bfloat16 files).
 """
 
 from __future__ import annotations
@@ -131,13 +129,9 @@ def load_saved_hidden_states(path: str, *, remove: bool = True) -> tuple[np.ndar
 
     lock = path + ".lock"
     try:
-        try:
-            handle = open(lock)  # noqa: SIM115  (held across the read)
-        except FileNotFoundError:
-            handle = None
-        try:
-            if handle is not None:
-                fcntl.flock(handle, fcntl.LOCK_SH)
+        with contextlib.ExitStack() as held:  # the lock, if there is one, is held across the read
+            with contextlib.suppress(FileNotFoundError):
+                fcntl.flock(held.enter_context(open(lock)), fcntl.LOCK_SH)
             try:
                 from safetensors.numpy import load_file
 
@@ -146,9 +140,6 @@ def load_saved_hidden_states(path: str, *, remove: bool = True) -> tuple[np.ndar
                 from safetensors.torch import load_file as load_torch
 
                 data = {k: v.float().numpy() for k, v in load_torch(path).items()}
-        finally:
-            if handle is not None:
-                handle.close()
         states = np.asarray(data["hidden_states"], dtype=np.float32)
         token_ids = [int(t) for t in np.asarray(data["token_ids"]).tolist()]
     except (OSError, KeyError) as exc:

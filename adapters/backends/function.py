@@ -1,11 +1,10 @@
 """Plain functions as backends, so that CAS can drive any code that calls a model.
 
-The sampling loop (:func:`~capgate.cas.adaptive_sample`) talks to a :class:`~capgate.Backend`.
-A function that draws one response per call (an LLM client call, a LangGraph node, a LangChain
-model handler) becomes one with :class:`FunctionBackend` (sync) or :class:`AsyncFunctionBackend`
-(async): each call is one sample. The backend keeps every value it drew, in draw order, so
-that the caller gets back the *original* object (a string, a chat message, a state update) whose
-answer won the vote, not only the winning answer text.
+A function drawing one response per call (an LLM client call, a LangGraph node, a LangChain model
+handler) becomes a :class:`~capgate.Backend` for :func:`~capgate.cas.adaptive_sample` with
+:class:`FunctionBackend` (sync) or :class:`AsyncFunctionBackend` (async), each call one sample.
+The backend keeps every value drawn, in order, so the caller gets back the *original* object (a
+string, a chat message, a state update) whose answer won the vote, not only its text.
 
 Examples:
     >>> import itertools

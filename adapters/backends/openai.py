@@ -1,10 +1,7 @@
 """A backend for any OpenAI-compatible server: OpenAI itself, vLLM, llama.cpp, SGLang, LiteLLM...
 
 :class:`OpenAIBackend` implements both :class:`capgate.Backend` (``generate``) and
-:class:`capgate.AsyncBackend` (``agenerate``). As in httpx, everything that does no I/O (building
-requests, reading responses: ``_openai_wire``; deciding what to retry, wording errors:
-``_openai_retry``) is written once; the sync and async paths differ only in how they send a
-request and wait.
+:class:`capgate.AsyncBackend` (``agenerate``), which differ only in how they send and wait.
 
 The chat-completions API is the primary path: one request per prompt asks for ``n`` samples at
 once and returns per-token ``logprobs``/``top_logprobs``, honours ``seed`` and ``stop``. With
@@ -69,11 +66,8 @@ _OPENAI: list[Any] = []
 
 
 def _import_openai() -> Any:
-    """``import openai`` (seconds, the first time), run in a worker thread by the async path.
-
-    While one thread imports it, ``sys.modules`` already holds the half-made module; concurrent
-    callers wait on the import lock here, in their own threads, never on the event loop.
-    """
+    """``import openai`` (seconds, the first time), run in a worker thread by the async path:
+    concurrent callers wait on the import lock in their own threads, never on the event loop."""
     import openai
 
     if not _OPENAI:
@@ -190,8 +184,6 @@ class OpenAIBackend:
     def _where(self) -> str:
         return self.base_url_ or "api.openai.com"
 
-    # ------------------------------------------------------------------ requests (no I/O)
-
     def build_request(self, messages: Sequence[ChatMessage], params: SamplingParams) -> dict[str, Any]:
         """The keyword arguments of one request for ``messages`` under ``params`` (no I/O).
 
@@ -208,17 +200,11 @@ class OpenAIBackend:
 
     def _jobs(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Job]:
         jobs: list[Job] = []
+        copies, n = (1, params.n) if self.api == "chat" else (params.n, 1)  # the Responses API has no n
         for i, prompt in enumerate(prompts):
             kwargs = self.build_request(as_messages(prompt), params)
-            if self.api == "chat":
-                jobs.append(Job(index=i, kwargs=kwargs, n=params.n, max_tokens=params.max_tokens))
-            else:
-                jobs.extend(
-                    Job(index=i, kwargs=kwargs, n=1, max_tokens=params.max_tokens) for _ in range(params.n)
-                )
+            jobs.extend(Job(index=i, kwargs=kwargs, n=n, max_tokens=params.max_tokens) for _ in range(copies))
         return jobs
-
-    # ------------------------------------------------------------------ responses (no I/O)
 
     def parse_response(self, response: Any, n: int, *, max_tokens: int | None = None) -> list[Generation]:
         """Turn one SDK response object into ``n`` :class:`Generation` s (no I/O).
@@ -228,8 +214,6 @@ class OpenAIBackend:
         """
         return read_response(response, n, api=self.api, where=self._where, max_tokens=max_tokens)
 
-    # ------------------------------------------------------------------ retries and errors (no I/O)
-
     def _retry_settings(self) -> dict[str, Any]:
         return retry_settings(
             max_retries=self.max_retries, backoff_initial=self.backoff_initial, backoff_max=self.backoff_max
@@ -237,8 +221,6 @@ class OpenAIBackend:
 
     def _as_backend_error(self, exc: BaseException, attempts: int) -> BackendError:
         return as_backend_error(exc, attempts, where=self._where, timeout=self.timeout)
-
-    # ------------------------------------------------------------------ sync I/O
 
     def _client(self) -> Any:
         with self._lock:
@@ -302,8 +284,6 @@ class OpenAIBackend:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ async I/O
-
     async def _aclient(self) -> tuple[Any, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
         state = self._async_state
@@ -359,13 +339,9 @@ class OpenAIBackend:
 
 
 async def _closed_with_loop(client: Any) -> AsyncGenerator[None, None]:
-    """Held open while its event loop runs; closes ``client`` on that loop when the loop shuts its
-    async generators down (``asyncio.run`` does, before closing the loop).
-
-    Without it an ``AsyncOpenAI`` client outlives the loop it was made on (a script that calls
-    ``asyncio.run`` twice with one backend): when it is collected, the SDK schedules its close on
-    whatever loop then runs, which fails ("Event loop is closed") and prints a traceback.
-    """
+    """Closes ``client`` on its own loop when the loop shuts its async generators down (as
+    ``asyncio.run`` does). Otherwise a client outliving its loop (``asyncio.run`` called twice
+    with one backend) is closed on another loop when collected: "Event loop is closed"."""
     try:
         yield
     finally:

