@@ -69,8 +69,7 @@ try:
     __version__ = _metadata.version("capgate")
 except _metadata.PackageNotFoundError:  # a source tree put on the path without installing it
     __version__ = "0+unknown"
-"""The installed distribution's version (from its metadata, the one place it is declared:
-``pyproject.toml``); ``"0+unknown"`` when capgate is imported from a tree never installed."""
+"""The installed version (declared once, in ``pyproject.toml``); ``"0+unknown"`` if never installed."""
 
 __all__ = [
     "Abstained",

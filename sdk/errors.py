@@ -54,21 +54,16 @@ class DataError(CapgateError, ValueError):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        where = ""
+        where = "" if self.line is None else f"line {self.line}"
         if self.path is not None:
             where = self.path if self.line is None else f"{self.path}:{self.line}"
-        elif self.line is not None:
-            where = f"line {self.line}"
         parts = [p for p in (where, f"field {self.field!r}" if self.field else "") if p]
-        prefix = ": ".join(parts)
-        return f"{prefix}: {self.message}" if prefix else self.message
+        return ": ".join([*parts, self.message])
 
 
 class MessageError(CapgateError, TypeError):
     """A prompt or chat message list is malformed; the message says where (``query, message 2``).
-
-    A ``TypeError`` too, as a wrong type given to any Python function is.
-    """
+    A ``TypeError`` too, as a wrong type given to any Python function is."""
 
 
 class NotFittedError(CapgateError, AttributeError):
@@ -80,11 +75,9 @@ class NotFittedError(CapgateError, AttributeError):
 
 
 class SettingsError(CapgateError, ValueError, TypeError):
-    """A gate or integration setting has a wrong value or type, or conflicts with ``gate=``.
-
-    The message names the setting. It is both a ``ValueError`` and a ``TypeError``, so callers
-    that catch either (scikit-learn and LangChain raise ``ValueError`` for bad settings; Python
-    raises ``TypeError`` for a wrong type) catch it.
+    """A gate or integration setting (named in the message) has a wrong value or type, or conflicts
+    with ``gate=``. Both a ``ValueError`` (what scikit-learn and LangChain raise for bad settings)
+    and a ``TypeError`` (what Python raises for a wrong type), so callers catching either catch it.
     """
 
 
@@ -93,10 +86,8 @@ class ProbeMismatchError(CapgateError, ValueError):
 
 
 class BackendError(CapgateError, RuntimeError):
-    """A model backend could not produce a generation (after any retries it makes).
-
-    Estimators catch it and return a degraded :class:`~capgate.Estimate` naming it; code that
-    calls a backend directly sees it raised.
+    """A model backend could not produce a generation (after any retries it makes). Estimators
+    catch it and return a degraded :class:`~capgate.Estimate` naming it.
 
     Args:
         message: What failed, including the last underlying error.
@@ -125,10 +116,10 @@ class LogUnavailableError(CapgateError, RuntimeError):
     """The decision log could not be written or read: its database is down, unreachable, locked
     beyond its wait, or did not answer within its time limit.
 
-    A :class:`~capgate.Gate` catches it when it logs a decision: the decision is still returned,
-    the failure is counted in ``gate.stats.log_failures`` and logged as a warning, and the decision
-    waits in the log's spill file (:mod:`capgate.decision.store.spill`), unless the log was opened with
-    ``fail_closed=True``, in which case the gated call raises it.
+    A :class:`~capgate.Gate` logging a decision catches it: the decision is still returned, the
+    failure counted in ``gate.stats.log_failures`` and logged as a warning, and the decision kept in
+    the log's spill file (:mod:`capgate.decision.store.spill`); with ``fail_closed=True`` the gated
+    call raises it instead.
 
     Args:
         message: What failed, including the underlying error.

@@ -142,9 +142,8 @@ pays off (:func:`capgate.local.models.bf16_pays_off`)."""
 
 
 def _feature_dtype(dtype: str, device: str, probe: LinearProbe) -> tuple[str, dict[str, Any]]:
-    """The reader's pass dtype: on request, else the fastest checked fast path where bfloat16 pays
-    off on this CPU, else float32; and how it was chosen (recorded in every estimate's details
-    as ``fast_path``, so two processes that chose differently can be told apart afterwards)."""
+    """The reader pass's dtype (see ``load_estimator``'s ``dtype``) and how it was chosen (each
+    estimate's ``details["fast_path"]``, so processes that chose differently can be told apart)."""
     if dtype != "auto":
         return dtype, {"dtype": dtype, "chosen_by": "setting"}
     if device != "cpu":  # the model's own (bfloat16 or float16 on CUDA)
@@ -218,36 +217,35 @@ def load_estimator(
 
     The probe is capgate's estimator with learned state on disk (safetensors + JSON); the
     black-box estimators (verbalized, P(True), consistency) have none and are built directly
-    over a backend. ``load_estimator("default")`` loads the embedded SmolLM2-135M-Instruct and
-    the probe shipped with capgate for it, fully offline. For any other reader (an HF hub id or a
-    local folder), pass the folder of a probe trained on its features (``capgate probe fit``). The
-    probe's feature spec (model, weights fingerprint, layers, pooling, chat template) must match
-    the reader's featurizer, or loading refuses it with :class:`~capgate.ProbeMismatchError`. The
-    probe's *target* (the model whose capability it predicts, possibly a hosted one: a proxy
-    probe) is the estimator's ``target_model``; a gate with ``target=`` checks it.
+    over a backend. ``load_estimator("default")`` loads the embedded SmolLM2-135M-Instruct and its
+    shipped probe, fully offline; any other reader (an HF hub id or a local folder) needs the folder
+    of a probe trained on its features (``capgate probe fit``). The probe's feature spec (model,
+    weights fingerprint, layers, pooling, chat template) must match the reader's featurizer, else
+    :class:`~capgate.ProbeMismatchError`. The probe's *target* (the model whose capability it
+    predicts, possibly a hosted one: a proxy probe) is the estimator's ``target_model``; a gate
+    with ``target=`` checks it.
 
     Args:
         model: ``"default"``, a local model folder, or a Hugging Face model id.
         probe: Folder of a saved probe; required unless ``model`` is ``"default"``.
         device: Where to run the model.
         dtype: Precision. ``"auto"``: on CUDA the model in bfloat16 (float16 where bf16 is
-            missing); on the CPU the model in float32 and the probe's reader pass in a fast
-            format when bfloat16 pays off on the CPU (native, and a bfloat16 linear layer measured
-            at least 1.25x as fast as a float32 one: :func:`capgate.local.models.bf16_pays_off`) and the
-            probe records a passed check of that fast path against float32
-            (:class:`FastPathCheck`: on its held-out split, |Δp| <= 0.01 and the capability Brier
-            within ±0.0005): ``"bfloat16"`` if its check passed, else ``"bf16-mixed"`` (float32
-            with the MLP matmuls in bfloat16) if its check passed, else float32. An explicit
-            dtype loads the model in it and runs the pass in it (``"bf16-mixed"``: the model in
-            float32). Each estimate's ``details["dtype"]`` says which dtype its pass used (the
-            model's own when the pass was a shared prefill).
+            missing); on the CPU the model in float32, and the reader pass in ``"bfloat16"``, else
+            ``"bf16-mixed"`` (float32 with the MLP matmuls in bfloat16), the first whose
+            :class:`FastPathCheck` against float32 the probe records as passed (on its held-out
+            split, |Δp| <= 0.01 and the capability Brier within ±0.0005), when bfloat16 pays off on
+            this CPU (native, and a bfloat16 linear layer at least 1.25x as fast as a float32 one:
+            :func:`capgate.local.models.bf16_pays_off`); else float32. An explicit dtype loads the
+            model in it and runs the pass in it (``"bf16-mixed"``: the model in float32). Each
+            estimate's ``details["dtype"]`` says which dtype its pass used (the model's own when
+            the pass was a shared prefill).
         batch_size: Queries per forward pass when featurizing.
-        guard: Wrap the probe in :class:`~capgate.estimators.guarded.InjectionGuard`, so
-            capability claims and context in the query cannot lift the estimate: such estimates
-            come back ``degraded=True`` with a reason. Off by default: the default probe is itself
-            trained blind to claims of easiness (:class:`~capgate.estimators.NuisanceProjection`),
-            and the guard also flags some task-format asides such as "(A, B, C or D)" (6% of the
-            default held-out split; ``bench/injection_bench.py``, bench/RESULTS.md).
+        guard: Wrap the probe in :class:`~capgate.estimators.guarded.InjectionGuard`: estimates of
+            queries with capability claims or context that could lift them come back
+            ``degraded=True`` with a reason. Off by default: the default probe is itself trained
+            blind to claims of easiness (:class:`~capgate.estimators.NuisanceProjection`), and the
+            guard also flags some task-format asides such as "(A, B, C or D)" (6% of the default
+            held-out split; ``bench/injection_bench.py``, bench/RESULTS.md).
         calibration: A calibration learnt from a decision log (``capgate calibrate``'s folder, or
             a loaded :class:`capgate.learn.Calibration`), applied to the probe
             (:meth:`~capgate.learn.Calibration.apply`: a recalibration map, or the probe it

@@ -1,10 +1,8 @@
 """Atomic file and folder writes: a reader sees the old file or the new one, never a half-written mix.
 
-Every writer here follows the same steps: write a hidden temporary file in the target's folder,
-fsync it, ``os.replace`` it over the target, then fsync the folder so the rename itself is durable.
-If anything fails (or the process is interrupted) before the rename, the temporary file is removed
-and the target is untouched. A folder (:func:`atomic_folder`) is built under a hidden name and renamed
-into place once complete.
+A file is written as a hidden temporary file in the target's folder (created if needed), fsynced,
+``os.replace``-d over the target, then the folder is fsynced so the rename itself is durable. If
+anything fails before the rename, the temporary file is removed and the target is untouched.
 """
 
 from __future__ import annotations
@@ -34,9 +32,7 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str], *, suffix: str = ".tmp") -> Iterator[Path]:
     """A temporary path to write in place of ``path``; renamed over it when the block succeeds.
-
-    For writers that want a file name rather than a handle (``safetensors.save_file``). The
-    folder is created if needed; the file is fsynced before the rename.
+    For writers that want a file name rather than a handle (``safetensors.save_file``).
 
     Examples:
         >>> import tempfile, pathlib

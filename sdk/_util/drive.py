@@ -5,7 +5,6 @@ twins in step).
 params)``), receives the answer to each, and returns the result; it does everything but the I/O.
 :func:`drive` runs the steps with a blocking call and :func:`adrive` with an awaitable one, so a
 public function and its async twin differ only in which driver and which backend method they use.
-("Plan" is kept for what a decision decides: :class:`~capgate.SamplingPlan`, :class:`~capgate.RoutePlan`.)
 
 :func:`twin_of` gives both public functions the parameters of the steps they drive, written once:
 type checkers see them through a ``ParamSpec`` and ``inspect.signature`` / ``help()`` show them.
@@ -41,11 +40,8 @@ Steps: TypeAlias = Generator[Any, Any, R]
 def twin_of(
     template: Callable[P, object],
 ) -> Callable[[Callable[Concatenate[B, ...], R]], Callable[Concatenate[B, P], R]]:
-    """Give the decorated ``fn(backend, *args, **kwargs)`` the parameters of ``template`` after ``backend``.
-
-    The function itself is returned (still a coroutine function when it is one, with its own
-    docstring and examples); only its signature is taken from ``template``.
-    """
+    """Give the decorated ``fn(backend, *args, **kwargs)`` the parameters of ``template`` after
+    ``backend``; only its signature changes (it stays a coroutine function if it is one)."""
 
     def decorate(fn: Callable[Concatenate[B, ...], R]) -> Callable[Concatenate[B, P], R]:
         own = inspect.signature(fn)

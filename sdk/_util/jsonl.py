@@ -156,11 +156,8 @@ def note_unique_id(seen: dict[str, int], item_id: str, *, path: str | Path, line
 
 
 def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
-    """Write text lines to ``path`` atomically (gzip-compressed if it ends in ``.gz``).
-
-    A temporary file in the same folder is written and fsynced, then renamed over ``path``, so a
-    crash leaves either the old file or the new one, never a torn mix.
-    """
+    """Write text lines to ``path`` atomically (:func:`~capgate._util.atomic.atomic_open`),
+    gzip-compressed if it ends in ``.gz``."""
     with atomic_open(path) as raw:
         sink: IO[bytes] | gzip.GzipFile = raw
         if path.name.endswith(".gz"):
@@ -173,10 +170,9 @@ def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
 
 
 def json_ready(value: Any) -> Any:
-    """``value`` as plain JSON data: dataclasses and pydantic models as dicts, tuples and arrays
-    as lists, numpy scalars as numbers, dates as ISO text, paths as text, mapping keys as text,
-    and NaN or infinite floats as ``None`` (JSON has no such numbers). The one converter behind
-    every report's ``to_dict``.
+    """``value`` as plain JSON data, the converter behind every report's ``to_dict``: dataclasses
+    and pydantic models as dicts, tuples and arrays as lists, numpy scalars as numbers, dates, paths
+    and mapping keys as text, and NaN or infinite floats as ``None`` (JSON has no such numbers).
 
     Examples:
         >>> import numpy as np

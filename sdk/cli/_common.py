@@ -57,10 +57,10 @@ def command_group(name: str, description: str, *, invoke_without_command: bool =
     )
 
 
-def fail(message: str) -> NoReturn:
-    """Print ``error: message`` to stderr and exit with status 2."""
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """Print ``error: message`` to stderr and exit with status ``code`` (2: bad input)."""
     typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(EXIT_BAD_INPUT)
+    raise typer.Exit(code)
 
 
 def run_reporting_errors(action: Callable[[], T]) -> T:

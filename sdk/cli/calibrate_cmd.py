@@ -1,10 +1,5 @@
-"""``capgate calibrate``: learn a calibration from the decision log, then shadow, promote, roll back.
-
-``capgate calibrate --db LOG --out DIR`` writes a versioned calibration (:func:`capgate.learn.calibrate`)
-and prints the held-out table it was chosen on; ``shadow DIR`` runs it as a candidate beside the
-enforced version, ``promote DIR`` enforces it, ``rollback`` returns to the version before, and
-``status`` shows what is enforced and what shadows; each of these is recorded in the log.
-"""
+"""``capgate calibrate``: learn a calibration from the decision log (:func:`capgate.learn.calibrate`),
+then ``shadow``, ``promote`` or ``rollback`` it (each recorded in the log), or show the ``status``."""
 
 from __future__ import annotations
 
@@ -59,29 +54,18 @@ def _time(option: str, text: str | None) -> datetime | None:
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
-def _fmt(value: float | None, spec: str = ".4f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def _print_result(result: Any) -> None:
     from rich.table import Table
 
     from capgate.cli._common import console
 
     summary = result.summary
+    columns = ("candidate", "n", "fitted on", "Brier [95% CI]", "vs previous (bound)", "older, cross-fitted")
     table = Table(
+        *columns,
         title=f"held-out: the latest {summary['n_holdout']} of {summary['n']} outcomes "
-        f"({summary['window']['first']} .. {summary['window']['last']})"
+        f"({summary['window']['first']} .. {summary['window']['last']})",
     )
-    for name in (
-        "candidate",
-        "n",
-        "fitted on",
-        "Brier [95% CI]",
-        "vs previous (bound)",
-        "older, cross-fitted",
-    ):
-        table.add_column(name)
     for row in result.table:
         table.add_row(
             ("* " if row.chosen else "  ") + row.candidate,
@@ -89,7 +73,7 @@ def _print_result(result: Any) -> None:
             str(row.n_fit),
             f"{row.brier:.4f} [{row.brier_low:.4f}, {row.brier_high:.4f}]",
             "-" if row.candidate == "previous" else f"{row.diff:+.4f} (< {row.diff_high:+.4f})",
-            _fmt(row.crossfit_brier),
+            "-" if row.crossfit_brier is None else f"{row.crossfit_brier:.4f}",
         )
     console().print(table)
     for mode, actions in sorted(summary["counts"].items()):
@@ -164,8 +148,7 @@ def calibrate_command(
     from capgate.learn import calibrate
 
     start, end = _time("--since", since), _time("--until", until)
-    log = _open(db)
-    try:
+    with _open(db) as log:
         result = run_reporting_errors(
             lambda: calibrate(
                 log,
@@ -184,8 +167,6 @@ def calibrate_command(
                 seed=seed,
             )
         )
-    finally:
-        log.close()
     if as_json:
         typer.echo(json.dumps({"version": result.version, "kind": result.kind, **result.summary}, indent=2))
         return
@@ -196,8 +177,7 @@ def _event(event: str, db: str | None, folder: Path) -> None:
     from capgate.learn import Calibration
 
     calibration = run_reporting_errors(lambda: Calibration.load(folder))
-    log = _open(db)
-    try:
+    with _open(db) as log:
         active = run_reporting_errors(lambda: log.active_calibration(calibration.target))
         previous = None if active is None else active.version
         if event == "promote" and previous == calibration.version:
@@ -211,8 +191,6 @@ def _event(event: str, db: str | None, folder: Path) -> None:
                 previous=previous if event == "promote" else None,
             )
         )
-    finally:
-        log.close()
     what = "shadows the enforced version" if event == "shadow" else "is enforced"
     typer.echo(
         f"{calibration.version} ({calibration.kind}) {what} for target {calibration.target!r} "
@@ -242,12 +220,9 @@ def rollback_command(db: DbOption = None, target: TargetOpt = None) -> None:
 
     Without --target: the only target the log's calibration events name (else gates without one).
     """
-    log = _open(db)
-    try:
+    with _open(db) as log:
         target = _target(log, target)
         event = run_reporting_errors(lambda: log.rollback_calibration(target))
-    finally:
-        log.close()
     typer.echo(
         f"rolled back {event.previous} for target {target!r}: now {event.version or 'uncalibrated'}; "
         f"recorded in {log.location}"
@@ -264,14 +239,11 @@ def status_command(
 
     Without --target: the only target the log's calibration events name (else gates without one).
     """
-    log = _open(db)
-    try:
+    with _open(db) as log:
         target = _target(log, target)
         active = run_reporting_errors(lambda: log.active_calibration(target))
         candidate = run_reporting_errors(lambda: log.candidate_calibration(target))
         events = run_reporting_errors(lambda: log.calibration_events(target))
-    finally:
-        log.close()
 
     def show(e: Any) -> dict[str, Any] | None:
         if e is None:

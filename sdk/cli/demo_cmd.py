@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from capgate._util.jsonl import json_ready
-from capgate.cli._common import JsonFlag, JsonOut, console, fail, show_figures
+from capgate.cli._common import JsonFlag, JsonOut, console, fail, run_reporting_errors, show_figures
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -33,17 +33,11 @@ def time_change(seconds_added: float) -> str:
     return f"{-shown:.1f} s saved" if shown < 0 else f"{shown:+.1f} s added"
 
 
-def _pct(rate: Rate | None) -> str:
+def _pct(rate: Rate | None, spec: str = ".0%") -> str:
     """``42% [19%, 68%]`` (Wilson 95%), or ``n/a``."""
     if rate is None:
         return "n/a"
-    return f"{rate.value:.0%} [{rate.low:.0%}, {rate.high:.0%}]"
-
-
-def _pct1(rate: Rate | None) -> str:
-    if rate is None:
-        return "n/a"
-    return f"{rate.value:.1%} [{rate.low:.1%}, {rate.high:.1%}]"
+    return f"{rate.value:{spec}} [{rate.low:{spec}}, {rate.high:{spec}}]"
 
 
 def _shown(path: str) -> str:
@@ -165,8 +159,10 @@ def _print_replay(out: Console, r: ReplayReport) -> None:
     table.add_column("without the gate", justify="right")
     table.add_column("with the gate", justify="right")
     n = r.scored_questions
-    table.add_row("answered", f"{n} of {n}", f"{r.answered} of {n}: coverage {_pct1(r.coverage)}")
-    table.add_row("accuracy", _pct1(r.accuracy_all), f"{_pct1(r.accuracy_answered)} among answered")
+    table.add_row("answered", f"{n} of {n}", f"{r.answered} of {n}: coverage {_pct(r.coverage, '.1%')}")
+    table.add_row(
+        "accuracy", _pct(r.accuracy_all, ".1%"), f"{_pct(r.accuracy_answered, '.1%')} among answered"
+    )
     share = r.wrong_stopped / r.wrong_all if r.wrong_all else float("nan")
     table.add_row(
         "expected wrong answers",
@@ -298,7 +294,6 @@ def demo_command(
     a policy calibrated for a risk."""
     from capgate.demo.live import held_out_size
     from capgate.demo.replay import REPLAY_DATA, replay_math500
-    from capgate.errors import CapgateError
 
     if not live and not verbalized and not replay:
         fail("nothing to run: --no-live, --no-verbalized and --no-replay together")
@@ -312,16 +307,11 @@ def demo_command(
             "(it ships inside the package, capgate/assets; pass --replay-data)"
         )
     out = console()
-    live_report = None
-    if live:
-        live_report = _run_live(out, questions, seed, quiet=as_json)
+    live_report = _run_live(out, questions, seed, quiet=as_json) if live else None
     verbalized_report = _run_verbalized(seed) if verbalized else None
     replay_report = None
     if replay and replay_note is None:
-        try:
-            replay_report = replay_math500(data, risk=risk, seed=seed)
-        except (CapgateError, ValueError) as exc:
-            fail(str(exc))
+        replay_report = run_reporting_errors(lambda: replay_math500(data, risk=risk, seed=seed))
     written = _plot(plot, live_report, replay_report) if plot is not None else []
     document = {
         "schema": SCHEMA,
@@ -379,10 +369,9 @@ def _run_verbalized(seed: int) -> VerbalizedReport:
     from capgate.errors import CapgateError
     from capgate.estimators import VerbalizedConfidence
 
-    try:
-        require_extra("local", "the demo's verbalized part (--no-verbalized leaves it out)")
-    except CapgateError as exc:
-        fail(str(exc))
+    run_reporting_errors(
+        lambda: require_extra("local", "the demo's verbalized part (--no-verbalized leaves it out)")
+    )
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from capgate.cli._common import LocalModel
+from capgate.cli._common import LocalModel, fail
 from capgate.core.backend import Backend
 from capgate.errors import DataError
 
@@ -244,14 +244,11 @@ def harvest_command(
                 raise typer.BadParameter("several --base-url replicas need --ray", param_hint="--base-url")
             report = harvest(_make_backend(**target), items, out, grader=chosen_grader, **settings)
     except DataError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2) from None
+        fail(str(exc))
     except typer.BadParameter as exc:
-        typer.echo(f"error: {exc.format_message()}", err=True)
-        raise typer.Exit(code=2) from None
+        fail(exc.format_message())
     except (ModuleNotFoundError, ValueError, RuntimeError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=1) from None
+        fail(str(exc), code=1)
     done = report.n_resumed + report.n_new
     accuracy = report.n_correct / report.n_samples if report.n_samples else float("nan")
     summary = (

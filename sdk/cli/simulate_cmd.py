@@ -103,7 +103,7 @@ def simulate_cmd(
     query's graded samples when the file has them (the winner's correctness, the samples spent, the
     rule that stopped); the output says when a file has none and µ̂ is used instead.
     """
-    from capgate.decision.analysis.simulate import replay_policy, threshold_frontier
+    from capgate.decision.analysis.simulate import ACTIONS, replay_policy, threshold_frontier
     from capgate.labels.labelled import read_labelled
     from capgate.policies import PolicyError, load_policy
 
@@ -156,27 +156,16 @@ def simulate_cmd(
     )
     if unscored:
         typer.echo(f"({unscored} logged decisions have no outcome yet and are left out)")
-    header: tuple[str, ...] = (
-        "threshold",
-        "coverage",
-        "accuracy",
-        "answer",
-        "abstain",
-        "clarify",
-        "escalate",
-        "resample",
-        "samples/q",
-    )
+    actions = [a for a in ACTIONS if a != "route"]
     routes = any(row.rates["route"] > 0 for row in rows)  # a column only for policies that route
-    if routes:
-        header = (*header[:-1], "route", header[-1])
+    header = ("threshold", "coverage", "accuracy", *actions, *(["route"] if routes else []), "samples/q")
     typer.echo("  ".join(f"{h:>9}" for h in header))
     for row in rows:
         cells = [
             "as-is" if row.threshold is None else f"{row.threshold:.3f}",
             _cell(row.coverage, ".3f"),
             _cell(row.accuracy, ".4f"),
-            *(_cell(row.rates[a], ".3f") for a in ("answer", "abstain", "clarify", "escalate", "resample")),
+            *(_cell(row.rates[a], ".3f") for a in actions),
             *([_cell(row.rates["route"], ".3f")] if routes else []),
             _cell(row.samples_per_query, ".2f"),
         ]

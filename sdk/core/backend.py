@@ -44,11 +44,8 @@ vLLM's offline engine, a plain function, or something else."""
 
 
 def backend_endpoint(backend: object) -> tuple[EndpointKind, str | None]:
-    """How a backend reaches its model: the endpoint kind and, for a server, its base URL.
-
-    A backend of capgate's own says it by its ``endpoint`` attribute (and ``base_url``); any
-    other backend is ``"other"``.
-    """
+    """How a backend reaches its model: the endpoint kind (its ``endpoint`` attribute, for capgate's
+    own backends; else ``"other"``) and, for a server, its ``base_url``."""
     kind = getattr(backend, "endpoint", None)
     if kind in ("local", "openai", "vllm", "function"):
         url = getattr(backend, "base_url", None)

@@ -35,11 +35,10 @@ class ConfidenceGap(BaseModel):
 
 
 DEFAULT_EPSILON = -1.0
-"""ε of the paper's stop rule (σ(c1 − c2 − ε)) wherever it is not given: in a policy's
-``{rule: paper}``, in the default :class:`StopSettings` and in :class:`capgate.cas.cas_frequency_gap`.
-Chosen on the tuning pools of ``bench/cas_bench.py``: the fewest samples within 0.5 points of
-weighted fixed-N = 40 there, in batches of 4 (the policies' default batch). ε = 0, the rule read
-literally, stops earlier: at most σ(1) ≈ 0.73 per batch even at a full gap."""
+"""ε of the paper's stop rule (σ(c1 − c2 − ε)) wherever it is not given: a policy's ``{rule: paper}``,
+the default :class:`StopSettings`, :class:`capgate.cas.cas_frequency_gap`. Chosen on the tuning pools
+of ``bench/cas_bench.py``: the fewest samples within 0.5 points of weighted fixed-N = 40, in batches
+of 4 (the policies' default). ε = 0 stops earlier: at most σ(1) ≈ 0.73 per batch at a full gap."""
 
 
 class PaperConfidenceGap(BaseModel):
@@ -75,21 +74,19 @@ class StopSettings(BaseModel):
     the settings into a composed stop rule.
 
     Attributes:
-        confidence_gap: The CAS confidence-gap rule, or ``null`` to disable it. The default is
-            the paper's rule with ε = −1 (``{rule: paper, epsilon: -1}``: it won on the tuning
-            pools of ``bench/cas_bench.py``; see ``bench/RESULTS.md``); ``{rule: capgate, ...}``
-            is capgate's deterministic variant.
+        confidence_gap: The CAS confidence-gap rule, or ``null`` to disable it: by default the
+            paper's rule with ε = −1 (:data:`DEFAULT_EPSILON`; see ``bench/RESULTS.md``);
+            ``{rule: capgate, ...}`` is capgate's deterministic variant.
         consensus: Stop once P(the leading answer is the majority) >= this under a Beta posterior
             on the two top vote counts (:class:`capgate.cas.beta_consensus`), or ``null``.
         futility: Give up once P(the leading answer holds a majority of all responses) < this
             (:class:`capgate.cas.beta_futility`; 0.05 mirrors a 0.95 consensus), or ``null``
             (the default) to keep sampling queries on which no majority forms.
         min_samples: Never stop before this many samples.
-        max_tokens: Stop once the responses drawn hold this many tokens in all
-            (:class:`capgate.cas.stop_after_tokens`), or ``null`` (the default). A cost cap:
-            it ends sampling even before ``min_samples``.
-        max_seconds: Stop once sampling has run this long (:class:`capgate.cas.stop_after_delay`),
-            or ``null`` (the default). A latency cap, like ``max_tokens``.
+        max_tokens: A cost cap: stop once the responses drawn hold this many tokens in all, even
+            before ``min_samples`` (:class:`capgate.cas.stop_after_tokens`), or ``null`` (the default).
+        max_seconds: A latency cap, like ``max_tokens``: stop once sampling has run this long
+            (:class:`capgate.cas.stop_after_delay`), or ``null`` (the default).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -1,11 +1,9 @@
 """Core value types shared by every layer of capgate (pydantic, and the plans of :mod:`capgate.core.plans`).
 
 ``Estimate`` is what every capability estimator returns; ``LabelledQuery`` is one query with the
-outcome of sampling the model k times on it (µ̂ = correct / k), the training and evaluation target.
-``Decision`` is what a policy decided for one query: it carries everything its action needs
-(the sampling plan of a ``resample``, the hand-off target of an ``escalate``, the text for the
-user or the human), so an integration acts on the decision alone, also after a restart;
-``Outcome`` is what happened afterwards.
+outcome of sampling the model k times on it (µ̂ = correct / k), the training and evaluation target;
+``Decision`` is what a policy decided for one query, self-contained (see its docstring); ``Outcome``
+is what happened afterwards.
 """
 
 from __future__ import annotations
@@ -82,13 +80,7 @@ class Cost(BaseModel):
     latency_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(
-            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
-            completion_tokens=self.completion_tokens + other.completion_tokens,
-            forward_passes=self.forward_passes + other.forward_passes,
-            calls=self.calls + other.calls,
-            latency_s=self.latency_s + other.latency_s,
-        )
+        return Cost(**{name: getattr(self, name) + getattr(other, name) for name in Cost.model_fields})
 
 
 class ReaderFeatures:
@@ -169,10 +161,8 @@ class Estimate(BaseModel):
         return cls(p=None, method=method, degraded=True, reason=reason, cost=cost or Cost(), details=details)
 
     def with_features(self, vector: npt.ArrayLike, spec: dict[str, Any]) -> Estimate:
-        """A copy carrying the reader features the estimate was made from (see :meth:`features`).
-
-        The vector is copied (float32), so the estimate never keeps a whole batch alive.
-        """
+        """A copy carrying the reader features the estimate was made from (:meth:`features`); the
+        vector is copied (float32), so the estimate never keeps a whole batch alive."""
         copy = self.model_copy()
         copy._features = ReaderFeatures(np.array(vector, dtype=np.float32, copy=True), dict(spec))
         return copy
@@ -217,7 +207,7 @@ class LabelledQuery(BaseModel):
 
     Field aliases accept the column names of the paper's released data (``example_id``,
     ``num_samples``, ``num_correct``, ``expected_accuracy``). Extra keys (confidence columns,
-    metadata) are kept in ``extra``-allowed storage and are reachable via ``model_extra``.
+    metadata) are kept, in ``model_extra``.
 
     Attributes:
         id: Unique id of the query within its dataset.
@@ -250,11 +240,10 @@ class LabelledQuery(BaseModel):
             k = data.get("k", data.get("num_samples"))
             c = data.get("correct", data.get("num_correct"))
             if (
-                declared is not None
+                isinstance(declared, int | float)
                 and isinstance(k, int)
                 and isinstance(c, int)
                 and k > 0
-                and isinstance(declared, int | float)
                 and not math.isclose(float(declared), c / k, abs_tol=1e-9)
             ):
                 raise ValueError(f"declared µ̂ {declared!r} disagrees with correct/k = {c}/{k}")
@@ -324,13 +313,10 @@ os.register_at_fork(after_in_child=_IDS.seed)
 
 
 def _new_id() -> str:
-    """A random version-4 UUID, as hex, for a decision.
+    """A random version-4 UUID, as hex, for a decision: unique (122 random bits), not secret.
 
-    Not :func:`uuid.uuid4`: its ``os.urandom`` gives up the GIL, and the event loop that makes a
-    decision then waits for worker threads to hand it back (each up to the 5 ms switch interval):
-    256 ids took 0.7 s (median; up to 2.5 s) on a loop beside 8 busy threads, against 0.6 ms from a
-    seeded generator (``bench/decision_ids_bench.py``).
-    An id names a decision; it guards nothing, so it needs uniqueness (122 random bits), not secrecy.
+    Not :func:`uuid.uuid4`: its ``os.urandom`` gives up the GIL, and an event loop beside 8 busy
+    threads then took 0.7 s (median) for 256 ids, against 0.6 ms here (``bench/decision_ids_bench.py``).
     """
     return uuid.UUID(int=_IDS.getrandbits(128), version=4).hex
 
@@ -340,10 +326,9 @@ def _now() -> datetime:
 
 
 class Decision(BaseModel):
-    """A policy's verdict on one query, with everything its action needs.
-
-    A decision is self-contained: stored as JSON (graph state, the decision log) it can be acted
-    on after a restart without the policy that made it.
+    """A policy's verdict on one query, with everything its action needs (the sampling plan, the
+    hand-off target, the text for the user): stored as JSON (graph state, the decision log) it can
+    be acted on after a restart without the policy that made it.
 
     Attributes:
         id: Unique id; outcomes attach to it later.

@@ -44,12 +44,7 @@ def _strings(row: Mapping[str, Any], name: str) -> list[str]:
 
 
 def _unique(values: Sequence[str]) -> list[str]:
-    seen: dict[str, None] = {}
-    for value in values:
-        value = value.strip()
-        if value and value not in seen:
-            seen[value] = None
-    return list(seen)
+    return list(dict.fromkeys(value.strip() for value in values if value.strip()))
 
 
 def _build(**fields: Any) -> DatasetItem:
@@ -243,12 +238,7 @@ def item_from_row(row: Mapping[str, Any], *, fallback_id: str, split: str, datas
     """
     keys = set(row)
     if "kind" in keys and keys & {"references", "aliases", "answers", "answer"}:
-        try:
-            return DatasetItem.model_validate(dict(row))
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            loc = ".".join(str(part) for part in first["loc"]) or None
-            raise RowError(loc, str(first["msg"]).removeprefix("Value error, ")) from None
+        return _build(**row)
     row_id = next(
         (
             str(row[k])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import islice
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -43,9 +44,7 @@ def read_dataset(path: str | Path, *, limit: int | None = None) -> list[DatasetI
     check_limit(limit)
     items: list[DatasetItem] = []
     first_line: dict[str, int] = {}
-    for line, obj in iter_json_objects(path):
-        if limit is not None and len(items) >= limit:
-            break
+    for line, obj in islice(iter_json_objects(path), limit):
         try:
             item = DatasetItem.model_validate(obj)
         except ValidationError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ def load_dataset(
         base, _, subset = text.partition(":")
         found = find_benchmark(base)
         if found is not None:
-            items = _take(load_benchmark(*found, subset.strip() or None, split), limit)
+            items = list(islice(load_benchmark(*found, subset.strip() or None, split), limit))
         elif text.endswith(_FILE_SUFFIXES) or text.startswith((".", "/", "~")):
             raise DataError("file not found", path=path)
         elif _HUB_ID.fullmatch(base):
@@ -86,15 +87,6 @@ def load_dataset(
     return items
 
 
-def _take(items: Iterable[DatasetItem], limit: int | None) -> list[DatasetItem]:
-    taken: list[DatasetItem] = []
-    for item in items:
-        if limit is not None and len(taken) >= limit:
-            break
-        taken.append(item)
-    return taken
-
-
 def _load_path(path: Path, split: str | None, limit: int | None) -> list[DatasetItem]:
     if path.is_file():
         if split is not None:
@@ -105,7 +97,7 @@ def _load_path(path: Path, split: str | None, limit: int | None) -> list[Dataset
             )
         return read_dataset(path, limit=limit)
     if (path / "state.json").is_file():  # one saved split
-        return _take(_saved_split(path, path.name if split is None else split), limit)
+        return list(islice(_saved_split(path, path.name if split is None else split), limit))
     splits = _folder_splits(path)
     if not splits:
         raise DataError("folder holds no <split>.jsonl files and no saved Hugging Face dataset", path=path)
@@ -123,7 +115,7 @@ def _load_path(path: Path, split: str | None, limit: int | None) -> list[Dataset
         )
     target = splits[split]
     if target.is_dir():
-        return _take(_saved_split(target, split), limit)
+        return list(islice(_saved_split(target, split), limit))
     return read_dataset(target, limit=limit)
 
 
@@ -159,9 +151,7 @@ def _load_hub(repo_id: str, config: str | None, split: str | None, limit: int | 
     rows: Iterable[Mapping[str, Any]] = hf_datasets.load_dataset(repo_id, config, split=split)
     slug = repo_id.split("/")[-1].lower().replace("-", "_")
     items: list[DatasetItem] = []
-    for number, row in enumerate(rows, start=1):
-        if limit is not None and len(items) >= limit:
-            break
+    for number, row in enumerate(islice(rows, limit), start=1):
         try:
             items.append(
                 item_from_row(row, fallback_id=f"{slug}_{split}_{number - 1}", split=split, dataset=slug)

@@ -99,14 +99,12 @@ _UNCONDITIONED = 1_000_000
 
 
 def read_oe_docs(path: Path) -> list[tuple[int, int, dict[str, Any]]]:
-    """The distinct documents of an oe-eval ``requests.jsonl.gz`` log as ``(doc_id, line, doc)``.
-
-    Sorted by ``doc_id``; ``line`` is the 1-based line of the document's first request.
+    """The distinct documents of an oe-eval ``requests.jsonl.gz`` log as ``(doc_id, line, doc)``,
+    sorted by ``doc_id``; ``line`` is the 1-based line of the document's first request.
 
     A log holds one request per (document, continuation), so a multiple-choice document appears
-    once per option; each document is returned once. Ranked-classification logs also repeat every
-    document at ``doc_id + 1_000_000`` (oe-eval's unconditioned-scoring requests); those copies
-    are dropped.
+    once per option; each is returned once. The copies of every document that ranked-classification
+    logs repeat at ``doc_id + 1_000_000`` (unconditioned-scoring requests) are dropped.
     """
     docs: dict[int, tuple[int, int, dict[str, Any]]] = {}
     try:

@@ -1,27 +1,23 @@
 """``capgate demo``, live part: a small gated agent on the embedded model, end to end, offline.
 
-The demo loads the embedded SmolLM2-135M-Instruct and the probe shipped for it, wraps a plain
-"ask the model once" function with :func:`capgate.guard` under the ``demo-smollm2`` policy, and
-runs it over real held-out questions (the probe never saw them in training). For each question it
-also records what the *ungated* agent (the same function, called once, no gate) answers, so the
-run ends with the comparison :func:`capgate.demo.comparison.compare` computes: without the gate
-(answer everything) against with the gate.
+The embedded SmolLM2-135M-Instruct and its shipped probe gate a plain "ask the model once"
+function (:func:`capgate.guard`, policy ``demo-smollm2``) over real held-out questions (the probe
+never saw them in training). Each question's *ungated* answer (the same function, called once, no
+gate) is recorded too, for the comparison :func:`capgate.demo.comparison.compare` computes.
 
-**Which questions.** The shipped labels' held-out split (``sdk/assets/default_split.json``,
-356 questions from basic_arithmetic, GSM8K, TriviaQA, ARC and MMLU) has a measured capability µ̂
-for each question (the share of its 20 or 40 sampled answers graded correct). Most of them are
-beyond a 135M model (µ̂ = 0 on 57%), so a plain random draw gives the gate almost nothing to
-decide. :func:`demo_questions` therefore draws evenly from four strata of µ̂ (:data:`STRATA`:
-µ̂ = 0, 0 < µ̂ < 0.2, 0.2 <= µ̂ < 0.5, µ̂ >= 0.5), seeded, taking from the next stratum where one
-runs out; ``n`` up to the whole split returns every held-out question. The mix is richer in
-answerable questions than the split, so the rates describe the drawn questions, not the split.
+**Which questions.** The shipped labels' held-out split (``sdk/assets/default_split.json``: 356
+questions from basic_arithmetic, GSM8K, TriviaQA, ARC and MMLU, each with a measured capability
+µ̂, the share of its 20 or 40 sampled answers graded correct) is mostly beyond a 135M model (µ̂ = 0
+on 57%): a plain random draw gives the gate almost nothing to decide. So :func:`demo_questions`
+draws evenly, seeded, from the four strata of µ̂ in :data:`STRATA`, taking from the next stratum
+where one runs out; ``n`` up to the whole split returns every held-out question. The rates
+describe the drawn questions (richer in answerable ones), not the split.
 
-**The ungated answer** is the function's first sample with the same seed the gated call's first
-sample uses: the gated call of a question the policy answers returns exactly that text (seeded
-sampling reproduces; ``tests/test_transformers_backend.py``), so the demo generates it once
-and hands it to the gated call (a resample draws its further samples live). Time is counted as
-if both ran: the ungated agent spends the first sample's time, the gated one its own call's time
-plus that sample's when it used it.
+**The ungated answer** is the function's first sample, with the seed the gated call's first
+sample uses: seeded sampling reproduces (``tests/test_transformers_backend.py``), so the demo
+generates it once and hands it to the gated call, which returns exactly that text when the policy
+answers (a resample draws its further samples live). Time is counted as if both ran: the ungated
+agent spends that sample's time, the gated one its own call's plus that sample's when it used it.
 """
 
 from __future__ import annotations
@@ -178,13 +174,10 @@ def _asset(name: str) -> Path:
 
 
 def question_source(record: LabelledQuery) -> str:
-    """The benchmark a shipped label record comes from, read from its id and kind.
-
-    The shipped labels were harvested from basic_arithmetic, GSM8K, TriviaQA, ARC (Easy and
-    Challenge) and MMLU (``bench/probe_smollm2.py``, ``bench/default_probe_v2.py``): numeric items
-    are GSM8K (ids ``gsm...``) or basic_arithmetic, alias items TriviaQA, choice items MMLU (ids
-    ``mmlu_...``) or ARC.
-    """
+    """The benchmark a shipped label record comes from (``bench/probe_smollm2.py``,
+    ``bench/default_probe_v2.py``), read from its kind and id: numeric items are GSM8K (ids
+    ``gsm...``) or basic_arithmetic, alias items TriviaQA, choice items MMLU (ids ``mmlu_...``) or
+    ARC (Easy and Challenge)."""
     kind = (record.model_extra or {}).get("kind", "alias")
     if kind == "numeric":
         return "GSM8K" if record.id.startswith("gsm") else "basic_arithmetic"
@@ -277,9 +270,7 @@ def describe_policy(policy: Policy) -> str:
     parts = []
     last = len(rule.bands) - 1
     for i, (band, (lower, upper)) in enumerate(zip(rule.bands, rule.edges, strict=True)):
-        what: str = band.action
-        if band.action == "resample":
-            what = f"resample (CAS, <= {band.max_samples} samples)"
+        what = f"resample (CAS, <= {band.max_samples} samples)" if band.action == "resample" else band.action
         if lower <= 0.0:
             where = f"p < {upper:g}" if i < last else "any p"
         elif i == last:

@@ -1,15 +1,14 @@
 """``capgate demo``, replay part: a real 20B model's recorded answers through a calibrated policy.
 
-Nothing runs a model here: this part replays recorded data. The shipped file
-``sdk/assets/math500_gpt-oss-20b_probe-math.jsonl`` (see its README) holds, for each of the 500
-MATH-500 test questions, the paper's Probe-MATH capability estimate for gpt-oss-20b and how many
-of 100 answers sampled from gpt-oss-20b were graded correct (µ̂ = correct / 100).
+No model runs here. The shipped file ``sdk/assets/math500_gpt-oss-20b_probe-math.jsonl`` (see its
+README) holds, for each of the 500 MATH-500 test questions, the paper's Probe-MATH capability
+estimate for gpt-oss-20b and how many of 100 answers sampled from it were graded correct (µ̂).
 
-:func:`replay_math500` splits the questions in two halves (seeded), writes the first half to a
-JSONL file and runs ``capgate policy calibrate`` on it (the command itself,
-:func:`capgate.cli.policy_cmd.calibrate_cmd`, with its defaults: Learn-then-Test, binomial p-value,
-delta 0.05) for a selective risk of ``risk``; then it decides every question of the other half with
-the written policy and scores the decisions against the recorded answers:
+:func:`replay_math500` splits the questions in two halves (seeded), runs ``capgate policy
+calibrate`` (:func:`capgate.cli.policy_cmd.calibrate_cmd` itself, with its defaults:
+Learn-then-Test, binomial p-value, delta 0.05) on the first for a selective risk of ``risk``, then
+decides every question of the other half with the written policy and scores the decisions
+against the recorded answers:
 
 * coverage (answered / questions) and the accuracy of what is answered (the mean µ̂ of answered
   questions: the chance one sampled answer is right) against answering everything (the mean µ̂

@@ -5,16 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from capgate.datasets import DatasetItem
-from capgate.grading._alias import AliasGrader, final_answer_text, normalize_text
+from capgate.grading._alias import AliasGrader
 from capgate.grading._base import Grader, GraderLike, Judgement
 from capgate.grading._choice import ChoiceGrader
 from capgate.grading._math import MathGrader
 from capgate.grading._numeric import NumericGrader
-
-
-def _default_extract(response: str) -> str | None:
-    span = final_answer_text(response)
-    return normalize_text(span) or None if span is not None else None
 
 
 class FunctionGrader(Grader):
@@ -50,7 +45,7 @@ class FunctionGrader(Grader):
         return f"FunctionGrader({name})"
 
     def extract(self, response: str) -> str | None:
-        return (self.extract_fn or _default_extract)(response)
+        return (self.extract_fn or AliasGrader().extract)(response)
 
     def match(self, answer: str, item: DatasetItem) -> bool:
         raise TypeError("FunctionGrader judges whole responses; call judge() or grade()")

@@ -48,9 +48,7 @@ def normalize_latex(answer: str) -> str:
     s = s.replace("\\left", "").replace("\\right", "")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = s.replace("{,}", ",")
-    for token in ("\\!", "\\,", "\\;", "\\:"):
-        s = s.replace(token, "")
-    for token in ("^{\\circ}", "^\\circ", "°", "\\$", "$", "\\%", "%"):
+    for token in ("\\!", "\\,", "\\;", "\\:", "^{\\circ}", "^\\circ", "°", "\\$", "$", "\\%", "%"):
         s = s.replace(token, "")
     s = s.strip().rstrip(".").strip()
     assignment = _ASSIGNMENT.match(s)

@@ -38,13 +38,9 @@ def _numbers(text: str) -> list[Fraction]:
     for match in _NUMBER.finditer(_clean(text)):
         try:
             value = Fraction(match.group("num").replace(",", ""))
-            den = match.group("den")
-            if den is not None:
-                den_value = Fraction(den)
-                if den_value == 0:
-                    continue
-                value /= den_value
-        except (ValueError, ZeroDivisionError):
+            if match.group("den") is not None:
+                value /= Fraction(match.group("den"))
+        except (ValueError, ZeroDivisionError):  # a zero denominator: not a number
             continue
         values.append(value)
     return values

@@ -1,12 +1,11 @@
 """A harvest spread over a Ray cluster: workers that each hold a backend sample, one driver writes.
 
-:func:`ray_harvest` runs the same harvest as :func:`capgate.labels.harvesting.harvest` and writes the same
+:func:`ray_harvest` runs the harvest of :func:`capgate.labels.harvesting.harvest`, writing the same
 resumable JSON lines, with the sampling spread over Ray actors (extra ``ray``). Each worker builds
-its own backend once, from ``make_backend(worker_index)``: an OpenAI-compatible endpoint per
-replica (one vLLM server per GPU), or a local model per worker. The driver keeps every batch
-that is not yet written, hands batches to idle workers (``in_flight`` each), grades what comes
-back and appends it, fsynced, to the one output file, under the same lock and settings check as a
-local harvest. So:
+its backend once, from ``make_backend(worker_index)`` (an OpenAI-compatible endpoint per replica,
+or a local model per worker). The driver hands the batches not yet written to idle workers
+(``in_flight`` each), grades what comes back and appends it, fsynced, to the one output file,
+under the same lock and settings check as a local harvest. So:
 
 - **finished queries are never resampled**: a rerun (local or on Ray) skips every query in the
   file;
@@ -147,11 +146,9 @@ def _drive(
 ) -> int:
     """Hand batches to live workers until every batch is written; returns the batches lost.
 
-    A worker whose batch fails is taken out of the rotation until a health probe (a retried
-    ``pid()`` call, which Ray holds until the restarted actor is up) answers, so the batches
-    it lost go to live workers, and none is thrown at an actor that is still restarting (Ray
-    fails those at once, which would count as losses). A worker whose probe fails is dead for
-    good (restarts used up, constructor failing) and is dropped.
+    A worker whose batch fails leaves the rotation until a health probe (a retried ``pid()``,
+    which Ray holds until the restarted actor is up) answers, so no batch is thrown at a
+    restarting actor (Ray fails those at once: losses). A worker whose probe fails is dropped.
     """
     from ray.exceptions import RayActorError
 

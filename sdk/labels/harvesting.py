@@ -114,10 +114,8 @@ def _mean_logprob(generation: Generation) -> float | None:
 
 
 def _source_name(source: object) -> str:
-    """A confidence source as recorded in the settings: its repr, or a function's dotted name."""
-    if callable(source) and hasattr(source, "__qualname__"):
-        return _callable_name(source)
-    return repr(source)
+    """A confidence source as recorded in the settings: a function's dotted name, else its repr."""
+    return _callable_name(source) if callable(source) and hasattr(source, "__qualname__") else repr(source)
 
 
 def _callable_name(obj: object) -> str:
@@ -144,10 +142,9 @@ class HarvestRun:
     """One harvest without the model calls: the pieces :func:`harvest`, :func:`aharvest` and
     :func:`capgate.labels.harvest_ray.ray_harvest` drive.
 
-    :meth:`open` locks the output and returns the batches that remain, :meth:`request` says what
-    to ask the model for a batch, :meth:`label` grades one item's responses into its record,
-    :meth:`write` labels a batch's answers and appends them durably, and :meth:`close` (or leaving
-    the ``with`` block) releases the file and reports. The arguments are :func:`harvest`'s.
+    :meth:`open`, then per batch :meth:`request` and :meth:`write` (grading each item with
+    :meth:`label`), then :meth:`close` (or leaving the ``with`` block). The arguments are
+    :func:`harvest`'s.
 
     Examples:
         >>> import tempfile, pathlib
@@ -269,12 +266,8 @@ class HarvestRun:
             atomic_write_json(path, meta)
 
     def _labelled_ids(self, fd: int) -> set[str]:
-        """Ids already labelled in the output (under the lock), after cutting off a torn last line.
-
-        What a killed write leaves at the end is cut off (:func:`~capgate._util.jsonl.cut_torn_tail`);
-        anything else that is wrong (a bad line, an invalid record, a repeated id, another k) is
-        damage, and :func:`~capgate.labels.labelled.iter_labelled` or the k check raises.
-        """
+        """Ids already labelled in the output (under the lock), after cutting off a torn last line;
+        anything else wrong (a bad line or record, a repeated id, another k) is damage, and raises."""
         self.truncated_bytes = cut_torn_tail(fd)
         done: set[str] = set()
         for line, record in iter_labelled(self.out):
@@ -441,10 +434,8 @@ def harvest(backend: Backend, *args: Any, **kwargs: Any) -> HarvestReport:
     """Sample ``k`` responses per query from ``backend``, grade them, and append labels to ``out``.
 
     Queries go to the backend ``batch_size`` at a time, as one ``generate`` call with
-    ``SamplingParams(n=k, ...)``. After each batch its records are appended to ``out`` and
-    fsynced. Rerunning with the same arguments resumes: queries already in ``out`` are skipped
-    (never resampled), a torn last line left by a killed run is cut off, and the settings must
-    match those saved in ``<out>.meta.json``.
+    ``SamplingParams(n=k, ...)``; each batch's records are appended to ``out`` and fsynced.
+    Rerunning with the same arguments resumes, as the module docstring says.
 
     Args:
         backend: Any :class:`~capgate.Backend` (local transformers, OpenAI-compatible, vLLM...).

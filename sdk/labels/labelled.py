@@ -21,9 +21,6 @@ __all__ = ["LabelledSet", "iter_labelled", "read_labelled"]
 def iter_labelled(path: str | Path) -> Iterator[tuple[int, LabelledQuery]]:
     """Yield ``(line_number, record)`` for each non-blank line of a labelled JSONL file.
 
-    The one reader of labelled files: :func:`read_labelled`, :func:`capgate.estimators.estimate_jsonl`
-    and a resumed :func:`capgate.labels.harvesting.harvest` all read through it.
-
     Raises:
         DataError: naming file, line and field, for a missing or unreadable file, invalid JSON, a
             non-object line, a record that fails validation, or an id seen on an earlier line.
@@ -83,12 +80,9 @@ def _confidence(record: LabelledQuery, name: str, path: Path, line: int, allow_m
             line=line,
             field=name,
         )
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:  # NaN too
         raise DataError(f"must be a number in [0, 1]; got {value!r}", path=path, line=line, field=name)
-    number = float(value)
-    if math.isnan(number) or not 0.0 <= number <= 1.0:
-        raise DataError(f"must be a number in [0, 1]; got {value!r}", path=path, line=line, field=name)
-    return number
+    return float(value)
 
 
 def read_labelled(

@@ -1,19 +1,13 @@
 """Concurrent calls coalesced into batched calls, up to a maximum batch, with a short window under load.
 
 A caller that finds no batch running runs the queued calls (its own among them) as one batch;
-calls that arrive meanwhile queue up, and when the running batch ends one of them runs the
-queued calls, oldest first, up to ``max_batch`` items, as the next batch (a call is never split:
-one larger than ``max_batch`` runs alone). So eight threads of a LangGraph fan-out (or eight
-``aestimate`` worker threads of a LangChain ``abatch``) estimating one query each cost two
-batched forward passes, not eight.
+calls arriving meanwhile queue up, and when it ends one of them runs the queued calls, oldest
+first, up to ``max_batch`` items (a call is never split: a larger one runs alone). So eight threads
+of a LangGraph fan-out estimating one query each cost two batched forward passes, not eight.
 
-Under load (the last batch merged calls, or calls queued while it ran) the caller about to run a
-batch first waits up to ``window_s`` for more calls to join, so a burst's calls share the first
-pass instead of the first one running alone. A lone caller never waits: one call at a time costs
-no added latency.
-
-If a batch of several calls fails, each call is run again alone, so an error reaches only the
-call whose items caused it.
+Under load (the last batch merged calls, or calls queued while it ran) the next batch first waits
+up to ``window_s`` for more calls to join; a lone caller never waits. If a batch of several calls
+fails, each call runs again alone, so an error reaches only the call whose items caused it.
 """
 
 from __future__ import annotations

@@ -39,10 +39,9 @@ def _cpu_flags() -> frozenset[str]:
 
 @functools.lru_cache(maxsize=1)
 def native_bf16_cpu() -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX-BF16 on x86, BF16 on Arm).
-
-    Elsewhere torch emulates bfloat16, more slowly than float32; but native is not always fast
-    (see :func:`bf16_speedup`). The answer is cached for the process.
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX-BF16 on x86, BF16 on Arm),
+    cached for the process. Elsewhere torch emulates it, slower than float32; native is not always
+    fast either (:func:`bf16_speedup`).
 
     Examples:
         >>> isinstance(native_bf16_cpu(), bool)
@@ -61,12 +60,10 @@ _BF16_SPEEDUP: list[float] = []  # measured once per process
 
 def bf16_speedup() -> float:
     """How much faster this CPU runs a linear layer in bfloat16 than in float32, measured once
-    per process (thread-safe; no random numbers drawn).
-
-    The CPU flag does not settle it: some CPUs that list AVX512-BF16 run torch's bfloat16
-    matmuls slower than float32 ones (0.6x on one Xeon here). Times what the fast reader pass
-    does, a 256-row input through a 576 -> 1536 linear layer (the embedded model's MLP), cast to
-    bfloat16 and back, against the float32 layer; interleaved, best of 6 rounds (about 0.2 s).
+    per process (thread-safe; no random numbers drawn). The flag does not settle it: some CPUs
+    listing AVX512-BF16 run torch's bfloat16 matmuls slower (0.6x on one Xeon here). Times a
+    256-row input through the embedded model's 576 -> 1536 MLP layer, cast to bfloat16 and back,
+    against float32; interleaved, best of 6 rounds (about 0.2 s).
     """
     with _BF16_LOCK:
         if not _BF16_SPEEDUP:

@@ -1,26 +1,19 @@
-"""The probe's reader pass: a causal LM's hidden states up to the deepest one a probe reads.
+"""The probe's reader pass: a causal LM's hidden states, computed only up to the deepest one read.
 
-A probe reads a few hidden states (the default one reads state 26 of SmolLM2's 31), yet a full
-forward pass computes every layer, the final norm and the LM head. :class:`Reader` runs the
-model's own decoder (its embeddings, mask and position code, and its layers, unchanged) and stops
-right after the deepest state asked for, so the states it returns are the ones a full pass with
-``output_hidden_states=True`` returns for those indices: state 0 is the first layer's input (the
-embeddings), state ``i`` the output of layer ``i``. The last state of a full pass is the output
-of the final norm; asking for it runs the whole decoder, norm included.
+A probe reads a few hidden states (the default one state 26 of SmolLM2's 31). :class:`Reader` runs
+the model's own decoder (embeddings, mask and position code, layers, unchanged) and stops right
+after the deepest state asked for, so its states are a full pass's with ``output_hidden_states=True``:
+state 0 the embeddings, state ``i`` the output of layer ``i``; the last state (the final norm's
+output) runs the whole decoder. The stop is a forward hook on each decoder layer, installed once per
+layer list and active only in the context running a reader pass: another thread using the same
+model (a sampling backend generating) never meets it.
 
-The early stop is a forward hook on each decoder layer, installed once per layer list and active
-only in the thread (context) that runs a reader pass, so another thread using the same model (a
-sampling backend generating) never meets it.
-
-A reader in another dtype than the model's (bfloat16 on a CPU where it pays off) runs a
-copy of the decoder in that dtype, holding only the layers it runs; buffers (rotary frequencies)
-keep their dtype. A *mixed* reader (``"bf16-mixed"``) runs a float32 copy whose layers' MLP
-matmuls (each layer's ``mlp`` linears: gate, up and down projections) take bfloat16 weights and
-bfloat16-rounded inputs, accumulating and returning float32; the embeddings, norms, attention
-(its projections and softmax) and the residual stream stay float32. On the shipped probe that
-keeps the estimates within the fast-path check's tolerance where a pure bfloat16 pass does not.
-
-torch is imported when a reader is built, not at module import time.
+A reader in another dtype than the model's runs a copy of the decoder in that dtype, holding only
+the layers it runs (buffers, such as rotary frequencies, keep their dtype). A *mixed* reader
+(``"bf16-mixed"``) runs a float32 copy whose ``mlp`` linears (gate, up, down) take bfloat16 weights
+and bfloat16-rounded inputs, returning float32; all else (embeddings, norms, attention, residual
+stream) stays float32. On the shipped probe that keeps the estimates within the fast-path check's
+tolerance where a pure bfloat16 pass does not. torch is imported when a reader is built.
 """
 
 from __future__ import annotations
@@ -50,8 +43,7 @@ class _Capture:
 
     def record(self, index: int, hidden: Any) -> None:
         if index in self.wanted:
-            # Keep the last position only when that is all the pooling reads (a copy, so the
-            # full-width activation is freed as the pass goes on).
+            # A copy of the last position only, when that is all the pooling reads: frees the rest.
             self.states[index] = hidden[:, -1, :].clone() if self.last_only else hidden
         if index == self.stop:
             raise _StopReadingError
@@ -131,13 +123,13 @@ def _bf16_linear_class() -> Any:
     import torch
 
     class BFloat16Linear(torch.nn.Module):
-        """A linear layer with bfloat16 weights: inputs rounded to bfloat16, output in the input's dtype."""
+        """A linear layer with bfloat16 weights: inputs rounded to bfloat16, output (and the bias
+        added after the matmul) in the input's dtype."""
 
         def __init__(self, linear: torch.nn.Linear) -> None:
             super().__init__()
             self.in_features, self.out_features = linear.in_features, linear.out_features
             self.weight = torch.nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
-            # The bias is added after the matmul, in the layer's own dtype.
             bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(), False)
             self.bias = bias
 
@@ -179,8 +171,7 @@ class Reader:
         num_hidden_layers: Its decoder layers (the hidden states are ``0 .. num_hidden_layers``).
         indices: The hidden-state indices read.
         dtype: The torch dtype of the pass; another than the model's runs a copy of its decoder.
-        mixed: Run the layers' MLP matmuls with bfloat16 weights and inputs in a copy of the
-            decoder in ``dtype`` (see the module); everything else stays in ``dtype``.
+        mixed: Run the layers' MLP matmuls in bfloat16 (see the module), all else in ``dtype``.
 
     Raises:
         ValueError: ``dtype`` differs from the model's, or ``mixed`` is asked for, but the

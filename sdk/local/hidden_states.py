@@ -6,10 +6,9 @@ it before answering (chat template with the generation prompt) and take the hidd
 that ``output_hidden_states`` returns). Options: average a subset of those states instead, or
 pool over all prompt tokens (a masked mean) instead of taking the last one.
 
-A :class:`FeatureSpec` records everything that determines the features (model, weights,
-layers, pooling, template, width, source), so a probe trained on one spec refuses another.
-
-torch and transformers are imported only when features are computed.
+A :class:`FeatureSpec` records everything that determines the features (model, weights, layers,
+pooling, template, width, source), so a probe trained on one spec refuses another. torch and
+transformers are imported only when features are computed.
 """
 
 from __future__ import annotations
@@ -71,10 +70,9 @@ class FeatureSpec(BaseModel):
         dim: Width of the feature vector.
         source: What computed the hidden states.
         dtype: The number format of the forward pass (a probe's spec: the one it was fitted on).
-            A float32 spec is written without it, as before the field existed, so the specs of
-            probes saved then read the same; a probe fitted in one dtype refuses features of
-            another unless ``dtype`` is among the ignored fields (``load_estimator`` does that
-            only for a fast path the probe records as checked, or on request).
+            A float32 spec is written without it, so older probes' specs read the same. A probe
+            fitted in one dtype refuses features of another unless ``dtype`` is ignored
+            (``load_estimator`` ignores it for a fast path the probe records as checked, or on request).
 
     Examples:
         >>> spec = FeatureSpec(model_id="m", weights_fingerprint="sha256:0", dim=576)
@@ -124,21 +122,19 @@ MAX_BATCH_TOKENS = 8192
 
 
 MAX_PADDING = 0.2
-"""Most share of padding in a forward pass before the next longer query starts a new one: a
-padded position costs what a real one does (SmolLM2's held-out prompts run 45 to 234 tokens; one
-pass of 32 of them is 60% padding)."""
+"""Most share of padding in a forward pass before the next longer query starts a new one (a padded
+position costs what a real one does; one pass of 32 of SmolLM2's held-out prompts is 60% padding)."""
 
 
 class HiddenStateFeaturizer:
     """Turns queries into hidden-state feature vectors of a loaded model.
 
-    The pass runs the model only up to the deepest hidden state read (the final norm and the LM
-    head only when the last state is read), keeps only the states and, for ``"last"`` pooling,
-    the position it pools, and batches queries of similar lengths together (left padding with
-    positions that count real tokens, so a padded row reads what the query alone reads). When
-    the model's shared prefill is on (a sampling backend of the same model exists, see
-    :mod:`capgate.local.prefill`), the pass is the model's full one in its own dtype instead, so that
-    the answer's generation continues from it.
+    The pass runs the model only up to the deepest hidden state read, keeps only the states (for
+    ``"last"`` pooling, only the position it pools) and batches queries of similar lengths (left
+    padded, positions counting real tokens: a padded row reads what the query alone reads). With
+    the model's shared prefill on (a sampling backend of the same model exists,
+    :mod:`capgate.local.prefill`), the pass is the model's full one in its own dtype, which the
+    answer's generation continues.
 
     Args:
         loaded: The model, from :func:`capgate.local.models.load_model`.
@@ -149,12 +145,10 @@ class HiddenStateFeaturizer:
             the sampling backend does); without it the message texts are read as plain text.
         batch_size: Most queries per forward pass (see also :data:`MAX_BATCH_TOKENS`); concurrent
             :meth:`transform` calls share passes (up to 32 queries, see :mod:`capgate.local._coalesce`).
-        dtype: The number format of the pass: ``"auto"`` (the model's own), or ``"float32"``,
-            ``"bfloat16"``, ``"float16"`` (another than the model's runs a copy of the layers
-            read in that format; bfloat16 is fast on some CPUs that compute it natively, see
-            :func:`capgate.local.models.bf16_pays_off`), or ``"bf16-mixed"`` (a float32 copy of the
-            layers read whose MLP matmuls run in bfloat16: closer to float32 than bfloat16,
-            most of its speed). The spec records it.
+        dtype: The number format of the pass, recorded in the spec: ``"auto"`` (the model's own),
+            ``"float32"``, ``"bfloat16"``, ``"float16"`` (another than the model's runs a copy of the
+            layers read; bfloat16 is fast on some CPUs, see :func:`capgate.local.models.bf16_pays_off`),
+            or ``"bf16-mixed"`` (float32 with bfloat16 MLP matmuls: closer to float32, most of the speed).
 
     Examples:
         >>> from capgate.local.models import load_model
@@ -237,9 +231,8 @@ class HiddenStateFeaturizer:
         )
 
     def transform(self, queries: Sequence[Prompt]) -> np.ndarray:
-        """Feature vectors of ``queries``: float32, shape ``(len(queries), spec.dim)``.
-
-        Each row is the mean of the pooled hidden states in ``layer_indices``.
+        """Feature vectors of ``queries``: float32, shape ``(len(queries), spec.dim)``, each row the
+        mean of the pooled hidden states in ``layer_indices``.
 
         Raises:
             ValueError: A query encodes to no tokens, or ``queries`` is a bare string.
@@ -247,30 +240,24 @@ class HiddenStateFeaturizer:
         return self.transform_with_details(queries)[0]
 
     def transform_with_details(self, queries: Sequence[Prompt]) -> tuple[np.ndarray, dict[str, Any]]:
-        """:meth:`transform`'s features and how they were made: ``{"dtype": ...}``, the pass's dtype.
-
-        That is :attr:`dtype`, or the model's own dtype when the pass was the shared prefill.
-        """
+        """:meth:`transform`'s features and ``{"dtype": ...}``: the pass's dtype (:attr:`dtype`, or the
+        model's own when the pass was the shared prefill)."""
         encoded = self._encode(queries)
         if not encoded:
             return np.empty((0, self.loaded.hidden_size), dtype=np.float32), {"dtype": self.dtype}
-        # Concurrent calls (a fan-out's threads) share batched forward passes; a call's rows
-        # always come from one batch, so from one pass dtype.
+        # Concurrent calls share batched passes; a call's rows come from one batch, so one dtype.
         rows = self._coalescer(encoded)
         return np.stack([row for row, _ in rows]), {"dtype": rows[0][1]}
 
     def transform_layers(
         self, queries: Sequence[Prompt], *, poolings: Sequence[Pooling] | None = None
     ) -> np.ndarray:
-        """Pooled hidden states per layer, one forward pass: shape ``(n, len(layer_indices), dim)``.
+        """Pooled hidden states per layer, one forward pass: shape ``(n, len(layer_indices), dim)``;
+        with ``poolings``, pooled each of those ways: ``(n, len(poolings), len(layer_indices), dim)``.
 
-        With ``poolings``, every hidden state is pooled each of those ways in the same pass, and
-        the shape is ``(n, len(poolings), len(layer_indices), dim)``.
-
-        ``out[:, j]`` is the pooled state of hidden state ``layer_indices[j]``; the mean over any
-        subset ``S`` of them is what a featurizer with ``layers=S`` (same pooling and template)
-        returns from :meth:`transform`, which lets a trainer choose layers from one pass
-        (see :class:`capgate.estimators.ProbeSearch`).
+        ``out[:, j]`` is hidden state ``layer_indices[j]`` pooled; the mean over a subset ``S`` is what
+        a featurizer with ``layers=S`` returns from :meth:`transform`, so a trainer can choose layers
+        from one pass (:class:`capgate.estimators.ProbeSearch`).
 
         Examples:
             >>> from capgate.local.models import load_model
@@ -350,9 +337,8 @@ class HiddenStateFeaturizer:
         return features, dtype
 
     def _chunks(self, encoded: list[list[int]]) -> list[list[int]]:
-        """Indices of ``encoded`` per forward pass: sorted by length (similar lengths share a pass:
-        less padding, same results), at most ``batch_size`` rows and :data:`MAX_BATCH_TOKENS`
-        padded tokens, and a new pass where padding would pass :data:`MAX_PADDING` of one."""
+        """Indices of ``encoded`` per forward pass, by length, within ``batch_size`` rows,
+        :data:`MAX_BATCH_TOKENS` and :data:`MAX_PADDING`."""
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         chunks: list[list[int]] = []
         tokens = 0  # real tokens in the last chunk
@@ -379,8 +365,6 @@ class HiddenStateFeaturizer:
         for row, ids in enumerate(batch):
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             mask[row, width - len(ids) :] = 1
-        # Left padding: positions count real tokens only, so a padded row sees the same
-        # positions as the query alone.
         position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
         device = self.loaded.model.device
         last_only = all(pooling == "last" for pooling in poolings)

@@ -6,10 +6,9 @@ one ``model.safetensors`` holding ``W + scale * B @ A`` for every adapted layer 
 (DoRA, trained biases, extra saved modules, per-layer ranks, PiSSA-style initialisations, aLoRA)
 is refused, never approximated.
 
-capgate ships one adapter: SmolLM2-135M-Instruct taught by ``capgate train c3rl`` to end its
-answers with ``[confidence=X%]`` (``bench/c3rl.py``, bench/RESULTS.md):
-:data:`capgate.assets.C3RL_SMOLLM2_ADAPTER`. ``prepare_model("default-c3rl")`` merges it into the
-embedded model once and caches the folder, which any capgate backend loads.
+capgate ships one adapter, :data:`capgate.assets.C3RL_SMOLLM2_ADAPTER`: SmolLM2-135M-Instruct taught
+by ``capgate train c3rl`` to end its answers with ``[confidence=X%]`` (``bench/c3rl.py``).
+``prepare_model("default-c3rl")`` merges it into the embedded model once and caches the folder.
 """
 
 from __future__ import annotations
@@ -75,9 +74,8 @@ class LoraConfigFile(BaseModel):
     layer_replication: None = None
     trainable_token_indices: None = None
     target_parameters: None = None
-    # PiSSA, OLoRA, CorDA, LoftQ and LoRA-GA initialisations train against changed base weights
-    # (PEFT converts them back to plain LoRA on request: then this reads True); aLoRA and Arrow
-    # apply the adapter only in part: none is a plain ``W + scale * B @ A``.
+    # Not a plain W + scale * B @ A: PiSSA, OLoRA, CorDA, LoftQ, LoRA-GA initialisations (unless PEFT
+    # converted them back: then this reads True); aLoRA and Arrow (they apply the adapter in part).
     init_lora_weights: Literal[True, False, "gaussian"] = True
     alora_invocation_tokens: None = None
     arrow_config: None = None
@@ -105,9 +103,8 @@ _MERGE_VERSION = "capgate-lora-merge/1"
 
 def adapter_digest(adapter: str | os.PathLike[str]) -> str:
     """The sha256 over an adapter folder's config, weights and provenance (if any), and capgate's
-    merge version: what names and fingerprints a merged folder. File digests are remembered by
-    path, size and mtime (:func:`~capgate.local.weights.cached_file_sha256`), so resolving
-    ``"default-c3rl"`` again costs no re-hash.
+    merge version: what names and fingerprints a merged folder (file digests are cached by
+    :func:`~capgate.local.weights.cached_file_sha256`, so resolving ``"default-c3rl"`` again is cheap).
 
     Raises:
         DataError: The config or the safetensors weights are missing (PEFT's older pickled
@@ -184,11 +181,10 @@ def merge_lora(
 ) -> Path:
     """Write ``out``: the model folder ``base`` with the LoRA ``adapter`` merged into its weights.
 
-    ``out`` is built under a hidden name and appears only when complete; an existing ``out``
-    holding this very merge is returned untouched. Its ``capgate_model.json`` names the model as
-    the adapter's ``capgate_adapter.json`` does (else ``<base id>+lora-<digest>``) and
-    fingerprints it by the base's fingerprint and the adapter's digest, so probes and harvests of
-    the base are never mistaken for the merged model's.
+    ``out`` appears only when complete; an existing ``out`` holding this very merge is returned
+    untouched. Its ``capgate_model.json`` names the model as the adapter's ``capgate_adapter.json``
+    does (else ``<base id>+lora-<digest>``) and fingerprints it by the base's fingerprint and the
+    adapter's digest, so the base's probes and harvests are never mistaken for the merged model's.
 
     Raises:
         DataError: The adapter folder is malformed; uses what a plain merge cannot reproduce

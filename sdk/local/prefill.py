@@ -1,21 +1,16 @@
 """The shared prefill: one forward pass over a prompt feeds both the probe and the answer.
 
-When a probe reads a local model's hidden states and the same model then answers, both start by
-running the model over the same templated prompt. :class:`~capgate.local.hidden_states.HiddenStateFeaturizer`
-keeps what that pass produced (the KV cache and the last position's logits) in the model's
-:class:`PrefillCache`, keyed by the exact prompt token ids; the transformers sampling backend
-looks the prompt up and, on a hit, continues generation from it instead of running the prompt
-again. A miss (another prompt, an expired entry) takes the normal path, so results never
-depend on whether the cache was hit, only the work done does.
+:class:`~capgate.local.hidden_states.HiddenStateFeaturizer` keeps what its pass over a templated
+prompt produced (the KV cache and the last position's logits) in the model's :class:`PrefillCache`,
+keyed by the exact prompt token ids; the transformers sampling backend, on a hit, continues
+generation from it instead of running the prompt again. A miss (another prompt, an expired entry)
+takes the normal path: results never depend on a hit, only the work done does.
 
-The cache is shared by every copy of a model with the same identity (weights fingerprint,
-device, dtype, class, attention implementation), so an estimator and a backend loaded separately
-from the same weights share it. Entries are kept only while a consumer exists (a sampling
-backend enables its model's cache), expire after ``ttl_s`` seconds, and the cache holds at most
-``max_entries`` entries and ``max_bytes`` bytes (oldest dropped first). A resampled prompt reads
-the same entry for every draw until it expires.
-
-torch is not imported here.
+The cache is shared by every copy of a model with the same identity (weights fingerprint, device,
+dtype, class, attention implementation), so an estimator and a backend loaded separately share it.
+Entries are kept only while a consumer exists (a sampling backend enables its model's cache),
+expire after ``ttl_s`` seconds (a resampled prompt reads the same entry until then), and the cache
+holds at most ``max_entries`` entries and ``max_bytes`` bytes (oldest dropped first). No torch here.
 """
 
 from __future__ import annotations
@@ -110,7 +105,7 @@ class PrefillCache:
         self.enabled = True
 
     def put(self, ids: Sequence[int], entry: PrefillEntry) -> None:
-        """Keep ``entry`` for the prompt ``ids`` (no-op while disabled or if it alone is too big)."""
+        """Keep ``entry`` for ``ids`` (no-op while disabled or if it alone is too big)."""
         if not self.enabled or entry.nbytes > self.max_bytes:
             return
         key = tuple(ids)

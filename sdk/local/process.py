@@ -31,11 +31,10 @@ def _full_collection_s() -> float:
 def tune_process() -> ProcessTuning:
     """Keep everything loaded so far out of every later full garbage collection.
 
-    A process holding torch, transformers and a probe tracks some 400,000 objects, and each full
-    collection walks them all while every thread and coroutine waits (0.2-0.5 s on a 2-core CPU,
-    gated or not). Call this once the models are loaded, before serving: it collects what is
-    garbage now, then freezes the rest (``gc.freeze()``), so later collections walk only what
-    was made after. Objects made later are collected as usual; ``gc.unfreeze()`` undoes it.
+    A process holding torch, transformers and a probe tracks some 400,000 objects, which each full
+    collection walks while every thread waits (0.2-0.5 s on a 2-core CPU). Call this once the models
+    are loaded, before serving: it collects what is garbage now and freezes the rest (``gc.freeze()``);
+    later objects are collected as usual. ``gc.unfreeze()`` undoes it.
 
     Returns:
         What it froze, and one full collection's time before and after, measured.

@@ -56,11 +56,8 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 
 
 def cached_file_sha256(path: str | os.PathLike[str]) -> str:
-    """The sha256 (hex) of a file's contents, computed once per (path, size, mtime).
-
-    A file in the Hugging Face hub cache is a link to a blob named by its sha256; that name is
-    used as is. Other results are remembered in the capgate cache, so hashing a multi-GB model
-    costs a read only the first time.
+    """The sha256 (hex) of a file's contents, computed once per (path, size, mtime) and remembered
+    in the capgate cache; a Hugging Face hub cache link to a blob named by its sha256 is read by name.
 
     Examples:
         >>> import tempfile
@@ -94,11 +91,9 @@ def cached_file_sha256(path: str | os.PathLike[str]) -> str:
 
 
 def weights_fingerprint(folder: str | os.PathLike[str]) -> str:
-    """A deterministic digest of a model folder's weights.
-
-    For a folder capgate converted from a GGUF it is ``"gguf-sha256:<sha256 of the GGUF>"``
-    (recorded in ``capgate_model.json``). Otherwise it is ``"safetensors-sha256:<hex>"``, the
-    sha256 over the sorted names and content hashes of the folder's ``*.safetensors`` files.
+    """A deterministic digest of a model folder's weights: the one its ``capgate_model.json``
+    records (``"gguf-sha256:<sha256 of the GGUF>"`` for a converted GGUF), else
+    ``"safetensors-sha256:<hex>"`` over the sorted names and hashes of its ``*.safetensors`` files.
 
     Raises:
         DataError: The folder holds no ``*.safetensors`` weights.

@@ -59,7 +59,6 @@ def greedy_allocation(p: ArrayLike, budget: int, *, max_per_query: ArrayLike | i
     pa = np.clip(as_probabilities("p", p), _CLIP, 1.0 - _CLIP)
     budget = check_int_at_least("budget", budget, 0)
     caps = _caps(max_per_query, len(pa))
-    allocation = np.zeros(len(pa), dtype=np.int64)
     heap = [(-float(g), i) for i, g in enumerate(pa.tolist()) if caps is None or caps[i] > 0]
     heapq.heapify(heap)
     decay = (1.0 - pa).tolist()
@@ -74,8 +73,7 @@ def greedy_allocation(p: ArrayLike, budget: int, *, max_per_query: ArrayLike | i
             heapq.heappop(heap)
         else:
             heapq.heapreplace(heap, (negative_gain * decay[i], i))
-    allocation[:] = counts
-    return allocation
+    return np.array(counts, dtype=np.int64)
 
 
 def uniform_allocation(

@@ -223,8 +223,7 @@ def expected_calibration_error(
         p: Predicted capabilities in [0, 1].
         mu: Empirical capabilities µ̂ in [0, 1].
         n_bins: Number of bins M (default 10).
-        strategy: ``"uniform"`` for M equal-width bins (last bin closed, so p = 1.0 counts), or
-            ``"quantile"`` for M equal-mass bins.
+        strategy: ``"uniform"`` (equal-width) or ``"quantile"`` (equal-mass): see :func:`reliability_diagram`.
 
     Examples:
         >>> round(expected_calibration_error([0.9, 0.9], [1.0, 0.6]), 4)

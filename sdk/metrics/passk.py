@@ -28,11 +28,10 @@ __all__ = [
 
 
 def _miss_probability(n: IntArray, c: IntArray, k: IntArray) -> FloatArray:
-    """C(n−c, k) / C(n, k) per row: the chance that k draws without replacement all miss.
+    """C(n−c, k) / C(n, k) per row: the chance that k draws without replacement all miss (1 for k = 0).
 
-    Computed as the product Π_{j<k} (n−c−j)/(n−j) of factors in [0, 1], which cannot overflow
-    and loses no precision to cancellation; rows with k = 0 give 1. Real data repeats the same
-    (n, c, k) many times (n is usually fixed), so each distinct triple is computed once.
+    The product Π_{j<k} (n−c−j)/(n−j) of factors in [0, 1] cannot overflow or cancel; each distinct
+    (n, c, k) triple (real data repeats them) is computed once.
     """
     span_c, span_k = int(c.max()) + 1, int(k.max()) + 1
     if (int(n.max()) + 1) * span_c * span_k < 2**62:

@@ -30,6 +30,16 @@ def agg_pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, figure: Any, path: str | Path) -> Path:
+    """Write ``figure`` to the PNG file ``path`` (its folder made if needed), close it, return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def plot_reliability(diagram: ReliabilityDiagram, path: str | Path, *, title: str = "") -> Path:
     """Draw a reliability diagram (mean µ̂ against mean confidence per bin) to a PNG file.
 
@@ -40,8 +50,6 @@ def plot_reliability(diagram: ReliabilityDiagram, path: str | Path, *, title: st
         The written path.
     """
     plt = agg_pyplot()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     filled = diagram.counts > 0
     n_bins = len(diagram.counts)
     centers = (
@@ -73,10 +81,7 @@ def plot_reliability(diagram: ReliabilityDiagram, path: str | Path, *, title: st
     bottom.bar(centers[filled], diagram.counts[filled], width=width * 0.9, color="grey")
     bottom.set_xlabel("predicted capability p")
     bottom.set_ylabel("queries")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(plt, figure, path)
 
 
 def plot_risk_coverage(
@@ -105,8 +110,6 @@ def plot_risk_coverage(
     answered = np.arange(1, pa.size + 1)
     coverage = answered / pa.size
     risk = np.cumsum(1.0 - ma[order]) / answered
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(figsize=(5, 4))
     axes.plot(coverage, risk, color="black", label="answer the most confident")
     axes.scatter([1.0], [risk[-1]], color="grey", zorder=3, label="answer everything")
@@ -125,7 +128,4 @@ def plot_risk_coverage(
     axes.set_ylim(0, max(float(risk.max()) * 1.1, (target or 0.0) * 1.2, 0.05))
     axes.set_title(title or "risk–coverage")
     axes.legend(loc="upper left", fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(plt, figure, path)

@@ -99,14 +99,7 @@ def format_table(rows: Sequence[CalibrationRow], *, title: str | None = None) ->
     for kk in pass_ks:
         table.add_column(f"pass@{kk} MSE", justify="right")
     for row in rows:
-        table.add_row(
-            row.source,
-            str(row.n),
-            _cell(row.accuracy),
-            _cell(row.capability_brier),
-            _cell(row.ece),
-            _cell(row.auroc),
-            _cell(row.spearman),
-            *(_cell(row.pass_at_k_mse[kk]) for kk in pass_ks),
-        )
+        values = [row.accuracy, row.capability_brier, row.ece, row.auroc, row.spearman]
+        values += [row.pass_at_k_mse[kk] for kk in pass_ks]
+        table.add_row(row.source, str(row.n), *map(_cell, values))
     return table
