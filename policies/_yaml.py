@@ -219,14 +219,18 @@ def _raw_band_errors(
 
 def _raw_edges(raw: list[dict[str, Any]]) -> list[tuple[float | None, float | None]] | None:
     """``(below, at_least)`` of raw bands, or None when some edge is not a number in [0, 1]."""
-    values = [band.get(key) for band in raw for key in ("below", "at_least")]
-    for value in values:
-        if value is not None and not (
-            isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
-        ):
+
+    def edge(value: Any) -> float | None:
+        if value is None:
             return None
-    edges = [None if value is None else float(value) for value in values]
-    return list(zip(edges[::2], edges[1::2], strict=True))
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+            raise ValueError(value)
+        return float(value)
+
+    try:
+        return [(edge(band.get("below")), edge(band.get("at_least"))) for band in raw]
+    except ValueError:
+        return None
 
 
 def _at(root: yaml.Node, loc: Loc, message: str, source: str) -> DataError:

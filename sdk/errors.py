@@ -87,7 +87,8 @@ class ProbeMismatchError(CapgateError, ValueError):
 
 class BackendError(CapgateError, RuntimeError):
     """A model backend could not produce a generation (after any retries it makes). Estimators
-    catch it and return a degraded :class:`~capgate.Estimate` naming it.
+    catch it and return a degraded :class:`~capgate.Estimate` naming it; code that calls a backend
+    directly sees it raised.
 
     Args:
         message: What failed, including the last underlying error.

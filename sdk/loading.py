@@ -240,9 +240,9 @@ def load_estimator(
             estimate's ``details["dtype"]`` says which dtype its pass used (the model's own when
             the pass was a shared prefill).
         batch_size: Queries per forward pass when featurizing.
-        guard: Wrap the probe in :class:`~capgate.estimators.guarded.InjectionGuard`: estimates of
-            queries with capability claims or context that could lift them come back
-            ``degraded=True`` with a reason. Off by default: the default probe is itself trained
+        guard: Wrap the probe in :class:`~capgate.estimators.guarded.InjectionGuard`, so
+            capability claims and context in the query cannot lift the estimate: such estimates
+            come back ``degraded=True`` with a reason. Off by default: the default probe is itself trained
             blind to claims of easiness (:class:`~capgate.estimators.NuisanceProjection`), and the
             guard also flags some task-format asides such as "(A, B, C or D)" (6% of the default
             held-out split; ``bench/injection_bench.py``, bench/RESULTS.md).

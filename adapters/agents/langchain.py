@@ -176,11 +176,13 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         if not isinstance(gate_tools, bool):
             raise SettingsError(f"`gate_tools` must be True or False; got {gate_tools!r}")
         try:
-            check_int_at_least("max_clarifications", max_clarifications, 0, "a non-negative integer")
+            clarifications = check_int_at_least(
+                "max_clarifications", max_clarifications, 0, "a non-negative integer"
+            )
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         self.gate_tools = gate_tools
-        self.max_clarifications = max_clarifications
+        self.max_clarifications = clarifications
         self.tool_gate = hitl.ToolCallGate(gate=self.gate)
         self._voter = self.gate.with_options(extract=_voting_extract(self.gate.extract))
         self._memo: OrderedDict[tuple[str | None, str], Verdict] = OrderedDict()

@@ -130,8 +130,12 @@ def load_saved_hidden_states(path: str, *, remove: bool = True) -> tuple[np.ndar
     lock = path + ".lock"
     try:
         with contextlib.ExitStack() as held:  # the lock, if there is one, is held across the read
-            with contextlib.suppress(FileNotFoundError):
-                fcntl.flock(held.enter_context(open(lock)), fcntl.LOCK_SH)
+            try:
+                handle = held.enter_context(open(lock))
+            except FileNotFoundError:
+                handle = None
+            if handle is not None:
+                fcntl.flock(handle, fcntl.LOCK_SH)
             try:
                 from safetensors.numpy import load_file
 

@@ -38,7 +38,8 @@ DEFAULT_EPSILON = -1.0
 """ε of the paper's stop rule (σ(c1 − c2 − ε)) wherever it is not given: a policy's ``{rule: paper}``,
 the default :class:`StopSettings`, :class:`capgate.cas.cas_frequency_gap`. Chosen on the tuning pools
 of ``bench/cas_bench.py``: the fewest samples within 0.5 points of weighted fixed-N = 40, in batches
-of 4 (the policies' default). ε = 0 stops earlier: at most σ(1) ≈ 0.73 per batch at a full gap."""
+of 4 (the policies' default). ε = 0, the rule read literally, stops later: its stop probability is at
+most σ(1) ≈ 0.73 per batch even at a full gap (σ(2) ≈ 0.88 at ε = −1)."""
 
 
 class PaperConfidenceGap(BaseModel):

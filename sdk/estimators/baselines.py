@@ -48,7 +48,8 @@ class UniformRandom(CapabilityEstimator):
     """The paper's "Uniform" baseline: a capability drawn from U(0, 1), ignoring the query.
 
     Each query's draw is a keyed hash of the query and ``random_state``: reproducible, independent
-    of batching and order, uniform across distinct queries. :meth:`fit` only checks its arguments.
+    of batching and order, uniform across distinct queries. It learns nothing: :meth:`fit` only
+    checks its arguments, and prediction works without it.
 
     Args:
         random_state: Seed of the draws.

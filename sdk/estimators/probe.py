@@ -232,18 +232,20 @@ class ProbeEstimator(CapabilityEstimator):
             details["fast_path"] = dict(self.fast_path)
         estimates: list[Estimate] = []
         for row in rows:
-            if not isinstance(row, str) and row.shape != (dim,):
+            if isinstance(row, str):
+                reason = row
+            elif row.shape != (dim,):
                 raise ProbeMismatchError(
                     f"featurizer returned {row.shape[-1]} features; the probe expects {dim}"
                 )
-            if not isinstance(row, str) and not np.all(np.isfinite(row)):
-                row = "featurizer returned non-finite features"
-            if isinstance(row, str):
-                estimates.append(Estimate.unavailable(self.method, row, cost=cost, **details))
+            elif not np.all(np.isfinite(row)):
+                reason = "featurizer returned non-finite features"
+            else:
+                p = float(self.probe.predict(row[None, :])[0])
+                estimate = Estimate(p=p, method=self.method, cost=cost, details=details)
+                estimates.append(estimate.with_features(row, spec))
                 continue
-            p = float(self.probe.predict(row[None, :])[0])
-            estimate = Estimate(p=p, method=self.method, cost=cost, details=details)
-            estimates.append(estimate.with_features(row, spec))
+            estimates.append(Estimate.unavailable(self.method, reason, cost=cost, **details))
         return estimates
 
     def _featurize_alone(self, query: Prompt) -> npt.NDArray[np.float32] | str:

@@ -17,7 +17,8 @@ class GateStats:
     Attributes:
         calls: Gated calls (in shadow mode, counted when the call proceeds).
         actions: Actions taken, per action (a shadow call's is ``answer``).
-        shadow_actions: What the gate would have done on its shadow calls, per action.
+        shadow_actions: What the gate would have done on its shadow calls, per action (counted
+            when each shadow decision is made, beside the call: ``flush()`` before reading).
         degraded: Decisions made on a degraded estimate (the policy's fail-safe), shadow ones too.
         samples: Responses drawn by ``resample``.
         last_decision: The most recent decision.

@@ -17,7 +17,6 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -123,7 +122,6 @@ def write_calibration(
     return version
 
 
-@dataclass(eq=False, repr=False, kw_only=True)
 class Calibration:
     """A calibration written by :func:`~capgate.learn.calibrate` (``capgate calibrate``).
 
@@ -140,12 +138,22 @@ class Calibration:
     Use :meth:`load`; the constructor only stores what it is given.
     """
 
-    path: Path
-    version: str
-    target: str | None
-    method: str
-    kind: Kind
-    summary: dict[str, Any]
+    def __init__(
+        self,
+        *,
+        path: Path,
+        version: str,
+        target: str | None,
+        method: str,
+        kind: Kind,
+        summary: dict[str, Any],
+    ) -> None:
+        self.path = path
+        self.version = version
+        self.target = target
+        self.method = method
+        self.kind = kind
+        self.summary = summary
 
     def __repr__(self) -> str:
         return (

@@ -33,10 +33,12 @@ def agg_pyplot() -> Any:
 def _save(plt: Any, figure: Any, path: str | Path) -> Path:
     """Write ``figure`` to the PNG file ``path`` (its folder made if needed), close it, return the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.tight_layout()
+        figure.savefig(path, dpi=110)
+    finally:
+        plt.close(figure)
     return path
 
 

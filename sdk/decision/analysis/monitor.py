@@ -179,7 +179,8 @@ def _report(
     scored = [(r.p, t) for r in rows if r.p is not None and (t := _target(r)) is not None]
     current = scored[-window:]
     previous = scored[-2 * window : -window] if len(scored) > window else []
-    win, ref = (_stats(np.array(pairs), n_bins) if pairs else None for pairs in (current, previous))
+    win = _stats(np.array(current), n_bins) if current else None
+    ref = _stats(np.array(previous), n_bins) if previous else None
     brier_delta = None if win is None or ref is None else win.brier - ref.brier
     ece_delta = None if win is None or ref is None else win.ece - ref.ece
     reasons: list[str] = []

@@ -164,9 +164,10 @@ def _write(store: Store, outcomes: Sequence[Outcome], *, replace: bool) -> int:
     written."""
     sql = store.dialect.render(REPLACE_OUTCOME if replace else INSERT_OUTCOME)
     touched = [(decision_id,) for decision_id in dict.fromkeys(o.decision_id for o in outcomes)]
-    return store.write_all([(sql, [params(o) for o in outcomes]), (store.dialect.render(UPDATE_Y), touched)])[
-        0
-    ]
+    counts = store.write_all(
+        [(sql, [params(o) for o in outcomes]), (store.dialect.render(UPDATE_Y), touched)]
+    )
+    return counts[0]
 
 
 def attach(log: DecisionLog, outcome: Outcome, *, replace: bool) -> Outcome:
