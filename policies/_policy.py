@@ -184,8 +184,6 @@ class Policy(Strict):
             raise PolicyIssueError(issues)
         return self
 
-    # ----------------------------------------------------------------- loading
-
     @classmethod
     def from_yaml(cls, path: str | Path) -> Policy:
         """Load and validate a policy file (``yaml.SafeLoader`` only).
@@ -216,8 +214,6 @@ class Policy(Strict):
         if header:
             text = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines()) + text
         return text
-
-    # ----------------------------------------------------------------- deciding
 
     def rule(self, *, step: str | None = None, tool: str | None = None) -> Rule:
         """The bands and fail-safe in force for a step and/or tool (tool overrides win)."""
@@ -298,8 +294,6 @@ class Policy(Strict):
             tool=tool,
         )
 
-    # ----------------------------------------------------------------- editing
-
     def with_answer_threshold(
         self, threshold: float, *, step: str | None = None, tool: str | None = None
     ) -> tuple[Policy, list[str]]:
@@ -344,27 +338,20 @@ class Policy(Strict):
                 notes.append(f"{band.action} band [{fmt(lower)}, {fmt(upper)}) now ends at {fmt(new_upper)}")
             new_bands.append({"below": new_upper, **_band_body(band)})
         new_bands.append(_band_body(top))
-        data = self.model_dump(mode="python")
+        data = self.model_dump(mode="python")  # in full: a setting written as null stays null
         if tool is not None:
-            data["tools"].setdefault(tool, {})["bands"] = new_bands
+            data.setdefault("tools", {}).setdefault(tool, {})["bands"] = new_bands
         elif step is not None:
-            data["steps"].setdefault(step, {})["bands"] = new_bands
+            data.setdefault("steps", {}).setdefault(step, {})["bands"] = new_bands
         else:
             data["bands"] = new_bands
-        return Policy.model_validate(_strip_none(data)), notes
+        return Policy.model_validate(data), notes
 
 
 def _action_body(spec: AnyAction) -> dict[str, Any]:
     """An action as written in a policy file: its tag and the settings not at their defaults."""
-    body: dict[str, Any] = {"action": spec.action}
-    body.update(
-        {
-            k: v
-            for k, v in spec.model_dump(mode="json", exclude_defaults=True).items()
-            if k not in ("action", "below", "at_least")
-        }
-    )
-    return body
+    settings = spec.model_dump(mode="json", exclude_defaults=True, exclude={"action", "below", "at_least"})
+    return {"action": spec.action, **settings}
 
 
 def _bands_body(bands: Sequence[AnyBand]) -> list[dict[str, Any]]:
@@ -390,12 +377,4 @@ def _rule_body(bands: Sequence[AnyBand] | None, on_degraded: AnyAction | None) -
 
 def _band_body(band: AnyBand) -> dict[str, Any]:
     """A band's action settings, without its edges."""
-    return {k: v for k, v in band.model_dump(mode="python").items() if k not in ("below", "at_least")}
-
-
-def _strip_none(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {k: _strip_none(v) for k, v in data.items() if v is not None}
-    if isinstance(data, list):
-        return [_strip_none(v) for v in data]
-    return data
+    return band.model_dump(mode="python", exclude={"below", "at_least"})

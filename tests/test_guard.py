@@ -7,7 +7,9 @@ import asyncio
 import inspect
 import itertools
 import typing
+from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -430,6 +432,24 @@ def test_shared_gate_counts_across_functions(estimator: KeywordEstimator) -> Non
     gate.stats.reset()
     assert gate.stats.calls == 0
     assert gate.stats.last_decision is None
+
+
+def test_stats_reset_zeroes_every_count() -> None:
+    """Every field, the spill count included (reset once forgot it), is back at its default."""
+    from capgate.gate import GateStats
+
+    stats = GateStats()
+    for spec in fields(stats):
+        value = getattr(stats, spec.name)
+        if isinstance(value, Counter):
+            value["answer"] += 2
+        elif spec.name != "_lock":
+            setattr(stats, spec.name, 3)
+    counters = stats.actions, stats.shadow_actions
+    stats.reset()
+    assert stats == GateStats()
+    assert stats.actions is counters[0]  # cleared in place
+    assert stats.shadow_actions is counters[1]
 
 
 @pytest.mark.parametrize("kind", KINDS)

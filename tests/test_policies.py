@@ -371,6 +371,38 @@ def test_with_answer_threshold_on_overrides() -> None:
     assert moved.steps["plan"].on_degraded is not None  # the override keeps its fail-safe
 
 
+def test_with_answer_threshold_keeps_stop_rules_turned_off() -> None:
+    """A setting written as null (a CAS stop rule turned off) stays off in the moved policy; the
+    policy written by `capgate calibrate --risk` used to turn the paper rule and consensus back on.
+    Policies from a file and policies built in Python (their action tags left at the default)."""
+    resample = {"action": "resample", "max_samples": 8, "stop": {"confidence_gap": None, "consensus": None}}
+    bands = [{"below": 0.5, **resample}, {"action": "answer"}]
+    from_file = Policy.model_validate(
+        {
+            "name": "off",
+            "bands": [{"below": 0.3, "action": "abstain"}, {"below": 0.6, **resample}, {"action": "answer"}],
+            "on_degraded": "abstain",
+            "tools": {"pay": {"bands": bands}},
+            "steps": {"plan": {"bands": bands}},
+        }
+    )
+    off = StopSettings(confidence_gap=None, consensus=None)
+    in_python = Policy(
+        name="off",
+        bands=[AbstainBand(below=0.3), ResampleBand(below=0.6, max_samples=8, stop=off), AnswerBand()],
+        on_degraded=EscalateAction(to="ops"),
+        tools={"pay": {"bands": [ResampleBand(below=0.5, max_samples=8, stop=off), AnswerBand()]}},
+        steps={"plan": {"bands": [ResampleBand(below=0.5, max_samples=8, stop=off), AnswerBand()]}},
+    )
+    for policy in (from_file, in_python):
+        for threshold, scope in ((0.8, {}), (0.9, {"tool": "pay"}), (0.7, {"step": "plan"})):
+            moved = policy.with_answer_threshold(threshold, **scope)[0]
+            assert moved.rule(**scope).edges[-1] == (threshold, 1.0)
+            stop = moved.rule(**scope).bands[-2].stop
+            assert (stop.confidence_gap, stop.consensus) == (None, None)
+            assert Policy.from_yaml_text(moved.to_yaml()).rule(**scope).bands[-2].stop == stop
+
+
 def test_yaml_round_trip() -> None:
     complex_policy = Policy.model_validate(
         {

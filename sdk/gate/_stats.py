@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from capgate.cas.loop import CASResult
 from capgate.core.types import Decision
@@ -107,13 +107,12 @@ class GateStats:
                 self.candidate_failures += failed is not None
 
     def reset(self) -> None:
-        """Zero every count."""
+        """Zero every count (and forget the last decision, resample run and errors)."""
         with self._lock:
-            self.calls = self.degraded = self.samples = self.log_failures = 0
-            self.features_logged = self.feature_failures = 0
-            self.candidate_decisions = self.candidate_failures = 0
-            self.last_log_error = self.last_beside_error = None
-            self.actions.clear()
-            self.shadow_actions.clear()
-            self.last_decision = None
-            self.last_cas = None
+            for spec in fields(self):
+                value = getattr(self, spec.name)
+                if isinstance(value, Counter):
+                    value.clear()
+                elif spec.name != "_lock":
+                    factory = spec.default_factory
+                    setattr(self, spec.name, factory() if callable(factory) else spec.default)
