@@ -215,19 +215,15 @@ def choose_route(plan: RoutePlan, estimates: Mapping[str, Estimate]) -> tuple[st
             continue
         p[name] = estimate.p
         if estimate.p is not None and not estimate.degraded and estimate.p >= plan.edge:
-            seen = ", ".join(_p_text(n, v) for n, v in p.items())
+            seen = ", ".join(f"{n}: {_Prob(v)}" for n, v in p.items())
             reason = f"route to {name!r}: the cheapest choice predicted to reach {plan.edge:g} ({seen})"
             return name, plan.model_copy(update={"p": p}), reason
     strongest = plan.choices[-1]
-    seen = ", ".join(_p_text(n, v) for n, v in p.items()) or "no estimates"
+    seen = ", ".join(f"{n}: {_Prob(v)}" for n, v in p.items()) or "no estimates"
     reason = (
         f"route to {strongest!r}, the strongest choice: none is predicted to reach {plan.edge:g} ({seen})"
     )
     return strongest, plan.model_copy(update={"p": p}), reason
-
-
-def _p_text(name: str, p: float | None) -> str:
-    return f"{name}: {tpl.UNAVAILABLE if p is None else format(p, '.3f')}"
 
 
 AnyAction: TypeAlias = (

@@ -27,9 +27,6 @@ def _loc_text(loc: Loc) -> str:
     return out
 
 
-# --------------------------------------------------------------------------- shorthands
-
-
 def expand_shorthand(kind: Shorthand, value: Any) -> Any:
     """Expand the shorthand forms of the policy format to the full form (the only place that does).
 

@@ -111,9 +111,6 @@ def parse_policy(text: str, *, model: type[Model], source: str = "<string>") -> 
     return policy
 
 
-# --------------------------------------------------------------------------- locating errors
-
-
 def _duplicate_keys(node: yaml.Node, source: str, path: str = "") -> Iterator[DataError]:
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}

@@ -265,11 +265,8 @@ class OpenAIBackend:
             return assemble(len(prompts), jobs, [self._run(job) for job in jobs])
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(jobs))) as pool:
             futures = [pool.submit(self._run, job) for job in jobs]
-            outcomes: list[list[Generation] | BaseException] = []
-            for future in futures:
-                exc = future.exception()
-                outcomes.append(exc if exc is not None else future.result())
-        return assemble(len(prompts), jobs, raise_first(outcomes))
+        # Every job has run (the pool waits for them all); the first failed one, in job order, raises.
+        return assemble(len(prompts), jobs, [future.result() for future in futures])
 
     def close(self) -> None:
         """Close the underlying HTTP client(s)."""

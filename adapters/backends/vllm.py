@@ -148,10 +148,15 @@ def parse_request_output(output: Any) -> list[Generation]:
 class _LazyEngine:
     """A ``vllm.LLM`` engine built from :meth:`engine_kwargs` on first use (or given)."""
 
-    model: str
-    dtype: str
-    max_model_len: int | None
-    _llm: Any
+    def __init__(
+        self, model: str, dtype: str, max_model_len: int | None, llm_kwargs: Mapping[str, Any] | None
+    ) -> None:
+        self.model = model
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.llm_kwargs = dict(llm_kwargs or {})
+        self._llm: Any = None
+        self._lock = threading.Lock()
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments (no engine is built)."""
@@ -207,14 +212,9 @@ class VLLMBackend(_LazyEngine):
     ) -> None:
         if not model:
             raise ValueError("`model` must be a hub id or a folder; got ''")
-        self.model = model
-        self.dtype = dtype
-        self.max_model_len = max_model_len
+        super().__init__(model, dtype, max_model_len, llm_kwargs)
         self.seed = seed
         self.enforce_eager = enforce_eager
-        self.llm_kwargs = dict(llm_kwargs or {})
-        self._llm: Any = None
-        self._lock = threading.Lock()
 
     @classmethod
     def from_llm(cls, llm: Any, *, model_id: str) -> VLLMBackend:
@@ -301,18 +301,13 @@ class VLLMFeaturizer(_LazyEngine, _hidden_states.HiddenStateLayers):
     ) -> None:
         check_choice("pooling", pooling, ("last", "mean"))
         _hidden_states.check_layers(layers)
-        self.model = model
+        super().__init__(model, dtype, max_model_len, llm_kwargs)
         self.layers = layers
         self.pooling = pooling
         self.chat_template = chat_template
         self.weights_fingerprint = weights_fingerprint
-        self.dtype = dtype
-        self.max_model_len = max_model_len
-        self.llm_kwargs = dict(llm_kwargs or {})
-        self._llm: Any = None
         self._norm = None
         self._storage: tempfile.TemporaryDirectory[str] | None = None
-        self._lock = threading.Lock()
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments for this featurizer's mode (no engine is built)."""

@@ -13,12 +13,14 @@ from capgate._util.jsonl import data_error_from_validation
 HeaderT = TypeVar("HeaderT", bound=BaseModel)
 
 
-def read_saved(model: type[HeaderT], payload: object, path: str | Path) -> HeaderT:
-    """``payload`` (a saved file's parsed header) validated as ``model``.
+def read_saved(
+    model: type[HeaderT], payload: object, path: str | Path, *, line: int | None = None
+) -> HeaderT:
+    """``payload`` (a saved file's parsed header, or its record on ``line``) validated as ``model``.
 
     Raises:
         DataError: A field is missing, of the wrong type or out of range; the message names
-            ``path`` and the field.
+            ``path``, the line if given, and the field.
 
     Examples:
         >>> from pydantic import BaseModel
@@ -32,4 +34,4 @@ def read_saved(model: type[HeaderT], payload: object, path: str | Path) -> Heade
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        raise data_error_from_validation(exc, path=path, line=None) from None
+        raise data_error_from_validation(exc, path=path, line=line) from None

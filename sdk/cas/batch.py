@@ -83,11 +83,9 @@ class BatchAllocator:
         fill_unavailable: float | None = None,
         unknown_weight: float = UNKNOWN_CONFIDENCE_WEIGHT,
     ) -> None:
-        budget = check_int_at_least("budget", budget, 0)
-        max_per_query = check_positive_int("max_per_query", max_per_query)
+        self.budget = check_int_at_least("budget", budget, 0)
+        self.max_per_query = check_positive_int("max_per_query", max_per_query)
         self.priors = priors = _capabilities(estimates, fill_unavailable=fill_unavailable)
-        self.budget = budget
-        self.max_per_query = max_per_query
         self.unknown_weight = unknown_weight
         self.drawn = [0] * len(priors)
         self.pending = [0] * len(priors)

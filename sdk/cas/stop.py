@@ -201,9 +201,6 @@ class stop_after_delay(StopRule):  # noqa: N801
         return f"stop_after_delay({self.seconds:g})"
 
 
-# --------------------------------------------------------------------------- Beta consensus
-
-
 def beta_prob_above_half(a: int, b: int) -> float:
     """P(X > 1/2) for X ~ Beta(a, b) with positive integer ``a``, ``b``, computed exactly.
 
@@ -280,9 +277,6 @@ class beta_futility(StopRule):  # noqa: N801
 
     def __repr__(self) -> str:
         return f"beta_futility(threshold={self.threshold:g})"
-
-
-# --------------------------------------------------------------------------- CAS
 
 
 def _leader_gap(state: SamplingState, ranked: list[str]) -> float | None:

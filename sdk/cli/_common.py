@@ -63,11 +63,20 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     raise typer.Exit(code)
 
 
-def run_reporting_errors(action: Callable[[], T]) -> T:
-    """Run ``action``; turn capgate's input errors into a one-line message and exit status 2."""
+def fail_lines(error: Exception) -> NoReturn:
+    """:func:`fail` with ``error: `` before each line of ``error`` (a policy file can have many)."""
+    for line in str(error).splitlines():
+        typer.echo(f"error: {line}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+def run_reporting_errors(
+    action: Callable[[], T], errors: tuple[type[Exception], ...] = (CapgateError, ValueError)
+) -> T:
+    """Run ``action``; turn capgate's input errors (``errors``) into a one-line message and exit status 2."""
     try:
         return action()
-    except (CapgateError, ValueError) as exc:
+    except errors as exc:
         fail(str(exc))
 
 

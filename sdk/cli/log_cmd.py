@@ -33,10 +33,7 @@ def open_existing_log(db: str | None) -> DecisionLog:
     """
     if db is not None and is_database_url(db):
         log = DecisionLog(db)
-        try:
-            log.schema_version()  # connects (and migrates) now, to fail here with a clear message
-        except CapgateError as exc:
-            fail(str(exc))
+        run_reporting_errors(log.schema_version, (CapgateError,))  # connects (and migrates) now, to fail here
         return log
     path = Path(db) if db is not None else default_log_path()
     if not path.is_file():
@@ -183,10 +180,7 @@ def show(
 ) -> None:
     """Show the most recent decisions, oldest first, with their outcomes."""
     with open_existing_log(db) as log:
-        try:
-            rows = log.decisions(method=method, last=last)
-        except CapgateError as exc:
-            fail(str(exc))
+        rows = run_reporting_errors(lambda: log.decisions(method=method, last=last), (CapgateError,))
     if as_json:
         for row in rows:
             typer.echo(json.dumps(row.model_dump(mode="json"), ensure_ascii=False))
@@ -242,10 +236,7 @@ def replay_spill(
         kept = SpillFile(spill) if spill is not None else log.spill
         if kept is None:
             fail("this log has no spill file (opened with spill=None); pass --spill")
-        try:
-            count = kept.replay(log)
-        except CapgateError as exc:
-            fail(str(exc))
+        count = run_reporting_errors(lambda: kept.replay(log), (CapgateError,))
     typer.echo(f"wrote {count} spilled decisions into {log.location} (from {kept.path})")
 
 

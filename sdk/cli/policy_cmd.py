@@ -8,7 +8,7 @@ from typing import Annotated, cast, get_args
 
 import typer
 
-from capgate.cli._common import EXIT_BAD_INPUT, JsonFlag, command_group
+from capgate.cli._common import EXIT_BAD_INPUT, JsonFlag, command_group, fail_lines
 from capgate.errors import DataError
 
 __all__ = ["policy_app", "register"]
@@ -21,13 +21,6 @@ policy_app = command_group(
 def register(app: typer.Typer) -> None:
     """Add the ``policy`` sub-app to the ``capgate`` command line."""
     app.add_typer(policy_app, name="policy")
-
-
-def _fail(error: Exception, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    """``error: <line>`` on stderr for each line of the error (a policy file can have many)."""
-    for line in str(error).splitlines():
-        typer.echo(f"error: {line}", err=True)
-    return typer.Exit(code)
 
 
 @policy_app.command("schema")
@@ -157,7 +150,7 @@ def calibrate_cmd(
             seed=seed,
         )
     except (PolicyError, DataError, ValueError) as exc:
-        raise _fail(exc) from None
+        fail_lines(exc)
 
     summary: dict[str, object] = {**risk_summary(result), "out": None}
     if result.threshold is None:
@@ -183,7 +176,7 @@ def calibrate_cmd(
     try:
         out.write_text(calibrated.to_yaml(header=header), encoding="utf-8")
     except OSError as exc:
-        raise _fail(DataError(f"cannot write the policy: {exc}", path=out)) from None
+        fail_lines(DataError(f"cannot write the policy: {exc}", path=out))
     summary["out"] = str(out)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))

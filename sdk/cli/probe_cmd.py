@@ -27,7 +27,7 @@ from capgate.cli._common import (
     run_reporting_errors,
     show_figures,
 )
-from capgate.errors import DataError
+from capgate.errors import CapgateError, DataError
 from capgate.labels.labelled import LabelledSet, iter_labelled, read_labelled
 
 __all__ = ["register"]
@@ -217,20 +217,18 @@ def fit_command(
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        try:
-            run_reporting_errors(
-                lambda: probe.fit(
-                    X,
-                    labelled.mu_hat,
-                    X_val=X_val,
-                    y_val=y_val,
-                    feature_spec=spec,
-                    source=str(labels),
-                    target=target,
-                )
-            )
-        except ImportError as exc:
-            fail(str(exc))
+        run_reporting_errors(
+            lambda: probe.fit(
+                X,
+                labelled.mu_hat,
+                X_val=X_val,
+                y_val=y_val,
+                feature_spec=spec,
+                source=str(labels),
+                target=target,
+            ),
+            (CapgateError, ValueError, ImportError),
+        )
     for warning in caught:
         typer.echo(f"warning: {warning.message}", err=True)
     probe.save(out)

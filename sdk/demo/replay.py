@@ -24,6 +24,7 @@ against the recorded answers:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import io
 import json
@@ -141,19 +142,11 @@ def _fewest_samples(p: NDArray[np.float64], n: NDArray[np.int64], c: NDArray[np.
     """The smallest budget whose greedy allocation's expected success reaches ``target``."""
     from capgate.metrics import expected_success, greedy_allocation
 
-    def success(budget: int) -> float:
-        return expected_success(greedy_allocation(p, budget, max_per_query=n), n, c)
+    def reaches(budget: int) -> bool:
+        return expected_success(greedy_allocation(p, budget, max_per_query=n), n, c) >= target - 1e-12
 
-    low, high = 0, int(n.sum())
-    if success(high) < target - 1e-12:  # pragma: no cover - every pool in full reaches any pass@k
-        return high
-    while low < high:
-        mid = (low + high) // 2
-        if success(mid) >= target - 1e-12:
-            high = mid
-        else:
-            low = mid + 1
-    return low
+    # The smallest budget below n.sum() that reaches the target, else n.sum() (every pool in full).
+    return bisect.bisect_left(range(int(n.sum())), True, key=reaches)
 
 
 def replay_math500(

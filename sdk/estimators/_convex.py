@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from capgate._util.validate import FloatArray
-from capgate.estimators._common import fit_logistic_link
+from capgate.estimators._common import fit_logistic_link, require_module
 
 
 def kfold(n: int, n_splits: int, random_state: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -120,17 +120,6 @@ def ridge_loo(z: FloatArray, y: FloatArray, alphas: Sequence[float]) -> FloatArr
     return loo
 
 
-def require_torch() -> Any:
-    """The torch module, or an ImportError saying which extra to install."""
-    try:
-        import torch
-    except ImportError:
-        raise ImportError(
-            "fitting a LinearProbe needs torch; install the extra: pip install 'capgate[local]'"
-        ) from None
-    return torch
-
-
 def fit_logistic(
     z: FloatArray,
     y: FloatArray,
@@ -143,7 +132,7 @@ def fit_logistic(
     deterministic L-BFGS (torch, float64, one CPU thread, strong Wolfe), from ``init = (w, b)`` or
     else ``w = 0, b = logit(mean y)`` (the constant prior).
     """
-    torch = require_torch()
+    torch = require_module("torch", "fitting a LinearProbe")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

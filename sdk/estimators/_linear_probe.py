@@ -23,6 +23,7 @@ from capgate.estimators._common import (
     check_fitted,
     json_settings,
     read_json,
+    require_module,
     sigmoid,
     spec_as_dict,
     write_json,
@@ -37,16 +38,6 @@ FORMAT_VERSION = 1
 WEIGHTS_FILE = "probe.safetensors"
 META_FILE = "probe.json"
 _FINGERPRINT_KEYS = ("weights_fingerprint", "fingerprint")
-
-
-def _require_safetensors() -> Any:
-    try:
-        import safetensors.numpy
-    except ImportError:
-        raise ImportError(
-            "saving or loading a probe needs safetensors; install the extra: pip install 'capgate[local]'"
-        ) from None
-    return safetensors.numpy
 
 
 def spec_fingerprint(spec: Mapping[str, Any] | None) -> str | None:
@@ -301,7 +292,7 @@ class LinearProbe(Params):
         check_fitted(self, "coef_")
         assert self.coef_ is not None
         assert self.intercept_ is not None
-        st = _require_safetensors()
+        st = require_module("safetensors.numpy", "saving or loading a probe")
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         tensors: dict[str, np.ndarray[Any, Any]] = {
@@ -342,7 +333,7 @@ class LinearProbe(Params):
             raise DataError(
                 "weights file does not match the SHA-256 recorded in probe.json", path=weights_path
             )
-        st = _require_safetensors()
+        st = require_module("safetensors.numpy", "saving or loading a probe")
         try:
             tensors = st.load_file(str(weights_path))
         except Exception as exc:  # safetensors' own error: a file that is not safetensors (a pickle...)

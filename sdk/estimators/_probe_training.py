@@ -22,7 +22,8 @@ from capgate._util.validate import (
     check_positive_number,
     check_unit_interval,
 )
-from capgate.estimators._convex import fit_logistic, require_torch, ridge_path, zscore
+from capgate.estimators._common import require_module
+from capgate.estimators._convex import fit_logistic, ridge_path, zscore
 
 if TYPE_CHECKING:
     import torch
@@ -191,7 +192,7 @@ def fit_weights(
 
 def _train(settings: ProbeSettings, split: TrainingSplit, lr: float) -> TrainingRun:
     """Train one probe at learning rate ``lr``; the checkpoint with the lowest validation loss."""
-    torch = require_torch()
+    torch = require_module("torch", "fitting a LinearProbe")
     device = torch.device(settings.device)
     if device.type != "cpu":
         return _train_loop(torch, device, settings, split, lr)

@@ -178,6 +178,5 @@ class QueryState:
 
 def failed_call_estimate(method: str, error: BaseException, latency_s: float) -> Estimate:
     """The unavailable estimate of a query whose single backend call failed (cost: one call)."""
-    state = QueryState()
-    state.add_failed_call(latency_s)
-    return Estimate.unavailable(method, f"backend error: {describe_error(error)}", cost=state.cost)
+    cost = Cost(calls=1, latency_s=latency_s)
+    return Estimate.unavailable(method, f"backend error: {describe_error(error)}", cost=cost)

@@ -91,13 +91,9 @@ def _cut(content: str, spans: list[tuple[int, int]]) -> str:
     ``"Q\\n\\nNOTE"`` and ``"NOTE\\nQ"`` both give back ``"Q"``."""
     keep = [True] * len(content)
     for start, end in spans:
-        after = end
-        while after < len(content) and content[after].isspace():
-            after += 1
-        if after < len(content):
-            end = after
-        else:
-            end = len(content)
+        while end < len(content) and content[end].isspace():
+            end += 1
+        if end == len(content):
             while start > 0 and content[start - 1].isspace():
                 start -= 1
         for i in range(start, end):

@@ -80,25 +80,6 @@ class FallbackChain(CapabilityEstimator):
             self.method, f"every estimator failed: {failed}", cost=cost, attempts=attempts
         )
 
-    def _step(
-        self,
-        pos: int,
-        pending: list[int],
-        got: list[Estimate],
-        results: list[Estimate | None],
-        attempts: list[list[dict[str, str]]],
-        costs: list[Cost],
-    ) -> list[int]:
-        still: list[int] = []
-        for i, est in zip(pending, got, strict=True):
-            costs[i] = costs[i] + est.cost
-            if est.usable:
-                results[i] = self._merge(pos, est, attempts[i], costs[i])
-            else:
-                attempts[i].append({"method": est.method, "reason": est.reason or "unavailable"})
-                still.append(i)
-        return still
-
     def _steps(self, queries: Sequence[Prompt]) -> Steps[list[Estimate]]:
         """The chain without its calls: yields ``(link, queries)``, receives the link's answer."""
         n = len(queries)
@@ -110,8 +91,15 @@ class FallbackChain(CapabilityEstimator):
             if not pending:
                 break
             answer = yield est, [queries[i] for i in pending]
-            got = self._checked(est, answer, len(pending))
-            pending = self._step(pos, pending, got, results, attempts, costs)
+            still: list[int] = []
+            for i, got in zip(pending, self._checked(est, answer, len(pending)), strict=True):
+                costs[i] = costs[i] + got.cost
+                if got.usable:
+                    results[i] = self._merge(pos, got, attempts[i], costs[i])
+                else:
+                    attempts[i].append({"method": got.method, "reason": got.reason or "unavailable"})
+                    still.append(i)
+            pending = still
         return [
             r if r is not None else self._all_failed(attempts[i], costs[i]) for i, r in enumerate(results)
         ]

@@ -150,12 +150,11 @@ class InjectionGuard(CapabilityEstimator):
         cost = sum((results[k].cost for k in used), Cost())
         reasons: list[str] = []
         p = full.p
+        base_p = results[_key(base)].p
         if claims:
             reasons.append(CLAIM_REASON.format(what="; ".join(_show(s) for s in claims)))
-            stripped = results[_key(base)]
-            if stripped.p is not None:
-                p = min(p, stripped.p)
-        base_p = results[_key(base)].p
+            if base_p is not None:
+                p = min(p, base_p)
         for segment, variant in ablations:
             without = results[_key(variant)].p
             if base_p is not None and without is not None and base_p - without > self.lift_tolerance:

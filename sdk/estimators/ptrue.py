@@ -79,11 +79,8 @@ def read_p_true(tokens: Sequence[TokenLogprob] | None) -> tuple[float | None, st
     details: dict[str, Any] = {"answer_token": token.token, "p_yes": yes, "p_no": no, "position": at}
     if yes == 0.0 and no == 0.0:
         shown = sorted(alternatives, key=lambda t: -alternatives[t])[:5]
-        return (
-            None,
-            f"neither Yes nor No among the alternatives at the first answer token (top: {shown})",
-            details,
-        )
+        reason = f"neither Yes nor No among the alternatives at the first answer token (top: {shown})"
+        return None, reason, details
     if yes == 0.0 or no == 0.0:
         floor = math.exp(min(alternatives.values()))
         details["bounded"] = "no" if no == 0.0 else "yes"

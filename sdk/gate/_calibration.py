@@ -19,11 +19,11 @@ from capgate.core.types import Decision
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._defaults import default_estimator
-from capgate.gate._effects import Decide, FlowGate
+from capgate.gate._effects import FlowGate
 from capgate.gate._results import Verdict
 from capgate.gate._settings import CANDIDATE, PROMOTED, CalibrationLike, CalibrationSetting, GateSettings
-from capgate.gate._shadow import WORKERS, Shadows, failed_shadow
-from capgate.gate.flow import perform
+from capgate.gate._shadow import Shadows, decided
+from capgate.gate.flow import drive
 from capgate.policies import Policy
 
 if TYPE_CHECKING:
@@ -33,38 +33,33 @@ _logger = logging.getLogger("capgate")
 
 
 def load_calibration(
-    setting: CalibrationSetting, keyword: str, log: DecisionLog | None, target: str | None
+    setting: str | Path, keyword: str, log: DecisionLog | None, target: str | None
 ) -> CalibrationLike | None:
-    """The calibration a setting names, or (``keyword``) the version the log has promoted / in
-    shadow for ``target`` (``None`` when there is none).
+    """The calibration in a folder, or (``keyword``) the version the log has promoted / in shadow
+    for ``target`` (``None`` when there is none).
 
     Raises:
         SettingsError: The calibration is for another target, or the log's event names a folder
             that holds another version.
         DataError: The folder is missing or not a calibration (from ``Calibration.load``).
     """
-    if isinstance(setting, CalibrationLike):
-        loaded: CalibrationLike = setting
-    else:  # a folder, or the keyword: the version the log names
-        from capgate.learn import Calibration
+    from capgate.learn import Calibration
 
-        expected: str | None = None
-        path: str | Path = setting
-        if isinstance(setting, str) and setting == keyword:
-            if log is None:  # GateSettings refuses it; kept for a direct call
-                raise SettingsError(f"{keyword!r} reads the calibration from the decision log: pass log=...")
-            event = (
-                log.active_calibration(target) if keyword == PROMOTED else log.candidate_calibration(target)
-            )
-            if event is None:
-                return None
-            expected, path = event.version, event.path
-        loaded = Calibration.load(path)
-        if expected is not None and loaded.version != expected:
-            raise SettingsError(
-                f"the decision log has {expected} as the {keyword} calibration of target {target!r}, but "
-                f"the folder it names ({path}) holds {loaded.version}"
-            )
+    expected: str | None = None
+    path: str | Path = setting
+    if isinstance(setting, str) and setting == keyword:
+        if log is None:  # GateSettings refuses it; kept for a direct call
+            raise SettingsError(f"{keyword!r} reads the calibration from the decision log: pass log=...")
+        event = log.active_calibration(target) if keyword == PROMOTED else log.candidate_calibration(target)
+        if event is None:
+            return None
+        expected, path = event.version, event.path
+    loaded = Calibration.load(path)
+    if expected is not None and loaded.version != expected:
+        raise SettingsError(
+            f"the decision log has {expected} as the {keyword} calibration of target {target!r}, but "
+            f"the folder it names ({path}) holds {loaded.version}"
+        )
     return checked_target(loaded, target)
 
 
@@ -91,11 +86,9 @@ class Calibrations:
         self._policies: dict[str, Policy | None] = {}
 
     def resolve(
-        self, setting: CalibrationSetting | None, keyword: str, log: DecisionLog | None, target: str | None
+        self, setting: CalibrationSetting, keyword: str, log: DecisionLog | None, target: str | None
     ) -> CalibrationLike | None:
         """:func:`load_calibration`, once per setting (a failure is raised and retried next time)."""
-        if setting is None:
-            return None
         if isinstance(setting, CalibrationLike):
             return checked_target(setting, target)
         key = (keyword, str(setting), id(log), target)
@@ -161,10 +154,7 @@ def calibration_target(settings: GateSettings) -> str | None:
 
 def _candidate_decision(gate: FlowGate, verdict: Verdict) -> Decision:
     decision_id = uuid.uuid4().hex  # its own id; ``beside`` ties it to the enforced decision
-    try:
-        made: Verdict = perform(Decide(gate, verdict.query, decision_id))
-    except Exception as exc:  # the candidate's decision failed (misconfigured): degraded, naming it
-        made = failed_shadow(gate, verdict.query, decision_id, exc)
+    made: Verdict = drive(decided(gate, verdict.query, decision_id))
     return made.decision.model_copy(update={"beside": verdict.decision.id})
 
 
@@ -179,14 +169,13 @@ def decide_candidate(
     """Beside a decision just logged, decide under the gate's ``shadow_calibration`` and log that,
     in a shadow thread; a failure is counted (``stats.candidate_failures``) and warned, never raised."""
     settings = gate.settings
-    if settings.shadow_calibration is None or verdict.decision.beside is not None:
+    setting = settings.shadow_calibration
+    if setting is None or verdict.decision.beside is not None:
         return
 
     def job() -> None:
         try:
-            candidate = calibrations.resolve(
-                settings.shadow_calibration, CANDIDATE, log, calibration_target(settings)
-            )
+            candidate = calibrations.resolve(setting, CANDIDATE, log, calibration_target(settings))
             if candidate is None:  # "candidate", and the log has none in shadow
                 return
             decision = _candidate_decision(calibrations.candidate_gate(candidate, settings, make), verdict)
@@ -200,4 +189,4 @@ def decide_candidate(
             return
         gate.stats.beside("candidate")
 
-    shadows.beside(job, settings.max_concurrency or WORKERS)
+    shadows.beside(job)

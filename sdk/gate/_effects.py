@@ -120,9 +120,6 @@ class FlowGate(Protocol):
     ) -> None: ...
 
 
-# --------------------------------------------------------------------------- leaf effects
-
-
 @dataclass(frozen=True)
 class EstimateCall(Effect):
     """One call of an estimator, within the gate's concurrency cap and deadline (a late estimate
@@ -233,9 +230,6 @@ class Shadow(Effect):
 
     async def arun(self) -> Verdict:
         return await self.gate.ashadow(self.query)
-
-
-# --------------------------------------------------------------------------- the gate's own flows
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from capgate.estimators.feature_store import spec_as_dict
 from capgate.estimators.probe import Featurizer, ProbeEstimator
 from capgate.gate._effects import FlowGate
 from capgate.gate._results import Verdict
-from capgate.gate._shadow import WORKERS, Shadows
+from capgate.gate._shadow import Shadows
 
 if TYPE_CHECKING:
     from capgate.decision.store.log import DecisionLog
@@ -123,4 +123,4 @@ def keep_features(gate: FlowGate, verdict: Verdict, log: DecisionLog, shadows: S
             return
         gate.stats.beside("features")
 
-    shadows.beside(job, gate.settings.max_concurrency or WORKERS)
+    shadows.beside(job)

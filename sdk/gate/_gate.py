@@ -147,8 +147,6 @@ class Gate:
             f"step={s.step!r}, tool={s.tool!r})"
         )
 
-    # ------------------------------------------------------------------ settings
-
     @property
     def stats(self) -> GateStats:
         """What this gate (and every view of it) has done so far."""
@@ -220,8 +218,6 @@ class Gate:
                 "call capgate.set_default_estimator(...)"
             )
         return self._shared.calibrations.applied(self.calibration(), chosen, self.settings)
-
-    # ------------------------------------------------------------------ deciding
 
     @property
     def limits(self) -> Limits:
@@ -321,8 +317,6 @@ class Gate:
         verdict: Verdict = await aperform(Assess(self, query))
         return verdict
 
-    # ------------------------------------------------------------------ shadow mode
-
     def shadow(self, query: Prompt) -> Verdict:
         """Start a shadow decision on ``query`` in a worker thread; return the stand-in ``answer``."""
         return start_shadow(self, query, self._shared.shadows)
@@ -340,8 +334,6 @@ class Gate:
     async def aflush(self) -> None:
         """Wait until every shadow decision of this gate is made and logged."""
         await self._shared.shadows.await_all()
-
-    # ------------------------------------------------------------------ routing
 
     def route_estimators(self, plan: RoutePlan) -> list[tuple[str, CapabilityEstimator]]:
         """The estimator of each of a route plan's choices, cheapest first.
@@ -369,8 +361,6 @@ class Gate:
             if choose_route(plan, estimates)[0] == name:
                 break
         return choose_route(plan, estimates)
-
-    # ------------------------------------------------------------------ logging
 
     def record(
         self, verdict: Verdict, *, samples_used: int | None = None, cas: CASResult | None = None
@@ -410,8 +400,6 @@ class Gate:
             shadows=shared.shadows, calibrations=shared.calibrations, make_gate=Gate.from_settings,
         )  # fmt: skip
 
-    # ------------------------------------------------------------------ blocking
-
     def block(self, verdict: Verdict, *, cas: CASResult | None = None) -> Gated:
         """The :class:`~capgate.Gated` result for a blocked decision, or raise it (``on_block="raise"``).
 
@@ -423,8 +411,6 @@ class Gate:
         if self.settings.on_block == "raise":
             raise blocked_error(gated)
         return gated
-
-    # ------------------------------------------------------------------ resampling
 
     def sample(
         self,

@@ -300,7 +300,7 @@ class GateSettings(BaseModel):
         """
         if policy is None or (isinstance(self.policy, str) and self.policy == DEFAULT_POLICY):
             return policy
-        own = _policy_name(self.policy)
+        own = self.policy.name if isinstance(self.policy, Policy) else _loaded_name(str(self.policy))
         if own == policy.name:
             return policy
         message = (
@@ -394,9 +394,5 @@ _KEPT_POLICY_WARNED: set[tuple[str, str]] = set()
 
 @functools.lru_cache(maxsize=64)
 def _loaded_name(policy: str) -> str:
+    """The name of a preset's or policy file's policy (each read once)."""
     return load_policy(policy).name
-
-
-def _policy_name(policy: PolicyLike) -> str:
-    """The name of a policy setting (a preset or file is read once)."""
-    return policy.name if isinstance(policy, Policy) else _loaded_name(str(policy))

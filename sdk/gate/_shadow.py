@@ -33,11 +33,11 @@ from capgate.core.types import Decision, Estimate
 from capgate.errors import SettingsError
 from capgate.estimators.base import CapabilityEstimator
 from capgate.gate._defaults import default_estimator
-from capgate.gate._effects import Decide, FlowGate
+from capgate.gate._effects import Decide, Flow, FlowGate
 from capgate.gate._limits import failure_reason, log_key, log_writer
 from capgate.gate._results import ShadowDecision, Verdict
 from capgate.gate._workers import Lane, submit_or_run
-from capgate.gate.flow import aperform, perform
+from capgate.gate.flow import adrive, drive
 
 if TYPE_CHECKING:
     from capgate.gate._settings import GateSettings
@@ -60,26 +60,19 @@ def stand_in(query: Prompt) -> Verdict:
 class Shadows:
     """The shadow decisions in flight from one gate (and its views), and the threads they use."""
 
-    def __init__(self) -> None:
+    def __init__(self, workers: int) -> None:
         self._lock = threading.Lock()
-        self._lane: Lane | None = None
+        self._lane = Lane(workers)  # its places in the process's started threads
         self._pending: set[concurrent.futures.Future[Any] | asyncio.Future[Any]] = set()
 
     @classmethod
     def for_gate(cls, settings: GateSettings) -> Shadows:
         """A gate's shadows, with its worker threads (``max_concurrency``, or :data:`WORKERS`) and
         its log's writer thread started now, so no call starts a thread."""
-        shadows = cls()
-        shadows.reserve(settings.max_concurrency or WORKERS)
+        shadows = cls(settings.max_concurrency or WORKERS)
         if settings.log is not None:
             log_writer(log_key(settings.log))
         return shadows
-
-    def reserve(self, workers: int) -> None:
-        """Take this gate's ``workers`` places in the process's started threads (once)."""
-        with self._lock:
-            if self._lane is None:
-                self._lane = Lane(workers)
 
     def _track(self, future: concurrent.futures.Future[Any] | asyncio.Future[Any]) -> None:
         with self._lock:
@@ -90,21 +83,16 @@ class Shadows:
         with self._lock:
             self._pending.discard(future)
 
-    def _threads(self, workers: int) -> Lane:
-        self.reserve(workers)  # a no-op for a gate's own: Gate() reserved them
-        assert self._lane is not None
-        return self._lane
-
-    def start(self, job: Callable[[], Verdict], workers: int) -> ShadowDecision:
-        """Run ``job`` in a worker thread (at most ``workers`` at once; more wait their turn)."""
-        decision = ShadowDecision(self._threads(workers).submit(job))
+    def start(self, job: Callable[[], Verdict]) -> ShadowDecision:
+        """Run ``job`` in a worker thread (at most the gate's workers at once; more wait their turn)."""
+        decision = ShadowDecision(self._lane.submit(job))
         self._track(decision.future)  # its callbacks (the log write) run first: a flush waits for them
         return decision
 
-    def beside(self, job: Callable[[], None], workers: int) -> None:
+    def beside(self, job: Callable[[], None]) -> None:
         """Run ``job`` (a logged decision's features, a candidate's decision) in one of the same
         threads, beside the call (a flush waits for it); it must catch its own errors."""
-        self._track(self._threads(workers).submit(job))
+        self._track(self._lane.submit(job))
 
     def write(self, job: Callable[[], None], spill: Callable[[], None], log: object) -> None:
         """Run the log write ``job`` of a shadow decision in the thread of its log (the gate's
@@ -169,21 +157,22 @@ def failed_shadow(gate: FlowGate, query: Prompt, decision_id: str, error: Except
     return gate.decide_on(query, [estimate], None, shadow_of=decision_id)
 
 
+def decided(gate: FlowGate, query: Prompt, decision_id: str) -> Flow[Verdict]:
+    """``gate``'s enforce-mode decision on ``query``, with the id ``decision_id``; one that fails
+    (a misconfigured gate) is degraded, naming the error, never the call's failure."""
+    try:
+        made: Verdict = yield Decide(gate, query, decision_id)
+    except Exception as exc:  # never the call's failure: a degraded decision naming it
+        made = failed_shadow(gate, query, decision_id, exc)
+    return made
+
+
 def start_shadow(gate: FlowGate, query: Prompt, shadows: Shadows) -> Verdict:
     """Make ``gate``'s decision on ``query`` in a worker thread; the stand-in ``answer`` at once."""
     stand = stand_in(query)
-    decision_id = stand.decision.id
-
-    def decide() -> Verdict:
-        try:
-            made: Verdict = perform(Decide(gate, query, decision_id))
-        except Exception as exc:  # never the call's failure: a degraded decision naming it
-            made = failed_shadow(gate, query, decision_id, exc)
-        return made
-
     gate.stats.proceeded()
     context = contextvars.copy_context()  # its span nests under the caller's, as a task's does
-    pending = shadows.start(lambda: context.run(decide), gate.settings.max_concurrency or WORKERS)
+    pending = shadows.start(lambda: context.run(drive, decided(gate, query, stand.decision.id)))
     return Verdict(decision=stand.decision, query=query, pending=pending)
 
 
@@ -194,16 +183,9 @@ def astart_shadow(gate: FlowGate, query: Prompt, shadows: Shadows) -> Verdict:
         return start_shadow(gate, query, shadows)
     stand = stand_in(query)
     decision_id = stand.decision.id
-
-    async def decide() -> Verdict:
-        try:
-            made: Verdict = await aperform(Decide(gate, query, decision_id))
-        except Exception as exc:  # never the call's failure: a degraded decision naming it
-            made = failed_shadow(gate, query, decision_id, exc)
-        return made
-
-    def unmade() -> Verdict:
-        return failed_shadow(gate, query, decision_id, LOOP_CLOSED)
-
     gate.stats.proceeded()
-    return Verdict(decision=stand.decision, query=query, pending=shadows.astart(decide, unmade))
+    pending = shadows.astart(
+        lambda: adrive(decided(gate, query, decision_id)),
+        lambda: failed_shadow(gate, query, decision_id, LOOP_CLOSED),
+    )
+    return Verdict(decision=stand.decision, query=query, pending=pending)

@@ -48,7 +48,7 @@ import contextvars
 import functools
 import inspect
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, Literal, ParamSpec, Protocol, Required, TypedDict, TypeVar, Unpack, cast, overload
+from typing import Any, Literal, ParamSpec, Protocol, Required, TypedDict, TypeVar, Unpack, overload
 
 from capgate.core.types import Decision
 from capgate.errors import SettingsError
@@ -152,14 +152,14 @@ class _Binder:
         self.fn_name = getattr(fn, "__qualname__", repr(fn))
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters.values())
-        takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params)
+        self.var_keyword = next((p.name for p in params if p.kind == p.VAR_KEYWORD), None)
+        takes_kwargs = self.var_keyword is not None
         self.takes_route = "route" in self.signature.parameters or takes_kwargs
         self.query_fn: Callable[..., object] | None = None
         self.name: str | None = None
         self.index: int | None = None
         if query_arg is None:
-            names = [p.name for p in params]
-            chosen = next((n for n in _DEFAULT_QUERY_NAMES if n in names), None)
+            chosen = next((n for n in _DEFAULT_QUERY_NAMES if n in self.signature.parameters), None)
             if chosen is None:
                 positional = [
                     p.name
@@ -209,14 +209,7 @@ class _Binder:
         where = f"argument {self.name!r} of {self.fn_name}()"
         if self.name in bound.arguments:
             return bound.arguments[self.name], where
-        extra: Mapping[str, Any] = next(
-            (
-                v
-                for k, v in bound.arguments.items()
-                if self.signature.parameters[k].kind == inspect.Parameter.VAR_KEYWORD
-            ),
-            {},
-        )
+        extra: Mapping[str, Any] = bound.arguments[self.var_keyword] if self.var_keyword else {}
         if self.name in extra:
             return extra[self.name], where
         raise TypeError(f"{self.fn_name}() was called without its prompt ({where})")
@@ -348,6 +341,4 @@ def guard(
             raise TypeError(f"guard decorates a function; got {func!r}")
         return _wrap(func, the_gate, _Binder(func, query_arg), text)
 
-    if fn is not None:
-        return decorate(fn)
-    return cast(Any, decorate)
+    return decorate if fn is None else decorate(fn)

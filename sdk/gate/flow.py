@@ -97,9 +97,6 @@ __all__ = [
 R = TypeVar("R")
 
 
-# --------------------------------------------------------------------------- tracing observer
-
-
 class _Spans:
     """The spans of one drive: each decision's ``capgate.gate`` span stays open until it ends."""
 

@@ -140,9 +140,6 @@ def end(span: Any) -> None:
         span.end()
 
 
-# --------------------------------------------------------------------------- attributes
-
-
 def _set(span: Any, values: dict[str, Any]) -> None:
     if span is not None and span.is_recording():
         span.set_attributes({k: v for k, v in values.items() if v is not None})

@@ -221,8 +221,6 @@ class HarvestRun:
         self.n_correct = 0
         self.truncated_bytes = 0
 
-    # ------------------------------------------------------------------------------ setup
-
     def _check_items(self) -> None:
         seen: set[str] = set()
         for index, item in enumerate(self.items, start=1):
@@ -305,8 +303,6 @@ class HarvestRun:
             self._start_progress(len(remaining))
         return [remaining[i : i + self.batch_size] for i in range(0, len(remaining), self.batch_size)]
 
-    # ------------------------------------------------------------------------------ per batch
-
     def request(self, batch: Sequence[DatasetItem]) -> tuple[list[Prompt], SamplingParams]:
         """What to ask the model for a batch: its prompts, and ``n=k`` sampling settings (a given
         seed is mixed with the batch's first id)."""
@@ -383,8 +379,6 @@ class HarvestRun:
         if self._fd is None:
             raise RuntimeError("harvest run is not open")
         return self._fd
-
-    # ------------------------------------------------------------------------------ progress / close
 
     def _start_progress(self, total: int) -> None:
         import rich.progress as rp

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from pydantic import ValidationError
 
-from capgate._util.jsonl import data_error_from_validation, iter_json_objects, note_unique_id
+from capgate._util.jsonl import iter_json_objects, note_unique_id
+from capgate._util.saved import read_saved
 from capgate._util.validate import FloatArray, IntArray
 from capgate.core.types import LabelledQuery
 from capgate.errors import DataError
@@ -29,10 +29,7 @@ def iter_labelled(path: str | Path) -> Iterator[tuple[int, LabelledQuery]]:
     path = Path(path)
     seen: dict[str, int] = {}
     for line_number, raw in iter_json_objects(path):
-        try:
-            record = LabelledQuery.model_validate(raw)
-        except ValidationError as exc:
-            raise data_error_from_validation(exc, path=path, line=line_number) from None
+        record = read_saved(LabelledQuery, raw, path, line=line_number)
         note_unique_id(seen, record.id, path=path, line=line_number)
         yield line_number, record
 

@@ -40,10 +40,6 @@ POLICY_FILE = "policy.yaml"
 _IGNORE_SPEC = ("dtype",)  # a reader pass's dtype, as load_estimator allows
 
 
-def _canonical(payload: Any) -> bytes:
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
 def content_version(content: Mapping[str, Any]) -> str:
     """``"cal-"`` + 12 hex digits of the SHA-256 of ``content`` as canonical JSON.
 
@@ -51,7 +47,8 @@ def content_version(content: Mapping[str, Any]) -> str:
         >>> content_version({"kind": "identity"}) == content_version({"kind": "identity"})
         True
     """
-    return "cal-" + hashlib.sha256(_canonical(dict(content))).hexdigest()[:12]
+    canonical = json.dumps(dict(content), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "cal-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
 
 
 def _fsync_file(path: Path) -> None:

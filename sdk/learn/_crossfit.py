@@ -146,19 +146,12 @@ def cross_fit(
     return CrossFit(predictions=predictions, folds=tuple(folds))
 
 
-def make_map(kind: str) -> IsotonicCalibrator | PlattCalibrator:
-    """A fresh, unfitted recalibration map of ``kind`` (``"isotonic"`` or ``"platt"``)."""
-    if kind == "isotonic":
-        return IsotonicCalibrator()
-    if kind == "platt":
-        return PlattCalibrator(l2=PLATT_L2)
-    raise ValueError(f"`kind` must be 'isotonic' or 'platt'; got {kind!r}")
-
-
 def fit_map(kind: str, p: FloatArray, y: FloatArray) -> IsotonicCalibrator | PlattCalibrator:
-    """A ``kind`` map fitted on confidences ``p`` and outcomes ``y`` (Platt's convergence warning
-    on degenerate confidences is expected and silenced: the ridge keeps it finite)."""
-    calibrator = make_map(kind)
+    """A ``kind`` (``"isotonic"`` or ``"platt"``) map fitted on confidences ``p`` and outcomes ``y``
+    (Platt's convergence warning on degenerate confidences is silenced: the ridge keeps it finite)."""
+    if kind not in ("isotonic", "platt"):
+        raise ValueError(f"`kind` must be 'isotonic' or 'platt'; got {kind!r}")
+    calibrator = IsotonicCalibrator() if kind == "isotonic" else PlattCalibrator(l2=PLATT_L2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         calibrator.fit(p, y)

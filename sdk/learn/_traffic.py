@@ -237,15 +237,11 @@ def _base_p(row: LoggedDecision) -> float | None:
 
 
 def _usable(row: LoggedDecision) -> bool:
-    return row.p is not None and not _degraded(row)
+    return row.p is not None and not (row.decision.degraded or row.decision.estimate.degraded)
 
 
 def _has_base(row: LoggedDecision) -> bool:
     return row.decision.calibration is None or _logged_raw_p(row) is not None
-
-
-def _degraded(row: LoggedDecision) -> bool:
-    return bool(row.decision.degraded or row.decision.estimate.degraded)
 
 
 def _aware(at: datetime | None) -> datetime | None:

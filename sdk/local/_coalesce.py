@@ -84,7 +84,9 @@ class Coalescer(Generic[T, R]):
                 while not call.done and self._busy:
                     self._cond.wait()
                 if call.done:
-                    return self._outcome(call)
+                    if call.error is not None:
+                        raise call.error
+                    return call.results
                 self._busy = True
                 if self._contended and self.window_s > 0:
                     self._gather()
@@ -99,13 +101,10 @@ class Coalescer(Generic[T, R]):
                         member.done = True
                     self._cond.notify_all()
 
-    def _queued_items(self) -> int:
-        return sum(len(member.items) for member in self._queue)
-
     def _gather(self) -> None:
         """Wait (lock held, released while waiting) up to the window or until a batch is full."""
         deadline = time.monotonic() + self.window_s
-        while self._queued_items() < self.max_batch:
+        while sum(len(member.items) for member in self._queue) < self.max_batch:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -120,12 +119,6 @@ class Coalescer(Generic[T, R]):
             batch.append(member)
             count += len(member.items)
         return batch
-
-    @staticmethod
-    def _outcome(call: _Call[T, R]) -> list[R]:
-        if call.error is not None:
-            raise call.error
-        return call.results
 
     def _run(self, batch: list[_Call[T, R]]) -> None:
         try:

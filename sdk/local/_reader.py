@@ -18,12 +18,11 @@ tolerance where a pure bfloat16 pass does not. torch is imported when a reader i
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,15 +87,6 @@ def _install_hooks(layers: Any) -> None:
         for position, layer in enumerate(layers):
             layer.register_forward_hook(output_of(position))
         _HOOKED.add(layers)
-
-
-@contextlib.contextmanager
-def _capturing(capture: _Capture) -> Iterator[_Capture]:
-    token = _ACTIVE.set(capture)
-    try:
-        yield capture
-    finally:
-        _ACTIVE.reset(token)
 
 
 def _decoder_copy(decoder: Any, layers: Any, keep: int, dtype: Any) -> tuple[Any, Any]:
@@ -224,13 +214,15 @@ class Reader:
             states = outputs.hidden_states
             return {i: states[i][:, -1, :] if last_only else states[i] for i in self.indices}
         capture = _Capture(self._layers, frozenset(self.indices), self.deepest, last_only)
-        with _capturing(capture):
-            try:
-                self._module(**inputs, use_cache=False)
-            except _StopReadingError:
-                pass
-            else:  # fail closed: the hooks never fired (say, a decoder that skips its layer list)
-                raise RuntimeError(
-                    f"the reader pass of {type(self._module).__name__} ended before state {self.deepest}"
-                )
+        token = _ACTIVE.set(capture)
+        try:
+            self._module(**inputs, use_cache=False)
+        except _StopReadingError:
+            pass
+        else:  # fail closed: the hooks never fired (say, a decoder that skips its layer list)
+            raise RuntimeError(
+                f"the reader pass of {type(self._module).__name__} ended before state {self.deepest}"
+            )
+        finally:
+            _ACTIVE.reset(token)
         return capture.states

@@ -322,13 +322,8 @@ class HiddenStateFeaturizer:
         with torch.inference_mode():
             for chunk in self._chunks(encoded):
                 pooled = self._batch([encoded[i] for i in chunk], poolings, shared=shared.enabled)
-                if stacked:
-                    n_layers = len(self.layer_indices)
-                    per_pooling = [
-                        torch.stack(pooled[j * n_layers : (j + 1) * n_layers], dim=1)
-                        for j in range(len(poolings))
-                    ]
-                    features[chunk] = torch.stack(per_pooling, dim=1).cpu().numpy()
+                if stacked:  # pooled holds each pooling's layers in turn
+                    features[chunk] = torch.stack(pooled, dim=1).reshape(len(chunk), *width, -1).cpu().numpy()
                 else:
                     total = pooled[0].clone()
                     for state in pooled[1:]:
@@ -367,14 +362,13 @@ class HiddenStateFeaturizer:
             mask[row, width - len(ids) :] = 1
         position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
         device = self.loaded.model.device
+        input_ids, mask, position_ids = input_ids.to(device), mask.to(device), position_ids.to(device)
         last_only = all(pooling == "last" for pooling in poolings)
         if shared:
-            states = self._shared_pass(batch, input_ids.to(device), mask.to(device), position_ids.to(device))
+            states = self._shared_pass(batch, input_ids, mask, position_ids)
         else:
-            states = self._reader().states(
-                input_ids.to(device), mask.to(device), position_ids.to(device), last_only=last_only
-            )
-        keep = mask.to(device=device, dtype=torch.bool).unsqueeze(-1)
+            states = self._reader().states(input_ids, mask, position_ids, last_only=last_only)
+        keep = mask.to(dtype=torch.bool).unsqueeze(-1)
         pooled: list[Any] = []
         for pooling in poolings:
             for index in self.layer_indices:

@@ -141,9 +141,6 @@ def install_default_model(*, run: Callable[..., subprocess.CompletedProcess[str]
     return default_gguf_path()
 
 
-# --------------------------------------------------------------------------- conversion
-
-
 def _convert_gguf_into(gguf: Path, out: Path, *, model_id: str, fingerprint: str) -> None:
     """De-quantize ``gguf`` with transformers and save it as a float32 safetensors folder."""
     import torch
@@ -199,10 +196,6 @@ def prepare_gguf(gguf_path: str | os.PathLike[str]) -> Path:
     )
 
 
-def _is_hub_id(name: str) -> bool:
-    return bool(_HUB_ID.fullmatch(name)) and not name.startswith(".") and ".." not in name
-
-
 def prepare_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Path:
     """Resolve a model name to a local transformers folder, converting or downloading as needed.
 
@@ -237,14 +230,11 @@ def prepare_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Path:
         if not (path / "config.json").is_file():
             raise DataError("not a transformers model folder: it has no config.json", path=path)
         return path
-    if name.endswith(".gguf") or not _is_hub_id(name):
+    if name.endswith(".gguf") or not _HUB_ID.fullmatch(name) or name.startswith(".") or ".." in name:
         raise DataError("no such model file or folder (and not a hub id like 'org/name')", path=path)
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS))
-
-
-# --------------------------------------------------------------------------- loading
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def agg_pyplot() -> Any:
     return plt
 
 
-def _save(plt: Any, figure: Any, path: str | Path) -> Path:
+def save_figure(plt: Any, figure: Any, path: str | Path) -> Path:
     """Write ``figure`` to the PNG file ``path`` (its folder made if needed), close it, return the path."""
     path = Path(path)
     try:
@@ -83,7 +83,7 @@ def plot_reliability(diagram: ReliabilityDiagram, path: str | Path, *, title: st
     bottom.bar(centers[filled], diagram.counts[filled], width=width * 0.9, color="grey")
     bottom.set_xlabel("predicted capability p")
     bottom.set_ylabel("queries")
-    return _save(plt, figure, path)
+    return save_figure(plt, figure, path)
 
 
 def plot_risk_coverage(
@@ -130,4 +130,4 @@ def plot_risk_coverage(
     axes.set_ylim(0, max(float(risk.max()) * 1.1, (target or 0.0) * 1.2, 0.05))
     axes.set_title(title or "risk–coverage")
     axes.legend(loc="upper left", fontsize=8)
-    return _save(plt, figure, path)
+    return save_figure(plt, figure, path)

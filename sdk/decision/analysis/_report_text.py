@@ -150,14 +150,13 @@ def plot_report(report: GateReport, folder: Path) -> list[Path]:
 
 
 def _plot_risk_coverage(p: np.ndarray, y: np.ndarray, path: Path, title: str) -> Path:
-    from capgate.metrics.plots import agg_pyplot
+    from capgate.metrics.plots import agg_pyplot, save_figure
 
     plt = agg_pyplot()
     order = np.argsort(-p, kind="stable")
     ends = np.r_[np.flatnonzero(np.diff(p[order]) != 0), p.size - 1]  # one point per threshold
     kept = ends + 1
     risk = 1.0 - np.cumsum(y[order])[ends] / kept
-    path.parent.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(figsize=(5, 4))
     axes.plot(kept / p.size, risk, color="black", marker=".", label="answer when p >= threshold")
     axes.axhline(1.0 - float(np.mean(y)), linestyle="--", color="grey", label="ungated risk")
@@ -167,7 +166,4 @@ def _plot_risk_coverage(p: np.ndarray, y: np.ndarray, path: Path, title: str) ->
     axes.set_ylim(0, max(0.05, float(np.max(risk)) * 1.1))
     axes.set_title(title, fontsize=9)
     axes.legend(loc="upper left", fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(plt, figure, path)

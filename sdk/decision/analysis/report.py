@@ -127,8 +127,6 @@ class GroupReport:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (without the per-decision arrays ``p`` and ``y``)."""
         data: dict[str, Any] = json_ready({k: v for k, v in vars(self).items() if k not in ("p", "y")})
-        if self.candidate is not None:
-            data["candidate"] = self.candidate.to_dict()
         return data
 
 

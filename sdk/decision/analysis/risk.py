@@ -50,6 +50,7 @@ whose most confident queries are its worst, and in ``bench/risk_control_bench.py
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -326,18 +327,14 @@ def calibrate_threshold(
     cum_mu = np.concatenate(([0.0], np.cumsum(mu_u[order])))
     counts = np.searchsorted(neg_sorted, -thresholds, side="right")
 
-    cache: dict[int, float] = {}
-
+    @functools.cache
     def pvalue_at(n_ans: int) -> float:
-        if n_ans not in cache:
-            total = float(cum_loss[n_ans])
-            if n_ans == 0:
-                cache[n_ans] = 1.0
-            elif pvalue == "binomial":
-                cache[n_ans] = binomial_tail_pvalue(round(total), n_ans, alpha)
-            else:
-                cache[n_ans] = hoeffding_bentkus_pvalue(total / n_ans, n_ans, alpha)
-        return cache[n_ans]
+        total = float(cum_loss[n_ans])
+        if n_ans == 0:
+            return 1.0
+        if pvalue == "binomial":
+            return binomial_tail_pvalue(round(total), n_ans, alpha)
+        return hoeffding_bentkus_pvalue(total / n_ans, n_ans, alpha)
 
     # fresh level granted at each grid threshold: all of delta at the start of a fixed sequence, or
     # delta / J at each fallback checkpoint (where the answered count first reaches m0 * 2^j)
@@ -408,19 +405,14 @@ def _checkpoints(n: int, alpha: float, delta: float, first: int | None) -> list[
     parts = 1
     while True:
         m0 = first if first is not None else min_answered_to_reject(alpha, delta / parts)
-        points = _doublings(m0, n)
+        points: list[int] = []
+        m = m0
+        while m <= n:
+            points.append(m)
+            m *= 2
         if len(points) <= parts:
             return points
         parts = len(points)
-
-
-def _doublings(m0: int, n: int) -> list[int]:
-    out: list[int] = []
-    m = m0
-    while m <= n:
-        out.append(m)
-        m *= 2
-    return out
 
 
 def _grid(grid: int | Sequence[float]) -> NDArray[np.float64]:

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from capgate._util.validate import check_positive_number
-from capgate.decision.store._store import Connections
+from capgate.decision.store._store import Connections, Store
 from capgate.decision.store.schema import SCHEMA_VERSION, SQLITE, VERSION, migrate
 from capgate.errors import DataError, LogUnavailableError
 
 
-class SQLiteStore:
+class SQLiteStore(Store):
     """A :class:`~capgate.decision.store._store.Store` in a SQLite file.
 
     Args:
@@ -80,10 +80,6 @@ class SQLiteStore:
         """Run one statement in one ``BEGIN IMMEDIATE`` transaction; the rows it wrote."""
         with self._connection() as conn, _transaction(conn):
             return conn.execute(sql, params).rowcount
-
-    def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        """Run one statement per row of parameters in one ``BEGIN IMMEDIATE`` transaction."""
-        return self.write_all([(sql, rows)])[0]
 
     def write_all(self, batches: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> list[int]:
         """Run each batch (a statement per row of parameters) in one ``BEGIN IMMEDIATE`` transaction."""

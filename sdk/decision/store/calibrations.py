@@ -152,11 +152,9 @@ class CalibrationLog:
 
     def calibration_events(self, target: str | None = None) -> list[CalibrationEvent]:
         """The recorded calibration events, oldest first: all of them, or only ``target``'s."""
-        sql = f"SELECT {_COLUMNS} FROM calibration_events"
-        params: tuple[str, ...] = ()
         if target is not None:
-            sql, params = f"{sql} WHERE target = ?", (target,)
-        return [_event(r) for r in self.store.read(f"{sql} ORDER BY seq", params)]
+            return self._events_of(target)
+        return [_event(r) for r in self.store.read(f"SELECT {_COLUMNS} FROM calibration_events ORDER BY seq")]
 
     def _events_of(self, target: str | None) -> list[CalibrationEvent]:
         """``target``'s events, oldest first (``None``: the events without a target)."""

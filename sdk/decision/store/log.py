@@ -218,8 +218,6 @@ class DecisionLog(FeatureLog, CalibrationLog):
     def __repr__(self) -> str:
         return f"DecisionLog({self.location!r}, store_text={self.store_text})"
 
-    # ------------------------------------------------------------------ writes
-
     def record(
         self,
         decision: Decision,
@@ -347,8 +345,6 @@ class DecisionLog(FeatureLog, CalibrationLog):
     ) -> _outcomes.ImportSummary:
         """Attach the outcomes of a JSONL file: :func:`capgate.decision.store.outcomes.import_outcomes`."""
         return _outcomes.import_outcomes(self, path, skip_bad=skip_bad, replace=replace)
-
-    # ------------------------------------------------------------------ reads
 
     @staticmethod
     def _row(row: tuple[Any, ...], outcomes: dict[str, list[Outcome]]) -> LoggedDecision:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from capgate._util.atomic import atomic_write_bytes
 from capgate.core.backend import Prompt, as_messages
 from capgate.core.messages import query_hash
 from capgate.core.types import Decision
@@ -143,9 +144,7 @@ class SpillFile:
             for item in now:
                 log.record_spilled(item)
             if rest:  # the rest rewritten whole before the old file goes: a crash keeps one or the other
-                partial = self.replaying_path.with_name(self.replaying_path.name + ".tmp")
-                partial.write_text("".join(_line(item) + "\n" for item in rest), encoding="utf-8")
-                os.replace(partial, self.replaying_path)
+                atomic_write_bytes(self.replaying_path, "".join(_line(item) + "\n" for item in rest).encode())
             else:
                 self.replaying_path.unlink()
             return len(now)
