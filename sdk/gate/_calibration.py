@@ -8,7 +8,6 @@ fails the call; an estimator that raises becomes a degraded candidate decision n
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections.abc import Callable
@@ -28,8 +27,6 @@ from capgate.policies import Policy
 
 if TYPE_CHECKING:
     from capgate.decision.store.log import DecisionLog
-
-_logger = logging.getLogger("capgate")
 
 
 def load_calibration(
@@ -173,20 +170,16 @@ def decide_candidate(
     if setting is None or verdict.decision.beside is not None:
         return
 
-    def job() -> None:
-        try:
-            candidate = calibrations.resolve(setting, CANDIDATE, log, calibration_target(settings))
-            if candidate is None:  # "candidate", and the log has none in shadow
-                return
-            decision = _candidate_decision(calibrations.candidate_gate(candidate, settings, make), verdict)
-            log.record(decision, query=verdict.query)
-        except Exception as exc:  # beside the call: counted and logged, never raised
-            why = f"candidate decision beside {verdict.decision.id}: {type(exc).__name__}"
-            if isinstance(exc, SettingsError):
-                why = f"{why}: {exc}"
-            gate.stats.beside("candidate", failed=why)
-            _logger.warning("%s (not logged; the call was not affected)", why)
-            return
-        gate.stats.beside("candidate")
+    def job() -> bool:
+        candidate = calibrations.resolve(setting, CANDIDATE, log, calibration_target(settings))
+        if candidate is None:  # "candidate", and the log has none in shadow
+            return False
+        decision = _candidate_decision(calibrations.candidate_gate(candidate, settings, make), verdict)
+        log.record(decision, query=verdict.query)
+        return True
 
-    shadows.beside(job)
+    def described(exc: Exception) -> str:
+        why = f"candidate decision beside {verdict.decision.id}: {type(exc).__name__}"
+        return f"{why}: {exc}" if isinstance(exc, SettingsError) else why
+
+    shadows.beside(gate.stats, "candidate", job, described)

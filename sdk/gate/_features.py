@@ -8,7 +8,6 @@ the features.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,6 @@ from capgate.gate._shadow import Shadows
 if TYPE_CHECKING:
     from capgate.decision.store.log import DecisionLog
 
-_logger = logging.getLogger("capgate")
 
 _WRAPPED = 4  # how deep own_featurizer looks through wrapping estimators (calibrated, guarded)
 _DEFAULT: list[Featurizer | BaseException] = []
@@ -92,10 +90,6 @@ def _read(reader: Featurizer, query: Prompt) -> tuple[npt.NDArray[np.float32], d
     return features[0], spec_as_dict(reader.spec)
 
 
-def _described(error: BaseException) -> str:
-    return str(error) if isinstance(error, FeaturesNotLoggedError) else type(error).__name__
-
-
 def keep_features(gate: FlowGate, verdict: Verdict, log: DecisionLog, shadows: Shadows) -> None:
     """Write the reader features of a decision just logged, beside the call (``log_features``):
     the estimate's own unless another ``feature_reader`` was asked for. A candidate's decision
@@ -105,22 +99,20 @@ def keep_features(gate: FlowGate, verdict: Verdict, log: DecisionLog, shadows: S
         return
     carried = decision.estimate.features()
 
-    def job() -> None:
-        try:
-            chosen = gate.settings.feature_reader
-            if carried is not None and (chosen is None or spec_as_dict(chosen.spec) == carried.spec):
-                vector, spec = carried.vector, carried.spec
-            else:
-                vector, spec = _read(reader_for(gate), verdict.query)
-            if log.record_features([(decision.id, vector)], spec) != 1:
-                raise FeaturesNotLoggedError(
-                    "the log kept none (no decision with this id, or it has features already)"
-                )
-        except Exception as exc:  # beside the call: counted and logged, never raised
-            why = f"features of decision {decision.id}: {_described(exc)}"
-            gate.stats.beside("features", failed=why)
-            _logger.warning("%s (not logged; the call was not affected)", why)
-            return
-        gate.stats.beside("features")
+    def job() -> bool:
+        chosen = gate.settings.feature_reader
+        if carried is not None and (chosen is None or spec_as_dict(chosen.spec) == carried.spec):
+            vector, spec = carried.vector, carried.spec
+        else:
+            vector, spec = _read(reader_for(gate), verdict.query)
+        if log.record_features([(decision.id, vector)], spec) != 1:
+            raise FeaturesNotLoggedError(
+                "the log kept none (no decision with this id, or it has features already)"
+            )
+        return True
 
-    shadows.beside(job)
+    def described(exc: Exception) -> str:
+        detail = str(exc) if isinstance(exc, FeaturesNotLoggedError) else type(exc).__name__
+        return f"features of decision {decision.id}: {detail}"
+
+    shadows.beside(gate.stats, "features", job, described)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,9 @@ from capgate.gate.flow import adrive, drive
 
 if TYPE_CHECKING:
     from capgate.gate._settings import GateSettings
+    from capgate.gate._stats import GateStats, Work
+
+_logger = logging.getLogger("capgate")
 
 SHADOW_REASON = "shadow mode: the gate decides beside the call and logs what it would have done"
 
@@ -89,10 +93,25 @@ class Shadows:
         self._track(decision.future)  # its callbacks (the log write) run first: a flush waits for them
         return decision
 
-    def beside(self, job: Callable[[], None]) -> None:
+    def beside(
+        self, stats: GateStats, work: Work, job: Callable[[], bool], described: Callable[[Exception], str]
+    ) -> None:
         """Run ``job`` (a logged decision's features, a candidate's decision) in one of the same
-        threads, beside the call (a flush waits for it); it must catch its own errors."""
-        self._track(self._lane.submit(job))
+        threads, beside the call (a flush waits for it). It is counted in ``stats`` as ``work``
+        when it returns True; an error is counted and warned (``described(error)``), never raised."""
+
+        def counted() -> None:
+            try:
+                if not job():
+                    return
+            except Exception as exc:
+                why = described(exc)
+                stats.beside(work, failed=why)
+                _logger.warning("%s (not logged; the call was not affected)", why)
+                return
+            stats.beside(work)
+
+        self._track(self._lane.submit(counted))
 
     def write(self, job: Callable[[], None], spill: Callable[[], None], log: object) -> None:
         """Run the log write ``job`` of a shadow decision in the thread of its log (the gate's

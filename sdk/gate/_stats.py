@@ -5,9 +5,13 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field, fields
+from typing import Literal, TypeAlias
 
 from capgate.cas.loop import CASResult
 from capgate.core.types import Decision
+
+Work: TypeAlias = Literal["features", "candidate"]
+"""Work done beside the call that :class:`GateStats` counts."""
 
 
 @dataclass
@@ -93,7 +97,7 @@ class GateStats:
         with self._lock:
             self.log_spilled += 1
 
-    def beside(self, work: str, *, failed: str | None = None) -> None:
+    def beside(self, work: Work, *, failed: str | None = None) -> None:
         """Count work done beside the call: ``"features"`` logged or a ``"candidate"`` decision
         (``failed``: it could not be done, and why, in words without text or feature values)."""
         with self._lock:
