@@ -340,9 +340,9 @@ class Policy(Strict):
         new_bands.append(_band_body(top))
         data = self.model_dump(mode="python")  # in full: a setting written as null stays null
         if tool is not None:
-            data.setdefault("tools", {}).setdefault(tool, {})["bands"] = new_bands
+            data["tools"].setdefault(tool, {})["bands"] = new_bands
         elif step is not None:
-            data.setdefault("steps", {}).setdefault(step, {})["bands"] = new_bands
+            data["steps"].setdefault(step, {})["bands"] = new_bands
         else:
             data["bands"] = new_bands
         return Policy.model_validate(data), notes

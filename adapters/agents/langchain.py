@@ -332,9 +332,10 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
             stats.last_decision = verdict.decision
         return verdict
 
-    def _model_call_flow(self, request: ModelRequest[Any], draw: Invoke) -> Flow[ModelResult]:
+    def _model_call_flow(
+        self, request: ModelRequest[Any], stored: Decision | None, draw: Invoke
+    ) -> Flow[ModelResult]:
         voted = False
-        stored = hitl.read_decision(cast("Mapping[str, Any] | None", request.state.get("capgate_decision")))
         step = self._step_verdict(request, stored)
         unlogged = self._unlogged.pop(stored.id, None) if stored is not None else None
         stamped = None if step is None else self._restamped(stored, step)
@@ -369,17 +370,17 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
             yield Record(self.gate, verdict, samples_used=0)
         return self._finish(response, verdicts, voted, stamped)
 
-    def _routed(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
-        """The request with the chosen model, when the step's decision routed it."""
+    def _routed(self, request: ModelRequest[Any]) -> tuple[ModelRequest[Any], Decision | None]:
+        """The step's stored decision, and the request with the chosen model when it routed it."""
         decision = hitl.read_decision(cast("Mapping[str, Any] | None", request.state.get("capgate_decision")))
         if decision is None or decision.route is None:
-            return request
+            return request, decision
         if decision.route not in self.models:
             raise SettingsError(
                 f"the policy routed this step to model choice {decision.route!r}, but the middleware "
                 f"has no chat model for it; pass models={{name: chat_model}} (has: {list(self.models)})"
             )
-        return request.override(model=self.models[decision.route])
+        return request.override(model=self.models[decision.route]), decision
 
     def wrap_model_call(
         self,
@@ -388,8 +389,8 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
     ) -> ModelResult:
         """Resample the model step under CAS if the policy said so, then gate proposed tool calls."""
         self._see(request)
-        request = self._routed(request)
-        return drive(self._model_call_flow(request, Invoke(lambda: handler(request))))
+        request, stored = self._routed(request)
+        return drive(self._model_call_flow(request, stored, Invoke(lambda: handler(request))))
 
     async def awrap_model_call(
         self,
@@ -398,8 +399,8 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
     ) -> ModelResult:
         """Async twin of :meth:`wrap_model_call` (the draws of one batch run concurrently)."""
         self._see(request)
-        request = self._routed(request)
-        return await adrive(self._model_call_flow(request, Invoke(lambda: handler(request))))
+        request, stored = self._routed(request)
+        return await adrive(self._model_call_flow(request, stored, Invoke(lambda: handler(request))))
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], ToolMessage | Command[Any]]) -> Any:
         """Act on the tool call's decision before it runs (see ``hitl.ToolCallGate``)."""

@@ -179,13 +179,16 @@ class TransformersBackend:
         rows = [index for index in range(len(prompts)) for _ in range(params.n)]
         # Longest prompts first so that batches hold prompts of similar length (less padding).
         order = sorted(range(len(rows)), key=lambda r: -len(encoded[rows[r]]))
+        out: list[list[Generation]] = [[] for _ in prompts]
         placed: dict[int, Generation] = {}
         with torch.inference_mode(), self._seeded(params.seed):
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
                 generations = self._generate_batch([encoded[rows[r]] for r in chunk], params)
                 placed.update(zip(chunk, generations, strict=True))
-        return [[placed[i * params.n + j] for j in range(params.n)] for i in range(len(prompts))]
+        for r in range(len(rows)):
+            out[rows[r]].append(placed[r])
+        return out
 
     @contextlib.contextmanager
     def _seeded(self, seed: int | None) -> Iterator[None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from datetime import UTC, datetime
@@ -95,37 +96,34 @@ def monitor(
     console = Console(width=200)
     refreshes = 0
     reports: list[MethodReport] = []
-    with open_existing_log(db) as log:
-        try:
-            while True:
-                reports = run_reporting_errors(
-                    lambda: calibration_report(
-                        log,
-                        window=window,
-                        method=method,
-                        calibration=version,
-                        min_count=min_count,
-                        brier_tolerance=brier_tolerance,
-                        z_threshold=z_threshold,
-                    )
+    with open_existing_log(db) as log, contextlib.suppress(KeyboardInterrupt):
+        while True:
+            reports = run_reporting_errors(
+                lambda: calibration_report(
+                    log,
+                    window=window,
+                    method=method,
+                    calibration=version,
+                    min_count=min_count,
+                    brier_tolerance=brier_tolerance,
+                    z_threshold=z_threshold,
                 )
-                if as_json:
-                    typer.echo(json.dumps([r.model_dump(mode="json") for r in reports], ensure_ascii=False))
-                elif not reports:
-                    console.print(f"no decisions logged in {log.location} yet")
-                else:
-                    console.print(_table(reports, window, log.location))
-                    for r in reports:
-                        for reason in r.reasons:
-                            console.print(f"DRIFT {r.label}: {reason}", highlight=False)
-                        if r.advice:
-                            console.print(f"  {r.advice}", highlight=False, soft_wrap=True)
-                refreshes += 1
-                if not follow or (max_refreshes is not None and refreshes >= max_refreshes):
-                    break
-                time.sleep(interval)
-        except KeyboardInterrupt:
-            pass
+            )
+            if as_json:
+                typer.echo(json.dumps([r.model_dump(mode="json") for r in reports], ensure_ascii=False))
+            elif not reports:
+                console.print(f"no decisions logged in {log.location} yet")
+            else:
+                console.print(_table(reports, window, log.location))
+                for r in reports:
+                    for reason in r.reasons:
+                        console.print(f"DRIFT {r.label}: {reason}", highlight=False)
+                    if r.advice:
+                        console.print(f"  {r.advice}", highlight=False, soft_wrap=True)
+            refreshes += 1
+            if not follow or (max_refreshes is not None and refreshes >= max_refreshes):
+                break
+            time.sleep(interval)
     if fail_on_drift and any(r.drift for r in reports):
         for r in reports:
             if r.drift:

@@ -172,8 +172,9 @@ def read_traffic(
             path=where,
             field="target",
         )
-    excluded["other target"] = sum(r.decision.target != target for r in kept)
-    kept = [r for r in kept if r.decision.target == target]
+    on_target = [r for r in kept if r.decision.target == target]
+    excluded["other target"] = len(kept) - len(on_target)
+    kept = on_target
     methods = Counter(base_method(r.method) for r in kept if r.value is not None and r.p is not None)
     if method is None:
         method = _the_only(

@@ -230,7 +230,7 @@ def prepare_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Path:
         if not (path / "config.json").is_file():
             raise DataError("not a transformers model folder: it has no config.json", path=path)
         return path
-    if name.endswith(".gguf") or not _HUB_ID.fullmatch(name) or name.startswith(".") or ".." in name:
+    if name.endswith(".gguf") or not _HUB_ID.fullmatch(name) or ".." in name:
         raise DataError("no such model file or folder (and not a hub id like 'org/name')", path=path)
     from huggingface_hub import snapshot_download
 
