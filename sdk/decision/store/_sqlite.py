@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from capgate._util.validate import check_positive_number
-from capgate.decision.store._store import Connections, Store
+from capgate.decision.store._store import Connections
 from capgate.decision.store.schema import SCHEMA_VERSION, SQLITE, VERSION, migrate
 from capgate.errors import DataError, LogUnavailableError
 
 
-class SQLiteStore(Store):
+class SQLiteStore:
     """A :class:`~capgate.decision.store._store.Store` in a SQLite file.
 
     Args:

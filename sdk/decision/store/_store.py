@@ -32,10 +32,6 @@ class Store(Protocol):
     def write(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement in its own transaction; the number of rows it wrote."""
 
-    def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        """Run one statement once per row of parameters, all in one transaction; the rows written."""
-        return self.write_all([(sql, rows)])[0]
-
     def write_all(self, batches: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> list[int]:
         """Run each (statement, rows of parameters) batch, all in one transaction; the rows each
         batch wrote."""

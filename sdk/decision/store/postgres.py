@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from capgate._util.validate import check_positive_number
-from capgate.decision.store._store import Connections, Store
+from capgate.decision.store._store import Connections
 from capgate.decision.store.schema import POSTGRES, migrate
 from capgate.errors import DataError, LogUnavailableError
 
@@ -134,7 +134,7 @@ def _reset_watchdog() -> None:  # a forked child has no watchdog thread (and may
 os.register_at_fork(after_in_child=_reset_watchdog)
 
 
-class PostgresStore(Store):
+class PostgresStore:
     """A :class:`~capgate.decision.store._store.Store` in a PostgreSQL database.
 
     Args:
@@ -224,6 +224,10 @@ class PostgresStore(Store):
     def write(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement (its own transaction: the connection autocommits); the rows it wrote."""
         return int(self._run(lambda conn: conn.execute(_pg(sql), params).rowcount))
+
+    def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """Run one statement per row of parameters, in one transaction; the rows written."""
+        return self.write_all([(sql, rows)])[0]
 
     def write_all(self, batches: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> list[int]:
         """Run each batch (a statement per row of parameters), all in one transaction."""

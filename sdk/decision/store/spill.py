@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from capgate._util.atomic import atomic_write_bytes
+from capgate._util.jsonl import atomic_write_lines
 from capgate.core.backend import Prompt, as_messages
 from capgate.core.messages import query_hash
 from capgate.core.types import Decision
@@ -144,7 +144,7 @@ class SpillFile:
             for item in now:
                 log.record_spilled(item)
             if rest:  # the rest rewritten whole before the old file goes: a crash keeps one or the other
-                atomic_write_bytes(self.replaying_path, "".join(_line(item) + "\n" for item in rest).encode())
+                atomic_write_lines(self.replaying_path, (_line(item) for item in rest))
             else:
                 self.replaying_path.unlink()
             return len(now)
