@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from types import ModuleType
 
 from capgate.errors import MissingExtraError
 
@@ -23,3 +25,17 @@ def require_extra(extra: str, what: str) -> None:
     missing = [name for name in EXTRA_MODULES[extra] if importlib.util.find_spec(name) is None]
     if missing:
         raise MissingExtraError(extra, missing, what)
+
+
+def import_extra(module: str, extra: str, what: str) -> ModuleType:
+    """``module``, imported; if it is missing, :class:`~capgate.errors.MissingExtraError` saying that
+    ``what`` needs it and which extra of ``pyproject.toml`` brings it.
+
+    Examples:
+        >>> import_extra("json", "local", "reading JSON").__name__
+        'json'
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingExtraError(extra, [module.partition(".")[0]], what) from None

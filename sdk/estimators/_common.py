@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -140,15 +139,6 @@ def read_json(path: Path, *, kind: str | None, what: str | None = None) -> dict[
     if kind is not None and found != kind:
         raise DataError(f"expected a saved {kind!r}; got format {found!r}", path=path, field="format")
     return payload
-
-
-def require_module(module: str, what: str) -> Any:
-    """``module``, imported; else an ImportError saying that ``what`` needs it and which extra to install."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        name = module.partition(".")[0]
-        raise ImportError(f"{what} needs {name}; install the extra: pip install 'capgate[local]'") from None
 
 
 def sigmoid(z: FloatArray) -> FloatArray:

@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from capgate._util.extras import import_extra
 from capgate._util.validate import FloatArray
-from capgate.estimators._common import fit_logistic_link, require_module
+from capgate.estimators._common import fit_logistic_link
 
 
 def kfold(n: int, n_splits: int, random_state: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -132,7 +133,7 @@ def fit_logistic(
     deterministic L-BFGS (torch, float64, one CPU thread, strong Wolfe), from ``init = (w, b)`` or
     else ``w = 0, b = logit(mean y)`` (the constant prior).
     """
-    torch = require_module("torch", "fitting a LinearProbe")
+    torch = import_extra("torch", "local", "fitting a LinearProbe")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

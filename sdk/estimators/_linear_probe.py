@@ -13,6 +13,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 from capgate._util.atomic import atomic_path
+from capgate._util.extras import import_extra
 from capgate._util.saved import read_saved
 from capgate._util.validate import FloatArray
 from capgate.errors import DataError
@@ -23,7 +24,6 @@ from capgate.estimators._common import (
     check_fitted,
     json_settings,
     read_json,
-    require_module,
     sigmoid,
     spec_as_dict,
     write_json,
@@ -292,7 +292,7 @@ class LinearProbe(Params):
         check_fitted(self, "coef_")
         assert self.coef_ is not None
         assert self.intercept_ is not None
-        st = require_module("safetensors.numpy", "saving or loading a probe")
+        st = import_extra("safetensors.numpy", "local", "saving or loading a probe")
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         tensors: dict[str, np.ndarray[Any, Any]] = {
@@ -333,7 +333,7 @@ class LinearProbe(Params):
             raise DataError(
                 "weights file does not match the SHA-256 recorded in probe.json", path=weights_path
             )
-        st = require_module("safetensors.numpy", "saving or loading a probe")
+        st = import_extra("safetensors.numpy", "local", "saving or loading a probe")
         try:
             tensors = st.load_file(str(weights_path))
         except Exception as exc:  # safetensors' own error: a file that is not safetensors (a pickle...)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from capgate._util.extras import import_extra
 from capgate._util.validate import (
     FloatArray,
     check_int_at_least,
@@ -22,7 +23,6 @@ from capgate._util.validate import (
     check_positive_number,
     check_unit_interval,
 )
-from capgate.estimators._common import require_module
 from capgate.estimators._convex import fit_logistic, ridge_path, zscore
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ def fit_weights(
 
 def _train(settings: ProbeSettings, split: TrainingSplit, lr: float) -> TrainingRun:
     """Train one probe at learning rate ``lr``; the checkpoint with the lowest validation loss."""
-    torch = require_module("torch", "fitting a LinearProbe")
+    torch = import_extra("torch", "local", "fitting a LinearProbe")
     device = torch.device(settings.device)
     if device.type != "cpu":
         return _train_loop(torch, device, settings, split, lr)

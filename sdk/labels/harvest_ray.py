@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from capgate._util.extras import import_extra
 from capgate._util.validate import check_positive_int
 from capgate.core.backend import Backend, Generation, Prompt, SamplingParams
 from capgate.datasets import DatasetItem
@@ -70,14 +71,6 @@ class _Sampler:
         return self.backend.generate(prompts, params)
 
 
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:  # pragma: no cover - the extra is installed in CI
-        raise ModuleNotFoundError("a harvest on Ray needs ray: pip install 'capgate[ray]'") from exc
-    return ray
-
-
 def ray_harvest(
     make_backend: BackendFactory,
     items: Iterable[DatasetItem],
@@ -119,7 +112,7 @@ def ray_harvest(
     """
     check_positive_int("workers", workers)
     check_positive_int("in_flight", in_flight)
-    ray = _ray()
+    ray = import_extra("ray", "ray", "a harvest on Ray")
     run = HarvestRun(items, out, k=k, **settings)  # checks the settings before Ray starts
     if address is not None or not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from capgate._util.extras import import_extra
 from capgate._util.validate import check_positive_number
 from capgate.decision.store._store import Connections
 from capgate.decision.store.schema import POSTGRES, migrate
@@ -44,16 +45,6 @@ __all__ = ["PostgresStore"]
 T = TypeVar("T")
 
 _LOCK_KEY = 0x6361_7067_6174_65  # "capgate": the advisory lock that serializes migrations
-
-
-def _psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError as exc:  # pragma: no cover - the extra is installed in CI
-        raise ImportError(
-            "a PostgreSQL decision log needs psycopg 3: pip install 'capgate[postgres]'"
-        ) from exc
-    return psycopg
 
 
 def redact(url: str) -> str:
@@ -162,7 +153,7 @@ class PostgresStore:
     def _open(self) -> Any:
         timeout_s = check_positive_number("timeout_s", self.timeout_s)
         lock_timeout_s = check_positive_number("busy_timeout_s", self.busy_timeout_s)
-        psycopg = _psycopg()
+        psycopg = import_extra("psycopg", "postgres", "a PostgreSQL decision log")
         deadline = getattr(self._deadline, "at", None) or time.monotonic() + timeout_s
         remaining = max(deadline - time.monotonic(), 0.0)
         try:
@@ -197,7 +188,7 @@ class PostgresStore:
 
     def _run(self, work: Callable[[Any], T]) -> T:
         """Run ``work(connection)`` within ``timeout_s``; :class:`LogUnavailableError` if it cannot be."""
-        psycopg = _psycopg()
+        psycopg = import_extra("psycopg", "postgres", "a PostgreSQL decision log")
         deadline = self._deadline.at = time.monotonic() + check_positive_number("timeout_s", self.timeout_s)
         retried = False
         try:
