@@ -137,7 +137,7 @@ class LogUnavailableError(CapgateError, RuntimeError):
         super().__init__(f"{location}: decision log unavailable: {message}")
 
 
-class MissingExtraError(CapgateError, ImportError):
+class MissingExtraError(CapgateError, ModuleNotFoundError):
     """A feature needs an optional dependency that is not installed; the message names the extra.
 
     Examples:

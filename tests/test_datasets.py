@@ -26,7 +26,7 @@ from capgate.datasets import (
     read_dataset,
     write_dataset,
 )
-from capgate.errors import DataError
+from capgate.errors import DataError, MissingExtraError
 
 
 def _write_lines(path: Path, rows: list[object]) -> Path:
@@ -151,7 +151,7 @@ def test_unknown_names_and_missing_files() -> None:
 def test_hub_ids_say_what_to_install_without_the_datasets_library(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
     with pytest.raises(
-        ModuleNotFoundError, match=r"'someone/some-dataset' needs the datasets library.*capgate\[hub\]"
+        MissingExtraError, match=r"hub dataset 'someone/some-dataset' needs datasets, .*capgate\[hub\]"
     ):
         load_dataset("someone/some-dataset")
 

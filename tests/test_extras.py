@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 from capgate import MissingExtraError
 from capgate._util.extras import import_extra
 from capgate.cli import app
+from capgate.datasets import DatasetItem, load_dataset
 from capgate.estimators import LinearProbe
+from capgate.grading import MathGrader
 from capgate.labels.harvest_ray import ray_harvest
 
 
@@ -59,3 +61,19 @@ def test_a_ray_harvest_without_ray_names_the_ray_extra(
     with pytest.raises(MissingExtraError, match=r"a harvest on Ray needs ray.*capgate\[ray\]"):
         ray_harvest(lambda i: None, [], tmp_path / "labels.jsonl", k=2)
     assert not (tmp_path / "labels.jsonl").exists()
+
+
+def test_an_arrow_dataset_without_pyarrow_names_the_data_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    _missing(monkeypatch, "pyarrow", "pyarrow.ipc")
+    with pytest.raises(MissingExtraError, match=r"reading Arrow files needs pyarrow.*capgate\[data\]"):
+        load_dataset("mmlu:anatomy", split="dev")
+
+
+def test_a_symbolic_math_check_without_math_verify_names_the_data_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    item = DatasetItem(id="m", question="Half?", kind="math", references=["\\frac{1}{2}"])
+    assert not MathGrader(symbolic=False).grade("\\boxed{0.5000001}", item)  # strings only: needs nothing
+    _missing(monkeypatch, "math_verify")
+    with pytest.raises(MissingExtraError, match=r"MathGrader\(symbolic=True\).*capgate\[data\]"):
+        MathGrader().grade("\\boxed{0.5000001}", item)

