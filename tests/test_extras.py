@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from capgate import MissingExtraError
 from capgate._util.extras import import_extra
+from capgate.adapters.backends import OpenAIBackend, VLLMBackend
 from capgate.cli import app
 from capgate.datasets import DatasetItem, load_dataset
 from capgate.estimators import LinearProbe
@@ -77,3 +78,12 @@ def test_a_symbolic_math_check_without_math_verify_names_the_data_extra(
     _missing(monkeypatch, "math_verify")
     with pytest.raises(MissingExtraError, match=r"MathGrader\(symbolic=True\).*capgate\[data\]"):
         MathGrader().grade("\\boxed{0.5000001}", item)
+
+
+def test_backends_without_their_client_library_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    _missing(monkeypatch, "openai", "vllm")
+    with pytest.raises(MissingExtraError, match=r"OpenAIBackend needs openai.*capgate\[openai\]"):
+        OpenAIBackend("my-model", base_url="http://127.0.0.1:1/v1")
+    engine = VLLMBackend("some/model")  # the engine is built on first use
+    with pytest.raises(MissingExtraError, match=r"VLLMBackend's engine needs vllm.*capgate\[vllm\]"):
+        _ = engine.llm

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from tenacity import AsyncRetrying, Retrying
 
+from capgate._util.extras import require_extra
 from capgate._util.validate import check_choice
 from capgate.adapters.backends._breaker import CircuitBreaker
 from capgate.adapters.backends._openai_retry import (
@@ -100,6 +101,7 @@ class OpenAIBackend:
 
     Raises:
         ValueError: A setting is out of range, or no API key is available for OpenAI itself.
+        MissingExtraError: The ``openai`` package is not installed (``capgate[openai]``).
 
     Examples:
         >>> backend = OpenAIBackend("my-model", base_url="http://127.0.0.1:8000/v1")
@@ -163,6 +165,7 @@ class OpenAIBackend:
                 "(or point base_url / OPENAI_BASE_URL at a local server)"
             )
         self._api_key = key or "EMPTY"
+        require_extra("openai", "OpenAIBackend")  # found, not imported: the import costs seconds
         self._lock = threading.Lock()
         self._sync_client: Any = None
         self._sync_slots = threading.BoundedSemaphore(max_concurrency)

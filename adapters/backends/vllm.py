@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
+from capgate._util.extras import import_extra
 from capgate._util.validate import check_choice
 from capgate.adapters.backends import vllm_hidden_states as _hidden_states
 from capgate.adapters.backends._usage import logaddexp as _logaddexp
@@ -169,9 +170,8 @@ class _LazyEngine:
     def llm(self) -> Any:
         """The ``vllm.LLM`` engine, built on first use."""
         if self._llm is None:
-            from vllm import LLM
-
-            self._llm = LLM(**self.engine_kwargs())
+            vllm = import_extra("vllm", "vllm", "VLLMBackend's engine")
+            self._llm = vllm.LLM(**self.engine_kwargs())
         return self._llm
 
     def _sampling_params(self, params: SamplingParams) -> Any:

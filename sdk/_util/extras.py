@@ -10,6 +10,7 @@ from capgate.errors import MissingExtraError
 
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "local": ("torch", "transformers", "safetensors"),
+    "openai": ("openai",),
     "plots": ("matplotlib",),
 }
 """The top-level modules a feature needs from each extra of ``pyproject.toml``."""
