@@ -224,13 +224,15 @@ class RiskControl:
         return self.n_answered / self.n if self.n else 0.0
 
 
-def check_p_mu(conf: NDArray[np.float64], mu: NDArray[np.float64]) -> None:
-    """A ``ValueError`` unless every confidence is in [0, 1] or NaN and every µ̂ in [0, 1]."""
+def check_p_mu(conf: NDArray[np.float64], mu: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """Where ``conf`` has an estimate (not NaN); a ``ValueError`` unless every confidence is in
+    [0, 1] or NaN and every µ̂ in [0, 1]."""
     usable = ~np.isnan(conf)
     if np.any((conf[usable] < 0.0) | (conf[usable] > 1.0)):
         raise ValueError("`p` must be in [0, 1] (NaN for a missing estimate)")
     if np.any(np.isnan(mu)) or np.any((mu < 0.0) | (mu > 1.0)):
         raise ValueError("`mu_hat` must be in [0, 1] with no NaN")
+    return usable
 
 
 def _as_array(name: str, values: ArrayLike) -> NDArray[np.float64]:
@@ -295,8 +297,7 @@ def calibrate_threshold(
     mu = _as_array("mu_hat", mu_hat)
     if conf.shape != mu.shape:
         raise ValueError(f"`p` and `mu_hat` must have the same length; got {conf.size} and {mu.size}")
-    check_p_mu(conf, mu)
-    usable = ~np.isnan(conf)
+    usable = check_p_mu(conf, mu)
     check_choice("pvalue", pvalue, ("binomial", "hoeffding-bentkus"))
     check_choice("loss", loss, ("auto", "sampled", "expected"))
     resolved: Literal["sampled", "expected"] = (

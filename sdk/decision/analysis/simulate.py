@@ -107,7 +107,7 @@ def _arrays(
         )
     if conf.size == 0:
         raise ValueError("nothing to replay: `p` is empty")
-    check_p_mu(conf, mu)
+    usable = check_p_mu(conf, mu)
     ks: NDArray[np.int64] | None = None
     if n_samples is not None:
         ks = np.asarray(n_samples, dtype=np.int64)
@@ -116,7 +116,7 @@ def _arrays(
     flag = np.zeros(conf.shape, dtype=bool) if degraded is None else np.asarray(degraded, dtype=bool)
     if flag.shape != conf.shape:
         raise ValueError(f"`degraded` must have one flag per query; got shape {flag.shape}")
-    return conf, mu, ks, flag | np.isnan(conf)
+    return conf, mu, ks, flag | ~usable
 
 
 def replay_policy(
