@@ -128,6 +128,28 @@ def test_a_cut_last_line_is_skipped_and_a_bad_line_is_named(
         kept.read()
 
 
+def test_a_decision_spilled_after_a_cut_append_is_kept_whole_and_replayed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crash mid-append (here cut inside a multi-byte character of the stored text), then the
+    restarted process spills again: the new decision is not glued to the fragment, and the replay
+    writes every whole decision instead of failing on the fragment at each try."""
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    kept = SpillFile(tmp_path / "s.jsonl")
+    first, after = _decision(), _decision()
+    kept.append(first, query="Combien coûte ça ?", samples_used=None, store_text=True, why="planted")
+    whole = kept.path.read_bytes()
+    cut = whole.index("ç".encode()) + 1  # inside the two bytes of 'ç'
+    kept.path.write_bytes(whole + whole[:cut])
+    kept.append(after, query=None, samples_used=None, store_text=False, why="after the restart")
+    with caplog.at_level(logging.WARNING, logger="capgate"):
+        assert kept.replay(log) == 2
+    assert "s.jsonl.replaying:2: skipped a spilled decision cut short" in caplog.text
+    assert {r.id for r in log.decisions()} == {first.id, after.id}
+    assert not kept.pending()
+    log.close()
+
+
 def test_default_spill_paths() -> None:
     assert default_spill_path(Path("/x/log.sqlite3")) == Path("/x/log.sqlite3.spill.jsonl")
     url = default_spill_path("postgresql://u@db.example:5432/capgate")

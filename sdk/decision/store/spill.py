@@ -85,30 +85,37 @@ class SpillFile:
         line = _line(SpilledDecision(decision, *query_fields(query, store_text), samples_used, why))
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as out:
-                out.write(line + "\n")
+            with self.path.open("a+b") as out:
+                size, torn = out.seek(0, os.SEEK_END), False
+                if size:  # after an append cut short by a crash, the next starts on a line of its own
+                    out.seek(size - 1)
+                    torn = out.read(1) != b"\n"
+                out.write(b"\n" * torn + line.encode() + b"\n")
 
     def pending(self) -> bool:
         """Whether any decision waits here (a cheap check: the files' sizes)."""
         return any(p.is_file() and p.stat().st_size > 0 for p in (self.path, self.replaying_path))
 
     def read(self, path: Path | None = None) -> list[SpilledDecision]:
-        """The decisions kept in ``path`` (default :attr:`path`), in order; a last line cut short
-        by a crash mid-append is skipped with a warning.
+        """The decisions kept in ``path`` (default :attr:`path`), in order; a line cut short by a
+        crash mid-append (not JSON) is skipped with a warning naming file and line.
 
         Raises:
-            DataError: A line that is not a spilled decision (the message names file and line).
+            DataError: A JSON line that is not a spilled decision (the message names file and line).
         """
         path = path or self.path
         if not path.is_file():
             return []
-        lines = path.read_text(encoding="utf-8").split("\n")
         kept: list[SpilledDecision] = []
-        for number, line in enumerate(lines, 1):
+        for number, line in enumerate(path.read_bytes().split(b"\n"), 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
+            except ValueError:  # JSON or UTF-8 cut off: an append that did not finish
+                _logger.warning("%s:%d: skipped a spilled decision cut short mid-write", path, number)
+                continue
+            try:
                 kept.append(
                     SpilledDecision(
                         decision=Decision.model_validate(record["decision"]),
@@ -119,9 +126,6 @@ class SpillFile:
                     )
                 )
             except (ValueError, KeyError, TypeError) as exc:
-                if number == len(lines) and not line.endswith("}"):  # the unfinished last append
-                    _logger.warning("%s:%d: skipped a spilled decision cut short mid-write", path, number)
-                    continue
                 raise DataError(f"{path}:{number}: not a spilled decision ({exc})") from exc
         return kept
 
