@@ -68,6 +68,24 @@ def test_a_failed_trial_reopens_the_circuit() -> None:
     assert breaker.opened == 2
 
 
+def test_a_cancelled_attempt_counts_neither_as_an_answer_nor_as_an_outage() -> None:
+    """A gate cancels an estimate past its deadline: the server did not answer, so the count of
+    outages is not reset, and a cancelled trial leaves the circuit half-open, not closed."""
+    breaker = CircuitBreaker(failures=2, cooldown_s=0.05)
+    breaker.failed("HTTP 503")
+    with pytest.raises(asyncio.CancelledError), breaker.watch("srv", lambda exc: "down"):
+        raise asyncio.CancelledError
+    breaker.failed("HTTP 503")
+    assert breaker.is_open  # two outages in a row, the cancelled attempt between them counted neither way
+    time.sleep(0.06)
+    with pytest.raises(asyncio.CancelledError), breaker.watch("srv", lambda exc: "down"):  # the trial
+        raise asyncio.CancelledError
+    breaker.admit("srv")  # the place of the cancelled trial is free: this is the next trial
+    with pytest.raises(BackendError, match=r"trial attempt .* in flight"):
+        breaker.admit("srv")
+    assert breaker.opened == 1
+
+
 def test_rate_limits_do_not_open_the_circuit_and_retry_after_is_honoured() -> None:
     limited = Reply({"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "0.4"})
     stamps: list[float] = []

@@ -119,7 +119,9 @@ class CircuitBreaker:
         """Admit one attempt toward ``where`` and record how it ends.
 
         ``outage(exc)`` says why a failure is an outage, or ``None`` when the server answered (a
-        4xx, a 429, a malformed body): only outages count toward opening the circuit.
+        4xx, a 429, a malformed body): only outages count toward opening the circuit. An attempt
+        cancelled (a caller's deadline) or interrupted says nothing either way: it counts as
+        neither, and a trial it was frees its place for the next attempt.
 
         Raises:
             CircuitOpenError: The circuit is open.
@@ -127,11 +129,15 @@ class CircuitBreaker:
         self.admit(where)
         try:
             yield
-        except BaseException as exc:
-            why = outage(exc) if isinstance(exc, Exception) else None
+        except Exception as exc:
+            why = outage(exc)
             if why is None:
                 self.succeeded()
             else:
                 self.failed(why)
+            raise
+        except BaseException:
+            with self._lock:
+                self._trial_until = None
             raise
         self.succeeded()

@@ -96,7 +96,8 @@ class OpenAIBackend:
         max_concurrency: Most requests in flight at once from this backend, sync or async.
         extra_body: Extra JSON fields sent with every request (server-specific options).
         circuit_failures: Outage attempts in a row (unreachable, time-out, 5xx) that open the
-            circuit breaker; 0 disables it.
+            circuit breaker; 0 disables it. An attempt a caller cancels (a gate's deadline) counts
+            neither way: for a server that hangs to open it, keep ``timeout`` below that deadline.
         circuit_cooldown_s: Seconds an open circuit refuses attempts before one trial.
 
     Raises:
