@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import threading
+
 import pytest
 
 from capgate import Estimate
@@ -37,3 +40,26 @@ def test_edge_cases_are_explicit() -> None:
         samples_for_target(1.5)
     with pytest.raises(ValueError, match=r"`target` must be a number in \(0, 1\); got 1.0"):
         samples_for_target(0.5, target=1.0)
+
+
+@pytest.mark.parametrize("p", [1e-12, 1e-17, 1e-300, 5e-324])
+def test_a_vanishing_p_gets_the_cap_at_once(p: float) -> None:
+    """A logistic probe gives p ~ 1e-12 at a logit of -27.6: 1 - p rounds to 1.0 there, and a
+    search for k one step at a time would never end (a guarded call hung in Policy.decide)."""
+    got: list[object] = []
+    worker = threading.Thread(target=lambda: got.append(samples_for_target(p, max_samples=16)), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert got, f"samples_for_target({p!r}) did not return within 10 s"
+    (budget,) = got
+    assert isinstance(budget, type(samples_for_target(0.5)))
+    assert (budget.k, budget.reaches_target) == (16, False)
+    assert budget.predicted_pass_at_k == pytest.approx(16 * p, rel=1e-6)  # pass@16 = 16 p for a tiny p
+    assert "capped at 16" in budget.reason
+    tiny = samples_for_target(1e-12, max_samples=10**15)  # a cap that p can reach: the smallest k
+
+    def pass_at(k: int) -> float:
+        return -math.expm1(k * math.log1p(-1e-12))
+
+    assert tiny.reaches_target
+    assert pass_at(tiny.k) >= 0.95 > pass_at(tiny.k - 1)

@@ -82,26 +82,40 @@ def samples_for_target(
             predicted_pass_at_k=0.0,
             reason=f"p = 0: no budget reaches pass@k >= {target:g}; capped at {max_samples}",
         )
-    # (1-p)^k <= 1-target  <=>  k >= log(1-target) / log(1-p); guard the ceiling against rounding.
-    k = max(1, math.ceil(math.log1p(-target) / math.log1p(-value) - 1e-12))
-    while k > 1 and 1.0 - (1.0 - value) ** (k - 1) >= target:
-        k -= 1
-    while 1.0 - (1.0 - value) ** k < target:
-        k += 1
-    if k > max_samples:
-        reached = 1.0 - (1.0 - value) ** max_samples
+    # (1-p)^k <= 1-target  <=>  k >= log(1-target) / log(1-p), computed without 1 - p (which is
+    # 1.0 for a p below 1e-16, where a search one k at a time would never end).
+    needed = math.log1p(-target) / math.log1p(-value)
+    if needed > max_samples:
+        needs = f"needs k = {math.ceil(needed)}" if math.isfinite(needed) else "needs more samples than any k"
         return StartingBudget(
             k=max_samples,
             reaches_target=False,
-            predicted_pass_at_k=reached,
+            predicted_pass_at_k=_pass_at_k(value, max_samples),
+            reason=f"p = {value:.3g} {needs} for pass@k >= {target:g}; capped at {max_samples}",
+        )
+    k = max(1, math.ceil(needed - 1e-12))  # then k <= max_samples: guard the ceiling against rounding
+    while k > 1 and _pass_at_k(value, k - 1) >= target:
+        k -= 1
+    while _pass_at_k(value, k) < target:
+        k += 1
+    if k > max_samples:
+        return StartingBudget(
+            k=max_samples,
+            reaches_target=False,
+            predicted_pass_at_k=_pass_at_k(value, max_samples),
             reason=f"p = {value:.3g} needs k = {k} for pass@k >= {target:g}; capped at {max_samples}",
         )
     return StartingBudget(
         k=k,
         reaches_target=True,
-        predicted_pass_at_k=1.0 - (1.0 - value) ** k,
+        predicted_pass_at_k=_pass_at_k(value, k),
         reason=f"smallest k with 1-(1-p)^k >= {target:g} at p = {value:.3g}",
     )
+
+
+def _pass_at_k(p: float, k: int) -> float:
+    """1 − (1 − p)^k, accurate for a tiny p too."""
+    return -math.expm1(k * math.log1p(-p))
 
 
 def _capabilities(
