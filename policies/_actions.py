@@ -8,6 +8,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
+from capgate.core.plans import Count
 from capgate.core.types import Action, Estimate, RoutePlan, SamplingPlan, StopSettings
 from capgate.policies import _templates as tpl
 from capgate.policies._base import Loc, PolicyIssueError, Strict, expand_shorthand
@@ -53,7 +54,8 @@ def _check_template(text: str) -> str:
 Template = Annotated[str, Field(min_length=1), AfterValidator(_check_template)]
 """A user-facing text; may use the placeholders of :data:`capgate.policies._templates.PLACEHOLDERS`."""
 
-Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False, strict=True)]
+"""A number in [0, 1]. A policy's numbers are strict: a YAML boolean (``yes``) or quoted number is refused."""
 
 
 class AnswerAction(Strict):
@@ -109,10 +111,10 @@ class ResampleAction(Strict):
     """
 
     action: Literal["resample"] = "resample"
-    max_samples: int = Field(default=16, ge=1)
-    batch_size: int = Field(default=4, ge=1)
+    max_samples: Count = Field(default=16, ge=1)
+    batch_size: Count = Field(default=4, ge=1)
     stop: StopSettings = Field(default_factory=StopSettings)
-    target_pass_at_k: float | None = Field(default=None, gt=0.0, lt=1.0)
+    target_pass_at_k: float | None = Field(default=None, gt=0.0, lt=1.0, strict=True)
 
     @model_validator(mode="after")
     def _check_budget(self) -> ResampleAction:

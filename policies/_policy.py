@@ -205,6 +205,8 @@ class Policy(Strict):
         data: dict[str, Any] = {"version": self.version, "name": self.name}
         if self.description:
             data["description"] = self.description
+        if self.mode != "enforce":
+            data["mode"] = self.mode
         data |= _rule_body(self.bands, self.on_degraded)
         for table_name in ("steps", "tools"):
             table: dict[str, Override] = getattr(self, table_name)
@@ -349,8 +351,12 @@ class Policy(Strict):
 
 
 def _action_body(spec: AnyAction) -> dict[str, Any]:
-    """An action as written in a policy file: its tag and the settings not at their defaults."""
+    """An action as written in a policy file: its tag and the settings not at their defaults (but a stop
+    rule's ``rule`` tag, always: read back without it, a paper rule would be taken for capgate's)."""
     settings = spec.model_dump(mode="json", exclude_defaults=True, exclude={"action", "below", "at_least"})
+    gap = settings.get("stop", {}).get("confidence_gap")
+    if isinstance(spec, ResampleAction) and spec.stop.confidence_gap is not None and isinstance(gap, dict):
+        settings["stop"]["confidence_gap"] = {"rule": spec.stop.confidence_gap.rule, **gap}
     return {"action": spec.action, **settings}
 
 

@@ -168,13 +168,12 @@ def _located_errors(
             for sub, msg in ctx["error"].issues:
                 yield _at(root, loc + sub, msg, source)
         elif kind in ("union_tag_invalid", "union_tag_not_found"):
-            expected = str(ctx.get("expected_tags", "")).replace("'", "")
-            what = (
-                f"unknown action {ctx.get('tag')!r}"
-                if kind == "union_tag_invalid"
-                else "missing key 'action'"
-            )
-            yield _at(root, (*loc, "action"), f"{what}; expected one of: {expected}", source)
+            members = _type_at(loc, model)
+            key, tags = (_tags(members) if isinstance(members, list) else None) or ("action", [])
+            expected = ", ".join(tags) or str(ctx.get("expected_tags", "")).replace("'", "")
+            tag = ctx.get("tag")
+            what = f"unknown {key} {tag!r}" if kind == "union_tag_invalid" else f"missing key {key!r}"
+            yield _at(root, (*loc, key), f"{what}; expected one of: {expected}", source)
         elif kind == "extra_forbidden":
             allowed = _allowed_keys(loc[:-1], model)
             hint = f" (allowed here: {', '.join(allowed)})" if allowed else ""
@@ -236,29 +235,36 @@ def _at(root: yaml.Node, loc: Loc, message: str, source: str) -> DataError:
 
 
 def _allowed_keys(loc: Loc, model: type[BaseModel]) -> list[str]:
-    """The keys the model at ``loc`` accepts, following fields, list items, dict values and tags."""
+    """The keys the model at ``loc`` accepts."""
+    current = _type_at(loc, model)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _type_at(loc: Loc, model: type[BaseModel]) -> Any:
+    """The type at ``loc`` (unwrapped; None if not found), following fields, list items, dict values
+    and tags."""
     current: Any = model
     for part in loc:
         current = _unwrap(current)
-        if isinstance(current, list):  # union of action models, selected by tag
-            by_tag = {_tag(m): m for m in current}
+        if isinstance(current, list):  # union of models, selected by tag
+            tagged = _tags(current)
+            by_tag = dict(zip(tagged[1], current, strict=True)) if tagged is not None else {}
             if part in by_tag:
                 current = by_tag[part]
                 continue
-            return []
+            return None
         if isinstance(current, type) and issubclass(current, BaseModel) and isinstance(part, str):
             field = current.model_fields.get(part)
             if field is None:
-                return []
+                return None
             current = field.annotation
         elif typing.get_origin(current) in (list, dict):
             current = typing.get_args(current)[-1]
         else:
-            return []
-    current = _unwrap(current)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
+            return None
+    return _unwrap(current)
 
 
 def _unwrap(tp: Any) -> Any:
@@ -272,13 +278,24 @@ def _unwrap(tp: Any) -> Any:
             if len(args) == 1:
                 tp = args[0]
                 continue
-            return args
+            return [_unwrap(a) for a in args]
         else:
             return tp
 
 
-def _tag(model: Any) -> str:
-    if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        return ""
-    field = model.model_fields.get("action")
-    return str(field.default) if field is not None else ""
+def _tags(members: list[Any]) -> tuple[str, list[str]] | None:
+    """The key that tags a union of models (``action``, a stop rule's ``rule``) and each member's tag:
+    the first field that is a one-value Literal in every member; None if there is none."""
+    if not all(isinstance(m, type) and issubclass(m, BaseModel) for m in members):
+        return None
+    for key in members[0].model_fields:
+        values: list[str] = []
+        for member in members:
+            field = member.model_fields.get(key)
+            args = typing.get_args(field.annotation) if field is not None else ()
+            if field is None or typing.get_origin(field.annotation) is not typing.Literal or len(args) != 1:
+                break
+            values.append(str(args[0]))
+        else:
+            return key, values
+    return None

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import yaml
 from _learn_traffic import log_traffic, overconfident
 from typer.testing import CliRunner
 
 from capgate.cli import app
 from capgate.decision import DecisionLog
+from capgate.policies import Policy
 
+MATH500 = Path(__file__).resolve().parents[1] / "sdk" / "assets" / "math500_gpt-oss-20b_probe-math.jsonl"
 runner = CliRunner()
 
 
@@ -108,3 +112,64 @@ def test_shadow_promote_rollback_are_recorded(log_location: str | Path, tmp_path
     last = runner.invoke(app, ["calibrate", "rollback", "--db", db, "--target", "m"])
     assert last.exit_code == 2
     assert "nothing to roll back" in last.output
+
+
+def test_options_before_a_subcommand_reach_it_and_a_mistyped_log_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    default = tmp_path / "default.sqlite3"  # where a dropped --db would go instead
+    monkeypatch.setenv("CAPGATE_DB", str(default))
+    db = _log(tmp_path / "log.sqlite3")
+    folder = tmp_path / "cal"
+    learnt = runner.invoke(app, ["calibrate", "--db", db, "--out", str(folder)])
+    assert learnt.exit_code == 0, learnt.output
+    assert f"next: capgate calibrate shadow --db {db} {folder} (then promote" in learnt.output
+    version = json.loads((folder / "calibration.json").read_text())["version"]
+
+    promote = runner.invoke(app, ["calibrate", "--db", db, "promote", str(folder)])
+    assert promote.exit_code == 0, promote.output
+    assert f"recorded in {db}" in promote.output
+    with DecisionLog(db) as log:
+        assert log.active_calibration("m").version == version
+    for args in (["--db", db, "status", "--target", "m"], ["--db", db, "--target", "m", "status"]):
+        status = runner.invoke(app, ["calibrate", *args])
+        assert status.exit_code == 0, status.output
+        assert f"target 'm': enforced {version}" in status.output
+    refused = runner.invoke(app, ["calibrate", "--db", db, "--out", str(tmp_path / "x"), "status"])
+    assert refused.exit_code == 2
+    assert "error: `capgate calibrate status` takes no --out" in refused.output
+    clash = runner.invoke(app, ["calibrate", "--db", db, "status", "--db", str(tmp_path / "other")])
+    assert clash.exit_code == 2
+    assert "--db given twice" in clash.output
+
+    typo = tmp_path / "typo.sqlite3"
+    for args in (["status", "--db", str(typo)], ["--db", str(typo), "rollback"], ["promote", "--db", str(typo), str(folder)]):
+        missing = runner.invoke(app, ["calibrate", *args])
+        assert missing.exit_code == 2, missing.output
+        assert f"error: {typo}: no decision log at this path" in missing.output
+    assert not typo.exists()
+    assert not default.exists()
+
+
+def test_policy_calibrate_writes_a_file_policy_validate_accepts(tmp_path: Path) -> None:
+    """`capgate policy calibrate --policy` keeps a paper stop rule with its own ε and `mode: shadow`: the
+    written file failed `capgate policy validate` (ε under a rule read as capgate's) and enforced."""
+    base = tmp_path / "mine.yaml"
+    base.write_text(
+        "version: 1\nname: sampler\nmode: shadow\nbands:\n  - {below: 0.3, action: abstain}\n"
+        "  - below: 0.6\n    action: resample\n    max_samples: 8\n"
+        "    stop: {confidence_gap: {rule: paper, epsilon: 0.0}}\n  - {action: answer}\n"
+        "on_degraded: abstain\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "calibrated.yaml"
+    args = ["policy", "calibrate", "--data", str(MATH500), "--confidence", "probe_conf_raw", "--risk", "0.03"]
+    done = runner.invoke(app, [*args, "--policy", str(base), "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    checked = runner.invoke(app, ["policy", "validate", str(out)])
+    assert checked.exit_code == 0, checked.output
+    assert yaml.safe_load(out.read_text(encoding="utf-8"))["mode"] == "shadow"
+    written, original = Policy.from_yaml(out), Policy.from_yaml(base)
+    assert written.mode == "shadow"
+    assert written.bands[1].stop == original.bands[1].stop
+    assert written.rule().edges[-1][0] > 0.6  # the answer edge moved: the resample band was rewritten

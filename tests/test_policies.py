@@ -6,6 +6,7 @@ import json
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from pydantic import ValidationError
@@ -408,6 +409,7 @@ def test_yaml_round_trip() -> None:
         {
             "name": "c",
             "description": "all features",
+            "mode": "shadow",
             "bands": [
                 {"below": 0.2, "action": "abstain", "message": "no: {p:.0%}"},
                 {
@@ -416,7 +418,11 @@ def test_yaml_round_trip() -> None:
                     "max_samples": 8,
                     "batch_size": 2,
                     "target_pass_at_k": 0.9,
-                    "stop": {"consensus": 0.8, "min_samples": 3},
+                    "stop": {
+                        "consensus": 0.8,
+                        "min_samples": 3,
+                        "confidence_gap": {"rule": "paper", "epsilon": 0},
+                    },
                 },
                 {"below": 0.6, "action": "escalate", "to": "ops"},
                 {"below": 0.7, "action": "clarify"},
@@ -434,6 +440,47 @@ def test_yaml_round_trip() -> None:
         assert (
             yaml.safe_load(text)["bands"][0]["below"] == policy.rule().edges[0][1] or len(policy.bands) == 1
         )
+
+
+@pytest.mark.parametrize(
+    "gap",
+    [
+        {"rule": "paper", "epsilon": 0},
+        {"rule": "paper"},
+        {"rule": "capgate"},
+        {"rule": "capgate", "level": 0.9},
+        None,
+    ],
+)
+def test_yaml_round_trip_keeps_the_stop_rule(gap: dict[str, object] | None) -> None:
+    """A stop rule is written with its `rule` tag: without it, a paper rule with its own ε was read back
+    as capgate's rule (the default when `rule` is absent), which has no ε, and the file did not load."""
+    resample = {"action": "resample", "max_samples": 8, "stop": {"confidence_gap": gap}}
+    policy = Policy.model_validate(
+        {
+            "name": "s",
+            "bands": [{"below": 0.6, **resample}, {"action": "answer"}],
+            "on_degraded": resample,
+            "tools": {"pay": {"bands": [{"below": 0.8, **resample}, {"action": "answer"}]}},
+        }
+    )
+    moved, moved_tool = policy.with_answer_threshold(0.7)[0], policy.with_answer_threshold(0.9, tool="pay")[0]
+    for written in (policy, moved, moved_tool):
+        assert Policy.from_yaml_text(written.to_yaml(), source="written.yaml") == written
+    if gap == {"rule": "paper", "epsilon": 0}:
+        stop = yaml.safe_load(policy.to_yaml())["bands"][0]["stop"]
+        assert stop == {"confidence_gap": {"rule": "paper", "epsilon": 0.0}}
+
+
+def test_yaml_round_trip_keeps_shadow_mode() -> None:
+    """`mode: shadow` is written (it was dropped, so a recalibrated shadow policy came back enforcing)."""
+    shadow = Policy.from_yaml_text("name: rollout\nmode: shadow\nbands: 0.5\non_degraded: abstain\n")
+    assert yaml.safe_load(shadow.to_yaml())["mode"] == "shadow"
+    assert Policy.from_yaml_text(shadow.to_yaml()) == shadow
+    moved = shadow.with_answer_threshold(0.7)[0]
+    assert moved.mode == "shadow"
+    assert Policy.from_yaml_text(moved.to_yaml()) == moved
+    assert "mode" not in yaml.safe_load(Policy(name="e", bands=0.5, on_degraded="abstain").to_yaml())
 
 
 def test_json_schema_exports_the_format() -> None:
@@ -468,6 +515,57 @@ def test_wrong_type_is_located() -> None:
     assert (error.path, error.line, error.field) == ("p.yaml", 3, "bands[0].below")
     assert "valid number" in error.message
     assert "'high'" in error.message
+
+
+@pytest.mark.parametrize(
+    ("band", "field", "kind"),
+    [
+        ("{below: yes, action: abstain}", "bands[0].below", "number"),
+        ("{below: 0.5, at_least: no, action: abstain}", "bands[0].at_least", "number"),
+        ("{below: 0.5, action: route, choices: [a, b], edge: yes}", "bands[0].edge", "number"),
+        (
+            "{below: 0.5, action: resample, max_samples: yes, batch_size: 1}",
+            "bands[0].max_samples",
+            "integer",
+        ),
+        ("{below: 0.5, action: resample, batch_size: yes}", "bands[0].batch_size", "integer"),
+        ("{below: 0.5, action: resample, target_pass_at_k: no}", "bands[0].target_pass_at_k", "number"),
+        ("{below: 0.5, action: resample, stop: {min_samples: yes}}", "bands[0].stop.min_samples", "integer"),
+        ("{below: 0.5, action: resample, stop: {max_tokens: yes}}", "bands[0].stop.max_tokens", "integer"),
+        ("{below: 0.5, action: resample, stop: {max_seconds: yes}}", "bands[0].stop.max_seconds", "number"),
+        ("{below: 0.5, action: resample, stop: {consensus: yes}}", "bands[0].stop.consensus", "number"),
+        ("{below: 0.5, action: resample, stop: {futility: no}}", "bands[0].stop.futility", "number"),
+    ],
+)
+def test_yaml_booleans_are_not_numbers(band: str, field: str, kind: str) -> None:
+    """`below: yes` was read as 1 (abstain on everything), `max_samples: yes` as 1: a boolean is refused
+    where a number is expected, located like a boolean bare threshold (`bands: yes`) is."""
+    bare = only_error("name: x\nbands: yes\non_degraded: abstain\n")
+    assert (bare.line, bare.field) == (2, "bands")
+    assert bare.message.endswith("; got True")
+    error = only_error(f"name: x\nbands:\n  - {band}\n  - {{action: answer}}\non_degraded: abstain\n")
+    assert (error.line, error.field) == (3, field)
+    assert error.message.startswith(f"Input should be a valid {kind}; got ")
+    assert error.message.endswith(("got True", "got False"))
+
+
+def test_python_api_refuses_booleans_as_numbers() -> None:
+    with pytest.raises(ValidationError, match="valid number"):
+        AbstainBand(below=True)
+    with pytest.raises(ValidationError, match="valid integer"):
+        ResampleAction(max_samples=True, batch_size=1)
+    with pytest.raises(ValidationError, match="valid integer"):
+        StopSettings(max_tokens=True)
+    # numpy numbers are numbers (a threshold or budget computed with numpy), booleans are not
+    numpy_made = ResampleAction(
+        max_samples=np.int64(8), batch_size=np.int32(2), target_pass_at_k=np.float64(0.9)
+    )
+    assert (numpy_made.max_samples, numpy_made.batch_size) == (8, 2)
+    assert type(numpy_made.max_samples) is int
+    assert StopSettings(min_samples=np.int64(2), max_tokens=np.int16(64)).max_tokens == 64
+    assert AbstainBand(below=np.float64(0.25)).below == 0.25
+    with pytest.raises(ValidationError, match="valid integer"):
+        StopSettings(min_samples=np.bool_(True))
 
 
 def test_out_of_range_edge_is_located() -> None:
@@ -505,8 +603,30 @@ def test_unknown_on_degraded_action_and_missing_action() -> None:
         """
     )
     assert [(e.line, e.field) for e in errors] == [(3, "bands[0].action"), (5, "on_degraded")]
-    assert "missing key 'action'" in errors[0].message
+    assert errors[0].message == (
+        "missing key 'action'; expected one of: answer, abstain, clarify, escalate, resample, route"
+    )
     assert "unknown action 'shrug'" in errors[1].message
+
+
+def test_unknown_stop_rule_names_the_rule_key() -> None:
+    """A stop rule's tag is `rule`, not `action`: the error names it, with its choices."""
+    error = only_error(
+        """\
+        name: x
+        bands:
+          - below: 0.5
+            action: resample
+            stop:
+              confidence_gap: {rule: foo}
+          - action: answer
+        on_degraded: abstain
+        """
+    )
+    assert str(error) == (
+        "p.yaml:6: field 'bands[0].stop.confidence_gap.rule': "
+        "unknown rule 'foo'; expected one of: capgate, paper"
+    )
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+def _plain_int(value: Any) -> Any:
+    return int(value) if isinstance(value, np.integer) else value
+
+
+Count = Annotated[int, BeforeValidator(_plain_int), Field(strict=True)]
+"""A policy's count: an integer (a numpy one too), never a boolean, a float or a quoted number."""
 
 CASMode: TypeAlias = Literal["threshold", "stochastic"]
 """How CAS's confidence-gap rule uses P_stop: stop once it reaches a level, or stop with that
@@ -93,11 +102,11 @@ class StopSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     confidence_gap: GapSettings | None = Field(default_factory=PaperConfidenceGap)
-    consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0)
-    futility: float | None = Field(default=None, gt=0.0, lt=0.5)
-    min_samples: int = Field(default=1, ge=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_seconds: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    consensus: float | None = Field(default=0.95, gt=0.5, lt=1.0, strict=True)
+    futility: float | None = Field(default=None, gt=0.0, lt=0.5, strict=True)
+    min_samples: Count = Field(default=1, ge=1)
+    max_tokens: Count | None = Field(default=None, ge=1)
+    max_seconds: float | None = Field(default=None, gt=0.0, allow_inf_nan=False, strict=True)
 
 
 class SamplingPlan(BaseModel):
