@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, Unpack, ov
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capgate._util.extras import require_extra
+from capgate._util.validate import check_positive_int
 from capgate.errors import DataError, ProbeMismatchError
 
 if TYPE_CHECKING:
@@ -259,8 +260,8 @@ def load_estimator(
             map in ``calibration`` applies to it too; ``probe`` and ``batch_size`` do not.
 
     Raises:
-        ValueError: No probe was given for a model other than the default one; or ``method``
-            names no installed estimator, or is given a probe.
+        ValueError: No probe was given for a model other than the default one; ``batch_size`` is
+            not a positive integer; or ``method`` names no installed estimator, or is given a probe.
         ProbeMismatchError: The probe was trained on other features.
         DataError: The probe's files, or its recorded fast-path checks, are malformed; or the
             calibration is, or maps another method's estimates.
@@ -268,6 +269,7 @@ def load_estimator(
     if method != "probe":
         return _installed_estimator(method, model, probe=probe, device=device, dtype=dtype, guard=guard,
                                     calibration=calibration)  # fmt: skip
+    batch_size = check_positive_int("batch_size", batch_size)
     require_extra("local", "a probe over a local model")
     from capgate.estimators.probe import LinearProbe, ProbeEstimator, check_spec_match
     from capgate.local.hidden_states import FeatureSpec, HiddenStateFeaturizer
@@ -288,7 +290,7 @@ def load_estimator(
     feature_dtype, fast_path = _feature_dtype(dtype, loaded.device, saved)
     pooling = spec.pooling if spec is not None else "last"
     chat_template = spec.chat_template if spec is not None else True
-    try:
+    try:  # batch_size is checked above: a ValueError here is the probe's layers
         featurizer = HiddenStateFeaturizer(
             loaded,
             layers=spec.layers if spec is not None else "all",

@@ -64,3 +64,28 @@ def test_a_bad_header_names_the_file_and_field(tmp_path: Path, change: Any, fiel
     np.savez(bad, header=header_bytes, columns=columns, coef=coef)
     with pytest.raises(DataError, match=rf"bad\.npz: field '{field}'"):
         ClaimDetector.load(bad)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        (lambda cols, coef: (cols, coef[:-1]), "coef", "one weight per column"),  # crashed in score()
+        (lambda cols, coef: (cols[:, None], coef), "columns", "1-D"),
+        (lambda cols, coef: (cols + 64, coef), "columns", r"\[0, n_features=64\)"),  # IndexError in score()
+        (lambda cols, coef: (cols - 65, coef), "columns", r"\[0, n_features=64\)"),
+        (lambda cols, coef: (cols.astype(np.float64), coef), "columns", "integers"),
+        (lambda cols, coef: (cols, np.where(coef == coef[0], np.nan, coef)), "coef", "finite"),  # NaN scores
+        (lambda cols, coef: (cols, np.full_like(coef, np.inf)), "coef", "finite"),
+    ],
+)
+def test_corrupt_arrays_name_the_file_and_field(
+    tmp_path: Path, change: Any, field: str, message: str
+) -> None:
+    detector = ClaimDetector(n_features=64, max_iter=5).fit(TEXTS, [1, 0, 1, 0])
+    detector.save(tmp_path / "d.npz")
+    with np.load(tmp_path / "d.npz") as data:
+        header, columns, coef = data["header"], data["columns"], data["coef"]
+    columns, coef = change(columns, coef)
+    np.savez(tmp_path / "bad.npz", header=header, columns=columns, coef=coef)
+    with pytest.raises(DataError, match=rf"bad\.npz: field '{field}': .*{message}"):
+        ClaimDetector.load(tmp_path / "bad.npz")

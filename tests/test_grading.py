@@ -228,6 +228,14 @@ def test_math_grader_on_math500_solutions() -> None:
         ("A good question! The answer is C.", "C"),
         ("A field extension of degree 4.", None),  # "A" followed by a word is English
         ("I think so.", None),
+        ("option B", "B"),
+        ("Option B", "B"),  # the prefix in any case (was None)
+        ("Option B.", "B"),
+        ("Option B: Paris", "B"),
+        ("**Option B**", "B"),
+        ("OPTION (C)", "C"),
+        ("The answer is Option B.", "B"),
+        ("Option b", None),  # the letter itself must be a capital
     ],
 )
 def test_choice_extraction(response: str, answer: str | None) -> None:

@@ -30,6 +30,13 @@ def test_a_model_other_than_default_needs_a_probe() -> None:
         load_estimator("some/model")
 
 
+@pytest.mark.parametrize("batch_size", [0, -1, 2.5, True])
+def test_a_bad_batch_size_is_named_not_a_probe_mismatch(batch_size: object) -> None:
+    with pytest.raises(ValueError, match=r"`batch_size` must be a positive integer") as raised:
+        load_estimator("default", device="cpu", batch_size=batch_size)  # type: ignore[arg-type]
+    assert not isinstance(raised.value, ProbeMismatchError)  # was: "layers: probe has [26], ..."
+
+
 @pytest.mark.slow
 def test_default_estimator_is_ready_offline_and_beats_the_prior_on_held_out_queries(
     default_model_dir: Path,

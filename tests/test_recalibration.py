@@ -137,6 +137,30 @@ def test_isotonic_json_is_readable_and_validated(tmp_path: Path) -> None:
         IsotonicCalibrator.load(tmp_path / "bad.json")
 
 
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"X_min": 0.9, "X_max": 0.1}, "X_min"),  # reversed: "raise" refused every confidence
+        ({"X_min": 0.0}, "X_min"),  # wider than the fitted range: no longer refused
+        ({"X_max": 0.5}, "X_max"),
+    ],
+)
+def test_isotonic_json_range_must_be_the_thresholds_ends(
+    tmp_path: Path, change: dict[str, float], field: str
+) -> None:
+    IsotonicCalibrator(out_of_bounds="raise").fit([0.2, 0.4, 0.6, 0.8], [0.0, 0.5, 0.3, 1.0]).save(
+        tmp_path / "iso.json"
+    )
+    payload = json.loads((tmp_path / "iso.json").read_text())
+    assert (payload["X_min"], payload["X_max"]) == (0.2, 0.8)
+    assert IsotonicCalibrator.load(tmp_path / "iso.json").predict([0.5]).tolist() == [0.4]
+    (tmp_path / "bad.json").write_text(json.dumps({**payload, **change}))
+    with pytest.raises(
+        DataError, match=rf"bad\.json: field '{field}': must equal the (first|last) of X_thres"
+    ):
+        IsotonicCalibrator.load(tmp_path / "bad.json")
+
+
 # ------------------------------------------------------------------ Platt
 
 

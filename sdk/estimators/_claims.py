@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from capgate._util.saved import read_saved
 from capgate._util.validate import check_unit_interval
@@ -49,6 +49,38 @@ class _Header(BaseModel):
     learning_rate: float = Field(gt=0.0, allow_inf_nan=False)
     threshold: float | None = Field(ge=0.0, le=1.0)
     intercept: float = Field(allow_inf_nan=False)
+
+
+class _Weights(BaseModel):
+    """A saved detector's ``columns`` and ``coef`` arrays, checked against its header's ``n_features``."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    n_features: int
+    columns: np.ndarray
+    coef: np.ndarray
+
+    @field_validator("columns")
+    @classmethod
+    def _check_columns(cls, value: np.ndarray, info: ValidationInfo) -> np.ndarray:
+        n_features = info.data["n_features"]
+        if value.ndim != 1 or value.dtype.kind not in "iu":
+            raise ValueError(f"must be a 1-D array of integers; got {value.dtype} of shape {value.shape}")
+        if value.size and (value.min() < 0 or value.max() >= n_features):
+            raise ValueError(f"must lie in [0, n_features={n_features}); got {value.min()} to {value.max()}")
+        return value
+
+    @field_validator("coef")
+    @classmethod
+    def _check_coef(cls, value: np.ndarray, info: ValidationInfo) -> np.ndarray:
+        if value.ndim != 1 or value.dtype.kind not in "fiu":
+            raise ValueError(f"must be a 1-D array of numbers; got {value.dtype} of shape {value.shape}")
+        columns = info.data.get("columns")  # absent when the columns were refused
+        if columns is not None and value.shape != columns.shape:
+            raise ValueError(f"must have one weight per column ({columns.shape[0]}); got {value.shape[0]}")
+        if not np.all(np.isfinite(value)):
+            raise ValueError(f"must be finite; got {int(np.sum(~np.isfinite(value)))} non-finite weights")
+        return value
 
 
 def _hash(feature: str, n_features: int) -> int:
@@ -189,7 +221,8 @@ class ClaimDetector(Params):
         """Load a saved detector; ``None`` loads the one shipped with capgate.
 
         Raises:
-            DataError: The file is missing or not a claim detector.
+            DataError: The file is missing or not a claim detector (the message names the field:
+                ``columns`` out of ``[0, n_features)``, ``coef`` of another length or not finite...).
         """
         where = (
             Path(str(resources.files("capgate.assets") / DEFAULT_CLAIM_DETECTOR))
@@ -203,8 +236,11 @@ class ClaimDetector(Params):
         except (OSError, KeyError, ValueError) as error:
             raise DataError(f"not a readable claim detector: {error}", path=where) from None
         header = read_saved(_Header, payload, where)
+        weights = read_saved(
+            _Weights, {"n_features": header.n_features, "columns": columns, "coef": coef}, where
+        )
         detector = cls(**header.model_dump(exclude={"format", "intercept"}))
-        detector.columns_ = columns.astype(np.int64)
-        detector.coef_ = coef.astype(np.float32)
+        detector.columns_ = weights.columns.astype(np.int64)
+        detector.coef_ = weights.coef.astype(np.float32)
         detector.intercept_ = header.intercept
         return detector

@@ -11,6 +11,7 @@ import numpy.typing as npt
 from capgate._util.validate import FloatArray
 from capgate.estimators._common import as_vector, n_rows
 from capgate.estimators._convex import kfold
+from capgate.estimators.base import clone
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,14 @@ def nested_cross_val_predict(
 ) -> NestedCV:
     """Outer K-fold predictions of ``estimator``, each fold fitted on the other folds only.
 
-    For each outer fold a fresh copy (``type(e)(**e.get_params(deep=False))``) is fitted on the
-    training rows alone, so whatever it selects inside ``fit`` (a :class:`ProbeSearch`'s inner CV)
-    never sees the rows it predicts: honest held-out estimates of the whole recipe.
+    For each outer fold a fresh, unfitted copy (:func:`~capgate.estimators.base.clone`: the parts
+    ``fit`` learns, such as a :class:`Recalibrated`'s calibrator or a :class:`ProbeEstimator`'s probe,
+    copied; a fitted base estimator or a featurizer shared) is fitted on the training rows alone, so
+    whatever it selects inside ``fit`` (a :class:`ProbeSearch`'s inner CV) never sees the rows it
+    predicts: honest held-out estimates of the whole recipe. ``estimator`` itself is left as it was.
 
     Args:
-        estimator: Unfitted; has ``get_params``, ``fit(X, y)`` and ``predict(X)``.
+        estimator: Has ``get_params``, ``fit(X, y)`` and ``predict(X)``; it is not fitted itself.
         X: Features (an array with one row per query, or a sequence of queries).
         y: µ̂ per query, in [0, 1].
         n_splits: Outer folds.
@@ -62,7 +65,7 @@ def nested_cross_val_predict(
     prior = np.full(n, np.nan)
     fitted: list[Any] = []
     for k, (train, test) in enumerate(kfold(n, n_splits, random_state)):
-        model = type(estimator)(**estimator.get_params(deep=False)).fit(_take(X, train), mu[train])
+        model = clone(estimator).fit(_take(X, train), mu[train])
         predictions[test] = np.asarray(model.predict(_take(X, test)), dtype=np.float64)
         fold[test] = k
         prior[test] = float(mu[train].mean())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class SavedIsotonic(BaseModel):
@@ -18,6 +18,17 @@ class SavedIsotonic(BaseModel):
     y_thresholds: list[float]
     X_min: float = Field(allow_inf_nan=False)
     X_max: float = Field(allow_inf_nan=False)
+
+    @field_validator("X_min", "X_max")
+    @classmethod
+    def _ends_of_the_thresholds(cls, value: float, info: ValidationInfo) -> float:
+        """``fit`` writes the first and last fitted confidences: ``X_thresholds[0]`` and ``[-1]``."""
+        thresholds = info.data.get("X_thresholds")
+        if thresholds:  # none (empty or refused) is refused with X_thresholds itself
+            end, which = (thresholds[0], "first") if info.field_name == "X_min" else (thresholds[-1], "last")
+            if value != end:
+                raise ValueError(f"must equal the {which} of X_thresholds ({end!r}); got {value!r}")
+        return value
 
 
 class SavedPlatt(BaseModel):

@@ -6,12 +6,14 @@ import asyncio
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from capgate.core.backend import ChatMessage, Prompt, as_messages
 from capgate.core.types import Estimate
 
-__all__ = ["CapabilityEstimator", "Params", "query_text"]
+__all__ = ["CapabilityEstimator", "Params", "clone", "query_text"]
+
+_EstimatorT = TypeVar("_EstimatorT")
 
 
 def query_text(query: Prompt) -> str:
@@ -26,8 +28,9 @@ def query_text(query: Prompt) -> str:
 class Params:
     """``get_params``, ``set_params`` and ``repr`` derived from the constructor (scikit-learn's way):
     a setting is a constructor argument stored under its own name, so that
-    ``type(e)(**e.get_params(deep=False))`` builds an unfitted copy of ``e``; the repr shows the
-    arguments that differ from their defaults.
+    ``type(e)(**e.get_params(deep=False))`` builds a copy of ``e`` with the same settings (unfitted
+    once the parts its ``fit`` learns are copied too: :func:`clone`); the repr shows the arguments
+    that differ from their defaults.
 
     Examples:
         >>> from capgate.estimators import LinearProbe
@@ -35,6 +38,10 @@ class Params:
         >>> probe, probe.get_params()["lr"]
         (LinearProbe(lr=0.1), 0.1)
     """
+
+    #: The settings holding a part that ``fit`` fits (a calibrator, a probe): :func:`clone` copies
+    #: them; it shares every other setting (a fitted base estimator, a featurizer and its model).
+    _fitted_parts: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def _param_defaults(cls) -> dict[str, Any]:
@@ -95,6 +102,27 @@ class Params:
             if defaults[name] is inspect.Parameter.empty or _differs(value, defaults[name])
         ]
         return f"{type(self).__name__}({', '.join(shown)})"
+
+
+def clone(estimator: _EstimatorT) -> _EstimatorT:
+    """An unfitted copy of ``estimator`` with its settings (scikit-learn's ``clone``):
+    ``type(e)(**e.get_params(deep=False))``, with each part its ``fit`` fits (the settings its class
+    names in ``_fitted_parts``) cloned in turn. Every other setting is the same object, never copied:
+    a :class:`~capgate.estimators.Recalibrated`'s fitted base estimator, a featurizer and its model.
+
+    Examples:
+        >>> from capgate.estimators import IsotonicCalibrator, Recalibrated, UniformRandom
+        >>> fitted = Recalibrated(UniformRandom(), IsotonicCalibrator()).fit(["a", "b"], [0.2, 0.8])
+        >>> copy = clone(fitted)
+        >>> copy.estimator is fitted.estimator, copy.calibrator is fitted.calibrator
+        (True, False)
+        >>> copy.calibrator.X_thresholds_ is None, fitted.calibrator.X_thresholds_ is None
+        (True, False)
+    """
+    params: dict[str, Any] = estimator.get_params(deep=False)  # type: ignore[attr-defined]
+    for name in getattr(type(estimator), "_fitted_parts", ()):
+        params[name] = clone(params[name])
+    return type(estimator)(**params)
 
 
 def _differs(value: Any, default: Any) -> bool:

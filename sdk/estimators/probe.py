@@ -134,6 +134,7 @@ class ProbeEstimator(CapabilityEstimator):
     """
 
     method = "probe"
+    _fitted_parts = ("probe",)  # fit fits only the probe; the featurizer (and its model) is shared by clones
 
     def __init__(
         self,

@@ -388,6 +388,8 @@ class Recalibrated(CapabilityEstimator):
         ('uniform-random+isotonic', True)
     """
 
+    _fitted_parts = ("calibrator",)  # fit fits only the calibrator; the base is shared by clones
+
     def __init__(
         self, estimator: CapabilityEstimator, calibrator: IsotonicCalibrator | PlattCalibrator
     ) -> None:

@@ -15,7 +15,9 @@ _ANSWER_IS = re.compile(
     r"(?![A-Za-z0-9])",
     re.IGNORECASE,
 )
-_LEADING = re.compile(r"^\s*(?:\*\*)?(?:option\s+)?\(?(?P<letter>[A-Z])(?:\)|\.|:|\*\*|(?=[ \t]*(?:\n|$)))")
+_LEADING = re.compile(  # "option" in any case; the letter itself only a capital
+    r"^\s*(?:\*\*)?(?:(?i:option)\s+)?\(?(?P<letter>[A-Z])(?:\)|\.|:|\*\*|(?=[ \t]*(?:\n|$)))"
+)
 _ARTICLE_LIKE = re.compile(r"\s+[a-z]")
 
 
@@ -24,10 +26,10 @@ class ChoiceGrader(Grader):
 
     The letter is found, in order, in the last ``\\boxed{}`` (``\\boxed{B}``,
     ``\\boxed{\\text{(B)}}``), after the last "answer is" / "Answer:" (``The answer is (B).``), or
-    at the very start (``B``, ``(B)``, ``B. Paris``, ``**B**``). Only capital letters count, and
-    "A" or "I" followed by a lowercase word is read as English, not as an option. When no letter
-    is found, a response whose answer text equals exactly one option's text (after
-    :func:`~capgate.grading.normalize_text`) chooses that option.
+    at the very start (``B``, ``(B)``, ``B. Paris``, ``**B**``, ``Option B:``). Only capital
+    letters count, and "A" or "I" followed by a lowercase word is read as English, not as an
+    option. When no letter is found, a response whose answer text equals exactly one option's
+    text (after :func:`~capgate.grading.normalize_text`) chooses that option.
 
     Examples:
         >>> item = DatasetItem(id="q", question="2 + 2 = ?", choices=["3", "4"], references=["B"],
