@@ -217,6 +217,24 @@ def test_coerce_is_the_one_check_of_gate_against_settings() -> None:
         Gate.coerce("balanced")  # type: ignore[arg-type]
 
 
+def test_coerce_refuses_a_setting_the_gate_does_not_have_even_at_its_default() -> None:
+    """A setting given beside gate= is never silently ignored: one that differs from the gate's own
+    is refused, even at GateSettings' default; one equal to the gate's own is in force already."""
+    shared = Gate(policy="conservative", on_block="raise")
+    with pytest.raises(SettingsError, match="not both; also got policy, on_block"):
+        Gate.coerce(shared, policy="balanced", on_block="return")
+    with pytest.raises(SettingsError, match="not both; also got estimator"):
+        Gate.coerce(Gate(estimator=KeywordEstimator({})), estimator=None)
+    assert Gate.coerce(shared, policy="conservative", on_block="raise", step=None) is shared
+
+
+def test_an_empty_log_path_is_refused_when_the_gate_is_made() -> None:
+    with pytest.raises(SettingsError, match="`log` must be a DecisionLog, a path or None; got ''"):
+        Gate(log="")
+    with pytest.raises(SettingsError, match="`log`"):
+        Gate().with_options(log="")
+
+
 def test_default_extract() -> None:
     assert default_extract("The answer is \\boxed{42}") == "42"
     assert default_extract("") is None

@@ -69,37 +69,64 @@ async def _aattempt(call: Callable[[Any], Awaitable[Any]], request: Any) -> tupl
         return None, exc
 
 
-def _resume(steps: Steps[Any], outcome: tuple[Any, BaseException | None]) -> Any:
+class _EscapedError(Exception):
+    """Carries a thrown ``StopIteration`` the steps let through (as PEP 479's ``RuntimeError``)."""
+
+    def __init__(self, error: StopIteration) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _resume(steps: Steps[Any], outcome: tuple[Any, BaseException | None], thrown: list[StopIteration]) -> Any:
+    """Send the answer into ``steps``, or throw the error in; a ``StopIteration`` thrown in (kept in
+    ``thrown``) that the steps let through, now or later, comes out as :class:`_EscapedError`."""
     answer, error = outcome
-    return steps.throw(error) if error is not None else steps.send(answer)
+    if isinstance(error, StopIteration):
+        thrown.append(error)
+    try:
+        return steps.throw(error) if error is not None else steps.send(answer)
+    except RuntimeError as exc:  # a generator turns a StopIteration passing through into this
+        cause = exc.__cause__
+        if isinstance(cause, StopIteration) and any(cause is e for e in thrown):
+            raise _EscapedError(cause) from None
+        raise
 
 
 def drive(steps: Steps[R], call: Callable[[Any], Any]) -> R:
     """Run ``steps`` to its result, answering each request with ``call(request)``.
 
     An error raised by ``call`` is thrown into the steps at its ``yield``: they may handle it
-    (log it, fall back) and go on, or let it propagate, its cleanup running at once.
+    (log it, fall back) and go on, or let it propagate (a ``StopIteration`` too, not turned into a
+    ``RuntimeError``), its cleanup running at once.
     """
+    thrown: list[StopIteration] = []
     with contextlib.closing(steps):
         try:
             request = next(steps)
             while True:
-                request = _resume(steps, _attempt(call, request))
+                request = _resume(steps, _attempt(call, request), thrown)
         except StopIteration as done:
             result: R = done.value
             return result
+        except _EscapedError as escaped:
+            error = escaped.error
+        raise error  # out of the handler: as raised, without the driver's error as its context
 
 
 async def adrive(steps: Steps[R], call: Callable[[Any], Awaitable[Any]]) -> R:
     """Async twin of :func:`drive`: each request is answered with ``await call(request)``."""
+    thrown: list[StopIteration] = []
     with contextlib.closing(steps):
         try:
             request = next(steps)
             while True:
-                request = _resume(steps, await _aattempt(call, request))
+                request = _resume(steps, await _aattempt(call, request), thrown)
         except StopIteration as done:
             result: R = done.value
             return result
+        except _EscapedError as escaped:
+            error = escaped.error
+        raise error  # out of the handler: as raised, without the driver's error as its context
 
 
 def relay(steps: Steps[R], ask: Callable[[Any], Any], answer: Callable[[Any], Any]) -> Steps[R]:

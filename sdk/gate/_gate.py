@@ -107,13 +107,13 @@ class Gate:
 
         Raises:
             SettingsError: ``gate`` is not a Gate, or is given together with settings other than
-                their defaults (the message names them), or a setting is wrong.
+                its own (the message names them), or a setting is wrong.
         """
         if gate is None:
             return cls.from_settings(GateSettings().replace(**settings))
         if not isinstance(gate, Gate):
             raise SettingsError(f"`gate` must be a capgate Gate; got {gate!r}")
-        given = given_settings(**settings)
+        given = given_settings(gate.settings, **settings)
         if given:
             msg = f"pass either gate= or the gate settings, not both; also got {', '.join(given)}"
             raise SettingsError(msg)

@@ -177,7 +177,8 @@ class GateSettings(BaseModel):
     """Tool name passed to the policy (selects its ``tools:`` override)."""
 
     log: Annotated[
-        InstanceOf[DecisionLog] | str | InstanceOf[Path] | None, Expects("a DecisionLog, a path or None")
+        InstanceOf[DecisionLog] | NonEmptyStr | InstanceOf[Path] | None,
+        Expects("a DecisionLog, a path or None"),
     ] = None
     """Decision log (a :class:`~capgate.decision.DecisionLog` or a path to one)."""
 
@@ -377,15 +378,15 @@ def _settings_error(exc: ValidationError, values: Mapping[str, object]) -> Setti
     return SettingsError(f"`{name}` must be {expects}; got {values.get(name, error['input'])!r}")
 
 
-def given_settings(**values: Any) -> dict[str, Any]:
-    """The settings among ``values`` that differ from the defaults (given alongside ``gate=``).
+def given_settings(base: GateSettings, /, **values: Any) -> dict[str, Any]:
+    """The settings among ``values`` that differ from ``base`` (a gate's own, given alongside
+    ``gate=``): one equal to the gate's is in force already; any other would be ignored.
 
     Raises:
         SettingsError: A name that is not a gate setting.
     """
-    defaults = GateSettings()
     _check_names(values)
-    return {k: v for k, v in values.items() if v is not UNSET and v != getattr(defaults, k)}
+    return {k: v for k, v in values.items() if v is not UNSET and v != getattr(base, k)}
 
 
 _LOG = logging.getLogger("capgate")

@@ -6,7 +6,8 @@ Before each call the gate estimates the capability for that prompt and its polic
 * ``answer``: the function runs as usual.
 * ``resample``: the function runs repeatedly under CAS (each call is one sample), answers are
   grouped by ``extract`` and the policy's stop rule ends sampling; the call returns the value the
-  function returned for the winning answer.
+  function returned for the winning answer. A ``max_tokens`` cap counts the ``n_tokens`` of each
+  returned :class:`~capgate.Generation` (other values count 0: warned once, the cap cannot hold).
 * ``route``: the function runs with the chosen model choice as its ``route`` keyword argument
   (the cheapest choice of the gate's ``routes`` predicted to clear the edge, else the strongest);
   the function must take a ``route`` parameter (or ``**kwargs``).
@@ -47,12 +48,14 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal, ParamSpec, Protocol, Required, TypedDict, TypeVar, Unpack, overload
 
+from capgate.core.backend import Generation
 from capgate.core.types import Decision
 from capgate.errors import SettingsError
-from capgate.gate import UNSET, Gate, Gated, GateOptions, GateStats, SharedOptions, Unset
+from capgate.gate import UNSET, Gate, Gated, GateOptions, GateStats, SharedOptions, Unset, Verdict
 from capgate.gate.flow import Assess, Flow, Invoke, Record, Sample, Speculate, adrive, drive
 
 __all__ = ["Guarded", "QueryArg", "guard", "last_decision"]
@@ -66,6 +69,7 @@ QueryArg = str | int | Callable[..., object]
 arguments as the guarded function that returns the prompt."""
 
 _DEFAULT_QUERY_NAMES = ("prompt", "messages")
+_LOG = logging.getLogger("capgate")
 
 _LAST_DECISION: contextvars.ContextVar[Decision | None] = contextvars.ContextVar(
     "capgate_last_decision", default=None
@@ -155,6 +159,7 @@ class _Binder:
         self.var_keyword = next((p.name for p in params if p.kind == p.VAR_KEYWORD), None)
         takes_kwargs = self.var_keyword is not None
         self.takes_route = "route" in self.signature.parameters or takes_kwargs
+        self.tokens_warned = False  # an uncountable resample under max_tokens is warned once
         self.query_fn: Callable[..., object] | None = None
         self.name: str | None = None
         self.index: int | None = None
@@ -226,16 +231,15 @@ def _call_flow(
     """One guarded call, I/O-free: decide, then run, resample or block (sync and async alike)."""
     _LAST_DECISION.set(None)
     raw, where = binder.query(args, kwargs)
-    call = Invoke(lambda: fn(*args, **kwargs))
-    speculative = gate.settings.speculative and not gate.in_shadow()
-    if speculative:  # the call starts with its estimate
-        verdict, value = yield Speculate(Assess(gate, raw, where), call)
+    call = answered = Invoke(lambda: fn(*args, **kwargs))
+    if gate.settings.speculative and not gate.in_shadow():  # the call starts with its estimate
+        verdict, answered = yield Speculate(Assess(gate, raw, where), call)
     else:
         verdict = yield Assess(gate, raw, where)
     _LAST_DECISION.set(verdict.decision)
     if verdict.action == "answer":
         yield Record(gate, verdict, samples_used=1)
-        return value if speculative else (yield call)
+        return (yield answered)  # speculative: the finished call's value, or its error raised
     if verdict.action == "route":
         route = verdict.decision.route
         yield Record(gate, verdict, samples_used=1)
@@ -249,7 +253,9 @@ def _call_flow(
         yield Record(gate, verdict, samples_used=0)
         return gate.block(verdict)
     try:
-        sampled = yield Sample(gate, verdict, call, to_text=to_text)
+        sampled = yield Sample(
+            gate, verdict, call, to_text=to_text, count_tokens=_token_counter(binder, verdict)
+        )
     except BaseException:
         yield Record(gate, verdict)
         raise
@@ -257,8 +263,36 @@ def _call_flow(
     return sampled.value if sampled.value is not None else gate.block(verdict, cas=sampled.cas)
 
 
+def _token_counter(binder: _Binder, verdict: Verdict) -> Callable[[Any], int]:
+    """A drawn value's tokens: a returned :class:`~capgate.Generation`'s ``n_tokens``, else 0 (unknown,
+    warned once per function when the policy caps a resample's tokens: the cap cannot hold)."""
+    plan = verdict.decision.plan
+    cap = plan.stop.max_tokens if plan is not None else None
+
+    def count(value: Any) -> int:
+        if isinstance(value, Generation):
+            return value.n_tokens
+        if cap is not None and not binder.tokens_warned:
+            binder.tokens_warned = True
+            _LOG.warning(
+                "%s() returned a %s, whose tokens capgate cannot count: the policy's max_tokens=%d "
+                "cap does not hold; return a capgate Generation (with n_tokens) to count them",
+                binder.fn_name,
+                type(value).__name__,
+                cap,
+            )
+        return 0
+
+    return count
+
+
+def _has_async_call(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is an object whose ``__call__`` is a coroutine function (a class is not)."""
+    return inspect.iscoroutinefunction(type(fn).__call__)
+
+
 def _wrap(fn: Callable[..., Any], gate: Gate, binder: _Binder, to_text: Callable[[Any], str] | None) -> Any:
-    if inspect.iscoroutinefunction(fn):
+    if inspect.iscoroutinefunction(fn) or _has_async_call(fn):
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -311,7 +345,8 @@ def guard(
 
     Use bare (``@guard``, with the default policy ``"balanced"`` and the estimator set by
     :func:`capgate.gate.set_default_estimator`) or called (``@guard(policy=..., estimator=...)``).
-    Coroutine functions get the async path (``aestimate``, concurrent resampling).
+    Coroutine functions (and objects whose ``__call__`` is one) get the async path (``aestimate``,
+    concurrent resampling).
 
     Args:
         fn: The function (when used bare).

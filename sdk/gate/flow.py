@@ -218,34 +218,34 @@ class _Driver:
 @dataclass(frozen=True)
 class Speculate(Effect):
     """Start the gated call together with its assessment (``speculative``): the verdict (recording
-    the :class:`~capgate.Speculation`) and the call's value (its error raised here) on ``answer``,
-    else ``None`` (the value is discarded; an async call is cancelled)."""
+    the :class:`~capgate.Speculation`) and, on ``answer``, the finished call as an :class:`Invoke`
+    that returns its value or raises its error (so the flow records the decision first), else
+    ``None`` (the value is discarded; an async call is cancelled)."""
 
     assess: Assess
     call: Invoke
 
-    def run(self) -> tuple[Verdict, Any]:
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        timing: list[float] = []
+    def run(self) -> tuple[Verdict, Invoke | None]:
+        done: concurrent.futures.Future[tuple[Any, BaseException | None, float]] = concurrent.futures.Future()
         context = contextvars.copy_context()
 
         def call() -> None:
             started = time.monotonic()
             try:
-                done.set_result(context.run(self.call.run))
+                value, error = context.run(self.call.run), None
             except BaseException as exc:  # handed to the caller on answer, dropped on a block
-                done.set_exception(exc)
-            finally:
-                timing.append(time.monotonic() - started)
+                value, error = None, exc
+            done.set_result((value, error, time.monotonic() - started))  # its time known when done
 
         WORKERS.start_now(call, "capgate-speculative")  # a started thread: the call waits for none
         verdict: Verdict = perform(self.assess)
         if verdict.action == "answer":
-            value = done.result()
-            return _speculated(verdict, Speculation(discarded=False, call_s=timing[0])), value
-        return _speculated(verdict, Speculation(discarded=True, call_s=timing[0] if timing else None)), None
+            value, error, call_s = done.result()
+            return _speculated(verdict, Speculation(discarded=False, call_s=call_s)), _finished(value, error)
+        ended = done.result()[2] if done.done() else None
+        return _speculated(verdict, Speculation(discarded=True, call_s=ended)), None
 
-    async def arun(self) -> tuple[Verdict, Any]:
+    async def arun(self) -> tuple[Verdict, Invoke | None]:
         started = time.monotonic()
         task = asyncio.ensure_future(self.call.arun())
         ended: list[float] = []
@@ -256,15 +256,35 @@ class Speculate(Effect):
             task.cancel()
             raise
         if verdict.action == "answer":
-            value = await task
+            value, error = None, None
+            try:
+                value = await task
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # raised by the flow once the decision is recorded
+                error = exc
             call_s = (ended[0] if ended else time.monotonic()) - started
-            return _speculated(verdict, Speculation(discarded=False, call_s=call_s)), value
+            return _speculated(verdict, Speculation(discarded=False, call_s=call_s)), _finished(value, error)
         cancelled = not task.done()
         task.cancel()
         if not cancelled and not task.cancelled():
             task.exception()  # retrieved, so a discarded call's error is not reported as unhandled
         call_s = (ended[0] if ended else time.monotonic()) - started
         return _speculated(verdict, Speculation(discarded=True, cancelled=cancelled, call_s=call_s)), None
+
+
+def _finished(value: Any, error: BaseException | None) -> Invoke:
+    """A call already made, as an effect: its value, or its error raised (by the driver, like a call's)."""
+
+    def outcome() -> Any:
+        if error is not None:
+            raise error
+        return value
+
+    async def aoutcome() -> Any:
+        return outcome()
+
+    return Invoke(outcome, aoutcome)
 
 
 def _speculated(verdict: Verdict, speculation: Speculation) -> Verdict:
