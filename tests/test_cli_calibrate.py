@@ -63,7 +63,9 @@ def test_calibrate_json_and_refusals(tmp_path: Path) -> None:
     assert "give --out DIR" in missing.output
     bad_time = runner.invoke(app, ["calibrate", "--db", db, "--out", str(tmp_path / "x"), "--since", "soon"])
     assert bad_time.exit_code == 2
-    assert "--since must be an ISO 8601 time" in bad_time.output
+    assert "--since must be an ISO date or time (2026-12-01T08:00) or a span (24h, 7d)" in bad_time.output
+    span = runner.invoke(app, ["calibrate", "--db", db, "--out", str(tmp_path / "y"), "--since", "36500d"])
+    assert span.exit_code == 0, span.output  # a span back from now, as `capgate report --since` reads it
 
 
 def test_shadow_promote_rollback_are_recorded(log_location: str | Path, tmp_path: Path) -> None:
@@ -143,7 +145,11 @@ def test_options_before_a_subcommand_reach_it_and_a_mistyped_log_is_an_error(
     assert "--db given twice" in clash.output
 
     typo = tmp_path / "typo.sqlite3"
-    for args in (["status", "--db", str(typo)], ["--db", str(typo), "rollback"], ["promote", "--db", str(typo), str(folder)]):
+    for args in (
+        ["status", "--db", str(typo)],
+        ["--db", str(typo), "rollback"],
+        ["promote", "--db", str(typo), str(folder)],
+    ):
         missing = runner.invoke(app, ["calibrate", *args])
         assert missing.exit_code == 2, missing.output
         assert f"error: {typo}: no decision log at this path" in missing.output

@@ -43,6 +43,27 @@ def test_eval_prints_a_table_and_writes_plots(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_eval_plot_without_matplotlib_or_to_a_file_is_an_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import capgate.metrics.plots as plots
+    from capgate.errors import MissingExtraError
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    result = runner.invoke(app, ["eval", str(DATA), "-c", "probe_conf_raw", "--plot", str(a_file)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ")
+
+    def missing(extra: str, what: str) -> None:
+        raise MissingExtraError(extra, ["matplotlib"], what)
+
+    monkeypatch.setattr(plots, "require_extra", missing)
+    result = runner.invoke(app, ["eval", str(DATA), "-c", "probe_conf_raw", "--plot", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "error: plotting needs matplotlib" in result.stderr
+
+
 def test_budget_ordering_matches_the_paper() -> None:
     payload = run_json("budget", str(DATA), "--confidence", "probe_conf_raw", "--budgets", "1,2,4,8,16,32,64")
     rows = payload["rows"]

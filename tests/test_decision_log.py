@@ -431,3 +431,38 @@ def test_a_postgres_log_is_not_a_sqlite_store(postgres_url: str, tmp_path: Path)
         PostgresDecisionLog("d.sqlite3")
     with pytest.raises(TypeError, match="`timeout_s` is for a postgresql:// log"):
         DecisionLog(tmp_path / "d.sqlite3", timeout_s=3)
+
+
+def test_last_n_rows_keep_their_outcomes_when_a_decision_is_written_between_reads(
+    sqlite_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with DecisionLog(sqlite_db) as log, DecisionLog(sqlite_db) as other:
+        ids = [log.record(make(0.1 * i)) for i in range(1, 6)]
+        for decision_id in ids:
+            log.record_outcome(decision_id, correct=True, source="grader")
+        read, calls = log.store.read, []
+
+        def read_then_a_gate_writes(sql: str, params: object = ()) -> list[tuple[object, ...]]:
+            rows = read(sql, params)  # type: ignore[arg-type]
+            calls.append(sql)
+            if len(calls) == 1:  # another gate logs a decision between this read and the next
+                other.record(make(0.5))
+            return rows
+
+        monkeypatch.setattr(log.store, "read", read_then_a_gate_writes)
+        shown = log.decisions(last=3)
+    assert [r.id for r in shown] == ids[2:]
+    assert [None if r.outcome is None else r.outcome.correct for r in shown] == [True, True, True]
+
+
+def test_a_created_at_with_another_offset_is_stored_in_utc_for_the_report_window(sqlite_db: Path) -> None:
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from capgate.decision import gate_report
+
+    made = datetime(2026, 1, 1, 12, 0, tzinfo=timezone(timedelta(hours=5)))  # 07:00 UTC
+    with DecisionLog(sqlite_db) as log:
+        log.record(make(0.9, created_at=made))
+        assert gate_report(log, since=datetime(2026, 1, 1, 8, 0, tzinfo=UTC)).decisions == 0
+        assert gate_report(log, since=datetime(2026, 1, 1, 6, 0, tzinfo=UTC)).decisions == 1
+        assert log.decisions()[0].decision.created_at == made  # the decision itself as recorded

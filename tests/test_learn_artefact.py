@@ -5,6 +5,7 @@ carried forward when it stays best."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +145,25 @@ def test_thresholds_never_go_below_the_outcomes_enforced_traffic_has(tmp_path: P
     assert shadow.summary["selection_gap"] == 0
     assert shadow.threshold is not None
     assert shadow.threshold < floor
+
+
+def test_enforced_decisions_blocked_before_any_enforced_outcome_floor_on_shadow_outcomes(
+    tmp_path: Path,
+) -> None:
+    """The rollout: shadow traffic with outcomes, then the first enforced calls blocked without
+    any. No enforced decision has an outcome yet: the floor is the lowest estimate that has one."""
+    rng = np.random.default_rng(6)
+    p = rng.uniform(0, 1, 400)
+    y = (rng.random(400) < _truth(p)).astype(float)
+    with DecisionLog(tmp_path / "rollout.sqlite3") as log:
+        log_traffic(log, p, y, action=list(np.where(p >= 0.5, "answer", "abstain")), shadow=True)
+        later = START + timedelta(days=1)
+        log_traffic(log, [0.1, 0.1, 0.1], [None, None, None], action="abstain", start=later)
+        result = calibrate(log, out=tmp_path / "cal", risk=0.2, probe=False)
+    assert result.summary["selection_gap"] == 3
+    thresholds = result.summary["thresholds"]
+    assert thresholds["floor"] <= thresholds["certified"]
+    assert result.threshold == thresholds["certified"] is not None
 
 
 def test_a_probe_learnt_from_logged_features_replaces_a_flat_prior(tmp_path: Path) -> None:

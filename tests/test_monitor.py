@@ -140,6 +140,19 @@ def test_mu_hat_outcomes_degraded_and_methods(log: DecisionLog) -> None:
     assert only[0].window.brier == pytest.approx(0.64)
 
 
+def test_each_decision_is_scored_on_the_mean_of_its_sources_as_report_does(log: DecisionLog) -> None:
+    for i in range(40):
+        d = Decision(action="answer", estimate=Estimate(p=0.5, method="probe"), reason="t")
+        log.record(d)
+        log.record_outcome(d.id, correct=True, source="grader")
+        if i < 20:  # a later user's score only: still scored, on the mean of both sources
+            log.record_outcome(d.id, score=0.0, source="user")
+    (report,) = calibration_report(log, window=100)
+    assert report.window is not None
+    assert (report.n_scored, report.window.n) == (40, 40)
+    assert report.window.mean_outcome == pytest.approx((20 * 0.5 + 20 * 1.0) / 40)
+
+
 def test_bad_settings_and_missing_log(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="`window` must be a positive integer; got 0"):
         calibration_report(tmp_path / "x.sqlite3", window=0)

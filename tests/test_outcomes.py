@@ -192,6 +192,37 @@ def test_cli_bulk_import(tmp_path: Path) -> None:
     assert "--file takes the outcomes from the file; drop DECISION_ID" in result.stderr
 
 
+def test_a_recorded_at_without_a_time_zone_is_refused_naming_file_line_and_field(tmp_path: Path) -> None:
+    """A naive ``recorded_at`` cannot be ordered against the decision's other outcomes: refused at
+    import (file:line, field) and when attached, so the log stays readable."""
+    from datetime import datetime
+
+    db = tmp_path / "d.sqlite3"
+    d = _decision()
+    with DecisionLog(db) as log:
+        log.record(d)
+        log.record_outcome(d.id, correct=True, source="grader")
+        with pytest.raises(DataError, match="time zone") as info:
+            log.record_outcome(
+                Outcome(decision_id=d.id, score=0.0, source="user", recorded_at=datetime(2026, 1, 5))
+            )
+        assert info.value.field == "recorded_at"
+    naive = _write(
+        tmp_path / "naive.jsonl",
+        [
+            {"decision_id": d.id, "score": 0.0, "source": "user", "recorded_at": "2026-01-05T10:00:00"},
+            {"decision_id": d.id, "score": 1.0, "source": "test", "recorded_at": "2026-01-05T10:00:00Z"},
+        ],
+    )
+    result = CliRunner().invoke(app, ["log", "outcome", "--file", str(naive), "--db", str(db)])
+    assert result.exit_code == 2, result.output
+    assert f"error: {naive}:1: field 'recorded_at': must carry a time zone" in result.stderr
+    shown = CliRunner().invoke(app, ["log", "show", "--db", str(db)])
+    assert shown.exit_code == 0, shown.output
+    with DecisionLog(db) as log:
+        assert [o.source for o in log.get(d.id).outcomes] == ["grader"]
+
+
 # --------------------------------------------------------------------------- from a guarded call
 
 

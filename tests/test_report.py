@@ -206,6 +206,34 @@ def test_cli_report_text_json_and_plots(tmp_path: Path) -> None:
     assert "plots:" in result.stderr
 
 
+def test_cli_report_plot_without_matplotlib_or_to_a_file_is_an_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import capgate.metrics.plots as plots
+    from capgate.errors import MissingExtraError
+
+    db = tmp_path / "d.sqlite3"
+    with DecisionLog(db) as log:
+        _fill(log)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    result = CliRunner().invoke(
+        app, ["report", "--db", str(db), "--min-outcomes", "5", "--plot", str(a_file)]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ")
+
+    def missing(extra: str, what: str) -> None:
+        raise MissingExtraError(extra, ["matplotlib"], what)
+
+    monkeypatch.setattr(plots, "require_extra", missing)
+    result = CliRunner().invoke(
+        app, ["report", "--db", str(db), "--min-outcomes", "5", "--plot", str(tmp_path)]
+    )
+    assert result.exit_code == 2, result.output
+    assert "error: plotting needs matplotlib" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

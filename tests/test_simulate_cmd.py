@@ -142,3 +142,53 @@ def test_replays_on_logged_decisions_of_either_store(log_location: str | Path) -
     both = runner.invoke(app, ["simulate", "--policy", "balanced", "--db", location, *BASE[1:]])
     assert both.exit_code == 2
     assert "give either --data FILE --confidence FIELD, or --db LOG" in both.stderr
+
+
+def test_db_scores_each_decision_on_the_mean_of_its_sources_as_report_does(tmp_path: Path) -> None:
+    """A decision with a grader's ``correct`` and a later user's ``score`` is scored on their mean
+    (as ``capgate report --policy`` is), not on the latest source alone nor called unscored."""
+    import numpy as np
+
+    from capgate import Estimate
+    from capgate.decision import Decision, DecisionLog
+
+    path = tmp_path / "log.sqlite3"
+    p = np.random.default_rng(1).uniform(0, 1, 40)
+    with DecisionLog(path) as log:
+        for i, pi in enumerate(p.tolist()):
+            d = Decision(action="answer", estimate=Estimate(p=pi, method="probe"), reason="t", shadow=True)
+            log.record(d)
+            log.record_outcome(d.id, correct=True, source="grader")
+            if i < 20:
+                log.record_outcome(d.id, score=0.0, source="user")
+    result = runner.invoke(
+        app, ["simulate", "--policy", "balanced", "--db", str(path), "--no-sweep", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert (payload["n"], payload["unscored"]) == (40, 0)
+    report = runner.invoke(
+        app, ["report", "--db", str(path), "--policy", "balanced", "--min-outcomes", "1", "--json"]
+    )
+    assert report.exit_code == 0, report.output
+    (group,) = json.loads(report.output)["groups"]
+    assert payload["as_written"] == group["candidate"]
+    expected = replay_policy(load_policy("balanced"), p, np.array([0.5] * 20 + [1.0] * 20))
+    assert payload["as_written"] == expected.to_dict()
+
+
+def test_db_locked_or_down_is_an_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from capgate.decision import DecisionLog
+    from capgate.errors import LogUnavailableError
+
+    path = tmp_path / "log.sqlite3"
+    DecisionLog(path).count()  # creates the file
+
+    def locked(self: DecisionLog, **_: object) -> None:
+        raise LogUnavailableError("database is locked", location=str(path))
+
+    monkeypatch.setattr(DecisionLog, "decisions", locked)
+    result = runner.invoke(app, ["simulate", "--policy", "balanced", "--db", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "error: " in result.stderr
+    assert "database is locked" in result.stderr

@@ -247,3 +247,18 @@ def test_the_cli_replays_a_spill_file(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["log", "replay-spill", "--db", str(path)])
     assert "wrote 0 spilled decisions" in result.output
     log.close()
+
+
+def test_the_cli_replay_keeps_the_query_text_a_text_log_spilled(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite3"
+    log = DecisionLog(path, store_text=True)
+    log.count()  # creates the file
+    assert log.spill is not None
+    d = _decision()
+    log.spill.append(
+        d, query="What is the capital of France?", samples_used=None, store_text=True, why="down"
+    )
+    result = CliRunner().invoke(app, ["log", "replay-spill", "--db", str(path)])  # opens without store_text
+    assert result.exit_code == 0, result.output
+    assert log.get(d.id).query_text == "What is the capital of France?"
+    log.close()

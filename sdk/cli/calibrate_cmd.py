@@ -4,11 +4,13 @@ then ``shadow``, ``promote`` or ``rollback`` it (each recorded in the log), or s
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+import shlex
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from capgate.cli._common import DbOption, JsonFlag, command_group, fail, run_reporting_errors
 
@@ -31,9 +33,39 @@ def register(app: typer.Typer) -> None:
 
 
 def _open(db: str | None) -> Any:
-    from capgate.decision.store.log import DecisionLog, default_log_path
+    """The log at ``db``; a missing file is an error, not a new empty log."""
+    from capgate.cli.log_cmd import open_existing_log
 
-    return DecisionLog(db if db is not None else default_log_path())
+    return open_existing_log(db)
+
+
+def _on_command_line(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"  # not $CAPGATE_DB nor a default
+
+
+def _hand_down(ctx: typer.Context, command: str) -> None:
+    """Keep the options given to ``capgate calibrate`` before ``command`` for it (``ctx.obj``, which
+    its context inherits); one it does not take is an error, not silently dropped."""
+    group = ctx.command
+    sub = group.get_command(ctx, command) if isinstance(group, TyperGroup) else None
+    takes = {param.name for param in sub.params} if sub is not None else set()
+    given = [p for p in group.params if _on_command_line(ctx, p.name or "")]
+    refused = [p.opts[0] for p in given if p.name not in takes]
+    if refused:
+        fail(f"`capgate calibrate {command}` takes no {', '.join(refused)} (given before the command)")
+    ctx.obj = {p.name: ctx.params[p.name or ""] for p in given}
+
+
+def _option(ctx: typer.Context, name: str, value: Any) -> Any:
+    """A subcommand's option ``name``: as given before the command (``capgate calibrate --db LOG
+    status``) unless given after it; given both ways, the two must agree."""
+    before = (ctx.obj or {}).get(name)
+    if before is None:
+        return value
+    if _on_command_line(ctx, name) and value != before:
+        fail(f"--{name} given twice, {before!r} before the command and {value!r} after it")
+    return before
 
 
 def _target(log: Any, target: str | None) -> str | None:
@@ -45,16 +77,14 @@ def _target(log: Any, target: str | None) -> str | None:
 
 
 def _time(option: str, text: str | None) -> datetime | None:
-    if text is None:
-        return None
-    try:
-        at = datetime.fromisoformat(text)
-    except ValueError:
-        fail(f"{option} must be an ISO 8601 time (2026-01-31 or 2026-01-31T12:00:00+00:00); got {text!r}")
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    """A window bound as ``capgate report`` reads one: an ISO date or time (UTC unless it says
+    otherwise), or a span back from now (``24h``, ``7d``)."""
+    from capgate.cli.report_cmd import parse_time
+
+    return None if text is None else parse_time(text, option)
 
 
-def _print_result(result: Any) -> None:
+def _print_result(result: Any, db: str | None) -> None:
     from rich.table import Table
 
     from capgate.cli._common import console
@@ -93,9 +123,9 @@ def _print_result(result: Any) -> None:
         typer.echo(f"note: {note}")
     typer.echo(f"kept: {summary['chosen']} -> {result.kind} calibration {result.version}")
     typer.echo(f"wrote {result.calibration.path}")
-    typer.echo(
-        f"next: capgate calibrate shadow {result.calibration.path} (then promote, once the report agrees)"
-    )
+    where = [] if db is None else ["--db", db]  # the log this calibration was learnt from
+    command = shlex.join(["capgate", "calibrate", "shadow", *where, str(result.calibration.path)])
+    typer.echo(f"next: {command} (then promote, once the report agrees)")
 
 
 @calibrate_app.callback()
@@ -120,10 +150,12 @@ def calibrate_command(
         bool, typer.Option("--allow-mixed-versions", help="Learn across calibration versions.")
     ] = False,
     since: Annotated[
-        str | None, typer.Option("--since", help="Only decisions made at or after this time.")
+        str | None,
+        typer.Option("--since", help="Only decisions made at or after this time (ISO, or a span back: 7d)."),
     ] = None,
     until: Annotated[
-        str | None, typer.Option("--until", help="Only decisions made before this time.")
+        str | None,
+        typer.Option("--until", help="Only decisions made before this time (ISO, or a span back)."),
     ] = None,
     no_probe: Annotated[
         bool, typer.Option("--no-probe", help="Do not fit a probe on logged features.")
@@ -139,6 +171,7 @@ def calibrate_command(
     threshold is certified by Learn-then-Test and written as DIR/policy.yaml.
     """
     if ctx.invoked_subcommand is not None:
+        _hand_down(ctx, ctx.invoked_subcommand)
         return
     if out is None:
         fail(
@@ -170,7 +203,7 @@ def calibrate_command(
     if as_json:
         typer.echo(json.dumps({"version": result.version, "kind": result.kind, **result.summary}, indent=2))
         return
-    _print_result(result)
+    _print_result(result, None if db is None else log.location)
 
 
 def _event(event: str, db: str | None, folder: Path) -> None:
@@ -200,26 +233,31 @@ def _event(event: str, db: str | None, folder: Path) -> None:
 
 @calibrate_app.command("shadow")
 def shadow_command(
-    folder: Annotated[Path, typer.Argument(help="The calibration folder.")], db: DbOption = None
+    ctx: typer.Context,
+    folder: Annotated[Path, typer.Argument(help="The calibration folder.")],
+    db: DbOption = None,
 ) -> None:
     """Run a calibration as a candidate beside the enforced one (gate: shadow_calibration="candidate")."""
-    _event("shadow", db, folder)
+    _event("shadow", _option(ctx, "db", db), folder)
 
 
 @calibrate_app.command("promote")
 def promote_command(
-    folder: Annotated[Path, typer.Argument(help="The calibration folder.")], db: DbOption = None
+    ctx: typer.Context,
+    folder: Annotated[Path, typer.Argument(help="The calibration folder.")],
+    db: DbOption = None,
 ) -> None:
     """Enforce a calibration from now on (gates with calibration="promoted")."""
-    _event("promote", db, folder)
+    _event("promote", _option(ctx, "db", db), folder)
 
 
 @calibrate_app.command("rollback")
-def rollback_command(db: DbOption = None, target: TargetOpt = None) -> None:
+def rollback_command(ctx: typer.Context, db: DbOption = None, target: TargetOpt = None) -> None:
     """Return enforcement to the version promoted before the one in force (or to none).
 
     Without --target: the only target the log's calibration events name (else gates without one).
     """
+    db, target = _option(ctx, "db", db), _option(ctx, "target", target)
     with _open(db) as log:
         target = _target(log, target)
         event = run_reporting_errors(lambda: log.rollback_calibration(target))
@@ -231,6 +269,7 @@ def rollback_command(db: DbOption = None, target: TargetOpt = None) -> None:
 
 @calibrate_app.command("status")
 def status_command(
+    ctx: typer.Context,
     db: DbOption = None,
     target: TargetOpt = None,
     as_json: JsonFlag = False,
@@ -239,6 +278,8 @@ def status_command(
 
     Without --target: the only target the log's calibration events name (else gates without one).
     """
+    db, target = _option(ctx, "db", db), _option(ctx, "target", target)
+    as_json = _option(ctx, "as_json", as_json)
     with _open(db) as log:
         target = _target(log, target)
         active = run_reporting_errors(lambda: log.active_calibration(target))

@@ -18,6 +18,7 @@ from capgate.cli._common import (
     run_reporting_errors,
     show_figures,
 )
+from capgate.errors import CapgateError
 from capgate.labels.labelled import read_labelled
 
 __all__ = ["register"]
@@ -64,11 +65,15 @@ def eval_command(
     if plot is not None:
         from capgate.metrics.plots import plot_reliability
 
-        for name, p in sources.items():
-            diagram = reliability_diagram(p, labelled.mu_hat, n_bins=bins)
-            safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
-            written = plot_reliability(diagram, plot / f"reliability_{safe}.png", title=name)
-            typer.echo(f"wrote {written}", err=as_json)
+        def draw(folder: Path) -> None:
+            for name, p in sources.items():
+                diagram = reliability_diagram(p, labelled.mu_hat, n_bins=bins)
+                safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
+                written = plot_reliability(diagram, folder / f"reliability_{safe}.png", title=name)
+                typer.echo(f"wrote {written}", err=as_json)
+
+        # matplotlib missing or an unusable folder: an error line, not a traceback
+        run_reporting_errors(lambda: draw(plot), (CapgateError, OSError))
 
 
 def register(app: typer.Typer) -> None:

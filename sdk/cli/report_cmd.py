@@ -13,6 +13,7 @@ import typer
 
 from capgate.cli._common import DbOption, JsonFlag, check_option, fail, run_reporting_errors
 from capgate.cli.log_cmd import open_existing_log
+from capgate.errors import CapgateError
 
 __all__ = ["parse_time", "register", "report_cmd"]
 
@@ -96,7 +97,7 @@ def report_cmd(
         typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:
         typer.echo(report.format())
-    if plot is not None:
-        written = report.plot(plot)
+    if plot is not None:  # matplotlib missing or an unusable folder: an error line
+        written = run_reporting_errors(lambda: report.plot(plot), (CapgateError, OSError))
         where = ", ".join(str(p) for p in written) if written else "none (no group has enough outcomes)"
         typer.echo(f"plots: {where}", err=as_json)

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from capgate.cli._common import JsonFlag, fail_lines
-from capgate.errors import DataError
+from capgate.errors import CapgateError, DataError
 
 __all__ = ["register", "simulate_cmd"]
 
@@ -40,7 +40,8 @@ def _cell(value: float | None, spec: str) -> str:
 
 def _logged(db: str, method: str | None) -> tuple[Any, Any, Any, int]:
     """p (NaN when unavailable), outcome µ and degraded flags of the logged decisions that have
-    an outcome (µ̂ when measured, else correct as 0/1), and how many lacked one."""
+    an outcome (µ: the mean over its sources, :attr:`LoggedDecision.value`, as ``capgate report``
+    scores it), and how many lacked one."""
     import numpy as np
 
     from capgate.cli.log_cmd import open_existing_log
@@ -50,10 +51,9 @@ def _logged(db: str, method: str | None) -> tuple[Any, Any, Any, int]:
         unscored = log.count(method=method, with_outcome=False)
     scored: list[tuple[float, float, bool]] = []
     for row in rows:
-        o = row.outcome
-        target = None if o is None else (o.mu_hat if o.mu_hat is not None else o.correct)
-        if target is not None:
-            scored.append((np.nan if row.p is None else row.p, float(target), row.decision.degraded))
+        if row.value is not None:
+            flagged = row.decision.degraded or row.decision.estimate.degraded  # as the report's
+            scored.append((np.nan if row.p is None else row.p, row.value, flagged))
     if not scored:
         raise DataError("no logged decision has an outcome to replay on", path=db)
     p = np.array([row[0] for row in scored], dtype=float)
@@ -105,7 +105,7 @@ def simulate_cmd(
     """
     from capgate.decision.analysis.simulate import ACTIONS, replay_policy, threshold_frontier
     from capgate.labels.labelled import read_labelled
-    from capgate.policies import PolicyError, load_policy
+    from capgate.policies import load_policy
 
     unscored = 0
     try:
@@ -130,7 +130,7 @@ def simulate_cmd(
         if not no_sweep:
             sweep: list[float] | int = _parse_thresholds(thresholds) if thresholds is not None else grid
             rows += threshold_frontier(chosen, conf, mu, thresholds=sweep, **shared)
-    except (PolicyError, DataError, ValueError) as exc:
+    except (CapgateError, ValueError) as exc:  # a bad policy or file, or a log locked or down
         fail_lines(exc)
 
     if as_json:

@@ -24,12 +24,18 @@ if TYPE_CHECKING:
     from capgate.policies import Policy
 
 
-def _floor(traffic: Traffic, fitted: Any, kind: str) -> float:
-    """The kept estimator's confidence at the lowest enforced estimate that has an outcome."""
-    enforced = ~traffic.shadow & traffic.estimated
+def _floor(traffic: Traffic, fitted: Any, kind: str) -> tuple[float | None, str]:
+    """The kept estimator's confidence at the lowest enforced estimate that has an outcome, and
+    whose estimates those are; with no enforced outcome yet, at the lowest estimate that has one
+    (shadow traffic); ``None`` without any estimate."""
+    rows, scope = ~traffic.shadow & traffic.estimated, "enforced "
+    if not rows.any():
+        rows, scope = traffic.estimated, ""
+    if not rows.any():
+        return None, scope
     if kind in ("isotonic", "platt") and fitted is not None:
-        return float(fitted.predict(np.array([traffic.base_p[enforced].min()]))[0])
-    return float(traffic.p[enforced].min())
+        return float(fitted.predict(np.array([traffic.base_p[rows].min()]))[0]), scope
+    return float(traffic.p[rows].min()), scope
 
 
 def _per_query(conf: FloatArray, traffic: Traffic) -> tuple[FloatArray, FloatArray] | None:
@@ -95,6 +101,7 @@ def certify(
         "selection_gap": traffic.blocked_without_outcome,
     }
     floor: float | None = None
+    scope = "enforced "
     if traffic.blocked_without_outcome:
         if kind == "probe":
             info["threshold"] = None
@@ -104,7 +111,7 @@ def certify(
                 "risk of those it would now answer; log shadow traffic to calibrate its thresholds"
             )
             return None, None, info
-        floor = _floor(traffic, fitted, kind)
+        floor, scope = _floor(traffic, fitted, kind)
         info["floor"] = floor
     threshold = floored_threshold(result, floor)
     info["threshold"] = threshold
@@ -115,13 +122,13 @@ def certify(
             )
             if result.threshold is None
             else f"no threshold: none certified at or above {floor:g}, the confidence of the lowest "
-            "enforced estimate with an outcome (blocked queries have none). No policy written."
+            f"{scope}estimate with an outcome (blocked queries have none). No policy written."
         )
         return None, None, info
     extra = []
     if threshold != result.threshold:
         extra.append(
-            f"Raised from {result.threshold:g} to {threshold:g}: enforced traffic has outcomes only "
+            f"Raised from {result.threshold:g} to {threshold:g}: {scope or 'all '}traffic has outcomes only "
             f"down to p = {floor:g} ({traffic.blocked_without_outcome} blocked decisions without any)."
         )
         notes.append(extra[0])

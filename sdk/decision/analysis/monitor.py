@@ -3,8 +3,9 @@
 For each estimator method, target and calibration version in a
 :class:`~capgate.decision.store.log.DecisionLog`, the decisions with both a predicted capability p
 and an outcome are taken in time order (a candidate calibration's shadow decisions are left to
-``capgate report``'s paired comparison). The outcome µ is ``mu_hat`` when measured, else
-``correct`` as 0/1. The **window** is the latest ``window`` of them, the **reference** the
+``capgate report``'s paired comparison). The outcome µ is the mean over its sources of each
+outcome's value (:attr:`~capgate.decision.store.log.LoggedDecision.value`, as ``capgate report``
+scores it). The **window** is the latest ``window`` of them, the **reference** the
 ``window`` before it. Reported: capability Brier and ECE (:mod:`capgate.metrics`) of both, mean p
 against mean outcome, and how many decisions had no usable estimate (degraded).
 
@@ -33,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capgate._util.validate import check_positive_int
 from capgate.decision.store.calibrations import NO_CALIBRATION
-from capgate.decision.store.log import DecisionLog, LoggedDecision, is_database_url
+from capgate.decision.store.log import DecisionLog, is_database_url
 from capgate.errors import DataError
 from capgate.metrics import capability_brier, expected_calibration_error
 
@@ -104,15 +105,6 @@ class MethodReport(BaseModel):
         return label if self.calibration is None else f"{label} @ {self.calibration}"
 
 
-def _target(row: LoggedDecision) -> float | None:
-    outcome = row.outcome
-    if outcome is None:
-        return None
-    if outcome.mu_hat is not None:
-        return float(outcome.mu_hat)
-    return None if outcome.correct is None else float(outcome.correct)
-
-
 def _stats(pairs: np.ndarray, n_bins: int) -> WindowStats:
     """One window's stats from its rows of (p, outcome)."""
     p, mu = pairs[:, 0], pairs[:, 1]
@@ -176,7 +168,7 @@ def _report(
     where = f" WHERE d.beside IS NULL AND d.method = ? AND d.target {same} ? AND d.calibration {same} ?"
     where += f" AND {_SCORED}"
     rows = store._read(where, (method, target, calibration), f" LIMIT {2 * window}")[::-1]
-    scored = [(r.p, t) for r in rows if r.p is not None and (t := _target(r)) is not None]
+    scored = [(r.p, r.value) for r in rows if r.p is not None and r.value is not None]
     current = scored[-window:]
     previous = scored[-2 * window : -window] if len(scored) > window else []
     win = _stats(np.array(current), n_bins) if current else None

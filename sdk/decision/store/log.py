@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from datetime import UTC
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -40,7 +41,7 @@ from capgate.core.messages import query_hash
 from capgate.core.types import Decision, Outcome
 from capgate.decision.store import outcomes as _outcomes
 from capgate.decision.store._sqlite import SQLiteStore
-from capgate.decision.store._store import Store
+from capgate.decision.store._store import Store, read_in
 from capgate.decision.store.calibrations import CalibrationLog
 from capgate.decision.store.features import FeatureLog
 from capgate.decision.store.postgres import PostgresStore
@@ -253,11 +254,14 @@ class DecisionLog(FeatureLog, CalibrationLog):
     def record_spilled(self, spilled: SpilledDecision) -> str:
         """Record a decision kept in a spill file (:mod:`capgate.decision.store.spill`); returns its id.
 
+        The query text is kept as the file holds it: a spilled line carries text only because the
+        log that spilled it stores text, whatever this handle's ``store_text``.
+
         Raises:
             LogUnavailableError: The store could not be written.
         """
-        text = spilled.query_text if self.store_text else None
-        return self._insert(spilled.decision, spilled.query_sha256, text, spilled.samples_used, None)
+        decision, sha, text = spilled.decision, spilled.query_sha256, spilled.query_text
+        return self._insert(decision, sha, text, spilled.samples_used, None)
 
     def _insert(
         self,
@@ -267,10 +271,10 @@ class DecisionLog(FeatureLog, CalibrationLog):
         samples_used: int | None,
         latency_s: float | None,
     ) -> str:
-        estimate = decision.estimate
+        estimate, at = decision.estimate, decision.created_at
         row = (  # in the order of _schema.INSERT
             decision.id,
-            decision.created_at.isoformat(),
+            (at if at.utcoffset() is None else at.astimezone(UTC)).isoformat(),  # SQLite compares text
             decision.step,
             decision.tool,
             query_sha256,
@@ -361,16 +365,15 @@ class DecisionLog(FeatureLog, CalibrationLog):
         )
 
     def _read(self, where: str, params: Sequence[Any], limit: str = "") -> list[LoggedDecision]:
-        """Decisions matching ``where``, newest first, each with its outcomes."""
+        """Decisions matching ``where``, newest first, each with its outcomes (read for the ids of
+        the rows returned: a decision written meanwhile cannot shift a ``limit`` window)."""
         selected = f"{_FROM}{where} ORDER BY {self.store.dialect.order}{limit}"
         rows = self.store.read(f"SELECT {COLUMNS} {selected}", params)
         outcomes: dict[str, list[Outcome]] = {}
-        if rows:
-            ids = f"SELECT d.id {selected}"
-            sql = f"SELECT {OUTCOME_COLUMNS} FROM outcomes o WHERE o.decision_id IN ({ids})"
-            for found in self.store.read(sql, params):
-                outcome = _outcomes.outcome_of_row(found)
-                outcomes.setdefault(outcome.decision_id, []).append(outcome)
+        sql = f"SELECT {OUTCOME_COLUMNS} FROM outcomes o WHERE o.decision_id IN ({{ids}})"
+        for found in read_in(self.store, sql, [r[0] for r in rows]):
+            outcome = _outcomes.outcome_of_row(found)
+            outcomes.setdefault(outcome.decision_id, []).append(outcome)
         return [self._row(r, outcomes) for r in rows]
 
     def get(self, decision_id: str) -> LoggedDecision:

@@ -159,6 +159,18 @@ def check_says_something(outcome: Outcome, location: str, line: int | None = Non
         )
 
 
+def check_aware(outcome: Outcome, location: str, line: int | None = None) -> None:
+    """A :class:`DataError` if ``recorded_at`` has no time zone (it could not be ordered against the
+    decision's other outcomes)."""
+    if outcome.recorded_at.utcoffset() is None:
+        raise DataError(
+            f"must carry a time zone (2026-01-05T10:00:00+00:00); got {outcome.recorded_at.isoformat()}",
+            path=location,
+            line=line,
+            field="recorded_at",
+        )
+
+
 def _write(store: Store, outcomes: Sequence[Outcome], *, replace: bool) -> int:
     """Write outcomes and refresh their decisions' ``outcome_y``, in one transaction; the outcomes
     written."""
@@ -173,6 +185,7 @@ def _write(store: Store, outcomes: Sequence[Outcome], *, replace: bool) -> int:
 def attach(log: DecisionLog, outcome: Outcome, *, replace: bool) -> Outcome:
     """Write one outcome (see :meth:`DecisionLog.record_outcome`); returns the stored one."""
     check_says_something(outcome, log.location)
+    check_aware(outcome, log.location)
     if _write(log.store, [outcome], replace=replace):
         return outcome
     existing = stored(log, [outcome.decision_id]).get((outcome.decision_id, outcome.source))
@@ -212,6 +225,7 @@ def _parse(path: Path, errors: list[DataError]) -> list[tuple[int, Outcome]]:
         try:
             outcome = Outcome.model_validate(record)
             check_says_something(outcome, str(path), number)
+            check_aware(outcome, str(path), number)
         except ValidationError as exc:
             for problem in exc.errors():
                 where = ".".join(str(part) for part in problem["loc"]) or None
