@@ -9,6 +9,7 @@ CI vLLM server, each choice with the real shipped probe as its estimator."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +37,7 @@ from capgate.adapters.agents.langchain import (
     CapgateDecisionModel,
     choose_model_by_capability,
 )
+from capgate.decision import DecisionLog
 from capgate.policies import Policy
 
 POLICY = Policy.model_validate(
@@ -111,6 +113,16 @@ def test_the_async_decision_model_answers_alike() -> None:
     model = CapgateDecisionModel(policy=POLICY, estimator=KeywordEstimator(TABLE))
     out = asyncio.run(model.ainvoke({"state": "HARD", "questions": {"ok": Noul(instructions="ok?")}}))
     assert out.nouls["ok"].noul == pytest.approx(0.75)
+
+
+def test_a_shadow_gate_decision_model_decides_in_earnest(tmp_path: Path) -> None:
+    """Its answer is the estimate: a shadow gate's stand-in has none, so it decides in enforce mode."""
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    model = CapgateDecisionModel(policy=POLICY, estimator=KeywordEstimator(TABLE), mode="shadow", log=log)
+    out = model.invoke({"state": "HARD: integrate x^x", "questions": {"ok": Noul(instructions="ok?")}})
+    assert out.nouls["ok"].noul == pytest.approx(0.75)
+    (logged,) = log.decisions()
+    assert (logged.decision.id, logged.decision.shadow) == (out.request_id, False)
 
 
 def test_settings_are_checked_at_once() -> None:
@@ -247,6 +259,16 @@ def _request(text: str, call_id: str = "c1") -> Any:
     call = {"name": "lookup", "args": {"term": text}, "id": call_id, "type": "tool_call"}
     messages = [HumanMessage(text), AIMessage("", tool_calls=[call])]
     return ToolCallRequest(tool_call=call, tool=None, state={"messages": messages}, runtime=None)
+
+
+def test_in_shadow_mode_the_predicate_never_asks_and_logs_the_decision(tmp_path: Path) -> None:
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    when = CapabilityApproval(policy=POLICY, estimator=KeywordEstimator(TABLE), mode="shadow", log=log)
+    assert when(_request("EASY", "a")) is False  # the stand-in decision has no estimate: not a reason
+    assert when(_request("HARD", "b")) is False  # 0.75 < 0.8, but in shadow mode the call proceeds
+    assert when.gate.flush(10.0)
+    logged = sorted((d.decision.estimate.p, d.decision.shadow) for d in log.decisions())
+    assert logged == [(0.75, True), (0.95, True)]
 
 
 def test_the_predicate_compares_the_tools_edge_and_fails_closed() -> None:

@@ -113,3 +113,29 @@ def test_a_first_resample_step_is_logged_once_with_its_samples_and_the_target(tm
     assert logged.decision.stopped_by is not None
     assert logged.samples_used is not None
     assert logged.samples_used >= 2
+
+
+class Down(FakeListChatModel):
+    """A chat model without a model name whose server is down."""
+
+    def _call(self, *args: Any, **kwargs: Any) -> str:
+        raise ConnectionError("model server down")
+
+
+def test_a_resample_step_is_logged_when_the_model_fails_before_showing_its_name(tmp_path: Path) -> None:
+    policy = Policy.model_validate(
+        {
+            "name": "resampling",
+            "bands": [{"below": 0.8, "action": "resample"}, {"action": "answer"}],
+            "on_degraded": "abstain",
+        }
+    )
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    gate = CapabilityGate(policy=policy, estimator=KeywordEstimator({"MID": 0.5}), log=log)
+    agent = create_agent(Down(responses=["4"]), middleware=[gate])
+    with pytest.raises(ConnectionError):
+        _ask(agent, "MID: what is 2 + 2?")
+    (logged,) = log.decisions()
+    assert logged.decision.action == "resample"
+    assert gate.stats.last_decision is not None
+    assert logged.decision.id == gate.stats.last_decision.id

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from agents import (
     Agent,
+    Handoff,
     InputGuardrailTripwireTriggered,
     ModelResponse,
     ModelSettings,
@@ -434,6 +435,34 @@ def test_triage_routes_to_the_cheapest_capable_agent() -> None:
     assert check.decision.route == "large"
     assert check.handoff == "large"
     assert (small.finished, large.finished) == (1, 1)
+
+
+def test_triage_hands_to_each_clone_of_an_agent_by_its_own_handoff() -> None:
+    """Clones (``agent.clone(model=...)``) keep their agent's name: each still gets its handoff."""
+    main, small, large = (
+        CountingModel("main says 4"),
+        CountingModel("small says 4"),
+        CountingModel("large says 4"),
+    )
+    helper = Agent(name="helper", model=main)
+    routes = {
+        "small": KeywordEstimator({"HARD": 0.4}, default=0.85),
+        "large": KeywordEstimator({"HARD": 0.7}, default=0.95),
+    }
+    triage = capability_triage(
+        helper,
+        routes_to={"small": helper.clone(model=small), "large": helper.clone(model=large)},
+        policy=ROUTED,
+        estimator=KeywordEstimator({"MID": 0.5}),
+        routes=routes,
+    )
+    outputs = [
+        Runner.run_sync(triage, q).final_output for q in ("MID: HARD: prove it.", "MID: 2 + 2?", "2 + 2?")
+    ]
+    assert outputs == ["large says 4", "small says 4", "main says 4"]
+    assert (main.finished, small.finished, large.finished) == (1, 1, 1)
+    tools = sorted(h.tool_name for h in triage.handoffs if isinstance(h, Handoff))
+    assert tools == ["transfer_to_helper", "transfer_to_helper_large", "transfer_to_helper_small"]
 
 
 # --------------------------------------------------------------------------- the CI vLLM server

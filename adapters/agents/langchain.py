@@ -56,6 +56,7 @@ from typing import Any, NotRequired, Unpack, cast
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
 from langchain.agents.middleware.types import ExtendedModelResponse, hook_config
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langgraph.errors import GraphInterrupt
 from langgraph.types import Command
 
 from capgate._util.validate import check_int_at_least
@@ -185,7 +186,7 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         self.max_clarifications = clarifications
         self.tool_gate = hitl.ToolCallGate(gate=self.gate)
         self._voter = self.gate.with_options(extract=_voting_extract(self.gate.extract))
-        self._memo: OrderedDict[tuple[str | None, str], Verdict] = OrderedDict()
+        self._memo: OrderedDict[tuple[str, str], Verdict] = OrderedDict()
         self._views: dict[str, Gate] = {}
         self._target: str | None = None  # the agent's model, read at its first model call
         self._unlogged: OrderedDict[str, Verdict] = OrderedDict()  # logged at the model call
@@ -230,13 +231,19 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
             return None
         return None if value is None else str(value)
 
-    def _remembered(self, query: list[ChatMessage]) -> tuple[tuple[str | None, str], Verdict | None]:
+    def _remembered(self, query: list[ChatMessage]) -> tuple[tuple[str, str] | None, Verdict | None]:
         # LangGraph re-runs a node from its start when it resumes after an interrupt; reusing the
-        # verdict keeps the decision (and its id) stable within this process.
-        key = (self._thread(), query_hash(query))
+        # verdict keeps the decision (and its id) stable within this process. Only a run on a thread
+        # can resume, and the memo keeps only the verdicts of a step paused by an interrupt.
+        thread = self._thread()
+        if thread is None:
+            return None, None
+        key = (thread, query_hash(query))
         return key, self._memo.get(key)
 
-    def _remember(self, key: tuple[str | None, str], verdict: Verdict) -> None:
+    def _remember(self, key: tuple[str, str] | None, verdict: Verdict) -> None:
+        if key is None:
+            return
         self._memo[key] = verdict
         self._memo.move_to_end(key)
         while len(self._memo) > 512:
@@ -261,10 +268,24 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
         return update
 
     def _before_model_flow(self, state: CapabilityGateState) -> Flow[dict[str, Any] | None]:
+        keys: list[tuple[str, str]] = []
+        try:
+            return (yield from self._step_flow(state, keys))
+        except GraphInterrupt:
+            keys.clear()  # paused: the step re-runs on resume and takes these verdicts again
+            raise
+        finally:
+            for key in keys:  # the step is over: a later run of the same question is decided anew
+                self._memo.pop(key, None)
+
+    def _step_flow(
+        self, state: CapabilityGateState, keys: list[tuple[str, str]]
+    ) -> Flow[dict[str, Any] | None]:
         added: list[BaseMessage] = []
         for round_ in range(self.max_clarifications + 1):
             query = chat_messages([*state["messages"], *added], where="messages")
             key, verdict = self._remembered(query)
+            keys += [key] if key is not None else []
             if verdict is None:
                 verdict = yield Assess(self._targeted(), query)
                 if self._target is None and verdict.pending is None and verdict.action in _CALLS_MODEL:
@@ -344,7 +365,12 @@ class CapabilityGate(AgentMiddleware[CapabilityGateState, Any]):
             stamped = self._restamped(stored, made)
             yield Record(self.gate, made)
         if step is not None:
-            sampled = yield Sample(self._voter, step, draw, to_text=_response_key)
+            try:
+                sampled = yield Sample(self._voter, step, draw, to_text=_response_key)
+            except BaseException:
+                if unlogged is not None:  # not logged when it was decided: log it without its samples
+                    yield Record(self.gate, step)
+                raise
             yield Record(self.gate, step, cas=sampled.cas)
             if sampled.value is None:
                 return AIMessage(self.gate.block(step, cas=sampled.cas).message)

@@ -100,7 +100,8 @@ class CapabilityApproval:
     then the call) is below the edge, or when no estimate can be had (a degraded estimate, or an
     estimator that raised: fail closed; a :class:`~capgate.SettingsError` is raised, not asked).
     Each estimate is a gate decision (counted, logged, traced) with ``tool=`` the call's name, so
-    the policy's ``tools:`` overrides apply.
+    the policy's ``tools:`` overrides apply. In shadow mode no call asks: the decision is made and
+    logged beside it.
 
     LangChain calls the predicate again when the run resumes; the answer for a tool call id is
     kept (per thread, the last 512), so it does not flip between the interrupt and the resume.
@@ -161,7 +162,8 @@ class CapabilityApproval:
             ask = True
         else:
             self.last_verdict = verdict
-            ask = not _clears(verdict.estimate, edge)
+            # shadow mode: the call proceeds (the real decision is made and logged beside it)
+            ask = verdict.pending is None and not _clears(verdict.estimate, edge)
         self._memo[key] = ask
         while len(self._memo) > 512:
             self._memo.popitem(last=False)
@@ -213,7 +215,9 @@ class CapgateDecisionModel(BaseDecisionModel):
 
     A Noul or Score whose estimate cannot be had raises :class:`CapabilityUnavailableError` (LangChain
     propagates classifier failures and ends the run): capgate never answers 0.5 for "unknown".
-    Each estimate is a gate decision (counted, logged, traced).
+    Each estimate is a gate decision (counted, logged, traced). Its answer *is* the estimate, so
+    there is no call to let proceed beside it: it decides in enforce mode whatever the gate's
+    ``mode`` (a shadow gate's stand-in has no estimate).
 
     Args:
         gate: A ready :class:`~capgate.Gate` (or give the settings, ``routes`` included).
@@ -228,6 +232,7 @@ class CapgateDecisionModel(BaseDecisionModel):
     model: str = "capgate"
     edge: float | None = None
     _gate: Gate = PrivateAttr()
+    _decider: Gate = PrivateAttr()
 
     def __init__(
         self,
@@ -243,6 +248,7 @@ class CapgateDecisionModel(BaseDecisionModel):
             model = the_gate.settings.target or (estimator.target_model if estimator else None) or "capgate"
         super().__init__(model=model, edge=_check_edge(edge))
         self._gate = the_gate
+        self._decider = the_gate.with_options(mode="enforce")
 
     @property
     def gate(self) -> Gate:
@@ -314,11 +320,11 @@ class CapgateDecisionModel(BaseDecisionModel):
         query = _state_query(state)
         verdict = None
         if any(not isinstance(q, Choice) for q in questions.values()):
-            verdict = yield from _assess_flow(self._gate, query)
+            verdict = yield from _assess_flow(self._decider, query)
         routes: dict[str, tuple[str, RoutePlan, str]] = {}
         for key, q in questions.items():
             if isinstance(q, Choice):
-                routes[key] = yield Route(self._gate, query, self._plan(q))
+                routes[key] = yield Route(self._decider, query, self._plan(q))
         return self._answers(questions, verdict, routes)
 
     def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:

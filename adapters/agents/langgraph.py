@@ -39,17 +39,17 @@ Examples:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Annotated, Any, TypeAlias, Unpack
+from typing import Annotated, Any, TypeAlias, Unpack, cast
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
-from langchain_core.runnables import Runnable, RunnableLambda
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command
 from typing_extensions import TypedDict
 
+from capgate._util.validate import check_int_at_least
 from capgate.adapters.agents.hitl import (
     ClarifyRequest,
     ClarifyResponse,
@@ -64,8 +64,9 @@ from capgate.adapters.agents.hitl import (
 )
 from capgate.adapters.backends.function import response_text
 from capgate.core.backend import Prompt
-from capgate.core.messages import as_query
+from capgate.core.messages import as_query, chat_messages
 from capgate.core.types import Action, Decision
+from capgate.errors import SettingsError
 from capgate.gate import Gate, Gated, GateOptions, Verdict
 from capgate.gate.flow import Assess, Flow, Invoke, Record, Sample, adrive, drive
 
@@ -102,6 +103,7 @@ class CapabilityState(TypedDict, total=False):
         capgate_decision: The last decision, as JSON (read it with :func:`read_decision`).
         capgate_human: The last human response (clarification or review), as JSON.
         capgate_cas: Summary of the last resample run (answer, votes, samples used), as JSON.
+        capgate_clarifications: Clarifying questions answered so far in the current step.
     """
 
     messages: Annotated[list[AnyMessage], add_messages]
@@ -109,17 +111,29 @@ class CapabilityState(TypedDict, total=False):
     capgate_decision: dict[str, Any] | None
     capgate_human: dict[str, Any] | None
     capgate_cas: dict[str, Any] | None
+    capgate_clarifications: int
 
 
-def _reader(query: QuerySource | None) -> Callable[[Mapping[str, Any]], Prompt]:
+_ROUNDS = "capgate_clarifications"
+_MISSING = object()
+
+
+def _state_value(state: Any, key: str, default: Any = None) -> Any:
+    """``state[key]``: a mapping's item, else the attribute (a dataclass or Pydantic state, as
+    LangGraph allows)."""
+    return state.get(key, default) if isinstance(state, Mapping) else getattr(state, key, default)
+
+
+def _reader(query: QuerySource | None) -> Callable[[Any], Prompt]:
     source: QuerySource = "messages" if query is None else query
     if isinstance(source, str):
         key = source
 
-        def read(state: Mapping[str, Any]) -> Prompt:
-            if key not in state:
+        def read(state: Any) -> Prompt:
+            value = _state_value(state, key, _MISSING)
+            if value is _MISSING:
                 raise KeyError(f"the capability node reads the query from state[{key!r}], which is missing")
-            return as_query(state[key], where=f"state[{key!r}]")
+            return as_query(value, where=f"state[{key!r}]")
 
         return read
     if callable(source):
@@ -139,7 +153,8 @@ def capability_node(
     """A node that estimates the step's capability and writes the estimate and decision to state.
 
     The node works in sync and async graphs (``invoke`` / ``ainvoke``; the async path uses the
-    estimator's ``aestimate``). Its state must have the two keys (see :class:`CapabilityState`).
+    estimator's ``aestimate``). Its state (a ``TypedDict``, dataclass or Pydantic model) must have
+    the two keys (see :class:`CapabilityState`).
     The decision is self-contained: branch on it (:func:`branch_on_decision`) and act on it later,
     also in another process, without the policy.
 
@@ -156,21 +171,31 @@ def capability_node(
         A runnable to pass to ``StateGraph.add_node``.
     """
     the_gate = Gate.coerce(gate, **settings)
-    read = _reader(query)
+    return _estimate_node(the_gate, _reader(query), estimate_key, decision_key)
 
-    def flow(state: Mapping[str, Any]) -> Flow[dict[str, Any]]:
-        verdict = yield Assess(the_gate, read(state))
-        yield Record(the_gate, verdict)
+
+def _estimate_node(
+    gate: Gate, read: Callable[[Any], Prompt], estimate_key: str, decision_key: str, *, rounds: bool = False
+) -> Runnable[Any, dict[str, Any]]:
+    """The capability node; with ``rounds``, a decision other than ``clarify`` ends the step's
+    clarifications (``capgate_clarifications`` back to 0)."""
+
+    def flow(state: Any) -> Flow[dict[str, Any]]:
+        verdict = yield Assess(gate, read(state))
+        yield Record(gate, verdict)
         records = decision_records(verdict)
-        return {estimate_key: records["capgate_estimate"], decision_key: records["capgate_decision"]}
+        update = {estimate_key: records["capgate_estimate"], decision_key: records["capgate_decision"]}
+        if rounds and verdict.action != "clarify":
+            update[_ROUNDS] = 0
+        return update
 
-    async def aestimate(state: Mapping[str, Any]) -> dict[str, Any]:
+    async def aestimate(state: Any) -> dict[str, Any]:
         return await adrive(flow(state))
 
     return RunnableLambda(lambda state: drive(flow(state)), afunc=aestimate, name="capgate_estimate")
 
 
-def decision_branch(decision_key: str = "capgate_decision") -> Callable[[Mapping[str, Any]], Action]:
+def decision_branch(decision_key: str = "capgate_decision") -> Callable[[Any], Action]:
     """A path function for ``add_conditional_edges``: the action of the decision in state
     (named "branch", not "route": ``route`` is the policy action that chooses a model).
 
@@ -179,8 +204,8 @@ def decision_branch(decision_key: str = "capgate_decision") -> Callable[[Mapping
         'clarify'
     """
 
-    def route(state: Mapping[str, Any]) -> Action:
-        value = state.get(decision_key)
+    def route(state: Any) -> Action:
+        value = _state_value(state, decision_key)
         if value is None:
             raise KeyError(f"no decision in state[{decision_key!r}]; run a capability node before routing")
         action = value.action if isinstance(value, Decision) else value.get("action")
@@ -228,6 +253,7 @@ def capability_subgraph(
     query: QuerySource | None = None,
     to_text: Callable[[Any], str] | None = None,
     state_schema: type[Any] = CapabilityState,
+    max_clarifications: int = 2,
     **settings: Unpack[GateOptions],
 ) -> StateGraph[Any, Any, Any, Any]:
     """An uncompiled graph that answers only when the policy lets it.
@@ -244,7 +270,9 @@ def capability_subgraph(
     * ``abstain``: the policy's message is added as an AI message;
     * ``clarify``: ``interrupt()`` with a :class:`ClarifyRequest`; resume with
       ``Command(resume={"answer": "..."})``: the question and the answer join the conversation and
-      the step is estimated again;
+      the step is estimated again (a ``query`` state key other than ``messages`` is estimated
+      followed by them), up to ``max_clarifications`` rounds; then the question is put to the
+      user as the reply instead of another interrupt;
     * ``escalate``: ``interrupt()`` with an :class:`EscalationRequest` (its ``to`` is the
       decision's); resume with ``Command(resume={"decision": "reply" | "approve" | "reject",
       "message": ...})``: a reply is the answer, approve lets your node answer, reject declines.
@@ -263,37 +291,54 @@ def capability_subgraph(
         query: Where the query is (default: ``state["messages"]``).
         to_text: Reads the text of an update for voting (default: its last message's content).
         state_schema: The graph's state type (must have the keys of :class:`CapabilityState`).
+        max_clarifications: Clarifying questions per step before the question is the reply.
 
     Returns:
         The uncompiled ``StateGraph``.
+
+    Raises:
+        SettingsError: A bad setting (``max_clarifications`` included).
     """
     the_gate = Gate.coerce(gate, **settings)
     if not (callable(answer) or isinstance(answer, Runnable)):
         raise TypeError(f"`answer` must be a node (a function of the state or a runnable); got {answer!r}")
+    try:
+        most = check_int_at_least("max_clarifications", max_clarifications, 0, "a non-negative integer")
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     read = _reader(query)
+    own_key = isinstance(query, str) and query != "messages"
+
+    def asked(state: Any) -> Prompt:
+        """The step's query; a query key other than ``messages`` followed by this step's
+        clarifications (the last two messages of each round)."""
+        prompt = read(state)
+        done = _state_value(state, _ROUNDS) or 0
+        if not (own_key and done):
+            return prompt
+        turns = chat_messages(
+            list(_state_value(state, "messages") or [])[-2 * done :], where="state['messages']"
+        )
+        return [*([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt), *turns]
+
     read_text = to_text or _update_text
-    is_async = inspect.iscoroutinefunction(answer) or inspect.iscoroutinefunction(
-        getattr(answer, "__call__", None)  # noqa: B004 - a callable object's async __call__
+    graph: StateGraph[Any, Any, Any, Any] = StateGraph(state_schema)
+    graph.add_node(
+        "estimate", _estimate_node(the_gate, asked, "capgate_estimate", "capgate_decision", rounds=True)
     )
-
-    def call_answer(state: Any) -> Any:
-        return answer.invoke(state) if isinstance(answer, Runnable) else answer(state)
-
-    async def acall_answer(state: Any) -> Any:
-        if isinstance(answer, Runnable):
-            return await answer.ainvoke(state)
-        result = answer(state)
-        return await result if inspect.isawaitable(result) else result
+    graph.add_node("answer", answer)
+    # the node as LangGraph runs it (``config`` / ``runtime`` given when it takes them), for the resample
+    answer_node = cast("Runnable[Any, Any]", graph.nodes["answer"].runnable)
 
     def current(state: Any) -> Verdict:
-        decision = read_decision(state.get("capgate_decision"))
+        decision = read_decision(_state_value(state, "capgate_decision"))
         if decision is None:
             raise KeyError("no decision in state['capgate_decision']; the estimate node must run first")
         return Verdict(decision=decision, query=read(state))
 
-    def resample_flow(state: Any) -> Flow[dict[str, Any]]:
+    def resample_flow(state: Any, config: RunnableConfig) -> Flow[dict[str, Any]]:
         verdict = current(state)
-        draw = Invoke(lambda: call_answer(state), lambda: acall_answer(state))
+        draw = Invoke(lambda: answer_node.invoke(state, config), lambda: answer_node.ainvoke(state, config))
         sampled = yield Sample(the_gate, verdict, draw, to_text=read_text)
         yield Record(the_gate, verdict, cas=sampled.cas)
         summary = _cas_summary(verdict, sampled.cas)
@@ -304,8 +349,11 @@ def capability_subgraph(
         update["capgate_cas"] = summary
         return update
 
-    async def aresample(state: Any) -> dict[str, Any]:
-        return await adrive(resample_flow(state))
+    def resample(state: Any, config: RunnableConfig) -> dict[str, Any]:
+        return drive(resample_flow(state, config))
+
+    async def aresample(state: Any, config: RunnableConfig) -> dict[str, Any]:
+        return await adrive(resample_flow(state, config))
 
     def blocked(state: Any) -> tuple[Verdict, Gated]:
         verdict = current(state)
@@ -316,12 +364,16 @@ def capability_subgraph(
 
     def clarify(state: Any) -> Command[str]:
         verdict, gated = blocked(state)
+        done = _state_value(state, _ROUNDS) or 0
+        if done >= most:  # out of rounds: the question is the reply
+            return Command(goto=END, update={"messages": [AIMessage(gated.message)], _ROUNDS: 0})
         reply = ask_clarification(verdict)
         return Command(
             goto="estimate",
             update={
                 "messages": [AIMessage(gated.message), HumanMessage(reply.answer)],
                 "capgate_human": reply.model_dump(mode="json"),
+                _ROUNDS: done + 1,
             },
         )
 
@@ -335,17 +387,9 @@ def capability_subgraph(
             goto=END, update={"messages": [AIMessage(review_reply(review))], "capgate_human": record}
         )
 
-    graph: StateGraph[Any, Any, Any, Any] = StateGraph(state_schema)
-    graph.add_node("estimate", capability_node(gate=the_gate, query=query))
-    if is_async or isinstance(answer, Runnable):
-        graph.add_node("answer", RunnableLambda(call_answer, afunc=acall_answer, name="answer"))
-    else:
-        graph.add_node("answer", answer)
-    graph.add_node(
-        "resample", RunnableLambda(lambda s: drive(resample_flow(s)), afunc=aresample, name="resample")
-    )
+    graph.add_node("resample", RunnableLambda(resample, afunc=aresample, name="resample"))
     graph.add_node("abstain", abstain)
-    graph.add_node("clarify", clarify, destinations=("estimate",))
+    graph.add_node("clarify", clarify, destinations=("estimate", END))
     graph.add_node("escalate", escalate, destinations=("answer", END))
     graph.add_edge(START, "estimate")
     # A routed query is answered.

@@ -51,6 +51,8 @@ Examples:
 
 from __future__ import annotations
 
+import itertools
+import re
 import time
 import uuid
 import weakref
@@ -67,6 +69,7 @@ from agents import (
     RunContextWrapper,
     Tool,
     Usage,
+    handoff,
 )
 from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
 from agents.models.interface import Model, ModelTracing
@@ -174,12 +177,12 @@ class _DecisionModel(Model):
                 id=f"msg_capgate_{uid}", type="message", role="assistant", status="completed", content=[part]
             )
         else:
-            by_agent = {h.agent_name: h.tool_name for h in handoffs}
-            if name not in by_agent:
-                raise SettingsError(f"the triage agent has no handoff to {name!r}; it has {sorted(by_agent)}")
+            names = {h.tool_name for h in handoffs}
+            if name not in names:
+                raise SettingsError(f"the triage agent has no handoff {name!r}; it has {sorted(names)}")
             call_id = f"call_capgate_{uid}"
             item = ResponseFunctionToolCall(
-                id=call_id, call_id=call_id, type="function_call", name=by_agent[name], arguments="{}"
+                id=call_id, call_id=call_id, type="function_call", name=name, arguments="{}"
             )
         return ModelResponse(output=[item], usage=Usage(), response_id=None)
 
@@ -202,6 +205,7 @@ class _Triage:
                  routes_to: Mapping[str, Agent[Any]]) -> None:  # fmt: skip
         self.checker, self.agent = checker, agent
         self.escalate_to, self.routes_to = dict(escalate_to), dict(routes_to)
+        self.handoffs = _handoffs(agent, self.escalate_to, self.routes_to)
         self._decided: OrderedDict[str, Verdict] = OrderedDict()
         self._runs: weakref.WeakKeyDictionary[RunContextWrapper[Any], Verdict] = weakref.WeakKeyDictionary()
 
@@ -219,31 +223,56 @@ class _Triage:
             self._decided.popitem(last=False)
         return f"{TRIAGE_INSTRUCTIONS}\n{_DECISION_LINE}{verdict.decision.id}"
 
-    def destination(self, verdict: Verdict) -> str | None:
+    def destination(self, verdict: Verdict) -> Agent[Any] | None:
         """The agent a verdict hands to (``None``: it blocks)."""
         d = verdict.decision
         if d.action == "escalate":
-            wired = self.escalate_to.get(d.to or "")
-            return None if wired is None else wired.name
+            return self.escalate_to.get(d.to or "")
         if d.action == "route" and d.route is not None:
             if d.route not in self.routes_to:
                 raise SettingsError(
                     f"the policy routed to model choice {d.route!r}, but the triage has no agent for it; "
                     f"pass routes_to={{name: agent}} (has: {sorted(self.routes_to)})"
                 )
-            return self.routes_to[d.route].name
-        return None if d.action in BLOCKING else self.agent.name
+            return self.routes_to[d.route]
+        return None if d.action in BLOCKING else self.agent
 
     async def choose(
         self, instructions: str | None, value: str | list[TResponseInputItem]
     ) -> tuple[str | None, str | None]:
-        """Where the model hands the run: its guardrail's decision (made now if there is none)."""
+        """The handoff tool the model calls (its guardrail's decision, made now if there is none),
+        or ``None`` and the message when the decision blocks."""
         _, _, decision_id = (instructions or "").rpartition(_DECISION_LINE)
         verdict = self._decided.pop(decision_id, None)
         if verdict is None:
             verdict = await self.checker.check(self.agent, value)
-        name = self.destination(verdict)
-        return name, None if name is not None else self.checker.gate.block(verdict).message
+        target = self.destination(verdict)
+        if target is None:
+            return None, self.checker.gate.block(verdict).message
+        return self.handoffs[id(target)].tool_name, None
+
+
+def _handoffs(
+    agent: Agent[Any], escalate_to: Mapping[str, Agent[Any]], routes_to: Mapping[str, Agent[Any]]
+) -> dict[int, Handoff[Any, Any]]:
+    """One handoff per destination agent (by identity), each with a tool name of its own: a clone
+    (``agent.clone(model=...)``) keeps its agent's name, so a second agent of a name gets the
+    name suffixed with its ``escalate_to`` / ``routes_to`` key."""
+    made: dict[int, Handoff[Any, Any]] = {}
+    taken: set[str] = set()
+    for key, target in [("", agent), *escalate_to.items(), *routes_to.items()]:
+        if id(target) in made:
+            continue
+        tool = default = Handoff.default_tool_name(target)
+        if tool in taken:
+            tool = base = f"{default}_{re.sub(r'[^a-zA-Z0-9_]', '_', key).lower()}"
+            for n in itertools.count(2):
+                if tool not in taken:
+                    break
+                tool = f"{base}_{n}"
+        taken.add(tool)
+        made[id(target)] = handoff(target, tool_name_override=None if tool == default else tool)
+    return made
 
 
 def capability_triage(
@@ -263,6 +292,8 @@ def capability_triage(
         escalate_to: The agent for each escalation target (the policy's ``to:``, e.g.
             ``{"human-review": reviewer}``); an ``escalate`` to a name not here trips the wire.
         routes_to: The agent of each model choice of the gate's ``routes``, cheapest first.
+            Each agent gets a handoff of its own: an agent whose name another one already has
+            (a clone) gets the tool ``transfer_to_<name>_<key>``.
         gate: A ready :class:`~capgate.Gate` (or give the settings instead).
         name: The triage agent's name (default: ``"<agent> triage"``).
         **settings: The gate settings (:class:`~capgate.gate.GateOptions`).
@@ -295,15 +326,14 @@ def capability_triage(
         ctx: RunContextWrapper[Any], _: Agent[Any], value: str | list[TResponseInputItem]
     ) -> GuardrailFunctionOutput:
         verdict = await checker.check(agent, value)
-        out = output(checker.gate, verdict, triage.destination(verdict))
+        target = triage.destination(verdict)
+        out = output(checker.gate, verdict, None if target is None else target.name)
         if not out.tripwire_triggered:
             triage.remember(ctx, verdict)
         return out
 
     guard = CapabilityGuardrail(capgate_triage, name="capgate", run_in_parallel=False, gate=checker.gate)
-    targets: list[Agent[Any] | Handoff[Any, Any]] = list(
-        {id(a): a for a in (agent, *escalate_to.values(), *routes_to.values())}.values()
-    )
+    targets: list[Agent[Any] | Handoff[Any, Any]] = list(triage.handoffs.values())
     return Agent(
         name=name or f"{agent.name} triage",
         instructions=triage.instructions,
