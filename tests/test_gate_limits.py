@@ -70,6 +70,46 @@ def test_async_burst_queues_within_max_concurrency() -> None:
     assert slow.max_in_flight == 3
 
 
+class Held(Slow):
+    """Blocks in ``estimate`` until released; no ``aestimate`` of its own, so the default runs
+    ``estimate`` in a worker thread."""
+
+    aestimate = CapabilityEstimator.aestimate
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+        self.release = threading.Event()
+
+    def estimate(self, queries: Sequence[Prompt]) -> list[Estimate]:
+        self._enter()
+        try:
+            self.release.wait(timeout=10)
+        finally:
+            self._leave()
+        return [Estimate(p=0.95, method=self.method) for _ in queries]
+
+
+def test_a_late_async_estimate_in_a_thread_keeps_its_slot_until_it_returns() -> None:
+    """A worker thread cannot be cancelled: past the deadline it goes on, and so must hold its slot,
+    or each late call leaves one more estimator running beyond the cap (as on the sync path)."""
+    held = Held()
+    gate = Gate(policy="balanced", estimator=held, max_concurrency=1, estimate_timeout_s=0.05)
+
+    async def one_after_another() -> list[str | None]:
+        return [(await gate.aassess(f"q{i}")).decision.estimate.reason for i in range(4)]
+
+    reasons = asyncio.run(one_after_another())
+    held.release.set()
+    assert held.max_in_flight == 1
+    assert "did not return" in (reasons[0] or "")
+    assert all("no free estimator slot" in (r or "") for r in reasons[1:])
+    for _ in range(100):  # the first estimate returns once released
+        if held.in_flight == 0:
+            break
+        time.sleep(0.01)
+    assert held.in_flight == 0
+
+
 def test_sync_threads_share_the_cap_across_views() -> None:
     slow = Slow(0.02)
     gate = Gate(policy="balanced", estimator=slow, max_concurrency=2)

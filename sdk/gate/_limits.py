@@ -8,12 +8,14 @@ estimator that raises or returns garbage gives degraded estimates, never the cal
 
 A late sync estimate keeps running in its worker thread, and keeps its slot, until the estimator
 returns (a thread cannot be cancelled), so the cap bounds the work really in flight; the
-interpreter waits for it at exit rather than kill it mid-forward-pass. An async one is cancelled.
+interpreter waits for it at exit rather than kill it mid-forward-pass. So does an async one whose
+``aestimate`` is the default (``estimate`` in a worker thread); a native async one is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -245,10 +247,13 @@ def limited_estimate(
 async def limited_aestimate(
     estimator: CapabilityEstimator, queries: Sequence[Prompt], limits: Limits
 ) -> list[Estimate]:
-    """Async twin of :func:`limited_estimate`; an estimate past its deadline is cancelled."""
+    """Async twin of :func:`limited_estimate`; a native async estimate past its deadline is
+    cancelled, one in a worker thread keeps its slot until it returns (as on the sync path)."""
     slots, max_concurrency, timeout_s = limits.slots, limits.max_concurrency, limits.timeout_s
     if max_concurrency is None and timeout_s is None:
         return await estimator.aestimate(queries)
+    if type(estimator).aestimate is CapabilityEstimator.aestimate:
+        return await _threaded_aestimate(estimator, queries, limits)
     semaphore = None if max_concurrency is None else slots.asyncio_slots(max_concurrency)
     acquired = False
 
@@ -264,6 +269,46 @@ async def limited_aestimate(
     try:
         async with deadline:
             return await bounded()
+    except TimeoutError:
+        if not deadline.expired():  # the estimator's own time-out: its error, not the gate's deadline
+            raise
+    return _timed_out(estimator, queries, timeout_s or 0.0, queued=semaphore is not None and not acquired)
+
+
+async def _threaded_aestimate(
+    estimator: CapabilityEstimator, queries: Sequence[Prompt], limits: Limits
+) -> list[Estimate]:
+    """The default ``aestimate`` (``estimate`` in a worker thread) within the cap and deadline: the
+    thread holds its slot until the estimator returns, so late calls cannot pile up past the cap."""
+    max_concurrency, timeout_s = limits.max_concurrency, limits.timeout_s
+    semaphore = None if max_concurrency is None else limits.slots.asyncio_slots(max_concurrency)
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[list[Estimate]] = loop.create_future()
+    acquired = False
+
+    def settle(result: list[Estimate] | None, error: BaseException | None) -> None:
+        if semaphore is not None:
+            semaphore.release()
+        if not done.done():  # a caller past its deadline has given up on it (cancelled)
+            done.set_exception(error) if error is not None else done.set_result(result or [])
+
+    def work() -> None:
+        result, error = None, None
+        try:
+            result = estimator.estimate(queries)
+        except BaseException as exc:  # handed to the caller through ``done`` (which refuses a StopIteration)
+            error = RuntimeError(f"the estimator raised {exc!r}") if isinstance(exc, StopIteration) else exc
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nothing to hand over
+            loop.call_soon_threadsafe(settle, result, error)
+
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        async with deadline:
+            if semaphore is not None:
+                await semaphore.acquire()
+                acquired = True
+            WORKERS.start_now(work, "capgate-estimate")
+            return await done
     except TimeoutError:
         if not deadline.expired():  # the estimator's own time-out: its error, not the gate's deadline
             raise
