@@ -576,20 +576,21 @@ def test_out_of_range_edge_is_located() -> None:
     assert "less than or equal to 1" in error.message
 
 
-def test_unknown_action_is_located() -> None:
-    error = only_error(
-        """\
-        name: x
-        bands:
-          - below: 0.5
-            action: abstian
-          - action: answer
-        on_degraded: abstain
-        """
-    )
-    assert (error.line, error.field) == (4, "bands[0].action")
-    assert "unknown action 'abstian'" in error.message
-    assert "resample" in error.message
+@pytest.mark.parametrize(
+    ("band", "line", "field", "message"),
+    [
+        ("{below: 0.5, action: abstian}", 3, "bands[0].action",
+         "unknown action 'abstian'; expected one of: answer, abstain, clarify, escalate, resample, route"),
+        # a stop rule's tag is `rule`, not `action`: the error names it, with its choices
+        ("{below: 0.5, action: resample, stop: {confidence_gap: {rule: foo}}}", 3,
+         "bands[0].stop.confidence_gap.rule", "unknown rule 'foo'; expected one of: capgate, paper"),
+    ],
+)  # fmt: skip
+def test_an_unknown_tag_is_located_with_its_key_and_choices(
+    band: str, line: int, field: str, message: str
+) -> None:
+    error = only_error(f"name: x\nbands:\n  - {band}\n  - action: answer\non_degraded: abstain\n")
+    assert (error.line, error.field, error.message) == (line, field, message)
 
 
 def test_unknown_on_degraded_action_and_missing_action() -> None:
@@ -607,26 +608,6 @@ def test_unknown_on_degraded_action_and_missing_action() -> None:
         "missing key 'action'; expected one of: answer, abstain, clarify, escalate, resample, route"
     )
     assert "unknown action 'shrug'" in errors[1].message
-
-
-def test_unknown_stop_rule_names_the_rule_key() -> None:
-    """A stop rule's tag is `rule`, not `action`: the error names it, with its choices."""
-    error = only_error(
-        """\
-        name: x
-        bands:
-          - below: 0.5
-            action: resample
-            stop:
-              confidence_gap: {rule: foo}
-          - action: answer
-        on_degraded: abstain
-        """
-    )
-    assert str(error) == (
-        "p.yaml:6: field 'bands[0].stop.confidence_gap.rule': "
-        "unknown rule 'foo'; expected one of: capgate, paper"
-    )
 
 
 @pytest.mark.parametrize(
