@@ -50,6 +50,24 @@ def test_budget_and_caps_are_respected() -> None:
     assert alloc.answer(1) == "x"
 
 
+def test_a_non_positive_count_is_refused_and_a_spent_budget_hands_out_nothing() -> None:
+    alloc = BatchAllocator([0.5] * 4, budget=2)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="`n` must be a positive integer"):
+            alloc.next_queries(bad)  # type: ignore[arg-type]
+    assert alloc.spent == 0
+    for _ in range(3):  # more responses observed than were handed out: the budget is overspent
+        alloc.observe(0, "a", None)
+    assert alloc.next_queries(2) == []
+    backend = Scripted()
+    for bad_round in (0, -2):
+        with pytest.raises(ValueError, match="`per_round` must be a positive integer"):
+            batch_adaptive_sample(
+                backend, ["easy"] * 6, [0.5] * 6, budget=2, extract=str.strip, per_round=bad_round
+            )
+    assert backend.calls == []
+
+
 def test_unavailable_estimates_fail_closed_unless_filled() -> None:
     with pytest.raises(ValueError, match=r"estimates\[1\] is unavailable"):
         BatchAllocator([0.5, Estimate.unavailable("probe", "server down")], budget=4)

@@ -42,6 +42,23 @@ def test_edge_cases_are_explicit() -> None:
         samples_for_target(0.5, target=1.0)
 
 
+def test_numpy_probabilities_are_accepted_and_bools_refused() -> None:
+    import numpy as np
+
+    from capgate.cas import BatchAllocator
+
+    assert samples_for_target(np.float32(0.5)).k == samples_for_target(0.5).k == 5
+    assert samples_for_target(np.int64(1)).k == 1
+    assert BatchAllocator(np.array([0.5, 0.25], dtype=np.float32), budget=4).priors == [0.5, 0.25]
+    for bad in (True, np.True_, np.float32("nan")):
+        with pytest.raises(
+            ValueError, match=r"`p` must be a probability in \[0, 1\], an Estimate or None; got"
+        ):
+            samples_for_target(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"estimates\[0\] must be a probability"):
+        BatchAllocator([False], budget=2)  # type: ignore[list-item]
+
+
 @pytest.mark.parametrize("p", [1e-12, 1e-17, 1e-300, 5e-324])
 def test_a_vanishing_p_gets_the_cap_at_once(p: float) -> None:
     """A logistic probe gives p ~ 1e-12 at a logit of -27.6: 1 - p rounds to 1.0 there, and a

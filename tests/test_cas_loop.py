@@ -267,6 +267,28 @@ def test_replay_accepts_samples_and_validates_items() -> None:
         replay([])
 
 
+def test_replay_of_samples_weighs_votes_by_mean_logprob_as_the_live_loop_does() -> None:
+    """A harvested sample stores no confidence but its mean token log-prob: replay falls back to
+    exp(mean_logprob), as the live default confidence and ``capgate simulate`` do."""
+    from capgate.decision.analysis.simulate import pool_items
+
+    draws = [("12", True, -0.05), ("13", False, -2.5), ("13", False, -2.5), ("12", True, -0.05)] * 5
+    samples = [Sample(answer=a, correct=c, n_tokens=5, mean_logprob=lp) for a, c, lp in draws]
+    live = adaptive_sample(
+        Scripted([Generation(text=a, n_tokens=5, mean_logprob=lp) for a, _, lp in draws]),
+        "q",
+        extract=first_word,
+        batch_size=4,
+        max_samples=20,
+        seed=0,
+    )
+    for pool in (samples, pool_items(samples)):
+        rep = replay(pool, batch_size=4, seed=0)
+        assert (rep.answer, rep.samples_used, rep.stop_reason) == ("12", 4, "rule")
+        assert rep.weighted_votes == pytest.approx(live.weighted_votes)
+        assert rep.samples_used == live.samples_used
+
+
 def test_replay_stochastic_rule_is_reproducible_by_seed() -> None:
     pool = [("a", True, 0.55, 1), ("b", False, 0.5, 1)] * 20
     rule = cas_confidence_gap(mode="stochastic", margin=0.0, scale=3)

@@ -199,3 +199,97 @@ def test_thresholds_are_tested_over_queries_when_queries_recur(tmp_path: Path) -
         log_traffic(log, p, y)
         plain = calibrate(log, out=tmp_path / "plain", risk=0.4, delta=0.1, probe=False)
     assert not [n for n in plain.notes if "distinct queries" in n]
+
+
+def test_interleaved_recurring_queries_still_make_folds() -> None:
+    """Every query seen in the first block used to put all rows in that block: no fold, no
+    prediction. Whole queries are spread over the blocks instead."""
+    for n_queries in (5, 12):
+        groups = np.array([f"q{i % n_queries}" for i in range(100)])
+        folds = fold_blocks(100, 5, groups)
+        assert len(folds) == 5
+        assert sorted(np.concatenate([b for _, b in folds]).tolist()) == list(range(100))
+        for fitted, block in folds:
+            assert _shared(fitted, block, groups) == set()
+        cf = cross_fit(lambda tr, te: np.zeros(len(te)), 100, groups=groups)
+        assert not np.isnan(cf.predictions).any()
+    assert fold_blocks(10, 5, ["q"] * 10) == []  # one query: nothing to cross-fit on
+
+
+def _log_recurring(
+    log: DecisionLog, estimates: list[tuple[str, float | None, bool]], start_minute: int = 0
+) -> None:
+    """Record ``(query, estimate or None: degraded, outcome)`` decisions, a minute apart."""
+    from datetime import timedelta
+
+    from _learn_traffic import START
+
+    from capgate import Decision, Estimate
+
+    for i, (query, p, correct) in enumerate(estimates):
+        estimate = (
+            Estimate(p=p, method="verbalized")
+            if p is not None
+            else Estimate(p=None, method="verbalized", degraded=True, reason="test")
+        )
+        d = Decision(action="answer", estimate=estimate, reason="test", target="m",
+                     created_at=START + timedelta(minutes=start_minute + i))  # fmt: skip
+        log.record(d, query=query)
+        log.record_outcome(d.id, correct=correct)
+
+
+def _overconfident_rounds(
+    n_queries: int, rounds: int, seed: int, degraded: int = 0
+) -> list[tuple[str, float | None, bool]]:
+    """Recurring queries in random order each round, estimated overconfidently (p**0.3); the
+    first ``degraded`` queries have no estimate."""
+    rng = np.random.default_rng(seed)
+    mu = rng.uniform(0.0, 1.0, n_queries)
+    est = mu**0.3
+    return [
+        (f"question {q}", None if q < degraded else float(est[q]), bool(rng.random() < mu[q]))
+        for _ in range(rounds)
+        for q in rng.permutation(n_queries)
+    ]
+
+
+def test_recurring_queries_are_cross_fitted_for_the_veto_and_the_thresholds(tmp_path: Path) -> None:
+    """Each candidate map gets a cross-fitted Brier (its veto runs), and Learn-then-Test tests
+    the older queries too, not only the held-out ones."""
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        _log_recurring(log, _overconfident_rounds(60, 8, seed=5))
+        result = calibrate(log, out=tmp_path / "cal", risk=0.2, delta=0.1, probe=False)
+    assert all(row.crossfit_brier is not None for row in result.table)
+    assert result.summary["thresholds"]["n"] == 60
+    said = [n for n in result.notes if "distinct queries" in n]
+    assert "over 60 distinct queries" in said[0]
+    assert "not the 480 outcomes:" in said[0]
+
+
+def test_the_threshold_note_counts_only_the_outcomes_tested(tmp_path: Path) -> None:
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        _log_recurring(log, _overconfident_rounds(60, 8, seed=5, degraded=6))
+        result = calibrate(log, out=tmp_path / "cal", risk=0.2, delta=0.1, probe=False)
+    said = next(n for n in result.notes if "distinct queries" in n)
+    assert "over 54 distinct queries" in said
+    assert "not the 432 outcomes (48 of the 480 had no confidence and were left out)" in said
+
+
+def test_a_map_whose_cross_fitting_made_no_predictions_does_not_ship(tmp_path: Path) -> None:
+    """The older part is one recurring query: no fold, so no cross-fitted Brier. The veto then
+    fails (short of both checks, the previous estimator stays) and a note says why."""
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0.05, 0.95, 300)
+    y = rng.random(300) < p**4
+    rows = [
+        ("the same question" if i < 210 else f"question {i}", float(p[i]), bool(y[i])) for i in range(300)
+    ]
+    with DecisionLog(tmp_path / "log.sqlite3") as log:
+        _log_recurring(log, rows)
+        result = calibrate(log, out=tmp_path / "cal", probe=False)
+    assert result.summary["n_holdout"] == 90
+    best = min(result.table[1:], key=lambda r: r.brier)
+    assert best.diff_high < 0  # it won the held-out test alone,
+    assert best.crossfit_brier is None  # with no cross-fitted check
+    assert result.kind == "identity"
+    assert any("cross-fitting made no predictions" in n for n in result.notes)

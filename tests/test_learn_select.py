@@ -66,3 +66,15 @@ def test_the_probe_is_fitted_on_one_row_per_query() -> None:
     assert probe.training_["n"] == n_queries
     assert "60 queries" in probe.training_["source"]
     assert np.corrcoef(probe.predict(X_q), mu)[0, 1] > 0.8
+
+
+def test_a_challenger_without_a_cross_fitted_brier_fails_the_veto() -> None:
+    """Anything short of both checks keeps the previous estimator: a missing cross-fitted Brier
+    (cross-fitting made no predictions) is no passed veto."""
+    y = np.array([0.0, 1.0] * 50)
+    predictions = {"previous": np.full(100, 0.5), "platt": 0.1 + 0.8 * y}
+    missing = table_rows(y, predictions, n_fit={}, crossfit_brier={"previous": 0.25, "platt": None})
+    assert select(missing)[0] == "previous"
+    confirmed = table_rows(y, predictions, n_fit={}, crossfit_brier={"previous": 0.25, "platt": 0.2})
+    assert select(confirmed)[0] == "platt"
+    assert select(table_rows(y, predictions, n_fit={}))[0] == "platt"  # no cross-fitting asked for

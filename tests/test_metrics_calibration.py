@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -26,7 +24,7 @@ def labelled(draw: st.DrawFn, max_size: int = 40) -> tuple[list[float], list[int
 def brute_ece(p: list[float], mu: list[float], m: int) -> float:
     bins: dict[int, list[int]] = {}
     for i, pi in enumerate(p):
-        b = min(math.floor(pi * m), m - 1)
+        b = max(j for j in range(m) if j / m <= pi)  # bin b holds b/m <= p < (b+1)/m, the last closed
         bins.setdefault(b, []).append(i)
     total = 0.0
     for members in bins.values():
@@ -80,6 +78,18 @@ def test_ece_bin_edges_are_left_closed() -> None:
     # 0.3 belongs to [0.3, 0.4), not [0.2, 0.3).
     assert metrics.reliability_diagram([0.3], [0.3]).counts.tolist()[3] == 1
     assert metrics.reliability_diagram([0.7], [0.7]).counts.tolist()[7] == 1
+
+
+def test_a_prediction_on_an_edge_lands_in_the_bin_whose_edges_include_it() -> None:
+    """floor(p·M) in floats put 0.29 (100 bins) below its edge and 0.7000000000000001 above."""
+    for m in (10, 20, 50, 100):
+        for p in [b / m for b in range(m + 1)] + [0.29, 0.57, 0.58, 0.7, 0.7000000000000001]:
+            d = metrics.reliability_diagram([p], [0.0], n_bins=m)
+            (b,) = np.flatnonzero(d.counts)
+            assert d.edges[b] <= p < d.edges[b + 1] or (b == m - 1 and p == 1.0), (m, p, b)
+    assert metrics.reliability_diagram([0.29], [0.0], n_bins=100).counts[29] == 1
+    # 0.28 and 0.29 sit in two bins: the ECE is the mean gap, not the gap of their means
+    assert metrics.expected_calibration_error([0.28, 0.29], [0.38, 0.19], n_bins=100) == pytest.approx(0.1)
 
 
 def test_reliability_diagram_ece_agrees_with_ece_function() -> None:

@@ -106,7 +106,7 @@ class BatchAllocator:
         """Up to ``n`` query indices to sample next (one sample each), fewer when the budget or
         every query's cap runs out. Queries never sampled come first, in order; a query whose
         sample is still pending (not yet observed) waits for it."""
-        left = min(n, self.budget - self.spent)
+        left = max(0, min(check_positive_int("n", n), self.budget - self.spent))
         open_ = [
             i for i in range(len(self.priors)) if self.pending[i] == 0 and self.drawn[i] < self.max_per_query
         ]
@@ -159,11 +159,14 @@ def batch_adaptive_sample(
     """
     if len(prompts) != len(estimates):
         raise ValueError(f"{len(prompts)} prompts but {len(estimates)} estimates; give one per prompt")
+    if per_round is None:
+        per_round = max(1, math.ceil(len(prompts) / 2))
+    per_round = check_positive_int("per_round", per_round)
     alloc = BatchAllocator(estimates, budget, max_per_query=max_per_query, fill_unavailable=fill_unavailable)
     base = params or SamplingParams()
     rounds = 0
     while True:
-        chosen = alloc.next_queries(per_round or max(1, math.ceil(len(prompts) / 2)))
+        chosen = alloc.next_queries(per_round)
         if not chosen:
             break
         rows = backend.generate([prompts[i] for i in chosen], _batch_params(base, 1, alloc.spent))

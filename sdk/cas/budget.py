@@ -9,8 +9,10 @@ a policy's ``target_pass_at_k``). A batch's shared budget is split by
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from capgate._util.validate import check_positive_int, check_unit_interval
@@ -42,7 +44,8 @@ def _as_p(p: float | Estimate | None, where: str) -> tuple[float | None, str | N
         return p.p, (p.reason or "estimate degraded") if p.p is None else None
     if p is None:
         return None, "no estimate"
-    if not (isinstance(p, int | float) and math.isfinite(p) and 0.0 <= p <= 1.0):
+    real = isinstance(p, numbers.Real) and not isinstance(p, bool | np.bool_)  # numpy floats too, no bools
+    if not (real and math.isfinite(p) and 0.0 <= p <= 1.0):
         raise ValueError(f"{where} must be a probability in [0, 1], an Estimate or None; got {p!r}")
     return float(p), None
 

@@ -44,6 +44,7 @@ __all__ = [
     "aadaptive_sample",
     "adaptive_sample",
     "replay",
+    "sample_confidence",
     "sampling_plan",
 ]
 
@@ -319,10 +320,26 @@ async def aadaptive_sample(backend: AsyncBackend, *args: Any, **kwargs: Any) -> 
     return await adrive(sampling_plan(*args, **kwargs), lambda request: backend.agenerate(*request))
 
 
+def sample_confidence(sample: Sample) -> float | None:
+    """A graded sample's confidence: its own (e.g. a verbalized tag) if stored, else exp(mean token
+    log-prob), else unknown: the order :data:`~capgate.cas.DEFAULT_CONFIDENCE` uses.
+
+    Examples:
+        >>> round(sample_confidence(Sample(answer="4", correct=True, mean_logprob=-0.1)), 4)
+        0.9048
+    """
+    if sample.confidence is None and sample.mean_logprob is not None:
+        return math.exp(sample.mean_logprob)
+    return sample.confidence
+
+
 def _pool_item(item: PoolItem | Sample, index: int) -> DrawnSample:
     if isinstance(item, Sample):
         return DrawnSample(
-            answer=item.answer, confidence=item.confidence, n_tokens=item.n_tokens or 0, correct=item.correct
+            answer=item.answer,
+            confidence=sample_confidence(item),
+            n_tokens=item.n_tokens or 0,
+            correct=item.correct,
         )
     if not (isinstance(item, tuple | list) and len(item) == 4):
         raise ValueError(
@@ -363,7 +380,8 @@ def replay(
     response (responses grouped under one normalized answer are graded alike by construction).
 
     Args:
-        pool: ``(answer, correct, confidence, n_tokens)`` tuples or :class:`~capgate.Sample` s.
+        pool: ``(answer, correct, confidence, n_tokens)`` tuples or :class:`~capgate.Sample` s (a
+            sample's confidence is :func:`sample_confidence`).
         max_samples: Cap (defaults to the pool size); a pool that runs out first ends with
             ``stop_reason="pool_exhausted"``.
 

@@ -256,6 +256,18 @@ def calibrate(
             found.crossfit_brier = _brier(found.train_oof[est[tr]], y[tr][est[tr]])
             rows = _table(candidates, y[ho], compared, held_groups, selection_level)
         winner_name, rows = select(rows)
+        best = best_challenger(rows)
+        if (
+            best is not None
+            and winner_name == PREVIOUS
+            and best.diff_high < 0
+            and best.crossfit_brier is None
+        ):
+            notes.append(
+                f"{best.candidate} beat the previous estimator on the held-out outcomes, but cross-fitting "
+                "made no predictions on the older part (its outcomes come from too few distinct queries "
+                "for 2 folds), so the veto could not confirm it: the previous estimator stays"
+            )
         winner = next(c for c in candidates if c.name == winner_name)
         kind: Kind = "identity" if winner_name == PREVIOUS else cast(Kind, winner_name)
         kept_files: Calibration | None = None

@@ -5,8 +5,8 @@ The held-out part is the latest share of the traffic, never a random draw. In th
 :func:`cross_fit` predicts each contiguous block of time with a map fitted on the other blocks,
 so threshold tests can use the whole window. Given ``groups`` (each decision's query), every
 outcome of a query stays on one side (held out: the most recently seen queries, whole; a fold:
-the queries first seen in its block); otherwise a fit that memorizes queries (a probe) would be
-scored on queries it was fitted on, and look better than it is on new ones.
+a run of queries in the order first seen, every fold some); otherwise a fit that memorizes queries
+(a probe) would be scored on queries it was fitted on, and look better than it is on new ones.
 """
 
 from __future__ import annotations
@@ -76,23 +76,29 @@ def fold_blocks(
     n: int, n_splits: int, groups: npt.ArrayLike | None = None
 ) -> list[tuple[IntArray, IntArray]]:
     """``n_splits`` contiguous blocks of ``range(n)``: for each, (the other rows, the block); with
-    ``groups``, a row goes to the block where its group was first seen.
+    ``groups``, the groups in the order first seen are cut into ``n_splits`` runs (fewer with
+    fewer groups) and a row goes to its group's block. A lone group makes no block.
 
     Examples:
         >>> [(a.tolist(), b.tolist()) for a, b in fold_blocks(5, 2)]
         [([3, 4], [0, 1, 2]), ([0, 1, 2], [3, 4])]
         >>> [(a.tolist(), b.tolist()) for a, b in fold_blocks(5, 2, groups=["a", "b", "c", "a", "d"])]
-        [([4], [0, 1, 2, 3]), ([0, 1, 2, 3], [4])]
+        [([2, 4], [0, 1, 3]), ([0, 1, 3], [2, 4])]
     """
-    k = max(2, min(n_splits, n))
     rows = np.arange(n, dtype=np.int64)
     block_of = np.empty(n, dtype=np.int64)
-    for b, block in enumerate(np.array_split(rows, k)):
-        block_of[block] = b
-    if groups is not None:
-        first: dict[Any, int] = {}
-        for i, g in enumerate(_labels(groups, n).tolist()):
-            block_of[i] = first.setdefault(g, int(block_of[i]))
+    if groups is None:
+        k = max(2, min(n_splits, n))
+        for b, block in enumerate(np.array_split(rows, k)):
+            block_of[block] = b
+    else:
+        labels = _labels(groups, n).tolist()
+        first_seen = list(dict.fromkeys(labels))
+        k = max(2, min(n_splits, len(first_seen)))
+        block_of_group: dict[Any, int] = {}
+        for b, run in enumerate(np.array_split(np.arange(len(first_seen)), k)):
+            block_of_group.update((first_seen[j], b) for j in run.tolist())
+        block_of[:] = [block_of_group[g] for g in labels]
     out = []
     for b in range(k):
         block = rows[block_of == b]

@@ -90,9 +90,15 @@ def certify(
         result = calibrate_threshold(
             q_conf, q_mu, alpha=risk, delta=delta, pvalue="hoeffding-bentkus", loss="expected", seed=seed
         )
+        used = int((~np.isnan(conf)).sum())
+        left_out = (
+            f" ({len(traffic) - used} of the {len(traffic)} had no confidence and were left out)"
+            if used < len(traffic)
+            else ""
+        )
         notes.append(
             f"thresholds tested over {len(q_mu)} distinct queries (their mean outcome each, "
-            f"Hoeffding-Bentkus), not the {len(traffic)} outcomes: a recurring query's outcomes are "
+            f"Hoeffding-Bentkus), not the {used} outcomes{left_out}: a recurring query's outcomes are "
             "not independent trials"
         )
     info: dict[str, Any] = {

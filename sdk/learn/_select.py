@@ -7,7 +7,9 @@ The one with the lowest held-out Brier replaces the previous estimator only when
   zero, ``m`` the number of challengers (it is better on the held-out outcomes beyond their
   noise; the best of ``m`` is tested, so the level is split among them: Bonferroni), and
 * on the older part, its cross-fitted predictions (each from a fit that never saw the row) are
-  better than the previous estimator's too: a veto, never a reason to switch on its own.
+  better than the previous estimator's too: a veto, never a reason to switch on its own (a
+  challenger whose cross-fitting made no predictions, where the previous estimator has a
+  cross-fitted Brier, fails it).
 
 Anything short of both goes to the previous estimator, so a map fitting its window's noise
 rarely ships (measured by ``bench/learn_selection.py``, in ``bench/RESULTS.md``). When queries
@@ -50,7 +52,8 @@ class HeldOutRow:
         diff_high: Upper end of the one-sided ``1 - level / m`` interval of ``diff`` (``m``
             challengers).
         crossfit_brier: Brier of cross-fitted predictions on the older part (``None`` if not
-            computed): the same comparison made inside the fitting data, never on fitted rows.
+            computed, or if cross-fitting made no predictions): the same comparison made inside
+            the fitting data, never on fitted rows.
         chosen: Whether this candidate was kept.
     """
 
@@ -157,6 +160,8 @@ def best_challenger(rows: Sequence[HeldOutRow]) -> HeldOutRow | None:
 
 def _beats_previous(row: HeldOutRow, rows: Sequence[HeldOutRow]) -> bool:
     previous = next(r for r in rows if r.candidate == PREVIOUS)
-    if row.crossfit_brier is None or previous.crossfit_brier is None:
+    if previous.crossfit_brier is None:  # no cross-fitted comparison made: the held-out test alone
         return row.diff_high < 0.0
-    return row.diff_high < 0.0 and row.crossfit_brier < previous.crossfit_brier
+    # a challenger without a cross-fitted Brier cannot pass the veto: short of both, no switch
+    vetoed = row.crossfit_brier is None or row.crossfit_brier >= previous.crossfit_brier
+    return row.diff_high < 0.0 and not vetoed

@@ -134,9 +134,10 @@ def brier_decomposition(p: ArrayLike, correct: ArrayLike, k: ArrayLike | int) ->
 
 
 def _bin_index(p: FloatArray, n_bins: int, strategy: BinStrategy) -> IntArray:
-    """Bin of each prediction: ``floor(p * n_bins)`` with the last bin closed, or equal-mass."""
+    """Bin of each prediction: by the :func:`_uniform_edges` (the last bin closed), or equal-mass."""
     if strategy == "uniform":
-        return np.minimum((p * n_bins).astype(np.int64), n_bins - 1)
+        index = np.searchsorted(_uniform_edges(n_bins), p, side="right") - 1
+        return np.minimum(index.astype(np.int64), n_bins - 1)
     if strategy == "quantile":
         order = np.argsort(p, kind="stable")
         index = np.empty(len(p), dtype=np.int64)
@@ -144,6 +145,12 @@ def _bin_index(p: FloatArray, n_bins: int, strategy: BinStrategy) -> IntArray:
         index[order] = (np.arange(len(p), dtype=np.int64) * n_bins) // len(p)
         return index
     raise ValueError(f"`strategy` must be 'uniform' or 'quantile'; got {strategy!r}")
+
+
+def _uniform_edges(n_bins: int) -> FloatArray:
+    """Equal-width bin edges b/M, each the float nearest it (``np.linspace`` gives 0.7000000000000001
+    for 7/10): what uniform bins assign by and what the diagram reports."""
+    return np.arange(n_bins + 1, dtype=np.float64) / n_bins
 
 
 @dataclass(frozen=True)
@@ -179,8 +186,9 @@ def reliability_diagram(
 ) -> ReliabilityDiagram:
     """Per-bin counts, mean confidence and mean µ̂.
 
-    With ``strategy="uniform"``, bin b holds b/M <= p < (b+1)/M (computed as ``floor(p·M)``),
-    and the last bin is closed so that p = 1.0 is counted. With ``"quantile"``, the sorted
+    With ``strategy="uniform"``, bin b holds ``edges[b] <= p < edges[b+1]`` (the edges b/M, so
+    that a p on an edge lands in the bin its edges include), and the last bin is closed so that
+    p = 1.0 is counted. With ``"quantile"``, the sorted
     predictions are cut into M chunks of equal size.
 
     Examples:
@@ -196,7 +204,7 @@ def reliability_diagram(
         mean_conf = np.bincount(index, weights=pa, minlength=n_bins) / counts
         mean_mu = np.bincount(index, weights=ma, minlength=n_bins) / counts
     if strategy == "uniform":
-        edges = np.linspace(0.0, 1.0, n_bins + 1)
+        edges = _uniform_edges(n_bins)
     else:
         lows = np.full(n_bins, np.inf)
         highs = np.full(n_bins, -np.inf)

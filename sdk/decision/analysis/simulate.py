@@ -220,15 +220,11 @@ def replay_policy(
 
 def pool_items(pool: Sequence[Sample]) -> list[tuple[str | None, bool, float | None, int]]:
     """A pool of graded samples as :func:`capgate.cas.replay` items (answer, correct, confidence,
-    tokens). The confidence is the sample's own (e.g. a verbalized tag) if stored, else
-    exp(mean token log-prob), else unknown: the order :data:`capgate.cas.DEFAULT_CONFIDENCE` uses."""
-    items = []
-    for s in pool:
-        confidence = s.confidence
-        if confidence is None and s.mean_logprob is not None:
-            confidence = math.exp(s.mean_logprob)
-        items.append((s.answer, s.correct, confidence, s.n_tokens or 0))
-    return items
+    tokens). The confidence is :func:`capgate.cas.loop.sample_confidence`, as :func:`~capgate.cas.replay`
+    takes it from a sample."""
+    from capgate.cas.loop import sample_confidence
+
+    return [(s.answer, s.correct, sample_confidence(s), s.n_tokens or 0) for s in pool]
 
 
 def replay_vote(
