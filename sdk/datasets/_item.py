@@ -10,6 +10,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -73,16 +75,23 @@ class DatasetItem(BaseModel):
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _expand_answer_shorthand(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "answer" in data:
-            if any(key in data for key in ("references", "aliases", "answers")):
-                raise ValueError("give either 'answer' or 'references', not both")
-            data = dict(data)
-            answer = data.pop("answer")
-            data["references"] = [answer] if isinstance(answer, str) else answer
-        return data
+    def _expand_answer_shorthand(
+        cls, data: Any, handler: ModelWrapValidatorHandler[DatasetItem]
+    ) -> DatasetItem:
+        if not (isinstance(data, dict) and "answer" in data):
+            return handler(data)
+        if any(key in data for key in ("references", "aliases", "answers")):
+            raise ValueError("give either 'answer' or 'references', not both")
+        data = dict(data)
+        answer = data.pop("answer")
+        data["references"] = [answer] if isinstance(answer, str) else answer
+        try:
+            return handler(data)
+        except ValidationError as exc:  # errors in the references the line gave as `answer` name it
+            errors: list[Any] = [_as_answer(error, answer) for error in exc.errors()]
+            raise ValidationError.from_exception_data(exc.title, errors) from None
 
     @field_validator("choices")
     @classmethod
@@ -126,3 +135,11 @@ class DatasetItem(BaseModel):
         if not self.choices:
             return []
         return [self.choices[CHOICE_LETTERS.index(ref)] for ref in self.references if ref in self.letters]
+
+
+def _as_answer(error: Any, answer: Any) -> Any:
+    """A validation error of ``references`` made from the ``answer`` shorthand, located at ``answer``."""
+    loc = tuple(error["loc"])
+    if loc[:1] != ("references",):
+        return error
+    return {**error, "loc": ("answer", *loc[1:]), **({"input": answer} if len(loc) == 1 else {})}

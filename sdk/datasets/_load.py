@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
@@ -96,7 +97,14 @@ def _load_path(path: Path, split: str | None, limit: int | None) -> list[Dataset
             )
         return read_dataset(path, limit=limit)
     if (path / "state.json").is_file():  # one saved split
-        return list(islice(_saved_split(path, path.name if split is None else split), limit))
+        held = _split_of(path)
+        if split is not None and split != held:
+            raise DataError(
+                f"this folder holds the saved split {held!r} only; got split={split!r}",
+                path=path,
+                field="split",
+            )
+        return list(islice(_saved_split(path, path.name), limit))
     splits = _folder_splits(path)
     if not splits:
         raise DataError("folder holds no <split>.jsonl files and no saved Hugging Face dataset", path=path)
@@ -126,6 +134,16 @@ def _folder_splits(folder: Path) -> dict[str, Path]:
         elif child.is_dir() and (child / "state.json").is_file():
             splits[child.name] = child
     return splits
+
+
+def _split_of(folder: Path) -> str:
+    """The split a ``save_to_disk`` folder holds: its ``state.json``'s ``_split``, else its name."""
+    try:
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return folder.name
+    split = state.get("_split") if isinstance(state, dict) else None
+    return split if isinstance(split, str) and split else folder.name
 
 
 def _saved_split(folder: Path, split: str) -> Iterator[DatasetItem]:

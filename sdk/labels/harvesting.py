@@ -48,7 +48,8 @@ from capgate.core.backend import AsyncBackend, Backend, Generation, Prompt, Samp
 from capgate.core.types import LabelledQuery, Sample
 from capgate.datasets import DatasetItem, build_prompt
 from capgate.errors import DataError
-from capgate.grading import Grader, GraderLike, as_grader, grader_for
+from capgate.grading import Grader, GraderLike, NumericGrader, as_grader, grader_for, parse_number
+from capgate.labels._identity import grader_identity, stable_identity
 from capgate.labels.labelled import iter_labelled
 
 __all__ = ["HarvestReport", "HarvestRun", "HarvestTarget", "aharvest", "harvest", "meta_path",
@@ -56,9 +57,11 @@ __all__ = ["HarvestReport", "HarvestRun", "HarvestTarget", "aharvest", "harvest"
 
 FORMAT_VERSION = 1
 _CHECKED_SETTINGS = (
-    "model_id", "dataset", "k", "temperature", "top_p", "max_tokens", "seed", "grader", "prompt",
-    "confidence",
+    "model_id", "endpoint", "dataset", "k", "temperature", "top_p", "max_tokens", "seed", "grader",
+    "prompt", "confidence",
 )  # fmt: skip
+"""Settings a resumed harvest must share with the file's. Not ``base_url``: the same target may
+move to another address (as for :class:`~capgate.estimators.ProbeTarget`'s identity)."""
 
 
 class HarvestReport(BaseModel):
@@ -111,17 +114,6 @@ def _mean_logprob(generation: Generation) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return min(value, 0.0)
-
-
-def _source_name(source: object) -> str:
-    """A confidence source as recorded in the settings: a function's dotted name, else its repr."""
-    return _callable_name(source) if callable(source) and hasattr(source, "__qualname__") else repr(source)
-
-
-def _callable_name(obj: object) -> str:
-    module = getattr(obj, "__module__", None) or ""
-    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    return f"{module}.{name}" if module else str(name)
 
 
 class HarvestTarget(NamedTuple):
@@ -203,11 +195,11 @@ class HarvestRun:
             "top_p": top_p,
             "max_tokens": max_tokens,
             "seed": seed,
-            "grader": repr(self.grader) if self.grader is not None else "default per answer kind",
-            "prompt": "capgate.datasets.build_prompt" if prompt is None else _callable_name(prompt),
+            "grader": grader_identity(self.grader) if self.grader is not None else "default per answer kind",
+            "prompt": "capgate.datasets.build_prompt" if prompt is None else stable_identity(prompt),
             "logprobs": logprobs,
             "keep_text": keep_text,
-            "confidence": None if confidence is None else _source_name(confidence),
+            "confidence": None if confidence is None else stable_identity(confidence),
         }
         self.show_progress = sys.stderr.isatty() if progress is None else progress
         self._graders: dict[str, Grader] = {}
@@ -229,8 +221,16 @@ class HarvestRun:
             if item.id in seen:
                 raise DataError(f"duplicate id {item.id!r} (item {index})", field="id")
             seen.add(item.id)
-            if self.grader is None:
-                self._grader_of(item)  # a custom item without a grader fails now, before sampling
+            # A custom item without a grader, or a numeric reference that is no number, fails now,
+            # before sampling (the grader would find the reference only once a response has a number).
+            if isinstance(self._grader_of(item), NumericGrader):
+                for reference in item.references:
+                    if parse_number(reference) is None:
+                        raise DataError(
+                            f"numeric reference {reference!r} of item {item.id!r} (item {index}) is not "
+                            "one number",
+                            field="references",
+                        )
 
     def _grader_of(self, item: DatasetItem) -> Grader:
         if self.grader is not None:
