@@ -94,7 +94,8 @@ class OpenAIBackend:
         max_retries: Retries after the first attempt for transient errors (0 disables them).
         backoff_initial: First back-off in seconds; it doubles each retry, plus jitter.
         backoff_max: Longest wait between two attempts, in seconds (also caps ``Retry-After``).
-        max_concurrency: Most requests in flight at once from this backend, sync or async.
+        max_concurrency: Most requests in flight at once from this backend's sync calls, and
+            from its async calls on each event loop (each loop has its own client and slots).
         extra_body: Extra JSON fields sent with every request (server-specific options).
         circuit_failures: Outage attempts in a row (unreachable, time-out, 5xx) that open the
             circuit breaker; 0 disables it. An attempt a caller cancels (a gate's deadline) counts
