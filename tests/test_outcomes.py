@@ -190,6 +190,15 @@ def test_cli_bulk_import(tmp_path: Path) -> None:
     result = runner.invoke(app, ["log", "outcome", b.id, "--file", str(bad), "--db", str(db)])
     assert result.exit_code == 2
     assert "--file takes the outcomes from the file; drop DECISION_ID" in result.stderr
+    # an outcome's own checks are error lines naming the option, not pydantic's dump
+    for options, message in (
+        (["--mu-hat", "0.3", "--k", "4"], "error: `mu_hat` * `k` must be a whole number of correct answers"),
+        (["--correct", "yes", "--source", " user"], "error: --source: String should match pattern"),
+    ):
+        result = runner.invoke(app, ["log", "outcome", b.id, *options, "--db", str(db)])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith(message), result.stderr
+        assert "validation error" not in result.stderr
 
 
 def test_a_recorded_at_without_a_time_zone_is_refused_naming_file_line_and_field(tmp_path: Path) -> None:

@@ -7,15 +7,31 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from capgate._util.jsonl import data_error_from_validation
 from capgate._util.validate import check_int_at_least, check_non_negative_number, check_unit_interval
 from capgate.cli._common import DbOption, JsonFlag, check_option, command_group, fail, run_reporting_errors
+from capgate.core.types import Outcome
 from capgate.decision.store.log import DecisionLog, default_log_path, is_database_url
 from capgate.errors import CapgateError
 
 __all__ = ["log_app", "register"]
+
+
+_OUTCOME_OPTIONS = {
+    "correct": "--correct",
+    "mu_hat": "--mu-hat",
+    "k": "--k",
+    "score": "--score",
+    "source": "--source",
+    "note": "--note",
+    "samples_used": "--samples",
+    "latency_s": "--latency",
+}
+"""The option of ``capgate log outcome`` that sets each field of an outcome."""
 
 
 log_app = command_group("log", "Read the decision log and attach outcomes to logged decisions.")
@@ -147,9 +163,10 @@ def outcome(
     check_option(check_int_at_least, "--samples", samples, 0)
     if latency is not None:
         check_option(check_non_negative_number, "--latency", latency)
-    with open_existing_log(db) as log:
-        stored = run_reporting_errors(
-            lambda: log.record_outcome(
+
+    def record(log: DecisionLog) -> Outcome:
+        try:
+            return log.record_outcome(
                 decision_id,
                 correct=flag,
                 mu_hat=mu_hat,
@@ -161,7 +178,13 @@ def outcome(
                 latency_s=latency,
                 replace=replace,
             )
-        )
+        except ValidationError as exc:  # the outcome's own checks (mu_hat * k whole, a source's form...)
+            error = data_error_from_validation(exc, path=None, line=None)
+            option = _OUTCOME_OPTIONS.get(error.field or "")
+            raise ValueError(f"{option}: {error.message}" if option else error.message) from None
+
+    with open_existing_log(db) as log:
+        stored = run_reporting_errors(lambda: record(log))
     said = {"correct": stored.correct, "mu_hat": stored.mu_hat, "k": stored.k, "score": stored.score}
     parts = " ".join(
         f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
