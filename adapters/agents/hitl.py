@@ -247,8 +247,11 @@ class ToolCallGate:
       by vote (recorded in state) runs; a resample decided here raises ``ValueError`` (gate tool
       calls where the model is called, with the middleware).
 
-    A decision made here is remade when the graph resumes after an interrupt (LangGraph re-runs
-    the node), so use a deterministic estimator (a probe) or store decisions in state first.
+    A decision made here is remade, and logged again under a new id, when the graph resumes after
+    an interrupt (LangGraph re-runs the node), so use a deterministic estimator (a probe) or store
+    decisions in state first. In a ``ToolNode``, one message's tool calls run as one task: when a
+    later call asks for review, the calls before it that ran are run again on resume. For tools
+    with side effects, gate with the middleware (each tool call is its own task there).
 
     Args:
         gate: A ready gate (or give the settings instead); its policy's ``tools:`` overrides
