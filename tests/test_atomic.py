@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,22 @@ def test_json_refuses_nan_when_asked(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not JSON compliant"):
         atomic_write_json(tmp_path / "x.json", {"p": float("nan")}, allow_nan=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_atomic_write_gives_the_mode_a_plain_write_would(tmp_path: Path) -> None:
+    """A new file takes 0666 less the umask (a probe or model folder is shared, say with a server);
+    a replaced file keeps its own mode (the temporary file mkstemp makes is 0600)."""
+    old_umask = os.umask(0o022)
+    try:
+        new = tmp_path / "new.json"
+        atomic_write_json(new, {"a": 1})
+        assert stat.S_IMODE(new.stat().st_mode) == 0o644
+        kept = tmp_path / "kept.json"
+        kept.write_text("{}")
+        kept.chmod(0o640)
+        atomic_write_json(kept, {"a": 2})
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o640
+        assert json.loads(kept.read_text()) == {"a": 2}
+    finally:
+        os.umask(old_umask)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json", "new.json"]  # no temporary left

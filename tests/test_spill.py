@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,19 @@ def test_a_replay_cut_short_reruns_without_duplicates(tmp_path: Path) -> None:
     assert kept.replay(log) == 3  # the file moved aside first
     assert kept.replay(log) == 1  # then the new one
     assert log.count() == 4
+    log.close()
+
+
+def test_the_spill_file_is_private_as_the_log_beside_it(tmp_path: Path) -> None:
+    """It holds what the agent was asked and decided, as the log does (mode 0600), and a replay's
+    rewrite of what is left keeps that mode."""
+    log = DecisionLog(tmp_path / "log.sqlite3")
+    kept = SpillFile(tmp_path / "log.spill.jsonl")
+    for _ in range(3):
+        kept.append(_decision(), query="a secret", samples_used=1, store_text=True, why="planted")
+    assert stat.S_IMODE(kept.path.stat().st_mode) == 0o600
+    assert kept.replay(log, limit=1) == 1  # the other two rewritten
+    assert stat.S_IMODE(kept.replaying_path.stat().st_mode) == 0o600
     log.close()
 
 

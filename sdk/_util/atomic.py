@@ -12,7 +12,9 @@ import glob
 import json
 import os
 import re
+import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +29,24 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _new_file_beside(target: Path, suffix: str) -> Path:
+    """A new empty hidden file in ``target``'s folder with the mode a plain ``open`` would give the
+    target: the existing file's, else 0666 less the umask (``mkstemp`` makes every file 0600)."""
+    existing = stat.S_IMODE(target.stat().st_mode) if target.is_file() else None
+    while True:
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}{suffix}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if existing is None else existing)
+        except FileExistsError:  # pragma: no cover - 48 random bits taken
+            continue
+        try:
+            if existing is not None and hasattr(os, "fchmod"):
+                os.fchmod(fd, existing)  # exactly the old file's mode, which the umask may have narrowed
+        finally:
+            os.close(fd)
+        return tmp
 
 
 @contextlib.contextmanager
@@ -44,9 +64,7 @@ def atomic_path(path: str | os.PathLike[str], *, suffix: str = ".tmp") -> Iterat
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
-    os.close(fd)
-    tmp = Path(name)
+    tmp = _new_file_beside(target, suffix)
     try:
         yield tmp
         with tmp.open("r+b") as handle:

@@ -85,7 +85,8 @@ class SpillFile:
         line = _line(SpilledDecision(decision, *query_fields(query, store_text), samples_used, why))
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a+b") as out:
+            # private, as the log beside it: it holds what the agent was asked and decided
+            with os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600), "a+b") as out:
                 size, torn = out.seek(0, os.SEEK_END), False
                 if size:  # after an append cut short by a crash, the next starts on a line of its own
                     out.seek(size - 1)
