@@ -303,7 +303,8 @@ class Policy(Strict):
 
         Edits the rule in force for ``tool`` / ``step`` (an override without bands of its own gets a
         copy of the inherited ones), whose top band must answer: the band below it is stretched or
-        clipped to end at the threshold, a band wholly at or above the threshold is dropped.
+        clipped to end at the threshold, a band wholly at or above the threshold is dropped; a rule
+        that answered everything gets an ``abstain`` band below a threshold above 0.
 
         Returns:
             The new policy and human-readable notes on what changed.
@@ -339,6 +340,9 @@ class Policy(Strict):
             if new_upper != upper:
                 notes.append(f"{band.action} band [{fmt(lower)}, {fmt(upper)}) now ends at {fmt(new_upper)}")
             new_bands.append({"below": new_upper, **_band_body(band)})
+        if not kept and threshold > 0:  # a rule that answered everything: below the threshold, abstain
+            new_bands.append({"below": threshold, "action": "abstain"})
+            notes.append(f"added an abstain band [0, {fmt(threshold)}): the rule answered every p")
         new_bands.append(_band_body(top))
         data = self.model_dump(mode="python")  # in full: a setting written as null stays null
         if tool is not None:

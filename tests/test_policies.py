@@ -350,6 +350,16 @@ def test_with_answer_threshold_moves_the_answer_edge() -> None:
     assert any(n.startswith("dropped escalate band [0.7, 0.85)") for n in notes)
     everything, _ = policy.with_answer_threshold(0.0)
     assert [b.action for b in everything.bands] == ["answer"]
+    # ... and back up: a rule that answers everything gets an abstain band below the threshold
+    # (the certified threshold must take effect, never a policy that still answers p = 0.01)
+    raised_again, notes = everything.with_answer_threshold(0.788)
+    assert [(b.action, e) for b, e in zip(raised_again.bands, raised_again.rule().edges, strict=True)] == [
+        ("abstain", (0.0, 0.788)),
+        ("answer", (0.788, 1.0)),
+    ]
+    assert notes == ["added an abstain band [0, 0.788): the rule answered every p"]
+    assert raised_again.decide(est(0.01)).action == "abstain"
+    assert everything.with_answer_threshold(0.0)[0] == everything
     # texts and settings of kept bands survive
     assert lowered.bands[0] == policy.bands[0].model_copy(update={"below": 0.4})
     with pytest.raises(ValueError, match=r"`threshold` must be a number in \[0, 1\]; got 1.5"):
