@@ -223,7 +223,7 @@ def test_a_langgraph_node_fails_closed_too() -> None:
 
 
 def test_in_shadow_mode_a_misconfiguration_is_a_logged_degraded_decision_never_the_calls_failure(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     log = DecisionLog(tmp_path / "log.sqlite3")
 
@@ -231,8 +231,11 @@ def test_in_shadow_mode_a_misconfiguration_is_a_logged_degraded_decision_never_t
     def ask(prompt: str) -> str:
         return "answer"
 
-    assert ask("q") == "answer"
-    assert ask.gate.flush(10.0)
+    with caplog.at_level(logging.WARNING, logger="capgate"):
+        assert ask("q") == "answer"
+        assert ask.gate.flush(10.0)
+    # warned, as a failed estimate is: a shadow rollout with a broken probe must not look healthy
+    assert "the shadow decision raised SettingsError" in caplog.text
     (logged,) = log.decisions()
     assert (logged.decision.shadow, logged.decision.degraded) == (True, True)
     assert logged.decision.estimate.reason == (

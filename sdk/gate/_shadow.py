@@ -172,6 +172,7 @@ def failed_shadow(gate: FlowGate, query: Prompt, decision_id: str, error: Except
     except SettingsError:
         estimator = None
     reason = error if isinstance(error, str) else failure_reason(error, by="the shadow decision")
+    _logger.warning("%s; the shadow decision is degraded", reason)  # as a failed estimate's is
     estimate = Estimate.unavailable(estimator.method if estimator else "unknown", reason)
     return gate.decide_on(query, [estimate], None, shadow_of=decision_id)
 
