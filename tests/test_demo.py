@@ -294,6 +294,29 @@ def test_replay_of_the_shipped_math500_file(tmp_path: Path) -> None:
     assert [s.saved for s in report.passk] == [378, 1771]
 
 
+def test_replay_reads_a_record_holding_a_unicode_line_separator(tmp_path: Path) -> None:
+    """U+2028 in a question (written unescaped, valid JSON) is no line break for the file reader:
+    the replay splits lines as it does, instead of refusing the file."""
+    records = [
+        json.loads(line) for line in REPLAY_DATA.read_text(encoding="utf-8").split("\n") if line.strip()
+    ]
+    records[0]["question"] = f"{records[0].get('question', '')}\u2028pasted from a web page"
+    data = tmp_path / "math500.jsonl"
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    report = replay_math500(data, workdir=tmp_path / "work")
+    assert (report.questions, report.threshold, report.answered) == (500, 0.598, 244)
+
+
+def test_the_live_part_without_the_local_extra_is_an_error_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first command a user runs: without transformers, an error naming the extra, not a traceback."""
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as where the extra is not installed
+    result = CliRunner().invoke(app, ["demo", "--no-verbalized", "--no-replay"])
+    assert result.exit_code == 2, result.output
+    expected = "error: the demo's live part (--no-live leaves it out) needs transformers"
+    assert result.stderr.startswith(expected)
+    assert "pip install 'capgate[local]'" in result.stderr
+
+
 def test_replay_refuses_bad_data(tmp_path: Path) -> None:
     from capgate.errors import DataError
 

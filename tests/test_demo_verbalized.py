@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from conftest import DemoRun
@@ -31,6 +33,33 @@ def test_the_report_counts_tags_and_means_by_outcome() -> None:
     assert VerbalizedReport("m").tag_rate == 0.0
     assert VerbalizedReport("m", [row("a", True, None)]).mean_stated(correct=True) is None
     assert json.loads(json.dumps(report.to_dict()))["rows"][3]["stated"] is None
+
+
+def test_the_tag_rate_counts_the_models_answers_not_the_questions() -> None:
+    """A model that tags every other answer it writes tags 50% of its answers, whatever the
+    estimator's retries: the demo asks once a question, so each row is one answer."""
+    import re
+
+    from capgate import Generation
+    from capgate.demo.verbalized import run_verbalized
+    from capgate.estimators import VerbalizedConfidence
+
+    texts: list[str] = []
+
+    def generate(prompts: list[Any], params: Any) -> list[list[Generation]]:
+        out = []
+        for prompt in prompts:
+            a, op, b = re.search(r"What is (\d+) ([-+*]) (\d+)", str(prompt)).groups()  # type: ignore[union-attr]
+            answer = str({"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op])
+            texts.append(answer if len(texts) % 2 == 0 else f"{answer} [confidence=80%]")
+            out.append([Generation(text=texts[-1], n_tokens=3)])
+        return out
+
+    backend = SimpleNamespace(model_id="stand-in", generate=generate)
+    report = run_verbalized(VerbalizedConfidence(backend, tag=True), per_family=2, seed=0)
+    assert len(texts) == len(report.rows) == 2 * len(FAMILIES)
+    assert report.tag_rate == sum("[confidence=" in t for t in texts) / len(texts) == 0.5
+    assert all(r.correct is True for r in report.rows if r.stated is not None)
 
 
 def test_the_shipped_adapter_is_small_half_precision_and_names_its_base(default_model_dir: Path) -> None:

@@ -21,8 +21,9 @@ from capgate.errors import DataError
 from capgate.labels import meta_path
 from capgate.local.models import weights_fingerprint
 from capgate.train.config import C3RLTrainConfig
-from capgate.train.synthetic import arithmetic_items, arithmetic_prompt
-from capgate.train.trainer import trained_model_id
+from capgate.train.data import load_examples, split_examples
+from capgate.train.synthetic import arithmetic_items, arithmetic_prompt, tagged_arithmetic_prompt
+from capgate.train.trainer import _last_good_checkpoint, trained_model_id
 
 FAST = {
     "warm_start_steps": 3, "warm_start_batch_size": 4, "steps": 2, "prompts_per_step": 2,
@@ -31,7 +32,9 @@ FAST = {
 }  # fmt: skip
 
 
-def write_labels(path: Path, model_dir: Path, *, classes: tuple[int, ...] = (4, 2, 0)) -> Path:
+def write_labels(
+    path: Path, model_dir: Path, *, classes: tuple[int, ...] = (4, 2, 0), prompt: Any = arithmetic_prompt
+) -> Path:
     """Labels as harvest writes them (k=4), cycling through ``classes`` correct counts, with the
     settings file naming ``model_dir``'s weights."""
     items = arithmetic_items(2, families=["add_1d", "mul_1d", "add_2d", "mul_2d"], seed=0)
@@ -43,7 +46,7 @@ def write_labels(path: Path, model_dir: Path, *, classes: tuple[int, ...] = (4, 
         ]
         record = LabelledQuery.model_validate(
             {"id": item.id, "question": item.question, "references": item.references, "k": 4,
-             "correct": correct, "samples": samples, "kind": item.kind, "prompt": arithmetic_prompt(item)}
+             "correct": correct, "samples": samples, "kind": item.kind, "prompt": prompt(item)}
         )  # fmt: skip
         lines.append(record.model_dump_json(exclude_none=True))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -71,7 +74,9 @@ def test_a_short_run_writes_adapter_merged_model_and_manifest(trained: Any, tiny
     assert manifest["base_weights_fingerprint"] == weights_fingerprint(tiny_model_dir)
     assert manifest["config"]["rewards"] == {"alpha": 0.5, "beta": 0.5, "threshold": 0.5,
                                              "format_penalty": 1.0, "brier": 0.0}  # fmt: skip
-    assert manifest["labels"]["spread"] == {"all_right": 3, "partly": 3, "all_wrong": 2}
+    # the questions trained on (3 all_right, 3 partly, 2 all_wrong less the 2 held out)
+    assert manifest["labels"]["spread"] == {"all_right": 3, "partly": 1, "all_wrong": 2}
+    assert manifest["labels"]["spread_held_out"] == {"all_right": 0, "partly": 2, "all_wrong": 0}
     assert len(manifest["data_sha256"]) == 64
     assert manifest["seed"] == 0
     assert manifest["warm_start"]["steps"] == 3
@@ -191,6 +196,80 @@ def test_refuses_labels_of_another_model(tiny_model_dir: Path, tmp_path: Path) -
     with pytest.raises(DataError, match="no harvest settings next to the labels"):
         train_c3rl(labels, tiny_model_dir, tmp_path / "run", config=C3RLTrainConfig(**FAST))
     assert not (tmp_path / "run").exists()
+
+
+def test_refuses_labels_graded_with_their_tag(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The prompt asked for the tag and the harvest named no confidence source: the tag was graded
+    as the answer. Refused before anything is written, naming the settings file and the setting."""
+    from capgate.train.trainer import train_c3rl
+
+    labels = write_labels(tmp_path / "l.jsonl", tiny_model_dir, prompt=tagged_arithmetic_prompt)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")  # (the old code went on: refused here, not trained)
+    with pytest.raises(
+        DataError, match=r"l\.jsonl\.meta\.json: field 'confidence': the harvest named no confidence source"
+    ):
+        train_c3rl(labels, tiny_model_dir, out, config=C3RLTrainConfig(**FAST))
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def _seed_holding_out(examples: list[Any], index: int, *, held: bool) -> int:
+    """The first seed whose split (FAST's eval settings) holds ``examples[index]`` out (or keeps it)."""
+    for seed in range(100):
+        _, held_out = split_examples(examples, eval_fraction=0.25, eval_max=3, seed=seed)
+        if (examples[index] in held_out) is held:
+            return seed
+    raise AssertionError("no such seed")
+
+
+@pytest.mark.filterwarnings("ignore:.*kept no answer texts")
+def test_the_spread_is_checked_on_the_questions_left_to_train_on(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from capgate.train.trainer import train_c3rl
+
+    labels = write_labels(tmp_path / "l.jsonl", tiny_model_dir, classes=(4, 2, 4, 2, 4, 2, 4, 0))
+    seed = _seed_holding_out(load_examples(labels), 7, held=True)  # the one all_wrong question
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")  # (the old code went on: refused here, not trained)
+    with pytest.raises(DataError, match=r"left to train on once 2 questions are held out .* no all_wrong"):
+        train_c3rl(labels, tiny_model_dir, out, config=C3RLTrainConfig(**{**FAST, "seed": seed}))
+
+
+def test_the_manifest_counts_the_training_split_and_says_the_warm_start_had_no_texts(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Labels without kept texts: a warning naming the settings file, and the manifest records that
+    the warm start answers with extracted answers. The spread counts the questions trained on."""
+    from capgate.train import trainer
+
+    labels = write_labels(tmp_path / "l.jsonl", tiny_model_dir, classes=(4, 2, 4, 2, 4, 2, 4, 0))
+    seed = _seed_holding_out(load_examples(labels), 7, held=False)
+    monkeypatch.setattr(trainer, "_run", lambda *args, manifest, **kwargs: manifest)  # no training
+    with pytest.warns(
+        UserWarning, match=r"kept no answer texts \(keep_text is not true in .*l\.jsonl\.meta\.json"
+    ):
+        manifest: Any = trainer.train_c3rl(
+            labels, tiny_model_dir, tmp_path / "run", config=C3RLTrainConfig(**{**FAST, "seed": seed})
+        )
+    assert manifest["labels"]["spread"] == {"all_right": 3, "partly": 2, "all_wrong": 1}
+    assert sum(manifest["labels"]["spread_held_out"].values()) == 2
+    assert manifest["labels"]["warm_start_answers"] == {"own_texts": 0, "extracted": 6}
+    assert manifest["labels"]["harvest"]["keep_text"] is None
+
+
+def test_a_checkpoint_with_an_unreadable_trainer_state_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    """A kill while transformers writes trainer_state.json leaves it truncated: resume from the one
+    before, warning with the file's path, instead of failing on it at every rerun."""
+    for step, state in [(2, '{"global_step": 2}'), (4, '{"global_step": 4}'), (6, '{"best_metric": nu')]:
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
+    (tmp_path / "checkpoint-8").mkdir()  # killed before its state was written
+    with pytest.warns(UserWarning, match=r"checkpoint-6/trainer_state\.json: unreadable trainer state"):
+        assert _last_good_checkpoint(tmp_path) == tmp_path / "checkpoint-4"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-4"]
 
 
 def test_refuses_an_out_holding_another_run_or_other_files(

@@ -250,3 +250,129 @@ def test_a_balanced_warm_start_gives_each_reference_class_the_largest_ones_share
     assert len(plain) == 9
     stated = Counter(text.rsplit("=", 1)[1] for _, text in balanced)
     assert stated == {"0%]": 6, "100%]": MAX_BALANCE_COPIES, "50%]": 3, "25%]": 3}
+
+
+def test_the_tags_digits_are_ascii_as_the_serving_reader_reads_them() -> None:
+    """A tag in fullwidth or Arabic-Indic digits earns no format or calibration reward: the gate and
+    CAS (parse_verbalized_confidence) read no confidence from it."""
+    from capgate.cas import parse_verbalized_confidence
+
+    for text in ["56 [confidence=１００%]", "56 [confidence=٩٠%]"]:
+        assert parse_verbalized_confidence(text) is None
+        assert read_tag(text) == (None, "malformed")
+        assert score_completion(text, ITEM, "partly", CONFIG).tag == "malformed"
+    assert read_tag("56 [confidence=90%]") == (0.9, "ok")
+
+
+def _label_line(**fields: object) -> str:
+    import json
+
+    samples = [{"answer": "4", "correct": True}, {"answer": "5", "correct": False}]
+    record = {"id": "q", "question": "What is 2 + 2?", "references": ["4"], "k": 2, "correct": 1,
+              "kind": "numeric", "samples": samples}  # fmt: skip
+    return json.dumps({**record, **fields}) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("bad", "field", "message"),
+    [
+        ({"kind": None}, "kind", "needs the question, its references and its kind"),
+        ({"kind": "numerc"}, "kind", "Input should be"),
+        ({"question": ""}, "question", "needs the question"),
+        ({"samples": None}, "samples", "per-sample answers"),
+        ({"prompt": [{"role": "user"}]}, "prompt", "chat messages with a role and a content"),
+        ({"prompt": [{"role": "user", "content": None}]}, "prompt", "chat messages with a role and a"),
+    ],
+)
+def test_a_bad_label_record_is_a_data_error_naming_file_line_and_field(
+    tmp_path: Path, bad: dict[str, object], field: str, message: str
+) -> None:
+    from capgate.errors import DataError
+    from capgate.train.data import load_examples
+
+    path = tmp_path / "l.jsonl"
+    path.write_text(_label_line(id="a") + _label_line(id="b") + _label_line(id="c", **bad))
+    with pytest.raises(DataError, match=message) as caught:
+        load_examples(path)
+    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), 3, field)
+
+
+def _harvest(folder: Path, reply: str, **settings: object) -> Path:
+    """Labels of a stand-in model that answers every question right (``reply`` around the answer),
+    harvested with the tagged prompt and ``settings``."""
+    from capgate.adapters.backends import FunctionBackend
+    from capgate.labels import harvest
+    from capgate.train import arithmetic_items, tagged_arithmetic_prompt
+
+    def answer(prompt: object) -> str:
+        a, op, b = str(prompt).rsplit("What is ", 1)[1].split("?")[0].split()
+        return reply.format({"+": int(a) + int(b), "*": int(a) * int(b)}[op])
+
+    out = folder / "labels.jsonl"
+    questions = arithmetic_items(2, families=["add_1d", "mul_1d"], seed=0)
+    harvest(FunctionBackend(answer), questions, out, k=2, max_tokens=16, prompt=tagged_arithmetic_prompt,
+            progress=False, **settings)  # type: ignore[arg-type]  # fmt: skip
+    return out
+
+
+def test_labels_graded_with_their_tag_are_refused_and_the_guides_recipe_gives_right_ones(
+    tmp_path: Path,
+) -> None:
+    """Without a confidence source the tag's number was graded as the answer (every right answer
+    wrong): refused, naming the settings file and the setting, whether the prompt asked for the tag
+    (texts not kept) or a kept text shows it. With the guide's settings the labels are right and the
+    warm start answers with the model's own texts."""
+    import json
+    import warnings
+
+    from capgate.cas import verbalized_confidence
+    from capgate.errors import DataError
+    from capgate.labels import meta_path
+    from capgate.train.data import check_labels_harvest, load_examples, warm_answer_sources, warm_start_rows
+
+    (tmp_path / "old").mkdir()
+    bad = _harvest(tmp_path / "old", "{} [confidence=90%]")
+    examples = load_examples(bad)
+    assert {e.reference for e in examples} == {"all_wrong"}  # graded on "90"
+    with pytest.raises(DataError, match="harvest named no confidence source") as caught:
+        check_labels_harvest(examples, json.loads(meta_path(bad).read_text()), labels=bad)
+    assert (caught.value.path, caught.value.field) == (str(meta_path(bad)), "confidence")
+    (tmp_path / "kept").mkdir()
+    kept = _harvest(tmp_path / "kept", "{} [confidence=90%]", keep_text=True)
+    with pytest.raises(DataError, match="harvest named no confidence source"):
+        check_labels_harvest(load_examples(kept), json.loads(meta_path(kept).read_text()), labels=kept)
+    (tmp_path / "untagged").mkdir()  # the prompt asked, the kept texts show no tag: graded right
+    untagged = _harvest(tmp_path / "untagged", "{}", keep_text=True)
+    examples = load_examples(untagged)
+    assert {e.reference for e in examples} == {"all_right"}
+    check_labels_harvest(examples, json.loads(meta_path(untagged).read_text()), labels=untagged)
+
+    (tmp_path / "new").mkdir()
+    good = _harvest(
+        tmp_path / "new", "So {}. [confidence=90%]", confidence=verbalized_confidence, keep_text=True
+    )
+    meta = json.loads(meta_path(good).read_text())
+    examples = load_examples(good, max_tokens=meta["max_tokens"])
+    assert {e.reference for e in examples} == {"all_right"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_labels_harvest(examples, meta, labels=good)
+    assert warm_answer_sources(examples) == {"own_texts": 4, "extracted": 0}
+    rows = warm_start_rows(examples, confidence="mu_hat", seed=0)
+    assert [text for _, text in rows] == [f"So {e.item.references[0]}. [confidence=100%]" for e in examples]
+
+
+def test_labels_without_kept_texts_are_warned_about(tmp_path: Path) -> None:
+    import json
+
+    from capgate.cas import verbalized_confidence
+    from capgate.labels import meta_path
+    from capgate.train.data import check_labels_harvest, load_examples, warm_answer_sources
+
+    labels = _harvest(tmp_path, "So {}. [confidence=90%]", confidence=verbalized_confidence)
+    meta = json.loads(meta_path(labels).read_text())
+    examples = load_examples(labels, max_tokens=meta["max_tokens"])
+    with pytest.warns(UserWarning, match="kept no answer texts") as caught:
+        check_labels_harvest(examples, meta, labels=labels)
+    assert str(meta_path(labels)) in str(caught[0].message)
+    assert warm_answer_sources(examples) == {"own_texts": 0, "extracted": 4}

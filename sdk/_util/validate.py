@@ -69,13 +69,24 @@ def as_probabilities(name: str, values: ArrayLike) -> FloatArray:
 
 
 def as_counts(name: str, values: ArrayLike, *, minimum: int = 0) -> IntArray:
-    """A 1-D int64 array of counts >= ``minimum``; rejects fractional values."""
+    """A 1-D int64 array of counts >= ``minimum``; rejects fractional, infinite and NaN values and
+    values too large for int64."""
     raw = _one_dimensional(name, np.asarray(values))
     if raw.dtype.kind == "f":
-        if not np.all(np.isfinite(raw)) or np.any(raw != np.round(raw)):
-            raise ValueError(f"`{name}` must hold whole numbers; got {raw[~(raw == np.round(raw))][:1]}")
-    elif raw.dtype.kind not in "iub":
+        not_whole = ~np.isfinite(raw) | (raw != np.round(raw))
+        if not_whole.any():
+            bad = int(np.flatnonzero(not_whole)[0])
+            raise ValueError(f"`{name}` must hold whole numbers; got {raw[bad]} at index {bad}")
+        outside = (raw >= 2.0**63) | (raw < -(2.0**63))
+    elif raw.dtype.kind == "u":
+        outside = raw > np.iinfo(np.int64).max
+    elif raw.dtype.kind in "ib":
+        outside = np.zeros(raw.shape, dtype=bool)
+    else:
         raise ValueError(f"`{name}` must hold integers; got dtype {raw.dtype}")
+    if outside.any():  # astype(np.int64) would wrap them round silently
+        bad = int(np.flatnonzero(outside)[0])
+        raise ValueError(f"`{name}` must hold counts within int64's range; got {raw[bad]} at index {bad}")
     array = raw.astype(np.int64)
     if (array < minimum).any():
         bad = int(np.flatnonzero(array < minimum)[0])

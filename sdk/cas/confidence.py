@@ -49,9 +49,13 @@ CONFIDENCE_INSTRUCTION = (
 )
 """System-prompt text asking for a C3RL-style response-level confidence tag."""
 
+TAG_DIGIT = "[0-9]"
+"""The digits a stated confidence is read in: ASCII only (``\\d`` matches any Unicode digit). The
+C3RL reward (:func:`capgate.train.read_tag`) reads its tag with the same."""
+
 # Any bracketed "confidence = ..." / "confidence: ..." tag; its content is parsed strictly after.
 _TAG = re.compile(r"\[\s*confidence\s*[=:]([^\[\]]*)\]", re.IGNORECASE)
-_NUMBER = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(%?)\s*")
+_NUMBER = re.compile(rf"\s*({TAG_DIGIT}+(?:\.{TAG_DIGIT}*)?|\.{TAG_DIGIT}+)\s*(%?)\s*")
 
 
 def parse_verbalized_confidence(text: str) -> float | None:

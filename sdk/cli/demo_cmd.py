@@ -339,6 +339,10 @@ def demo_command(
 
 def _run_live(out: Console, questions: int, seed: int, *, quiet: bool) -> DemoReport:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from capgate._util.extras import require_extra
+
+    run_reporting_errors(lambda: require_extra("local", "the demo's live part (--no-live leaves it out)"))
     from transformers.utils import logging as transformers_logging
 
     from capgate.demo.live import run_demo

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from capgate._util.jsonl import json_ready
+from capgate._util.jsonl import json_ready, open_text
 from capgate.assets import MATH500_GPT_OSS_20B
 from capgate.decision.analysis.report import Rate, wilson
 
@@ -177,7 +177,8 @@ def replay_math500(
 
     path = Path(path)
     labels = read_labelled(path, confidence=[REPLAY_CONFIDENCE])
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    with open_text(path) as handle:  # lines as read_labelled reads them (not str.splitlines: U+2028)
+        lines = [line.rstrip("\n") for line in handle if line.strip()]
     if len(lines) != len(labels.ids):  # pragma: no cover - read_labelled reads one record a line
         raise ValueError(f"{path}: {len(lines)} lines but {len(labels.ids)} records")
     order = np.random.default_rng(seed).permutation(len(lines))

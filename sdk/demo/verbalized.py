@@ -59,6 +59,8 @@ class VerbalizedReport:
 
     @property
     def tag_rate(self) -> float:
+        """The share of its answers that ended with a readable tag (one answer a row: the model is
+        asked once, never again until it tags)."""
         return sum(r.stated is not None for r in self.rows) / len(self.rows) if self.rows else 0.0
 
     def mean_stated(self, *, correct: bool) -> float | None:
@@ -91,13 +93,14 @@ def run_verbalized(
     Args:
         trained: The estimator reading a C3RL-trained model's tag
             (``capgate.load_estimator("default-c3rl", method="verbalized")``); its sampling is
-            set to :data:`SAMPLING` with ``seed``.
+            set to :data:`SAMPLING` with ``seed``, and it asks once a question (``max_tries=1``),
+            so each row is one answer as the model gave it and the tag rate counts its answers.
         probe: An estimator to show beside it (the shipped probe), or None.
         per_family: Questions per family.
         seed: Seed of the question draw and of the sampling.
         on_row: Called with each row as it is done.
     """
-    trained.set_params(params=SAMPLING.model_copy(update={"seed": seed}))
+    trained.set_params(params=SAMPLING.model_copy(update={"seed": seed}), max_tries=1)
     grader = NumericGrader()
     items = arithmetic_items(per_family, families=list(FAMILIES), split="test", seed=seed)
     started = time.perf_counter()

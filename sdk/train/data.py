@@ -2,36 +2,43 @@
 
 The labels are what :func:`capgate.labels.harvest` writes (one
 :class:`~capgate.core.types.LabelledQuery` a line, k sampled answers each, ``<labels>.meta.json``
-naming the model sampled). Two refusals live here: labels without all three reference classes,
-and labels harvested from another model than the one to train.
+naming the model sampled). The refusals live here: labels without all three reference classes,
+labels harvested from another model than the one to train, and tagged answers graded with their tag.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from capgate._util.jsonl import data_error_from_validation
 from capgate.cas.confidence import CONFIDENCE_INSTRUCTION, strip_confidence_tag, with_confidence_instruction
 from capgate.core.backend import as_messages
 from capgate.core.types import LabelledQuery
 from capgate.datasets import DatasetItem, build_prompt
 from capgate.errors import DataError
-from capgate.labels import meta_path, read_labelled
+from capgate.labels import meta_path
+from capgate.labels.labelled import iter_labelled
 from capgate.train.config import WarmStartConfidence
 from capgate.train.rewards import REFERENCE_CLASSES, TAG_STEP, ReferenceClass, reference_class
 
 __all__ = [
     "LabelledExample",
+    "check_labels_harvest",
     "check_labels_model",
     "check_spread",
     "grpo_rows",
     "load_examples",
     "round_to_step",
     "split_examples",
+    "warm_answer_sources",
     "warm_start_rows",
 ]
 
@@ -49,6 +56,9 @@ class LabelledExample:
         answers: The base model's extracted answers (``None`` where none was found), in order.
         finished: The texts (tags stripped) of its sampled answers that ended on their own, when
             the labels kept texts (``harvest(keep_text=True)``); see :func:`warm_start_rows`.
+        tagged: Its answers may carry the ``[confidence=X%]`` tag: a kept text carries one, or,
+            texts not kept, the harvest's prompt asked for it (it held
+            :data:`~capgate.cas.confidence.CONFIDENCE_INSTRUCTION`); see :func:`check_labels_harvest`.
     """
 
     item: DatasetItem
@@ -57,24 +67,49 @@ class LabelledExample:
     mu_hat: float
     answers: tuple[str | None, ...]
     finished: tuple[str, ...] = ()
+    tagged: bool = False
 
 
-def _item_of(record: LabelledQuery, path: Path) -> DatasetItem:
+def _item_of(record: LabelledQuery, path: Path, line: int) -> DatasetItem:
     extra = record.model_extra or {}
     kind = extra.get("kind")
-    if not kind or not record.question or not record.references:
-        raise DataError(
-            "a C3RL label needs the question, its references and its kind (as capgate harvest writes them)",
-            path=path,
-            field=record.id,
+    present = {"question": record.question, "references": record.references, "kind": kind}
+    for name, value in present.items():
+        if not value:
+            raise DataError(
+                f"record {record.id!r}: a C3RL label needs the question, its references and its kind "
+                f"(as capgate harvest writes them); no {name}",
+                path=path,
+                line=line,
+                field=name,
+            )
+    try:
+        return DatasetItem(
+            id=record.id,
+            question=record.question,
+            references=record.references,
+            kind=kind,
+            choices=extra.get("choices"),
         )
-    return DatasetItem(
-        id=record.id,
-        question=record.question,
-        references=record.references,
-        kind=kind,
-        choices=extra.get("choices"),
-    )
+    except ValidationError as exc:
+        raise data_error_from_validation(exc, path=path, line=line) from None
+
+
+def _messages_of(record: LabelledQuery, item: DatasetItem, path: Path, line: int) -> list[dict[str, str]]:
+    """The record's prompt (as harvested; else the item's default) as chat messages."""
+    prompt = (record.model_extra or {}).get("prompt") or build_prompt(item)
+    try:
+        messages = [{"role": m["role"], "content": m["content"]} for m in as_messages(prompt)]
+    except (KeyError, TypeError):
+        messages = []
+    if not messages or not all(isinstance(v, str) for m in messages for v in m.values()):
+        raise DataError(
+            f"record {record.id!r}: the prompt must be a string or chat messages with a role and a content",
+            path=path,
+            line=line,
+            field="prompt",
+        )
+    return messages
 
 
 def _ended(n_tokens: int | None, max_tokens: int | None) -> bool:
@@ -89,23 +124,26 @@ def load_examples(path: str | Path, *, max_tokens: int | None = None) -> list[La
     shorter than it ended on their own and may serve as warm-start answers.
 
     Raises:
-        DataError: An unreadable file, or a record without question, references, kind or
-            per-sample answers.
+        DataError: An unreadable or empty file, or a record without question, references, kind or
+            per-sample answers, or with a bad kind or prompt (naming file, line and field).
     """
     path = Path(path)
-    labelled = read_labelled(path)
     examples: list[LabelledExample] = []
-    for record in labelled.records:
-        item = _item_of(record, path)
-        prompt = (record.model_extra or {}).get("prompt") or build_prompt(item)  # as harvested
-        messages = [{"role": m["role"], "content": m["content"]} for m in as_messages(prompt)]
+    for line, record in iter_labelled(path):
+        item = _item_of(record, path, line)
+        messages = _messages_of(record, item, path, line)
         if not record.samples:
             raise DataError(
-                "a C3RL label needs its per-sample answers (harvest writes them; the warm start "
-                "trains on the model's own answers)",
+                f"record {record.id!r}: a C3RL label needs its per-sample answers (harvest writes them; "
+                "the warm start trains on the model's own answers)",
                 path=path,
-                field=record.id,
+                line=line,
+                field="samples",
             )
+        texts = [sample.text for sample in record.samples]
+        tagged = any(text and strip_confidence_tag(text) != text.rstrip() for text in texts) or (
+            None in texts and any(CONFIDENCE_INSTRUCTION in m["content"] for m in messages)
+        )
         if not (messages[0]["role"] == "system" and CONFIDENCE_INSTRUCTION in messages[0]["content"]):
             messages = [dict(m) for m in with_confidence_instruction(messages)]  # type: ignore[arg-type]
         examples.append(
@@ -120,13 +158,19 @@ def load_examples(path: str | Path, *, max_tokens: int | None = None) -> list[La
                     for sample in record.samples
                     if sample.text and sample.text.strip() and _ended(sample.n_tokens, max_tokens)
                 ),
+                tagged=tagged,
             )
         )
+    if not examples:
+        raise DataError("no records (the file is empty)", path=path)
     return examples
 
 
-def check_spread(examples: list[LabelledExample], *, path: str | Path) -> dict[str, int]:
+def check_spread(examples: list[LabelledExample], *, path: str | Path, held_out: int = 0) -> dict[str, int]:
     """The count of each reference class; refuse labels that lack one.
+
+    ``held_out``: how many questions were held out of ``examples`` (the training split), named in
+    the error.
 
     Raises:
         DataError: Some class is empty: the reference term, and the calibration signal, need
@@ -137,8 +181,14 @@ def check_spread(examples: list[LabelledExample], *, path: str | Path) -> dict[s
     missing = [name for name, count in spread.items() if not count]
     if missing:
         shown = ", ".join(f"{count} {name}" for name, count in spread.items())
+        which = "the labels have"
+        if held_out:
+            which = (
+                f"the labels left to train on once {held_out} questions are held out for evaluation "
+                "(eval_fraction, eval_max, seed) have"
+            )
         raise DataError(
-            f"the labels have no {' and no '.join(missing)} questions ({shown}); C3RL needs questions "
+            f"{which} no {' and no '.join(missing)} questions ({shown}); C3RL needs questions "
             "the model always, sometimes and never answers right: add easier or harder ones "
             "(capgate.train.synthetic.arithmetic_items spreads a small model's accuracy)",
             path=Path(path),
@@ -187,6 +237,41 @@ def check_labels_model(labels: str | Path, *, model_id: str, fingerprint: str) -
             field="model_id",
         )
     return meta
+
+
+def check_labels_harvest(
+    examples: list[LabelledExample], meta: dict[str, Any], *, labels: str | Path
+) -> None:
+    """Refuse labels whose answers were graded with their ``[confidence=X%]`` tag in them; warn when
+    the harvest kept no texts.
+
+    A harvest strips the tag before grading only when given a confidence source
+    (``harvest(confidence=verbalized_confidence)``, ``capgate harvest --confidence-tag``); without one,
+    the tag's number is graded as the answer, so the reference classes (and the warm start's
+    answers) are wrong. Without kept texts (``keep_text=True``, ``--keep-text``) the warm start
+    trains on bare extracted answers (see :func:`warm_start_rows`).
+
+    Raises:
+        DataError: The harvest settings name no ``confidence`` source, and a kept text carries the
+            tag or, texts not kept, the prompt asked for it.
+    """
+    if meta.get("confidence") is None and any(example.tagged for example in examples):
+        raise DataError(
+            "the harvest named no confidence source, yet its answers carry the [confidence=X%] tag (a "
+            "kept text holds one, or, texts not kept, the prompt asks for it): each tagged answer was "
+            "graded with its tag, the tag's number read as the answer, so the reference classes are "
+            "wrong; harvest again with confidence=verbalized_confidence (capgate harvest --confidence-tag)",
+            path=meta_path(labels),
+            field="confidence",
+        )
+    if meta.get("keep_text") is not True:
+        warnings.warn(
+            f"{labels}: the harvest kept no answer texts (keep_text is not true in {meta_path(labels)}), "
+            "so the warm start trains on bare extracted answers, not on the model's own way of answering "
+            "(on SmolLM2-135M this taught it to repeat an operand); harvest with keep_text=True "
+            "(capgate harvest --keep-text)",
+            stacklevel=3,
+        )
 
 
 def split_examples(
@@ -261,6 +346,14 @@ def warm_start_rows(
 
 def _warm_answers(example: LabelledExample) -> list[str]:
     return list(example.finished) or [_answer_text(example.item, a) for a in example.answers if a]
+
+
+def warm_answer_sources(examples: list[LabelledExample]) -> dict[str, int]:
+    """How many questions the warm start answers with the model's own texts (``"own_texts"``) and
+    how many with bare extracted answers only (``"extracted"``: no kept text ended on its own)."""
+    own = sum(bool(example.finished) for example in examples)
+    extracted = sum(not example.finished and any(example.answers) for example in examples)
+    return {"own_texts": own, "extracted": extracted}
 
 
 def grpo_rows(examples: list[LabelledExample]) -> list[dict[str, Any]]:

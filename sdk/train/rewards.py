@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-from capgate.cas.confidence import strip_confidence_tag
+from capgate.cas.confidence import TAG_DIGIT, strip_confidence_tag
 from capgate.datasets import DatasetItem
 from capgate.grading import grader_for
 from capgate.train.config import C3RLRewardConfig
@@ -57,7 +57,7 @@ TAG_STEP = 5
 """Stated confidences are whole percentages in steps of 5 (0, 5, ..., 100)."""
 
 _ANY_TAG = re.compile(r"\[\s*confidence\s*[=:]", re.IGNORECASE)
-_LAST_WORDS_TAG = re.compile(r"\[confidence=(\d{1,3})%\]\s*\Z")
+_LAST_WORDS_TAG = re.compile(rf"\[confidence=({TAG_DIGIT}{{1,3}})%\]\s*\Z")  # ASCII digits, as served
 _CUT_TAG = re.compile(r"\[\s*confidence[^\]]*\Z", re.IGNORECASE)  # a tag cut off by the length limit
 
 

@@ -40,15 +40,17 @@ from capgate.local.weights import sha256_file
 from capgate.train.config import C3RLTrainConfig
 from capgate.train.data import (
     LabelledExample,
+    check_labels_harvest,
     check_labels_model,
     check_spread,
     grpo_rows,
     load_examples,
     split_examples,
+    warm_answer_sources,
     warm_start_rows,
 )
 from capgate.train.evaluate import sample_completions, summarize
-from capgate.train.rewards import c3rl_reward_functions
+from capgate.train.rewards import REFERENCE_CLASSES, c3rl_reward_functions
 from capgate.train.warm_start import warm_start
 
 __all__ = ["MANIFEST_FILE", "RUN_FILE", "C3RLRun", "train_c3rl"]
@@ -205,14 +207,26 @@ def _quiet_deprecations() -> Iterator[None]:
 
 
 def _last_good_checkpoint(folder: Path) -> Path | None:
-    """The newest checkpoint with its trainer state written (a kill mid-save leaves one without)."""
+    """The newest checkpoint with its trainer state written and readable (a kill mid-save leaves one
+    without, or with a truncated one); those after it are removed."""
     found = sorted(
         (p for p in folder.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
         key=lambda p: int(p.name.split("-")[-1]),
     )
     for checkpoint in reversed(found):
-        if (checkpoint / "trainer_state.json").is_file():
-            return checkpoint
+        state = checkpoint / "trainer_state.json"
+        if state.is_file():
+            try:
+                if isinstance(json.loads(state.read_text(encoding="utf-8")), dict):
+                    return checkpoint
+                why = "not a JSON object"
+            except (OSError, ValueError) as exc:
+                why = str(exc)
+            warnings.warn(
+                f"{state}: unreadable trainer state ({why}); this checkpoint is removed and the run "
+                "resumes from the one before it",
+                stacklevel=2,
+            )
         shutil.rmtree(checkpoint, ignore_errors=True)
     return None
 
@@ -357,8 +371,10 @@ def train_c3rl(
         The folders written and the manifest.
 
     Raises:
-        DataError: Labels without all three reference classes, labels harvested from another
-            model, or an ``out`` that holds another run or other files.
+        DataError: Labels without all three reference classes (in the questions left to train on
+            once some are held out), labels harvested from another model, labels graded with their
+            ``[confidence=X%]`` tag (a harvest with no confidence source), or an ``out`` that holds
+            another run or other files.
         ValueError: ``device="cuda"`` without CUDA.
         MissingExtraError: The ``train`` extra (TRL, PEFT) is not installed.
     """
@@ -369,10 +385,15 @@ def train_c3rl(
     folder = prepare_model(name)
     fingerprint, model_id = weights_fingerprint(folder), _model_id(name, folder)
     examples = load_examples(labels)
-    spread = check_spread(examples, path=labels)
+    check_spread(examples, path=labels)
     harvest_meta = check_labels_model(labels, model_id=model_id, fingerprint=fingerprint)
     limit = harvest_meta.get("max_tokens")
     examples = load_examples(labels, max_tokens=limit if isinstance(limit, int) else None)
+    check_labels_harvest(examples, harvest_meta, labels=labels)
+    train, held_out = split_examples(
+        examples, eval_fraction=config.eval_fraction, eval_max=config.eval_max, seed=config.seed
+    )
+    spread = check_spread(train, path=labels, held_out=len(held_out))
     missing = [module for module in ("trl", "peft") if importlib.util.find_spec(module) is None]
     if missing:  # before anything is written
         raise MissingExtraError("train", missing, "C3RL training")
@@ -386,30 +407,29 @@ def train_c3rl(
         return C3RLRun(
             out, out / "adapter", out / "model", json.loads(manifest_file.read_text(encoding="utf-8"))
         )
-    harvest = {key: harvest_meta.get(key) for key in ("model_id", "k", "dataset")}
+    harvest = {key: harvest_meta.get(key) for key in ("model_id", "k", "dataset", "keep_text", "confidence")}
+    held_spread = {name: sum(e.reference == name for e in held_out) for name in REFERENCE_CLASSES}
     manifest = {
         **identity,
         "base_model": {"name": name, "model_id": model_id, "weights_fingerprint": fingerprint},
         "labels": {"path": str(labels.resolve()), "sha256": identity["data_sha256"], "n": len(examples),
-                   "spread": spread, "harvest": harvest},
+                   "spread": spread, "harvest": harvest, "warm_start_answers": warm_answer_sources(train),
+                   "spread_held_out": held_spread},
         "seed": config.seed,
         "resumed": resumed,
     }  # fmt: skip
-    return _run(examples, folder, out, config, show, manifest=manifest)
+    return _run(train, held_out, folder, out, config, show, manifest=manifest)
 
 
 def _run(
-    examples: list[LabelledExample], folder: Path, out: Path, config: C3RLTrainConfig, show: bool,
-    manifest: dict[str, Any],
+    train: list[LabelledExample], held_out: list[LabelledExample], folder: Path, out: Path,
+    config: C3RLTrainConfig, show: bool, manifest: dict[str, Any],
 ) -> C3RLRun:  # fmt: skip
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     peft = importlib.import_module("peft")
     device = _resolve_device(config.device)
-    train, held_out = split_examples(
-        examples, eval_fraction=config.eval_fraction, eval_max=config.eval_max, seed=config.seed
-    )
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
