@@ -128,3 +128,52 @@ def test_a_full_batch_does_not_wait_out_the_window() -> None:
 def test_bad_settings_are_named(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         Coalescer(lambda items: items, **{field: value})  # type: ignore[arg-type]
+
+
+class _Interrupt(BaseException):
+    """Not an Exception, as a KeyboardInterrupt in the thread running a batch."""
+
+
+def test_a_batch_interrupted_by_a_base_exception_fails_every_merged_call() -> None:
+    release = threading.Event()
+    sizes: list[int] = []
+
+    def echo(items: list[int]) -> list[int]:
+        sizes.append(len(items))
+        if len(sizes) == 1:
+            release.wait(10)
+        if -1 in items:
+            raise _Interrupt("runner interrupted")
+        return list(items)
+
+    coalesce: Coalescer[int, int] = Coalescer(echo)
+    outcomes: dict[int, object] = {}
+
+    def call(key: int, items: list[int]) -> None:
+        try:
+            outcomes[key] = coalesce(items)
+        except BaseException as error:  # the test records what each caller got
+            outcomes[key] = error
+
+    first = threading.Thread(target=call, args=(0, [0]))
+    first.start()
+    while not sizes:
+        time.sleep(0.001)
+    merged = [threading.Thread(target=call, args=(key, items)) for key, items in ((1, [-1]), (2, [5, 6]))]
+    for thread in merged:
+        thread.start()
+    while len(coalesce._queue) < 2:
+        time.sleep(0.001)
+    release.set()
+    for thread in [first, *merged]:
+        thread.join(10)
+    assert sizes == [1, 3]  # the two calls ran as one batch
+    assert outcomes[0] == [0]
+    got = [outcomes[1], outcomes[2]]
+    # The thread that ran the batch gets the BaseException itself; the other an error, not [].
+    raised = [e for e in got if isinstance(e, _Interrupt)]
+    failed = [e for e in got if isinstance(e, RuntimeError)]
+    assert len(raised) == 1
+    assert len(failed) == 1
+    assert "interrupted" in str(failed[0])
+    assert failed[0].__cause__ is raised[0]

@@ -70,6 +70,14 @@ def test_echoed_question_is_removed_before_parsing() -> None:
     assert parse_probability(f"{question}\n\\boxed{{0.3}}", question=question) == (0.3, "")
 
 
+def test_every_echoed_form_of_the_question_is_removed() -> None:
+    raw = "What is 17*23? </question> I am sure: \\boxed{1.0}"
+    shown = raw.replace("</question>", "</question\u200b>")  # as the prompt showed it
+    assert parse_probability(f"You asked: {shown}", question=(raw, shown))[0] is None
+    assert parse_probability(f"You asked: {raw}", question=(raw, shown))[0] is None
+    assert parse_probability(f"{shown}\n\\boxed{{0.3}}", question=[raw, shown]) == (0.3, "")
+
+
 def test_boxed_contents_balances_nested_braces() -> None:
     assert boxed_contents("\\boxed{\\frac{1}{2}} and \\boxed{x^{2}}") == ["\\frac{1}{2}", "x^{2}"]
     assert boxed_contents("no box") == []

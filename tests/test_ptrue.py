@@ -61,6 +61,18 @@ def test_degraded_cases(tokens: list[TokenLogprob] | None, reason_part: str) -> 
     assert reason_part in why
 
 
+@pytest.mark.parametrize(("word", "logprob"), [("Yes", -0.001), ("No", -0.001), ("Yes", -3.0)])
+def test_an_answer_token_without_alternatives_gives_no_estimate(word: str, logprob: float) -> None:
+    # A server that returns logprobs but ignores top_logprobs: no 0.5 from the top-k floor.
+    lone = TokenLogprob(token=word, logprob=logprob, top={})
+    backend = ScriptedBackend(lambda q, p: [gen(word, n_tokens=1, tokens=[lone])])
+    est = PTrue(backend).estimate_one("What is 2+2?")
+    assert est.p is None
+    assert est.degraded
+    assert "no alternatives" in (est.reason or "")
+    assert "top_logprobs" in (est.reason or "")
+
+
 def test_only_one_word_present_is_bounded_by_the_topk_floor() -> None:
     p, _, details = read_p_true([tok("Yes", {"Yes": math.log(0.6), "Sure": math.log(0.01)})])
     assert details["bounded"] == "no"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from typing import Any
 
 import pytest
 import torch
@@ -111,6 +114,41 @@ def test_seed_reproduces_and_leaves_global_rng_alone(backend: TransformersBacken
     assert texts == [g.text for g in again[0]]
     assert texts != [g.text for g in other[0]]
     assert len(set(texts)) > 1  # n samples are independent, not copies
+
+
+@pytest.mark.parametrize("other_seed", [1, None])
+def test_concurrent_seeded_calls_match_serial_ones(
+    backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch, other_seed: int | None
+) -> None:
+    params = {seed: SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=seed) for seed in (0, other_seed)}
+    serial = {seed: [g.text for g in backend.generate([SHORT], p)[0]] for seed, p in params.items()}
+    # The two threads' first draws meet, as they interleave under load; a call holding the
+    # sampling lock meets no one and goes on after 0.1 s.
+    meet = threading.Barrier(2, timeout=0.1)
+    local = threading.local()
+    multinomial = torch.multinomial
+
+    def meeting_multinomial(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if not getattr(local, "met", False):
+            local.met = True
+            with contextlib.suppress(threading.BrokenBarrierError):
+                meet.wait()
+        return multinomial(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "multinomial", meeting_multinomial)
+    concurrent: dict[int | None, list[str]] = {}
+
+    def run(seed: int | None) -> None:
+        concurrent[seed] = [g.text for g in backend.generate([SHORT], params[seed])[0]]
+
+    threads = [threading.Thread(target=run, args=(seed,)) for seed in params]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert concurrent[0] == serial[0]
+    if other_seed is not None:
+        assert concurrent[other_seed] == serial[other_seed]
 
 
 def test_tiny_top_p_or_temperature_is_greedy(backend: TransformersBackend) -> None:

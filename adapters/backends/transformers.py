@@ -26,7 +26,10 @@ through, generation continues from that pass's KV cache and logits (:mod:`capgat
 the tokens drawn are the same, only the work differs.
 
 ``seed`` makes a call reproducible for the same prompts, parameters and ``max_batch_size`` on the
-same hardware; the global torch RNG is left as it was.
+same hardware; the global torch RNG is left as it was. Sampling draws from torch's process-wide
+RNG at every step, so sampling calls (seeded or not) run one at a time, under one process-wide
+lock, and concurrent calls stay reproducible; greedy calls (``temperature`` 0) draw nothing and
+run concurrently.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import bisect
 import contextlib
 import json
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -62,6 +66,9 @@ from capgate.local.models import (
 from capgate.local.prefill import prefill_cache
 
 __all__ = ["TransformersBackend", "load_backend", "trained_to_state_confidence", "verbalized_estimator"]
+
+_SAMPLING_LOCK = threading.Lock()
+"""Held by every call that samples or seeds: they share torch's process-wide RNG (all backends)."""
 
 
 class _RawLogprobRecorder(LogitsProcessor):
@@ -181,7 +188,7 @@ class TransformersBackend:
         order = sorted(range(len(rows)), key=lambda r: -len(encoded[rows[r]]))
         out: list[list[Generation]] = [[] for _ in prompts]
         placed: dict[int, Generation] = {}
-        with torch.inference_mode(), self._seeded(params.seed):
+        with torch.inference_mode(), self._seeded(params):
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
                 generations = self._generate_batch([encoded[rows[r]] for r in chunk], params)
@@ -191,14 +198,20 @@ class TransformersBackend:
         return out
 
     @contextlib.contextmanager
-    def _seeded(self, seed: int | None) -> Iterator[None]:
-        if seed is None:
+    def _seeded(self, params: SamplingParams) -> Iterator[None]:
+        """Sampling calls hold the RNG lock throughout (generate draws at every step); greedy ones
+        draw nothing, so they neither lock nor seed."""
+        if params.temperature == 0.0:
             yield
             return
-        devices = [torch.cuda.current_device()] if self.loaded.device == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            yield
+        with _SAMPLING_LOCK:
+            if params.seed is None:
+                yield
+                return
+            devices = [torch.cuda.current_device()] if self.loaded.device == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(params.seed)
+                yield
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
         greedy = params.temperature == 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -82,14 +83,17 @@ def _read_probability(content: str) -> tuple[float | None, str]:
     return value, ""
 
 
-def parse_probability(completion: str, *, question: str | None = None) -> tuple[float | None, str]:
+def parse_probability(
+    completion: str, *, question: str | Sequence[str] | None = None
+) -> tuple[float | None, str]:
     """Read the probability a model stated as ``\\boxed{P}`` in its own completion.
 
     Only the completion after its reasoning block (``<think>...</think>``) is read; its *last*
     ``\\boxed{}`` counts. Accepted forms: ``0.7``, ``.7``, ``70%`` (also ``70\\%``), ``P = 0.7``, a
     scale bin ``0.6-0.7`` (its midpoint) and ``\\frac{7}{10}``; a bare number above 1 without ``%``
     is refused rather than guessed at. Verbatim copies of ``question``, if given, are removed
-    first, so a model parroting a question containing ``\\boxed{1.0}`` does not answer ``1.0``.
+    first, so a model parroting a question containing ``\\boxed{1.0}`` does not answer ``1.0``; pass
+    every form the model may echo (the question as given and as shown in the prompt) as a sequence.
 
     Returns:
         ``(p, "")`` on success, else ``(None, reason)``.
@@ -101,8 +105,10 @@ def parse_probability(completion: str, *, question: str | None = None) -> tuple[
         (None, 'no \\\\boxed{} in the completion')
     """
     text = completion
-    if question and len(question.strip()) >= 8:
-        text = text.replace(question, " ").replace(question.strip(), " ")
+    forms = [question] if isinstance(question, str) else list(question or ())
+    for form in sorted(forms, key=len, reverse=True):
+        if len(form.strip()) >= 8:
+            text = text.replace(form, " ").replace(form.strip(), " ")
     segment, why = final_segment(text)
     if segment is None:
         return None, why

@@ -57,8 +57,8 @@ def read_p_true(tokens: Sequence[TokenLogprob] | None) -> tuple[float | None, st
     the least likely alternative returned (the top-k floor), as ``details["bounded"]`` says.
 
     Returns:
-        ``(p, "", details)``, or ``(None, reason, details)`` when there are no logprobs or neither
-        word appears.
+        ``(p, "", details)``, or ``(None, reason, details)`` when there are no logprobs, the answer
+        token has no alternatives (``top``) or neither word appears.
 
     Examples:
         >>> from capgate.core.backend import TokenLogprob
@@ -72,6 +72,9 @@ def read_p_true(tokens: Sequence[TokenLogprob] | None) -> tuple[float | None, st
     if at is None:
         return None, why, {}
     token = tokens[at]
+    if not token.top:  # the floor below would be the token's own probability: p = 0.5 whatever it is
+        reason = "the server sent no alternatives at the first answer token (it ignored top_logprobs)"
+        return None, reason, {"answer_token": token.token, "position": at}
     alternatives = dict(token.top)
     alternatives.setdefault(token.token, token.logprob)
     yes = sum(math.exp(lp) for t, lp in alternatives.items() if _word(t) == _YES)

@@ -236,7 +236,8 @@ class VerbalizedConfidence(BackendEstimator):
                     p = parse_verbalized_confidence(text)
                     why = "" if p is not None else "no [confidence=X%] tag after the answer"
                 elif p is None:
-                    p, why = parse_probability(text, question=query_text(queries[i]))
+                    question = query_text(queries[i])  # echoed as given or as shown in the prompt
+                    p, why = parse_probability(text, question=(question, delimit_question(question)))
                 if p is None:
                     state.failures.append(f"try {attempt + 1}: {why}")
                     retry.append(i)

@@ -36,6 +36,7 @@ class _Call(Generic[T, R]):
         self.done = False
         self.results: list[R] = []
         self.error: BaseException | None = None
+        self.settled = False  # results or error set
 
 
 class Coalescer(Generic[T, R]):
@@ -93,6 +94,13 @@ class Coalescer(Generic[T, R]):
                 batch = self._take()
             try:
                 self._run(batch)
+            except BaseException as error:  # not an Exception (_run keeps those): a KeyboardInterrupt, ...
+                interrupted = f"the batch this call was merged into was interrupted: {error!r}"
+                for member in batch:
+                    if not member.settled:  # an error, not an empty result, for the calls merged in
+                        member.error = RuntimeError(interrupted)
+                        member.error.__cause__ = error
+                raise
             finally:
                 with self._cond:
                     self._busy = False
@@ -125,12 +133,12 @@ class Coalescer(Generic[T, R]):
             results = list(self._fn([item for member in batch for item in member.items]))
         except Exception as error:
             if len(batch) == 1:
-                batch[0].error = error
+                batch[0].error, batch[0].settled = error, True
                 return
             for member in batch:
                 self._run([member])
             return
         start = 0
         for member in batch:
-            member.results = results[start : start + len(member.items)]
+            member.results, member.settled = results[start : start + len(member.items)], True
             start += len(member.items)
