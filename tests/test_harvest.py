@@ -755,3 +755,47 @@ def test_graders_whose_repr_was_stable_are_recorded_as_before(tmp_path: Path) ->
     ]
     for grader in graders:
         assert HarvestRun([], tmp_path / "x.jsonl", k=2, grader=grader).settings["grader"] == repr(grader)
+
+
+def test_cli_locates_a_numeric_answer_that_is_no_number_in_the_dataset_file(tmp_path: Path) -> None:
+    """As the dataset reader does: the file, the line (not the item's index) and the field the line
+    gives (``answer`` for the shorthand)."""
+    dataset = tmp_path / "sums.jsonl"
+    dataset.write_text(
+        '{"id": "a", "question": "1 + 1?", "answer": "2", "kind": "numeric"}\n\n'
+        '{"id": "b", "question": "6 * 7?", "answer": "forty-two", "kind": "numeric"}\n'
+    )
+    splits = tmp_path / "splits"
+    splits.mkdir()
+    (splits / "test.jsonl").write_text(
+        '{"id": "c", "question": "1 + 1?", "references": ["two"], "kind": "numeric"}\n'
+    )
+    runner = CliRunner()
+    base = ["--backend", "test_harvest:make_backend", "-k", "2", "--no-progress"]
+    result = runner.invoke(_cli(), ["harvest", str(dataset), "--out", str(tmp_path / "o.jsonl"), *base])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: {dataset}:3: field 'answer': numeric reference 'forty-two' of item 'b' is not one number\n"
+    )
+    result = runner.invoke(
+        _cli(), ["harvest", str(splits), "--split", "test", "--out", str(tmp_path / "s.jsonl"), *base]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {splits / 'test.jsonl'}:1: field 'references': ")
+    assert not meta_path(tmp_path / "o.jsonl").exists()
+
+
+def test_cli_ray_resolves_the_backend_before_starting_ray(tmp_path: Path) -> None:
+    """A --backend that does not import is the error a local harvest gives, before Ray starts
+    (on Ray, the workers' ActorDiedError was a traceback)."""
+    dataset = write_dataset(make_items(2), tmp_path / "sums.jsonl")
+    result = CliRunner().invoke(
+        _cli(),
+        ["harvest", str(dataset), "--out", str(tmp_path / "o.jsonl"), "--backend",
+         "capgate_no_such_module:make", "-k", "2", "--no-progress", "--ray", "--workers", "1"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        "error: Invalid value for --backend: cannot import 'capgate_no_such_module'"
+    )
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()

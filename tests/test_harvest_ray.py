@@ -229,3 +229,32 @@ def test_cli_ray_with_a_local_model_per_worker_labels_as_a_local_harvest(
         )
     meta = json.loads(meta_path(tmp_path / "ray.jsonl").read_text())
     assert meta["endpoint"] == json.loads(meta_path(tmp_path / "local.jsonl").read_text())["endpoint"]
+
+
+def test_a_backend_that_fails_to_build_on_the_worker_is_one_error_line(
+    ray_local: str, tmp_path: Path
+) -> None:
+    """No server: worker 0's backend raises as it is built. The run says why in one line and writes
+    nothing (Ray's own error is the worker's whole traceback); so does the CLI, for a --backend that
+    resolves in the driver but fails on the worker."""
+    from capgate.errors import BackendError
+    from capgate.labels.harvest_ray import ray_harvest
+
+    def broken(index: int) -> object:
+        raise ImportError("simulated: the backend module is broken")
+
+    out = tmp_path / "labels.jsonl"
+    with pytest.raises(BackendError) as info:
+        ray_harvest(broken, items(2), out, k=2, workers=1, cpus_per_worker=0, **SETTINGS)
+    assert str(info.value) == (
+        "Ray worker 0 could not build its backend: ImportError: simulated: the backend module is broken"
+    )
+    assert not out.exists()
+    data = write_dataset(items(2), tmp_path / "q.jsonl")
+    args = ["harvest", str(data), "--out", str(out), "--backend", "json:loads", "-k", "2", "--no-progress",
+            "--ray", "--workers", "1", "--cpus-per-worker", "0"]  # fmt: skip
+    result = CliRunner().invoke(app, args)  # joins the Ray of this process
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: Ray worker 0 could not build its backend: ")
+    assert "cannot call 'json:loads' without arguments" in result.stderr
+    assert len(result.stderr.splitlines()) == 1

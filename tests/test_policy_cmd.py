@@ -146,7 +146,7 @@ def test_calibrate_refuses_to_write_when_nothing_is_certified(tmp_path: Path) ->
     [
         (["--pvalue", "t"], "error: field '--pvalue': must be one of binomial, hoeffding-bentkus; got 't'"),
         (["--loss", "expected"], "error: the binomial p-value needs 0/1 losses"),
-        (["--risk", "1.5"], "error: `alpha` must be a number in (0, 1); got 1.5"),
+        (["--risk", "1.5"], "error: `--risk` must be a number in (0, 1); got 1.5"),
         (
             ["--confidence", "nope"],
             "math500_gpt-oss-20b_probe-math.jsonl:1: field 'nope': missing confidence field",

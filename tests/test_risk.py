@@ -418,3 +418,16 @@ def test_guarantee_on_math500_as_a_population() -> None:
         if result.threshold is not None:
             violations += float((1 - mu[conf >= result.threshold]).mean()) > alpha
     assert violations / reps <= delta + 3 * math.sqrt(delta * (1 - delta) / reps)
+
+
+def test_numpy_integer_settings_are_taken_as_ints() -> None:
+    """``grid`` and ``min_answered`` take numpy integers, as every other integer setting does."""
+    p = np.linspace(0.0, 1.0, 50)
+    mu = (p > 0.3).astype(np.float64)
+    for setting, value in (("grid", 11), ("min_answered", 5)):
+        got = calibrate_threshold(p, mu, alpha=0.2, delta=0.1, **{setting: np.int64(value)})  # type: ignore[arg-type]
+        assert got == calibrate_threshold(p, mu, alpha=0.2, delta=0.1, **{setting: value})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`grid` must be at least 2 thresholds; got np.int64\(1\)"):
+        calibrate_threshold(p, mu, alpha=0.2, delta=0.1, grid=np.int64(1))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`min_answered` must be a positive integer; got True"):
+        calibrate_threshold(p, mu, alpha=0.2, delta=0.1, min_answered=True)

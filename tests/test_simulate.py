@@ -205,3 +205,11 @@ def test_frontier_needs_an_answer_band_on_top_and_a_real_sweep() -> None:
     )
     with pytest.raises(ValueError, match="must answer"):
         threshold_frontier(upside_down, [0.5], [1.0])
+
+
+def test_a_numpy_integer_count_of_thresholds_is_a_count() -> None:
+    p, mu = [0.2, 0.7, 0.9], [0.0, 1.0, 1.0]
+    got = threshold_frontier(load_policy("balanced"), p, mu, thresholds=np.int64(3))  # type: ignore[arg-type]
+    assert got == threshold_frontier(load_policy("balanced"), p, mu, thresholds=3)
+    with pytest.raises(ValueError, match="at least 2 when given as a count"):
+        threshold_frontier(load_policy("balanced"), p, mu, thresholds=np.int64(1))  # type: ignore[arg-type]

@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from capgate._util.jsonl import json_ready
-from capgate.cli._common import JsonFlag, JsonOut, console, fail, run_reporting_errors, show_figures
+from capgate._util.validate import check_unit_interval
+from capgate.cli._common import (
+    JsonFlag,
+    JsonOut,
+    check_option,
+    console,
+    fail,
+    run_reporting_errors,
+    show_figures,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -297,6 +306,7 @@ def demo_command(
 
     if not live and not verbalized and not replay:
         fail("nothing to run: --no-live, --no-verbalized and --no-replay together")
+    check_option(check_unit_interval, "--risk", risk, open_ends=True)
     if live and not 1 <= questions <= held_out_size():
         fail(f"--questions must be from 1 to {held_out_size()} (the held-out split); got {questions}")
     data = replay_data if replay_data is not None else REPLAY_DATA

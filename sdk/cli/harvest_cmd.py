@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from capgate.cli._common import LocalModel, fail
+from capgate.cli._common import LocalModel, fail, output_file
 from capgate.core.backend import Backend
 from capgate.errors import DataError
 
@@ -101,6 +101,17 @@ def _make_backend(
     return loaded
 
 
+def _check_backend_spec(backend: str) -> None:
+    """``--backend`` with ``--ray``: resolved here, before any worker starts, with a local harvest's
+    checks; the factory is called on the workers only (it may load a model)."""
+    factory = load_object(backend, option="--backend")
+    if not callable(factory) and not isinstance(factory, Backend):
+        raise typer.BadParameter(
+            f"{backend!r} is a {type(factory).__name__!r}, not a capgate.Backend or a factory of one",
+            param_hint="--backend",
+        )
+
+
 def worker_backend(
     model: str,
     backend: str | None,
@@ -144,7 +155,10 @@ def harvest_command(
             show_default=False,
         ),
     ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output JSON-lines file; rerun to resume.")],
+    out: Annotated[
+        Path,
+        typer.Option("--out", "-o", callback=output_file, help="Output JSON-lines file; rerun to resume."),
+    ],
     model: LocalModel = "default",
     backend: Annotated[
         str | None,
@@ -249,6 +263,8 @@ def harvest_command(
         fail(exc.format_message())
     except (ModuleNotFoundError, ValueError, RuntimeError) as exc:
         fail(str(exc), code=1)
+    except OSError as exc:  # e.g. the output, checked before the run, could not be written after all
+        fail(str(exc))
     done = report.n_resumed + report.n_new
     accuracy = report.n_correct / report.n_samples if report.n_samples else float("nan")
     summary = (
@@ -282,6 +298,8 @@ def _ray_harvest(
     if urls is not None:
         for url in urls:  # the same checks a local harvest makes, before any worker starts
             _make_backend(**{**target, "base_url": url})
+    elif target["backend"] is not None:
+        _check_backend_spec(target["backend"])
     factory = functools.partial(
         worker_backend,
         target["model"],

@@ -12,7 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capgate.cli._common import DbOption, JsonFlag, run_reporting_errors
+from capgate._util.validate import check_positive_number
+from capgate.cli._common import DbOption, JsonFlag, check_option, run_reporting_errors
 from capgate.cli.log_cmd import open_existing_log
 from capgate.decision.analysis.monitor import MethodReport, calibration_report
 
@@ -72,7 +73,7 @@ def monitor(
         typer.Option("--brier-tolerance", min=0.0, help="Flag a Brier rise over the reference above this."),
     ] = 0.05,
     z_threshold: Annotated[
-        float, typer.Option("--z-threshold", min=0.0, help="Flag |calibration-in-the-large z| above this.")
+        float, typer.Option("--z-threshold", help="Flag |calibration-in-the-large z| above this.")
     ] = 3.0,
     as_json: JsonFlag = False,
     follow: Annotated[bool, typer.Option("--follow", help="Refresh every --interval seconds.")] = False,
@@ -92,6 +93,7 @@ def monitor(
     method, target and calibration version is reported apart; a flagged one names the `capgate
     calibrate` command that recalibrates it on the recent outcomes.
     """
+    check_option(check_positive_number, "--z-threshold", z_threshold)
     version = "" if calibration is not None and calibration.lower() == "none" else calibration
     console = Console(width=200)
     refreshes = 0

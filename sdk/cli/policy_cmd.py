@@ -8,7 +8,17 @@ from typing import Annotated, cast, get_args
 
 import typer
 
-from capgate.cli._common import EXIT_BAD_INPUT, JsonFlag, command_group, fail_lines
+from capgate._util.validate import check_int_at_least, check_positive_int, check_unit_interval
+from capgate.cli._common import (
+    EXIT_BAD_INPUT,
+    JsonFlag,
+    check_option,
+    command_group,
+    fail,
+    fail_lines,
+    output_file,
+    write_text,
+)
 from capgate.errors import DataError
 
 __all__ = ["policy_app", "register"]
@@ -26,7 +36,8 @@ def register(app: typer.Typer) -> None:
 @policy_app.command("schema")
 def schema_cmd(
     out: Annotated[
-        Path | None, typer.Option("--out", help="Write the schema here instead of stdout.")
+        Path | None,
+        typer.Option("--out", callback=output_file, help="Write the schema here instead of stdout."),
     ] = None,
 ) -> None:
     """Print the JSON Schema of policy files."""
@@ -36,7 +47,7 @@ def schema_cmd(
     if out is None:
         typer.echo(text, nl=False)
     else:
-        out.write_text(text, encoding="utf-8")
+        write_text(out, text, "the schema")
         typer.echo(f"wrote {out}")
 
 
@@ -84,9 +95,12 @@ def calibrate_cmd(
         typer.Option("--policy", help="Policy (file or preset) whose answer threshold to set."),
     ] = None,
     below: Annotated[
-        str,
-        typer.Option("--below", help="Without --policy: the action below the threshold (abstain|escalate)."),
-    ] = "abstain",
+        str | None,
+        typer.Option(
+            "--below",
+            help="Without --policy: the action below the threshold (abstain|escalate; default abstain).",
+        ),
+    ] = None,
     name: Annotated[
         str | None, typer.Option("--name", help="Name of the new policy (without --policy).")
     ] = None,
@@ -127,12 +141,26 @@ def calibrate_cmd(
     from capgate.learn.thresholds import base_policy, no_threshold_message, policy_header, risk_summary
     from capgate.policies import PolicyError
 
+    given = [option for option, value in (("--name", name), ("--below", below)) if value is not None]
+    if policy is not None and given:
+        verb = "is" if len(given) == 1 else "are"
+        fail(
+            f"{' and '.join(given)} {verb} for a new policy (without --policy); the --policy policy "
+            "keeps its own name and bands"
+        )
+    check_option(check_unit_interval, "--risk", risk, open_ends=True)
+    check_option(check_unit_interval, "--delta", delta, open_ends=True)
+    check_option(check_int_at_least, "--grid", grid, 2)
+    if min_answered is not None:
+        check_option(check_positive_int, "--min-answered", min_answered)
+    if start is not None:
+        check_option(check_unit_interval, "--start", start)
     try:
-        _choice("--below", below, ("abstain", "escalate"))
+        _choice("--below", below or "abstain", ("abstain", "escalate"))
         _choice("--pvalue", pvalue, get_args(PValue))
         _choice("--loss", loss, get_args(Loss))
         _choice("--procedure", procedure, get_args(Procedure))
-        base = base_policy(policy, name=name or f"calibrated-{data.stem}", below=below)
+        base = base_policy(policy, name=name or f"calibrated-{data.stem}", below=below or "abstain")
         base.with_answer_threshold(0.5, step=step, tool=tool)  # fail early if the top band does not answer
         labels = read_labelled(data, confidence=[confidence], allow_missing=True)
         conf = labels.confidences[confidence]

@@ -9,6 +9,7 @@ exist; or they are computed on the fly with ``--model`` (the local hidden-state 
 from __future__ import annotations
 
 import importlib
+import math
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -17,15 +18,20 @@ import numpy as np
 import numpy.typing as npt
 import typer
 
+from capgate._util.validate import check_int_at_least, check_positive_int, check_unit_interval
 from capgate.cli._common import (
     JsonFlag,
     JsonOut,
+    check_option,
     command_group,
     console,
     fail,
+    output_file,
+    output_folder,
     parse_int_list,
     run_reporting_errors,
     show_figures,
+    writing,
 )
 from capgate.errors import CapgateError, DataError
 from capgate.labels.labelled import LabelledSet, iter_labelled, read_labelled
@@ -50,7 +56,7 @@ FeaturizerOpt = Annotated[
         "--featurizer", help="Compute features with module:attr (a featurizer, or a factory of one)."
     ),
 ]
-BatchOpt = Annotated[int, typer.Option(help="Queries per featurizer call.")]
+BatchOpt = Annotated[int, typer.Option(min=1, help="Queries per featurizer call.")]
 
 
 def _hidden_state_featurizer(model: str) -> Any:
@@ -137,14 +143,17 @@ def _parse_lr(text: str) -> float | tuple[float, ...] | Literal["sweep"]:
         values = tuple(float(part) for part in text.split(",") if part.strip())
     except ValueError:
         fail(f"--lr must be 'sweep' or comma-separated numbers; got {text!r}")
-    if not values or any(not v > 0 for v in values):
+    if not values or any(not 0 < v < math.inf for v in values):
         fail(f"--lr must be 'sweep' or positive numbers; got {text!r}")
     return values[0] if len(values) == 1 else values
 
 
 def featurize_command(
     labels: Annotated[Path, typer.Option(help="Labelled JSONL (id, question, k, correct).")],
-    out: Annotated[Path, typer.Option(help="Feature file to write (.npz; the spec goes to .spec.json).")],
+    out: Annotated[
+        Path,
+        typer.Option(callback=output_file, help="Feature file to write (.npz; the spec goes to .spec.json)."),
+    ],
     model: ModelOpt = None,
     featurizer: FeaturizerOpt = None,
     batch_size: BatchOpt = 16,
@@ -153,8 +162,6 @@ def featurize_command(
     from capgate.estimators.feature_store import featurize_to, spec_path
 
     _one_source(None, model, featurizer)
-    if batch_size < 1:
-        fail(f"--batch-size must be a positive integer; got {batch_size}")
     labelled = run_reporting_errors(lambda: read_labelled(labels))
     questions = run_reporting_errors(lambda: _questions(labelled))
     made = _featurizer(model, featurizer)
@@ -162,15 +169,21 @@ def featurize_command(
     def progress(done: int, total: int) -> None:
         typer.echo(f"featurized {done}/{total}", err=True)
 
-    stored = run_reporting_errors(
-        lambda: featurize_to(out, labelled.ids, questions, made, batch_size=batch_size, on_batch=progress)
-    )
+    with writing(out, "the features"):
+        stored = run_reporting_errors(
+            lambda: featurize_to(out, labelled.ids, questions, made, batch_size=batch_size, on_batch=progress)
+        )
     typer.echo(f"wrote {out} ({len(stored.ids)} x {stored.features.shape[1]}) and {spec_path(out)}")
 
 
 def fit_command(
     labels: Annotated[Path, typer.Option(help="Labelled JSONL of the training queries.")],
-    out: Annotated[Path, typer.Option(help="Folder to save the probe in (probe.safetensors + probe.json).")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            callback=output_folder, help="Folder to save the probe in (probe.safetensors + probe.json)."
+        ),
+    ],
     features: FeaturesOpt = None,
     model: ModelOpt = None,
     featurizer: FeaturizerOpt = None,
@@ -196,6 +209,11 @@ def fit_command(
     from capgate.estimators.probe import LinearProbe
 
     _one_source(features, model, featurizer)
+    rates = _parse_lr(lr)
+    check_option(check_unit_interval, "--validation-fraction", validation_fraction, open_ends=True)
+    check_option(check_positive_int, "--max-epochs", max_epochs)
+    check_option(check_positive_int, "--patience", patience)
+    check_option(check_int_at_least, "--seed", seed, 0)
     labelled = run_reporting_errors(lambda: read_labelled(labels))
     target = run_reporting_errors(lambda: ProbeTarget.from_harvest(labels))
     if val_labels is not None:
@@ -209,7 +227,7 @@ def fit_command(
         y_val = held.mu_hat
     probe = LinearProbe(
         standardize=standardize,
-        lr=_parse_lr(lr),
+        lr=rates,
         max_epochs=max_epochs,
         patience=patience,
         validation_fraction=validation_fraction,
@@ -231,7 +249,8 @@ def fit_command(
         )
     for warning in caught:
         typer.echo(f"warning: {warning.message}", err=True)
-    probe.save(out)
+    with writing(out, "the probe"):
+        probe.save(out)
     val = probe.validation_
     typer.echo(
         f"fitted on {probe.training_['n']} queries (mean µ̂ {probe.training_['mean_mu_hat']:.4f}), "

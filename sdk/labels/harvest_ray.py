@@ -31,6 +31,7 @@ from capgate._util.extras import import_extra
 from capgate._util.validate import check_positive_int
 from capgate.core.backend import Backend, Generation, Prompt, SamplingParams
 from capgate.datasets import DatasetItem
+from capgate.errors import BackendError
 from capgate.labels.harvesting import HarvestReport, HarvestRun, HarvestTarget
 
 __all__ = ["RayHarvestReport", "ray_harvest"]
@@ -108,7 +109,8 @@ def ray_harvest(
     Raises:
         DataError: As :func:`capgate.labels.harvesting.harvest` (damaged output, other settings...).
         RuntimeError: More than ``max_worker_failures`` batches were lost to dead workers.
-        BackendError: A worker's backend failed (what was written so far stays written).
+        BackendError: A worker's backend failed (what was written so far stays written), or the
+            first worker's could not be built (nothing is written then).
     """
     check_positive_int("workers", workers)
     check_positive_int("in_flight", in_flight)
@@ -120,13 +122,29 @@ def ray_harvest(
     actors = [remote.options(num_cpus=cpus_per_worker).remote(make_backend, i) for i in range(workers)]
     try:
         with run:
-            queue = deque(run.open(ray.get(actors[0].target.remote())))
+            queue = deque(run.open(_first_target(ray, actors[0])))
             failures = _drive(ray, run, actors, queue, in_flight, max_worker_failures)
             report = run.close()
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)
     return RayHarvestReport(**report.model_dump(), workers=workers, worker_failures=failures)
+
+
+def _first_target(ray: Any, actor: Any) -> HarvestTarget:
+    """Worker 0's target, once its backend is built; a backend that fails to build is a
+    :class:`BackendError` naming the worker's error (Ray's own is a traceback of the worker)."""
+    from ray.exceptions import RayActorError
+
+    try:
+        target: HarvestTarget = ray.get(actor.target.remote())
+    except RayActorError as exc:
+        if not exc.actor_init_failed:
+            raise
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        cause = lines[-1] if lines else type(exc).__name__  # the worker's traceback ends with its error
+        raise BackendError(f"Ray worker 0 could not build its backend: {cause}") from None
+    return target
 
 
 def _drive(

@@ -26,6 +26,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -41,7 +42,7 @@ from pydantic import BaseModel, ConfigDict
 
 from capgate._util.atomic import atomic_write_json
 from capgate._util.drive import Steps, adrive, drive, twin_of
-from capgate._util.jsonl import append_durably, cut_torn_tail, open_append_only
+from capgate._util.jsonl import append_durably, cut_torn_tail, iter_json_objects, open_append_only
 from capgate._util.validate import check_positive_int
 from capgate.cas.confidence import ConfidenceSource, strip_confidence_tag, with_confidence_instruction
 from capgate.core.backend import AsyncBackend, Backend, Generation, Prompt, SamplingParams, backend_endpoint
@@ -226,11 +227,12 @@ class HarvestRun:
             if isinstance(self._grader_of(item), NumericGrader):
                 for reference in item.references:
                     if parse_number(reference) is None:
-                        raise DataError(
-                            f"numeric reference {reference!r} of item {item.id!r} (item {index}) is not "
-                            "one number",
-                            field="references",
-                        )
+                        what = f"numeric reference {reference!r} of item {item.id!r}"
+                        located = _item_location(self.settings["dataset"], index, item.id)
+                        if located is None:
+                            raise DataError(f"{what} (item {index}) is not one number", field="references")
+                        path, line, field = located
+                        raise DataError(f"{what} is not one number", path=path, line=line, field=field)
 
     def _grader_of(self, item: DatasetItem) -> Grader:
         if self.grader is not None:
@@ -421,6 +423,29 @@ class HarvestRun:
     ) -> None:
         if self._fd is not None or self._progress is not None:
             self.close()
+
+
+def _item_location(dataset: str | None, index: int, item_id: str) -> tuple[Path, int, str] | None:
+    """Where item ``index`` (1-based) was read from, when ``dataset`` names its JSON-lines file (a
+    file, ``folder@split`` or a one-split folder) and that file's ``index``-th line holds it: the
+    file, the line and the field of its references (``answer`` for the shorthand); else ``None``."""
+    if dataset is None:
+        return None
+    folder, at, split = dataset.rpartition("@")
+    root, candidates = Path(folder if at else dataset), [Path(dataset)]
+    if root.is_dir():
+        splits = sorted(c for c in root.iterdir() if c.name.endswith((".jsonl", ".jsonl.gz")))
+        candidates = [c for c in splits if not at or c.name.split(".")[0] == split]
+    if len(candidates) != 1 or not candidates[0].is_file():
+        return None
+    with contextlib.suppress(DataError):
+        for number, (line, obj) in enumerate(iter_json_objects(candidates[0]), start=1):
+            if number == index and obj.get("id") == item_id:
+                keys = [key for key in ("answer", "aliases", "answers") if key in obj]
+                return candidates[0], line, keys[0] if keys else "references"
+            if number >= index:
+                break
+    return None
 
 
 @twin_of(HarvestRun)

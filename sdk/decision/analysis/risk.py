@@ -59,7 +59,7 @@ from typing import Literal, TypeAlias
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from capgate._util.validate import check_choice, check_unit_interval
+from capgate._util.validate import check_choice, check_int_at_least, check_positive_int, check_unit_interval
 
 __all__ = [
     "Loss",
@@ -314,8 +314,8 @@ def calibrate_threshold(
         raise ValueError(f"`start` must be 'auto' or a threshold in [0, 1]; got {start!r}")
     if start != "auto" and procedure != "fixed-sequence":
         raise ValueError("a fixed `start` needs procedure='fixed-sequence'")
-    if min_answered is not None and not (isinstance(min_answered, int) and min_answered >= 1):
-        raise ValueError(f"`min_answered` must be a positive integer; got {min_answered!r}")
+    if min_answered is not None:
+        min_answered = check_positive_int("min_answered", min_answered)
 
     conf_u, mu_u = conf[usable], mu[usable]
     if resolved == "sampled":
@@ -418,10 +418,9 @@ def _checkpoints(n: int, alpha: float, delta: float, first: int | None) -> list[
 
 def _grid(grid: int | Sequence[float]) -> NDArray[np.float64]:
     """Candidate thresholds, from high to low."""
-    if isinstance(grid, int) and not isinstance(grid, bool):
-        if grid < 2:
-            raise ValueError(f"`grid` must be at least 2 thresholds; got {grid}")
-        return np.round(np.linspace(1.0, 0.0, grid), 12)
+    if isinstance(grid, int | np.integer) and not isinstance(grid, bool):
+        count = check_int_at_least("grid", grid, 2, "at least 2 thresholds")
+        return np.round(np.linspace(1.0, 0.0, count), 12)
     values = np.asarray(grid, dtype=np.float64)
     if (
         values.ndim != 1

@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from capgate._util.jsonl import json_ready
-from capgate._util.validate import check_positive_int
+from capgate._util.validate import check_int_at_least, check_positive_int
 from capgate.core.types import Action, Sample, SamplingPlan
 from capgate.decision.analysis.risk import check_p_mu
 
@@ -301,10 +301,9 @@ def threshold_frontier(
     """
     if isinstance(thresholds, bool):
         raise ValueError(f"`thresholds` must be a count or a list of thresholds; got {thresholds!r}")
-    if isinstance(thresholds, int):
-        if thresholds < 2:
-            raise ValueError(f"`thresholds` must be at least 2 when given as a count; got {thresholds}")
-        values = [round(float(t), 12) for t in np.linspace(0.0, 1.0, thresholds)]
+    if isinstance(thresholds, int | np.integer):
+        count = check_int_at_least("thresholds", thresholds, 2, "at least 2 when given as a count")
+        values = [round(float(t), 12) for t in np.linspace(0.0, 1.0, count)]
     else:
         values = [float(t) for t in thresholds]
     return [
