@@ -4,40 +4,58 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
 from capgate.local._coalesce import Coalescer, _Call
 
 
-def test_calls_that_arrive_during_a_batch_run_together_next() -> None:
+def _merged_behind_a_held_batch(
+    fn: Callable[[list[int]], list[int]], first: list[int], later: list[list[int]]
+) -> tuple[list[int], list[object]]:
+    """Call with ``first`` (its batch held until every ``later`` call is queued), then with each of
+    ``later``, which coalesce into the next batch: the batch sizes and what each call got (its
+    result, or the error it raised), in call order."""
     release = threading.Event()
     sizes: list[int] = []
 
-    def double(items: list[int]) -> list[int]:
+    def held(items: list[int]) -> list[int]:
         sizes.append(len(items))
         if len(sizes) == 1:
             release.wait(10)
-        return [2 * x for x in items]
+        return fn(items)
 
-    coalesce: Coalescer[int, int] = Coalescer(double)
-    results: dict[int, list[int]] = {}
-    first = threading.Thread(target=lambda: results.setdefault(0, coalesce([0])))
-    first.start()
+    coalesce: Coalescer[int, int] = Coalescer(held)
+    outcomes: list[object] = [None] * (1 + len(later))
+
+    def call(i: int, items: list[int]) -> None:
+        try:
+            outcomes[i] = coalesce(items)
+        except BaseException as error:  # the test records what each caller got
+            outcomes[i] = error
+
+    threads = [threading.Thread(target=call, args=(0, first))]
+    threads[0].start()
     while not sizes:
         time.sleep(0.001)
-    others = [
-        threading.Thread(target=lambda i=i: results.setdefault(i, coalesce([i, 10 * i]))) for i in (1, 2, 3)
-    ]
-    for thread in others:
+    threads += [threading.Thread(target=call, args=(i, items)) for i, items in enumerate(later, 1)]
+    for thread in threads[1:]:
         thread.start()
-    while len(coalesce._queue) < 3:
+    while len(coalesce._queue) < len(later):
         time.sleep(0.001)
     release.set()
-    for thread in [first, *others]:
+    for thread in threads:
         thread.join(10)
+    return sizes, outcomes
+
+
+def test_calls_that_arrive_during_a_batch_run_together_next() -> None:
+    sizes, outcomes = _merged_behind_a_held_batch(
+        lambda items: [2 * x for x in items], [0], [[1, 10], [2, 20], [3, 30]]
+    )
     assert sizes == [1, 6]
-    assert results == {0: [0], 1: [2, 20], 2: [4, 40], 3: [6, 60]}
+    assert outcomes == [[0], [2, 20], [4, 40], [6, 60]]
 
 
 def test_a_failing_batch_is_rerun_call_by_call() -> None:
@@ -135,38 +153,12 @@ class _Interrupt(BaseException):
 
 
 def test_a_batch_interrupted_by_a_base_exception_fails_every_merged_call() -> None:
-    release = threading.Event()
-    sizes: list[int] = []
-
     def echo(items: list[int]) -> list[int]:
-        sizes.append(len(items))
-        if len(sizes) == 1:
-            release.wait(10)
         if -1 in items:
             raise _Interrupt("runner interrupted")
         return list(items)
 
-    coalesce: Coalescer[int, int] = Coalescer(echo)
-    outcomes: dict[int, object] = {}
-
-    def call(key: int, items: list[int]) -> None:
-        try:
-            outcomes[key] = coalesce(items)
-        except BaseException as error:  # the test records what each caller got
-            outcomes[key] = error
-
-    first = threading.Thread(target=call, args=(0, [0]))
-    first.start()
-    while not sizes:
-        time.sleep(0.001)
-    merged = [threading.Thread(target=call, args=(key, items)) for key, items in ((1, [-1]), (2, [5, 6]))]
-    for thread in merged:
-        thread.start()
-    while len(coalesce._queue) < 2:
-        time.sleep(0.001)
-    release.set()
-    for thread in [first, *merged]:
-        thread.join(10)
+    sizes, outcomes = _merged_behind_a_held_batch(echo, [0], [[-1], [5, 6]])
     assert sizes == [1, 3]  # the two calls ran as one batch
     assert outcomes[0] == [0]
     got = [outcomes[1], outcomes[2]]
