@@ -105,12 +105,10 @@ def drive(steps: Steps[R], call: Callable[[Any], Any]) -> R:
             request = next(steps)
             while True:
                 request = _resume(steps, _attempt(call, request), thrown)
-        except StopIteration as done:
-            result: R = done.value
-            return result
-        except _EscapedError as escaped:
-            error = escaped.error
-        raise error  # out of the handler: as raised, without the driver's error as its context
+        except (StopIteration, _EscapedError) as end:
+            ended = end
+    result: R = _result(ended)
+    return result
 
 
 async def adrive(steps: Steps[R], call: Callable[[Any], Awaitable[Any]]) -> R:
@@ -121,12 +119,18 @@ async def adrive(steps: Steps[R], call: Callable[[Any], Awaitable[Any]]) -> R:
             request = next(steps)
             while True:
                 request = _resume(steps, await _aattempt(call, request), thrown)
-        except StopIteration as done:
-            result: R = done.value
-            return result
-        except _EscapedError as escaped:
-            error = escaped.error
-        raise error  # out of the handler: as raised, without the driver's error as its context
+        except (StopIteration, _EscapedError) as end:
+            ended = end
+    result: R = _result(ended)
+    return result
+
+
+def _result(ended: StopIteration | _EscapedError) -> Any:
+    """The steps' result; or the ``StopIteration`` they let through, raised as itself (outside any
+    handler, so without the driver's error as its context)."""
+    if isinstance(ended, _EscapedError):
+        raise ended.error
+    return ended.value
 
 
 def relay(steps: Steps[R], ask: Callable[[Any], Any], answer: Callable[[Any], Any]) -> Steps[R]:

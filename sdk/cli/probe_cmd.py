@@ -209,11 +209,18 @@ def fit_command(
     from capgate.estimators.probe import LinearProbe
 
     _one_source(features, model, featurizer)
-    rates = _parse_lr(lr)
     check_option(check_unit_interval, "--validation-fraction", validation_fraction, open_ends=True)
     check_option(check_positive_int, "--max-epochs", max_epochs)
     check_option(check_positive_int, "--patience", patience)
     check_option(check_int_at_least, "--seed", seed, 0)
+    probe = LinearProbe(  # settings checked before the work
+        standardize=standardize,
+        lr=_parse_lr(lr),
+        max_epochs=max_epochs,
+        patience=patience,
+        validation_fraction=validation_fraction,
+        random_state=seed,
+    )
     labelled = run_reporting_errors(lambda: read_labelled(labels))
     target = run_reporting_errors(lambda: ProbeTarget.from_harvest(labels))
     if val_labels is not None:
@@ -225,14 +232,6 @@ def fit_command(
         held = run_reporting_errors(lambda: read_labelled(val_labels))
         X_val, _ = run_reporting_errors(lambda: _features_for(held, features, model, featurizer, batch_size))
         y_val = held.mu_hat
-    probe = LinearProbe(
-        standardize=standardize,
-        lr=rates,
-        max_epochs=max_epochs,
-        patience=patience,
-        validation_fraction=validation_fraction,
-        random_state=seed,
-    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         run_reporting_errors(
