@@ -139,6 +139,15 @@ def test_folder_of_split_files(tmp_path: Path) -> None:
         load_dataset(tmp_path / "train.jsonl", split="train")
 
 
+def test_two_files_of_one_split_name_are_refused_naming_both(tmp_path: Path) -> None:
+    """``test.jsonl`` and ``test.v2.jsonl`` would both be split ``test``: refused, never one silently kept."""
+    items = [DatasetItem(id="s1", question="q", kind="alias", references=["b"])]
+    write_dataset(items, tmp_path / "test.jsonl")
+    write_dataset(items, tmp_path / "test.v2.jsonl")
+    with pytest.raises(DataError, match=r"test\.jsonl and test\.v2\.jsonl would both be split 'test'"):
+        load_dataset(tmp_path, split="test")
+
+
 def test_unknown_names_and_missing_files() -> None:
     with pytest.raises(DataError, match=r"unknown dataset 'gsm9k'.*gsm8k, math500"):
         load_dataset("gsm9k")

@@ -289,3 +289,24 @@ def test_the_predicate_compares_the_tools_edge_and_fails_closed() -> None:
             CapabilityApproval(policy=POLICY)(_request("EASY"))  # misconfigured: raised, not asked
     finally:
         capgate.set_default_estimator(previous)
+
+
+def test_no_decision_leaves_no_verdict_of_another_call(tmp_path: Path) -> None:
+    from capgate import LogUnavailableError
+
+    class DownAfterOne(DecisionLog):
+        writes = 0
+
+        def record(self, *args: Any, **kwargs: Any) -> Any:
+            DownAfterOne.writes += 1
+            if DownAfterOne.writes > 1:
+                raise LogUnavailableError("down", location=self.location)
+            return super().record(*args, **kwargs)
+
+    log = DownAfterOne(tmp_path / "log.sqlite3", fail_closed=True)
+    when = CapabilityApproval(policy=POLICY, estimator=KeywordEstimator(TABLE), log=log)
+    assert when(_request("EASY", "a")) is False
+    assert when.last_verdict is not None
+    assert when.last_verdict.estimate.p == 0.95
+    assert when(_request("HARD", "b")) is True  # the log is down (fail closed): a human decides
+    assert when.last_verdict is None  # not call a's verdict

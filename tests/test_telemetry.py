@@ -459,3 +459,11 @@ def test_the_probes_fast_path_choice_is_on_the_estimate_the_log_and_the_spans(
     (estimate_span,) = _named(spans, telemetry.SPAN_ESTIMATE)
     assert dict(estimate_span.attributes or {})["capgate.fast_path.bf16_speedup"] == 1.21
     log.close()
+
+
+def test_every_fast_path_attribute_is_listed_in_attributes() -> None:
+    """ATTRIBUTES lists every attribute capgate sets, the four ``capgate.fast_path.*`` ones included."""
+    record = {"dtype": "float32", "chosen_by": "auto", "bf16_speedup": 1.2, "bf16_threshold": 1.25}
+    keys = set(telemetry._fast_path(Estimate(p=0.5, method="probe", details={"fast_path": record})))
+    assert len(keys) == 4
+    assert keys <= set(telemetry.ATTRIBUTES)

@@ -115,6 +115,10 @@ class CapabilityApproval:
         messages_key: State key of the conversation.
         **settings: The gate settings (:class:`~capgate.gate.GateOptions`).
 
+    Attributes:
+        last_verdict: The verdict of the latest call estimated; ``None`` when its decision could
+            not be had (a remembered answer on resume leaves it as it was).
+
     Raises:
         SettingsError: A bad setting, or (at call time) a rule without an answer band and no
             ``edge``.
@@ -154,6 +158,7 @@ class CapabilityApproval:
         state = request.state
         messages = state.get(self.messages_key) if isinstance(state, Mapping) else None
         gate = self.gate.with_options(tool=tool)
+        self.last_verdict = None  # set below only when this call's decision is had
         try:
             verdict = drive(_assess_flow(gate, tool_call_query(messages or [], call)))
         except SettingsError:  # a misconfigured gate is an error, not a reason to ask

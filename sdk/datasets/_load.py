@@ -127,12 +127,22 @@ def _load_path(path: Path, split: str | None, limit: int | None) -> list[Dataset
 
 
 def _folder_splits(folder: Path) -> dict[str, Path]:
+    """Each split's file or ``save_to_disk`` folder; two that would be the same split are refused."""
     splits: dict[str, Path] = {}
     for child in sorted(folder.iterdir()):
         if child.is_file() and child.name.endswith((".jsonl", ".jsonl.gz")):
-            splits[child.name.split(".")[0]] = child
+            name = child.name.split(".")[0]
         elif child.is_dir() and (child / "state.json").is_file():
-            splits[child.name] = child
+            name = child.name
+        else:
+            continue
+        if name in splits:
+            raise DataError(
+                f"{splits[name].name} and {child.name} would both be split {name!r}; keep one",
+                path=folder,
+                field="split",
+            )
+        splits[name] = child
     return splits
 
 

@@ -75,6 +75,10 @@ ATTRIBUTES: dict[str, str] = {
     "capgate.round": "a resample round's index (0-based)",
     "capgate.batch_size": "queries estimated in one estimator call",
     "capgate.query": "the query as chat-messages JSON, only when the decision log stores text",
+    "capgate.fast_path.dtype": "the dtype the estimator's reader pass ran in (when it records one)",
+    "capgate.fast_path.chosen_by": "what chose that dtype (the probe's recorded checks, or the caller)",
+    "capgate.fast_path.bf16_speedup": "the bf16 speedup measured when the dtype was chosen",
+    "capgate.fast_path.bf16_threshold": "the speedup bf16 had to reach to be chosen",
 }
 """Every attribute capgate sets, with its meaning."""
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capgate._util.atomic import atomic_write_json
+from capgate._util.atomic import atomic_write_json, fsync_dir
 from capgate.errors import DataError, MissingExtraError
 from capgate.local.lora import ADAPTER_PROVENANCE
 from capgate.local.models import MODEL_METADATA_FILE, prepare_model, weights_fingerprint
@@ -147,12 +147,18 @@ def _resolve_device(device: str) -> str:
 
 
 def _replace_folder(final: Path, write: Any) -> None:
-    """``write(tmp)`` then rename ``tmp`` to ``final`` (a kill never leaves half a folder there)."""
+    """``write(tmp)``, sync its files and itself to disk, then rename ``tmp`` to ``final`` (a kill or a
+    crash never leaves half a folder, or a truncated file, under a manifest written after)."""
     tmp = final.with_name(f".{final.name}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
+    for file in (path for path in tmp.rglob("*") if path.is_file()):
+        with file.open("rb") as handle:
+            os.fsync(handle.fileno())
+    fsync_dir(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
+    fsync_dir(final.parent)
 
 
 def _progress_callback(total: int, show: bool) -> Any:
