@@ -49,6 +49,14 @@ def _new_file_beside(target: Path, suffix: str) -> Path:
         return tmp
 
 
+def fsync_files(folder: Path) -> None:
+    """Sync every file under ``folder`` (its subfolders too) to disk."""
+    for file in folder.rglob("*"):
+        if file.is_file():
+            with file.open("rb") as handle:
+                os.fsync(handle.fileno())
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str], *, suffix: str = ".tmp") -> Iterator[Path]:
     """A temporary path to write in place of ``path``; renamed over it when the block succeeds.
@@ -142,10 +150,7 @@ def atomic_folder(final: Path, build: Callable[[Path], None]) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=final.parent))
     try:
         build(tmp)
-        for file in tmp.rglob("*"):
-            if file.is_file():
-                with file.open("rb") as handle:
-                    os.fsync(handle.fileno())
+        fsync_files(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is shared (say, with a vLLM server)
         try:
             os.rename(tmp, final)

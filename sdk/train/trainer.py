@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capgate._util.atomic import atomic_write_json, fsync_dir
+from capgate._util.atomic import atomic_write_json, fsync_dir, fsync_files
 from capgate.errors import DataError, MissingExtraError
 from capgate.local.lora import ADAPTER_PROVENANCE
 from capgate.local.models import MODEL_METADATA_FILE, prepare_model, weights_fingerprint
@@ -152,9 +152,7 @@ def _replace_folder(final: Path, write: Any) -> None:
     tmp = final.with_name(f".{final.name}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
-    for file in (path for path in tmp.rglob("*") if path.is_file()):
-        with file.open("rb") as handle:
-            os.fsync(handle.fileno())
+    fsync_files(tmp)
     fsync_dir(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
