@@ -226,6 +226,12 @@ Execute = Callable[[Any], ToolResult]
 AExecute = Callable[[Any], Awaitable[ToolResult]]
 
 
+def state_value(state: Any, key: str, default: Any = None) -> Any:
+    """``state[key]``: a mapping's item, else the attribute (a dataclass or Pydantic state, as
+    LangGraph allows)."""
+    return state.get(key, default) if isinstance(state, Mapping) else getattr(state, key, default)
+
+
 class ToolCallGate:
     """Gate each proposed tool call before it runs: run it, ask the user, escalate for approval,
     or abstain, as the policy decides for that tool.
@@ -282,19 +288,15 @@ class ToolCallGate:
     def __repr__(self) -> str:
         return f"ToolCallGate(gate={self.gate!r})"
 
-    def _state(self, request: Any) -> Mapping[str, Any]:
-        state = request.state
-        return state if isinstance(state, Mapping) else dict(getattr(state, "__dict__", {}))
-
     def _stored(self, request: Any) -> tuple[Decision, bool] | None:
-        table = self._state(request).get(self.decisions_key) or {}
+        table = state_value(request.state, self.decisions_key) or {}
         record = table.get(request.tool_call["id"]) if isinstance(table, Mapping) else None
         if record is None:
             return None
         return Decision.model_validate(record["decision"]), bool(record.get("voted", False))
 
     def _query(self, request: Any) -> list[ChatMessage]:
-        messages = self._state(request).get(self.messages_key) or []
+        messages = state_value(request.state, self.messages_key) or []
         return tool_call_query(messages, request.tool_call)
 
     def _message(self, request: Any, content: str, *, status: Literal["success", "error"]) -> ToolMessage:

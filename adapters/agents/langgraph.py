@@ -61,6 +61,7 @@ from capgate.adapters.agents.hitl import (
     decision_records,
     read_decision,
     review_reply,
+    state_value,
 )
 from capgate.adapters.backends.function import response_text
 from capgate.core.backend import Prompt
@@ -118,19 +119,13 @@ _ROUNDS = "capgate_clarifications"
 _MISSING = object()
 
 
-def _state_value(state: Any, key: str, default: Any = None) -> Any:
-    """``state[key]``: a mapping's item, else the attribute (a dataclass or Pydantic state, as
-    LangGraph allows)."""
-    return state.get(key, default) if isinstance(state, Mapping) else getattr(state, key, default)
-
-
 def _reader(query: QuerySource | None) -> Callable[[Any], Prompt]:
     source: QuerySource = "messages" if query is None else query
     if isinstance(source, str):
         key = source
 
         def read(state: Any) -> Prompt:
-            value = _state_value(state, key, _MISSING)
+            value = state_value(state, key, _MISSING)
             if value is _MISSING:
                 raise KeyError(f"the capability node reads the query from state[{key!r}], which is missing")
             return as_query(value, where=f"state[{key!r}]")
@@ -205,7 +200,7 @@ def decision_branch(decision_key: str = "capgate_decision") -> Callable[[Any], A
     """
 
     def route(state: Any) -> Action:
-        value = _state_value(state, decision_key)
+        value = state_value(state, decision_key)
         if value is None:
             raise KeyError(f"no decision in state[{decision_key!r}]; run a capability node before routing")
         action = value.action if isinstance(value, Decision) else value.get("action")
@@ -313,11 +308,11 @@ def capability_subgraph(
         """The step's query; a query key other than ``messages`` followed by this step's
         clarifications (the last two messages of each round)."""
         prompt = read(state)
-        done = _state_value(state, _ROUNDS) or 0
+        done = state_value(state, _ROUNDS) or 0
         if not (own_key and done):
             return prompt
         turns = chat_messages(
-            list(_state_value(state, "messages") or [])[-2 * done :], where="state['messages']"
+            list(state_value(state, "messages") or [])[-2 * done :], where="state['messages']"
         )
         return [*([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt), *turns]
 
@@ -331,7 +326,7 @@ def capability_subgraph(
     answer_node = cast("Runnable[Any, Any]", graph.nodes["answer"].runnable)
 
     def current(state: Any) -> Verdict:
-        decision = read_decision(_state_value(state, "capgate_decision"))
+        decision = read_decision(state_value(state, "capgate_decision"))
         if decision is None:
             raise KeyError("no decision in state['capgate_decision']; the estimate node must run first")
         return Verdict(decision=decision, query=read(state))
@@ -364,7 +359,7 @@ def capability_subgraph(
 
     def clarify(state: Any) -> Command[str]:
         verdict, gated = blocked(state)
-        done = _state_value(state, _ROUNDS) or 0
+        done = state_value(state, _ROUNDS) or 0
         if done >= most:  # out of rounds: the question is the reply
             return Command(goto=END, update={"messages": [AIMessage(gated.message)], _ROUNDS: 0})
         reply = ask_clarification(verdict)
